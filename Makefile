@@ -1,0 +1,46 @@
+# hetgmp developer entry points. Every target installs what it needs, idempotently.
+#   make demo   generate a data set, partition it, train on CPU ranks under mpirun
+#   make test   run the test suite (what CI runs)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+NP ?= 4
+DEMO_DIR ?= runs/demo
+# Open MPI refuses to run as root unless told; containers and CI run as root.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: install demo test lint bench clean
+
+$(VENV)/.deps-stamp: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch 2.13.0 lies on local disk; asking for it first keeps pip from
+	# fetching a multi-GB CUDA build to satisfy the range in pyproject.toml.
+	$(PIP) install -q torch==2.13.0 || $(PIP) install -q "torch>=2.4,<2.15"
+	$(PIP) install -q setuptools wheel "pybind11>=2.12" "cmake>=3.18" ninja
+	$(PIP) install -q --no-build-isolation -e ".[test,mpi]"
+	touch $@
+
+$(VENV)/.native-stamp: $(VENV)/.deps-stamp CMakeLists.txt setup.py $(wildcard src/*.cpp src/*.h)
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PY) -c "from hetgmp.native import native; native()"
+	touch $@
+
+install: $(VENV)/.native-stamp
+
+demo: install
+	$(PY) -m hetgmp.demo --out $(DEMO_DIR) --np $(NP)
+
+test: install
+	$(PY) -m pytest -q -m "not slow and not gpu" tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+lint: install
+	$(VENV)/bin/ruff check hetgmp tests bench examples partition datasets
+
+clean:
+	rm -rf build *.egg-info hetgmp/_native*.so $(VENV)/.native-stamp

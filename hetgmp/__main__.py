@@ -1,0 +1,5 @@
+import sys
+
+from hetgmp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""``hetgmp <subcommand>``: one console entry point for every stage.
+
+Each stage's module registers its own subcommands (``register(subparsers)``) and handles them
+through ``args.func(args)``, so this file stays a list of stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Modules that contribute subcommands, in the order they appear in --help.
+COMMAND_MODULES = (
+    "hetgmp.data.generate_cli",  # generate, dataset
+    "hetgmp.data.preprocess_cli",  # preprocess
+    "hetgmp.partition.cli",  # partition
+    "hetgmp.train.cli",  # train
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetgmp",
+        description="Train CTR models with partitioned, mirrored, bounded-staleness embeddings.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        # Our error types subclass ValueError/RuntimeError and carry user-facing messages.
+        if getattr(args, "debug", False):
+            raise
+        print(f"hetgmp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Shared fixtures: real-data location, free ports, tiny data sets."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = Path(os.environ.get("HETGMP_SHARED_DATASETS", ROOT.parent / "shared" / "datasets"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    """``../shared/datasets`` (real samples, read in place); skip when it is absent."""
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"real data samples not found at {SHARED_DATASETS}")
+    return SHARED_DATASETS
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path: Path):
+    """A small random dataset directory: 3 fields, 2 dense features, 400 train / 100 test."""
+    from hetgmp.data.format import make_fields, write_dataset
+
+    rng = np.random.default_rng(0)
+    cards = [7, 50, 13]
+    fields = make_fields(["a", "b", "c"], cards)
+    offs = np.array([f.offset for f in fields])
+
+    def split(n: int):
+        local = np.stack([rng.integers(0, c, n) for c in cards], axis=1)
+        dense = rng.random((n, 2), dtype=np.float32)
+        return local + offs, dense, (rng.random(n) < 0.3).astype(np.float32)
+
+    return write_dataset(
+        tmp_path / "tiny", fields, {"train": split(400), "test": split(100)}, num_dense=2
+    )
