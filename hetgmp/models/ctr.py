@@ -1,0 +1,188 @@
+"""The CTR models: WDL, DCN, DeepFM (HET-GMP's shapes) and DLRM (NVIDIA's shapes).
+
+Every model is a plain ``nn.Module`` that is handed its embedding module: anything whose
+``forward(ids: LongTensor[B, F]) -> Tensor[B, F, table_dim]`` holds the rows (a distributed
+table, a single-process reference table, or ``nn.Embedding``). Models know nothing about ranks
+or communication. ``forward(sparse, dense)`` returns logits ``[B, 1]``; apply a sigmoid for
+probabilities.
+
+``table_dim(embed_dim)`` says how wide the embedding rows must be: DeepFM keeps its first-order
+weight as one extra column of the same table so that one lookup (one exchange) serves both terms.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetgmp.models.layers import MLP, CrossNetwork, dot_interaction, flat_inputs
+
+# HET-GMP's deep part for WDL / DCN / DeepFM.
+HETGMP_MLP = (256, 256, 256)
+DCN_CROSS_LAYERS = 3
+DLRM_BOTTOM = (512, 256)  # followed by a layer of width embed_dim
+DLRM_TOP = (1024, 1024, 512, 256, 1)
+
+
+class CTRModel(nn.Module):
+    """Common plumbing: the injected embedding and the input shapes."""
+
+    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+        super().__init__()
+        if num_fields < 1 or embed_dim < 1 or num_dense < 0:
+            raise ValueError(
+                f"invalid model shape: num_fields={num_fields}, num_dense={num_dense}, "
+                f"embed_dim={embed_dim}"
+            )
+        self.embedding = embedding
+        self.num_fields = num_fields
+        self.num_dense = num_dense
+        self.embed_dim = embed_dim
+
+    @staticmethod
+    def table_dim(embed_dim: int) -> int:
+        """Width of the embedding rows this model needs for ``embed_dim``."""
+        return embed_dim
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Parameters trained data-parallel (everything except the embedding table)."""
+        emb = {id(p) for p in self.embedding.parameters()}
+        return [p for p in self.parameters() if id(p) not in emb]
+
+    def dense_state_dict(self) -> dict[str, torch.Tensor]:
+        """State of the dense part only (the embedding checkpoints its own rows)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("embedding.")}
+
+    def load_dense_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        own = self.dense_state_dict()
+        missing = sorted(set(own) - set(sd))
+        unexpected = sorted(set(sd) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"dense state does not fit {type(self).__name__}: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        for k, v in own.items():
+            if v.shape != sd[k].shape:
+                raise ValueError(f"dense state {k}: shape {tuple(sd[k].shape)}, model has {tuple(v.shape)}")
+        with torch.no_grad():
+            for k, v in own.items():
+                v.copy_(sd[k])
+
+    def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
+        emb = self.embedding(sparse)
+        if emb.dim() != 3 or emb.shape[1] != self.num_fields:
+            raise ValueError(
+                f"embedding returned shape {tuple(emb.shape)}, expected [B, {self.num_fields}, D]"
+            )
+        return emb
+
+
+class WDL(CTRModel):
+    """Wide & Deep: a linear (wide) logit plus an MLP 256-256-256 (deep) logit over
+    the concatenated embeddings and dense features."""
+
+    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        in_dim = num_fields * embed_dim + num_dense
+        self.wide = nn.Linear(in_dim, 1)
+        self.deep = MLP(in_dim, HETGMP_MLP)
+        self.deep_out = nn.Linear(self.deep.out_dim, 1)
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        x = flat_inputs(self.lookup(sparse), dense)
+        return self.wide(x) + self.deep_out(self.deep(x))
+
+
+class DCN(CTRModel):
+    """Deep & Cross: 3 cross layers and an MLP 256-256-256 side by side, joined by a linear layer."""
+
+    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        in_dim = num_fields * embed_dim + num_dense
+        self.cross = CrossNetwork(in_dim, DCN_CROSS_LAYERS)
+        self.deep = MLP(in_dim, HETGMP_MLP)
+        self.out = nn.Linear(in_dim + self.deep.out_dim, 1)
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        x = flat_inputs(self.lookup(sparse), dense)
+        return self.out(torch.cat([self.cross(x), self.deep(x)], dim=1))
+
+
+class DeepFM(CTRModel):
+    """DeepFM: first-order term (one weight per id, plus a linear map of dense features),
+    the FM second-order term over field embeddings, and an MLP 256-256-256.
+
+    The table holds ``embed_dim + 1`` columns: the last is the id's first-order weight.
+    """
+
+    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        self.dense_linear = nn.Linear(num_dense, 1) if num_dense else None
+        self.deep = MLP(num_fields * embed_dim + num_dense, HETGMP_MLP)
+        self.deep_out = nn.Linear(self.deep.out_dim, 1)
+
+    @staticmethod
+    def table_dim(embed_dim: int) -> int:
+        return embed_dim + 1
+
+    def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
+        emb = self.embedding(sparse)
+        if emb.dim() != 3 or emb.shape[1:] != (self.num_fields, self.embed_dim + 1):
+            raise ValueError(
+                f"embedding returned shape {tuple(emb.shape)}, DeepFM expects "
+                f"[B, {self.num_fields}, {self.embed_dim + 1}] (embed_dim + first-order column)"
+            )
+        return emb
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        table = self.lookup(sparse)
+        vec, first = table[..., : self.embed_dim], table[..., self.embed_dim]
+        logit = first.sum(dim=1, keepdim=True)
+        if self.dense_linear is not None and dense is not None:
+            logit = logit + self.dense_linear(dense.to(vec.dtype))
+        # FM: 0.5 * ((sum v)^2 - sum v^2), summed over the embedding dimension.
+        fm = 0.5 * (vec.sum(dim=1).pow(2) - vec.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
+        deep = self.deep_out(self.deep(flat_inputs(vec, dense)))
+        return logit + fm + deep
+
+
+class DLRM(CTRModel):
+    """DLRM: bottom MLP 512-256-D over dense features, dot interaction of the bottom output with
+    every field embedding, top MLP 1024-1024-512-256-1 over [bottom output, interactions]."""
+
+    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        # Without dense features there is no bottom MLP; interactions are among fields only.
+        self.bottom = MLP(num_dense, (*DLRM_BOTTOM, embed_dim)) if num_dense else None
+        k = num_fields + (1 if self.bottom is not None else 0)
+        top_in = k * (k - 1) // 2 + (embed_dim if self.bottom is not None else 0)
+        self.top = MLP(top_in, DLRM_TOP, last_activation=False)
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        emb = self.lookup(sparse)
+        if self.bottom is None:
+            return self.top(dot_interaction(emb))
+        if dense is None:
+            raise ValueError(f"DLRM was built for {self.num_dense} dense features but got none")
+        bottom = self.bottom(dense.to(emb.dtype))
+        inter = dot_interaction(torch.cat([bottom.unsqueeze(1), emb], dim=1))
+        return self.top(torch.cat([bottom, inter], dim=1))
+
+
+MODELS: dict[str, type[CTRModel]] = {"wdl": WDL, "dcn": DCN, "dfm": DeepFM, "dlrm": DLRM}
+
+
+def model_class(name: str) -> type[CTRModel]:
+    """The model class for a ``--model`` name (wdl, dcn, dfm, dlrm)."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"--model {name!r}: unknown model; choose one of {sorted(MODELS)}") from None
+
+
+def build_model(
+    name: str, embedding: nn.Module, *, num_fields: int, num_dense: int, embed_dim: int
+) -> CTRModel:
+    """Instantiate model ``name`` around ``embedding`` (whose rows are ``table_dim`` wide)."""
+    return model_class(name)(embedding, num_fields, num_dense, embed_dim)

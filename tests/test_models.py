@@ -1,0 +1,112 @@
+"""CTR models: shapes, gradients reaching every parameter, and layers against slow references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hetgmp.models import MODELS, DeepFM, build_model, model_class
+from hetgmp.models.layers import CrossNetwork, dot_interaction
+
+
+def _inputs(b: int, f: int, rows: int, nd: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    sparse = torch.randint(0, rows, (b, f), generator=g)
+    dense = torch.rand(b, nd, generator=g) if nd else None
+    return sparse, dense
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("num_dense", [0, 3])
+def test_forward_backward_shapes(name: str, num_dense: int) -> None:
+    torch.manual_seed(0)
+    cls = model_class(name)
+    emb = nn.Embedding(40, cls.table_dim(8))
+    model = build_model(name, emb, num_fields=5, num_dense=num_dense, embed_dim=8)
+    sparse, dense = _inputs(6, 5, 40, num_dense)
+    out = model(sparse, dense)
+    assert out.shape == (6, 1)
+    out.sum().backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+    # dense parameters exclude the embedding table
+    ids = {id(p) for p in model.dense_parameters()}
+    assert id(emb.weight) not in ids
+    assert len(ids) == len(list(model.parameters())) - 1
+
+
+def test_empty_batch() -> None:
+    model = build_model("dlrm", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
+    out = model(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 1))
+    assert out.shape == (0, 1)
+
+
+def test_dlrm_shapes_follow_nvidia() -> None:
+    model = build_model("dlrm", nn.Embedding(10, 16), num_fields=26, num_dense=13, embed_dim=16)
+    widths = [m.out_features for m in model.bottom if isinstance(m, nn.Linear)]
+    assert widths == [512, 256, 16]
+    top = [m.out_features for m in model.top if isinstance(m, nn.Linear)]
+    assert top == [1024, 1024, 512, 256, 1]
+    assert model.top[0].in_features == 27 * 26 // 2 + 16
+
+
+def test_dot_interaction_matches_loops() -> None:
+    x = torch.randn(3, 4, 5)
+    got = dot_interaction(x)
+    want = torch.stack(
+        [torch.stack([x[b, i] @ x[b, j] for i in range(4) for j in range(i)]) for b in range(3)]
+    )
+    torch.testing.assert_close(got, want)
+
+
+def test_cross_network_matches_formula() -> None:
+    torch.manual_seed(1)
+    net = CrossNetwork(6, 2)
+    x0 = torch.randn(4, 6)
+    want = x0.clone()
+    for w, b in zip(net.weights, net.biases, strict=True):
+        want = torch.stack([x0[i] * (want[i] @ w) + b + want[i] for i in range(4)])
+    torch.testing.assert_close(net(x0), want)
+
+
+def test_deepfm_fm_and_first_order_terms() -> None:
+    """With the deep part and dense linear zeroed, DeepFM = sum of first-order weights + pairwise
+    dot products of field vectors (the FM definition, computed by loops)."""
+    torch.manual_seed(2)
+    emb = nn.Embedding(20, DeepFM.table_dim(3))
+    model = build_model("dfm", emb, num_fields=4, num_dense=2, embed_dim=3)
+    with torch.no_grad():
+        for p in model.deep_out.parameters():
+            p.zero_()
+        for p in model.dense_linear.parameters():
+            p.zero_()
+    sparse, dense = _inputs(5, 4, 20, 2, seed=3)
+    got = model(sparse, dense)
+    rows = emb.weight[sparse].detach()
+    want = []
+    for b in range(5):
+        v, w = rows[b, :, :3], rows[b, :, 3]
+        pair = sum(v[i] @ v[j] for i in range(4) for j in range(i + 1, 4))
+        want.append(w.sum() + pair)
+    torch.testing.assert_close(got.detach().ravel(), torch.stack(want))
+
+
+def test_wrong_embedding_width_is_a_clear_error() -> None:
+    model = build_model("dfm", nn.Embedding(10, 4), num_fields=2, num_dense=0, embed_dim=4)
+    with pytest.raises(ValueError, match="first-order"):
+        model(torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="unknown model"):
+        model_class("xgboost")
+
+
+def test_dense_state_roundtrip_and_mismatch() -> None:
+    a = build_model("wdl", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
+    b = build_model("wdl", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
+    b.load_dense_state_dict(a.dense_state_dict())
+    for k, v in a.dense_state_dict().items():
+        assert torch.equal(v, b.dense_state_dict()[k])
+    assert not any(k.startswith("embedding.") for k in a.dense_state_dict())
+    c = build_model("dcn", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
+    with pytest.raises(ValueError, match="does not fit"):
+        c.load_dense_state_dict(a.dense_state_dict())
