@@ -1,0 +1,204 @@
+"""Process-group setup for ``mpirun``, ``torchrun`` or a single plain process.
+
+The launcher's environment variables are read in exactly one place, :func:`detect_launch`, which
+returns a small frozen :class:`LaunchInfo`; everything else takes that value.
+
+Failure behaviour: the process group is created with ``timeout_s``. When a rank dies, its peers'
+next collective fails either at once (gloo sees the TCP connection close) or, if the peer hangs
+without closing its sockets, after ``timeout_s`` seconds; torch raises a ``RuntimeError`` /
+``DistBackendError`` that :mod:`hetgmp.comm.exchange` re-raises as :class:`CommError` naming the
+rank and the collective. No rank waits forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.errors import LaunchError
+
+LAUNCHERS = ("mpirun", "torchrun", "single")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchInfo:
+    """What the launcher told this process: who it is and where to meet the others."""
+
+    launcher: str  # "mpirun", "torchrun" or "single"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+def _int_var(environ: Mapping[str, str], name: str) -> int:
+    raw = environ[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read the launcher's variables (Open MPI's ``OMPI_COMM_WORLD_*``, torchrun's ``RANK`` ...).
+
+    ``MASTER_ADDR`` / ``MASTER_PORT`` are honoured under mpirun too when set; otherwise rank 0
+    picks them later (see :func:`init_distributed`).
+    """
+    env = os.environ if environ is None else environ
+    addr = env.get("MASTER_ADDR")
+    port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None
+    if "OMPI_COMM_WORLD_RANK" in env:
+        rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
+        size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
+        local = _int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0
+        lsize = _int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE") if "OMPI_COMM_WORLD_LOCAL_SIZE" in env else size
+        info = LaunchInfo("mpirun", rank, size, local, lsize, addr, port)
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        rank = _int_var(env, "RANK")
+        size = _int_var(env, "WORLD_SIZE")
+        local = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
+        lsize = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else size
+        if addr is None or port is None:
+            raise LaunchError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not")
+        info = LaunchInfo("torchrun", rank, size, local, lsize, addr, port)
+    else:
+        info = LaunchInfo("single", 0, 1, 0, 1, addr, port)
+    if not (0 <= info.rank < info.world_size):
+        raise LaunchError(f"rank {info.rank} is outside [0, {info.world_size}) ({info.launcher})")
+    return info
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _my_address() -> str:
+    """An address of this host the other ranks can reach (the one used for outbound traffic)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent; picks the outbound interface
+            return str(s.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def pick_device(device: str, local_rank: int, local_world_size: int) -> torch.device:
+    """``auto``: one GPU per rank (``local_rank % device_count``) when there are at least as many
+    GPUs as ranks on this host, else CPU (more ranks than GPUs runs on CPU, see DESIGN.md)."""
+    if device == "auto":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n > 0 and local_world_size <= n:
+            return torch.device("cuda", local_rank % n)
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise LaunchError("device 'cuda' requested but CUDA is not available")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device == "cpu":
+        return torch.device("cpu")
+    raise LaunchError(f"device must be auto, cpu or cuda, got {device!r}")
+
+
+def connect(
+    *,
+    rank: int,
+    world_size: int,
+    addr: str,
+    port: int,
+    backend: str = "auto",
+    device: torch.device,
+    launcher: str,
+    local_rank: int = 0,
+    timeout_s: float = 120.0,
+) -> DistEnv:
+    """Join a TCP rendezvous at ``addr:port`` and return this rank's :class:`DistEnv`."""
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise LaunchError(f"backend must be auto, gloo or nccl, got {backend!r}")
+    if backend == "nccl" and device.type != "cuda":
+        raise LaunchError("backend 'nccl' needs CUDA devices; use gloo on CPU")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, ValueError) as err:
+        raise LaunchError(
+            f"rank {rank}/{world_size}: could not join the rendezvous at {addr}:{port} "
+            f"within {timeout_s:.0f}s ({err})"
+        ) from err
+    return DistEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=device,
+        backend=backend,
+        launcher=launcher,
+        group=dist.group.WORLD,
+    )
+
+
+def init_distributed(
+    *, backend: str = "auto", device: str = "auto", timeout_s: float = 120.0
+) -> DistEnv:
+    """Detect how we were launched and set up the process group.
+
+    * single process: no process group, ``DistEnv`` with ``group=None``;
+    * torchrun: ``MASTER_ADDR``/``MASTER_PORT`` from the environment;
+    * mpirun: rank 0 picks its address and a free port and broadcasts them with mpi4py
+      (unless ``MASTER_ADDR``/``MASTER_PORT`` are set).
+
+    gloo on CPU, NCCL on CUDA (``backend="auto"``). ``timeout_s`` bounds every collective.
+    """
+    info = detect_launch()
+    dev = pick_device(device, info.local_rank, info.local_world_size)
+    if info.world_size == 1:
+        env = DistEnv.single(dev)
+        env.launcher = info.launcher
+        return env
+    addr, port = info.master_addr, info.master_port
+    if info.launcher == "mpirun" and (addr is None or port is None):
+        try:
+            from mpi4py import MPI
+        except ImportError as err:
+            raise LaunchError(f"launched by mpirun but mpi4py is not importable: {err}") from err
+        chosen = (_my_address(), free_port()) if info.rank == 0 else None
+        addr, port = MPI.COMM_WORLD.bcast(chosen, root=0)
+    assert addr is not None and port is not None
+    return connect(
+        rank=info.rank,
+        world_size=info.world_size,
+        addr=addr,
+        port=int(port),
+        backend=backend,
+        device=dev,
+        launcher=info.launcher,
+        local_rank=info.local_rank,
+        timeout_s=timeout_s,
+    )
+
+
+def shutdown(env: DistEnv) -> None:
+    """Tear the process group down (no-op for a single process)."""
+    if env.group is not None and dist.is_initialized():
+        dist.destroy_process_group()
+        env.group = None

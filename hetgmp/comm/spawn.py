@@ -1,0 +1,160 @@
+"""Run a function on N freshly spawned CPU ranks joined by a real gloo process group (for tests).
+
+``spawn_ranks(fn, world_size, *args)`` starts ``world_size`` processes (``spawn`` start method),
+each calls ``fn(env, *args)`` with its :class:`DistEnv` and sends back the return value (which
+must be picklable). Unlike ``torch.multiprocessing.spawn`` a failing rank does NOT kill its peers:
+each rank's outcome (result, exception, or death) is reported, so tests can check that the other
+ranks failed cleanly by themselves. The whole run has a wall-clock deadline; ranks still running
+then are killed and reported as hung.
+
+``fn`` must be importable by the children: define it at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hetgmp.comm.launch import connect, free_port, shutdown
+
+
+@dataclasses.dataclass
+class RankOutcome:
+    """What one spawned rank did: ``status`` is ``ok``, ``error``, ``died`` or ``hung``."""
+
+    rank: int
+    status: str
+    result: Any = None
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    seconds: float = 0.0  # wall time from process start to outcome
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class SpawnError(RuntimeError):
+    """At least one spawned rank failed; the message holds every failed rank's traceback."""
+
+    def __init__(self, outcomes: list[RankOutcome]) -> None:
+        self.outcomes = outcomes
+        parts = []
+        for o in outcomes:
+            if not o.ok:
+                parts.append(f"--- rank {o.rank}: {o.status} {o.error_type}: {o.message}\n{o.traceback}")
+        super().__init__("spawned ranks failed:\n" + "\n".join(parts))
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple[Any, ...],
+    q: Any,
+    collective_timeout_s: float,
+    threads: int,
+) -> None:
+    t0 = time.monotonic()
+    torch.set_num_threads(threads)  # N ranks share a few cores; avoid oversubscription
+    env = None
+    try:
+        env = connect(
+            rank=rank,
+            world_size=world_size,
+            addr="127.0.0.1",
+            port=port,
+            backend="gloo",
+            device=torch.device("cpu"),
+            launcher="spawn",
+            local_rank=rank,
+            timeout_s=collective_timeout_s,
+        )
+        result = fn(env, *args)
+        q.put(RankOutcome(rank, "ok", result=result, seconds=time.monotonic() - t0))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, not swallowed
+        q.put(
+            RankOutcome(
+                rank,
+                "error",
+                error_type=type(err).__name__,
+                message=str(err),
+                traceback=traceback.format_exc(),
+                seconds=time.monotonic() - t0,
+            )
+        )
+    finally:
+        if env is not None:
+            try:
+                shutdown(env)
+            except Exception:  # noqa: BLE001 - peers may be gone already; nothing to clean
+                pass
+
+
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    collective_timeout_s: float = 60.0,
+    threads: int = 1,
+    raise_on_error: bool = True,
+) -> list[RankOutcome] | list[Any]:
+    """Run ``fn(env, *args)`` on ``world_size`` spawned gloo ranks.
+
+    Returns the per-rank results (rank order) when every rank succeeded, else raises
+    :class:`SpawnError`; with ``raise_on_error=False`` returns the list of :class:`RankOutcome`
+    instead. ``collective_timeout_s`` is the process-group timeout inside the ranks.
+    """
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(fn, r, world_size, port, args, q, collective_timeout_s, threads),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, RankOutcome] = {}
+    deadline = time.monotonic() + timeout_s
+    # Drain the queue while waiting: a child blocks on exit until its queued result is read.
+    while len(outcomes) < world_size and time.monotonic() < deadline:
+        try:
+            o = q.get(timeout=0.2)
+            outcomes[o.rank] = o
+            continue
+        except queue_mod.Empty:
+            pass
+        for r, p in enumerate(procs):
+            if r not in outcomes and not p.is_alive() and p.exitcode is not None:
+                # Give the feeder a moment: a result may still be in flight.
+                try:
+                    o = q.get(timeout=1.0)
+                    outcomes[o.rank] = o
+                except queue_mod.Empty:
+                    outcomes[r] = RankOutcome(r, "died", message=f"exit code {p.exitcode}")
+    for r, p in enumerate(procs):
+        if r not in outcomes:
+            outcomes[r] = RankOutcome(r, "hung", message=f"still running after {timeout_s:.0f}s; killed")
+            p.kill()
+        p.join(timeout=10)
+    q.close()
+    result = [outcomes[r] for r in range(world_size)]
+    if not raise_on_error:
+        return result
+    if not all(o.ok for o in result):
+        raise SpawnError(result)
+    return [o.result for o in result]
