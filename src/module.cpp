@@ -27,4 +27,6 @@ void register_info(pybind11::module_& m) {
 PYBIND11_MODULE(_native, m) {
   m.doc() = "hetgmp native hot loops (partition refinement, graph building)";
   hetgmp::register_info(m);
+  hetgmp::register_partition_graph(m);
+  hetgmp::register_partition_refine(m);
 }

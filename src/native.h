@@ -6,4 +6,6 @@
 
 namespace hetgmp {
 void register_info(pybind11::module_& m);
+void register_partition_graph(pybind11::module_& m);   // partition_graph.cpp
+void register_partition_refine(pybind11::module_& m);  // partition_refine.cpp
 }  // namespace hetgmp
