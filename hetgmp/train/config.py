@@ -1,0 +1,186 @@
+"""``TrainConfig``: every option of ``examples/hetuctr.py`` / ``hetgmp train``, typed and checked.
+
+HET-GMP's spellings (``--batch_size``, ``--embed_dim``, ``--store_rate``, ``--log_every``,
+``--eval_every``) are accepted next to the dashed ones, with HET-GMP's meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from hetgmp.config import ConfigError, option
+from hetgmp.models import MODELS
+
+SPARSE_OPTIMIZERS = ("sgd", "adagrad")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+DEFAULT_DATASET = "criteo-like-default"
+
+
+def _positive(v: int | float) -> bool:
+    return v > 0
+
+
+def _non_negative(v: int | float) -> bool:
+    return v >= 0
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Resolved options of one training run (printed at start, saved in every checkpoint/log)."""
+
+    dataset: str = option(
+        DEFAULT_DATASET,
+        help="dataset directory, or the name of a prepared one under --cache-dir/datasets; the "
+        f"default {DEFAULT_DATASET!r} is generated there on first use",
+    )
+    model: str = option("wdl", help="CTR model", choices=sorted(MODELS))
+    val: bool = option(
+        True, help="evaluate on the test split every --eval_every steps and at the end"
+    )
+    bound: int = option(
+        0,
+        help="staleness bound for mirrors (0 = synchronous)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    batch_size: int = option(
+        128,
+        help="samples per rank per step",
+        check=_positive,
+        check_msg="must be >= 1",
+        flags=["--batch-size", "--batch_size"],
+    )
+    embed_dim: int = option(
+        16,
+        help="embedding dimension",
+        check=_positive,
+        check_msg="must be >= 1",
+        flags=["--embed-dim", "--embed_dim"],
+    )
+    iter: int = option(
+        0,
+        help="stop after this many global steps in total (0: run --epochs)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    epochs: int = option(
+        1, help="epochs over the training split", check=_positive, check_msg="must be >= 1"
+    )
+    log_every: int = option(
+        100,
+        help="steps between TRAIN log lines",
+        check=_positive,
+        check_msg="must be >= 1",
+        flags=["--log-every", "--log_every"],
+    )
+    eval_every: int = option(
+        0,
+        help="steps between evaluations (0: only at the end)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+        flags=["--eval-every", "--eval_every"],
+    )
+    store_rate: float = option(
+        0.0,
+        help="share of all rows each rank mirrors (plan's priority order)",
+        check=lambda v: 0.0 <= v <= 1.0,
+        check_msg="must lie in [0, 1]",
+        flags=["--store-rate", "--store_rate"],
+    )
+    partition: Path | None = option(None, help="plan file (part.npz); omitted: hash placement")
+    output: Path | None = option(
+        None, help="write the final results (metrics, speed, config) as JSON here"
+    )
+    lr: float = option(
+        0.01,
+        help="learning rate of the sparse (embedding) optimizer",
+        check=_positive,
+        check_msg="must be > 0",
+    )
+    dense_lr: float | None = option(
+        None,
+        help="learning rate of the dense optimizer (default: --lr)",
+        check=_positive,
+        check_msg="must be > 0",
+    )
+    optimizer: str = option("sgd", help="sparse optimizer", choices=SPARSE_OPTIMIZERS)
+    dense_optimizer: str = option("sgd", help="dense optimizer", choices=DENSE_OPTIMIZERS)
+    init_scale: float = option(
+        0.01,
+        help="embedding rows start uniform in [-s, s]",
+        check=_positive,
+        check_msg="must be > 0",
+    )
+    seed: int = option(0, help="seed for parameters and shuffling")
+    shuffle: bool = option(True, help="shuffle each rank's samples every epoch (by seed, epoch)")
+    device: str = option(
+        "auto",
+        help="device of each rank (auto: one GPU per rank if available)",
+        choices=["auto", "cpu", "cuda"],
+    )
+    backend: str = option(
+        "auto",
+        help="torch.distributed backend (auto: nccl on cuda, gloo on cpu)",
+        choices=["auto", "gloo", "nccl"],
+    )
+    amp: bool = option(False, help="bf16 autocast for the dense part")
+    eval_batch_size: int = option(
+        4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
+    )
+    warmup_steps: int = option(
+        10,
+        help="first steps timed separately (warm-up) from the throughput",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    checkpoint_dir: Path | None = option(None, help="directory for checkpoints")
+    checkpoint_every: int = option(
+        0,
+        help="steps between checkpoints (0: only at the end)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    resume: bool = option(False, help="continue from the latest checkpoint in --checkpoint-dir")
+    log_json: Path | None = option(None, help="JSON-lines log file (rank 0 writes it)")
+    progress: bool = option(True, help="tqdm progress bar on rank 0 (off when not a terminal)")
+    cache_dir: Path = option(
+        Path.home() / ".cache" / "hetgmp", help="where named/generated data sets live"
+    )
+    default_samples: int = option(
+        200_000,
+        help="training samples of the generated default data set",
+        check=_positive,
+        check_msg="must be >= 1",
+    )
+    timeout_s: float = option(
+        300.0,
+        help="seconds a collective may wait before failing",
+        check=_positive,
+        check_msg="must be > 0",
+    )
+    threads: int = option(
+        0,
+        help="torch CPU threads per rank (0: the machine's cores divided by the rank count)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    keep_checkpoints: int = option(
+        2, help="how many recent checkpoints to keep", check=_positive, check_msg="must be >= 1"
+    )
+    debug: bool = option(False, help="show full tracebacks on errors")
+
+    def check(self) -> None:
+        """Cross-option checks (called by :func:`hetgmp.config.validate`)."""
+        if self.resume and self.checkpoint_dir is None:
+            raise ConfigError("resume: --resume needs --checkpoint-dir")
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise ConfigError("checkpoint_every: --checkpoint-every needs --checkpoint-dir")
+        if self.store_rate > 0 and self.partition is None:
+            raise ConfigError(
+                "store_rate: mirrors come from a plan's priority lists; pass --partition"
+            )
+
+    @property
+    def effective_dense_lr(self) -> float:
+        return self.dense_lr if self.dense_lr is not None else self.lr

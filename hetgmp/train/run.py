@@ -1,0 +1,217 @@
+"""Set up and run one training job from a :class:`TrainConfig` (what the CLIs call).
+
+``run(cfg)`` joins the process group (mpirun / torchrun / single process), then :func:`train`
+opens the data set (generating the default one on first use), checks the plan, builds the
+distributed embedding and the model, restores a checkpoint when asked, trains and evaluates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.launch import init_distributed, shutdown
+from hetgmp.config import to_dict
+from hetgmp.data.format import Dataset, DatasetError, open_dataset
+from hetgmp.data.loader import rank_sample_indices
+from hetgmp.models import build_model, model_class
+from hetgmp.partition.plan import Plan, load_plan
+from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
+from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
+from hetgmp.train.runlog import RunLog
+from hetgmp.train.trainer import Trainer
+
+EmbeddingFactory = Callable[[TrainConfig, DistEnv, int, int, Plan | None], nn.Module]
+
+
+class TrainError(RuntimeError):
+    """A rank failed during setup; every rank raises it so none waits for the others."""
+
+
+def on_rank0_then_all(env: DistEnv, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 only; every rank gets its result or raises its error (collective)."""
+    result: Any = None
+    error = ""
+    if env.is_main:
+        try:
+            result = fn()
+        except (ValueError, RuntimeError, OSError) as err:
+            error = str(err)
+    results = all_gather_object(env, error)
+    if results[0]:
+        raise TrainError(f"rank 0 failed: {results[0]}")
+    return result
+
+
+def resolve_dataset(cfg: TrainConfig, env: DistEnv, log: RunLog) -> Dataset:
+    """``--dataset``: a directory, or a prepared name under ``--cache-dir/datasets``; the
+    default name is generated there on first use (by rank 0, the others wait)."""
+    path = Path(cfg.dataset)
+    if path.is_dir():
+        return open_dataset(path)
+    named = cfg.cache_dir / "datasets" / cfg.dataset
+    if named.is_dir():
+        return open_dataset(named)
+    if cfg.dataset != DEFAULT_DATASET:
+        raise DatasetError(
+            f"--dataset {cfg.dataset}: neither a directory nor a prepared data set under "
+            f"{cfg.cache_dir / 'datasets'}"
+        )
+
+    def generate() -> None:
+        from hetgmp.data.generate import generate_criteo_like
+
+        log.info(f"generating the default data set ({cfg.default_samples} samples) into {named}")
+        generate_criteo_like(named, num_samples=cfg.default_samples, seed=0)
+
+    on_rank0_then_all(env, generate)
+    return open_dataset(named)
+
+
+def plan_fingerprint(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_checked_plan(cfg: TrainConfig, env: DistEnv, ds: Dataset, log: RunLog) -> Plan | None:
+    """The ``--partition`` plan, refused when made for other data or another rank count."""
+    if cfg.partition is None:
+        log.info("no --partition given: hash placement of rows, contiguous sample shards")
+        return None
+    plan = load_plan(cfg.partition)
+    plan.check_matches(
+        num_samples=ds.meta.splits.get("train", len(ds.train)),
+        num_rows=ds.meta.num_embeddings,
+        fingerprint=ds.fingerprint or None,
+        world_size=env.world_size,
+        where=str(cfg.partition),
+    )
+    log.info(f"plan {cfg.partition}: {plan.nparts} parts, method {plan.meta.get('method', '?')}")
+    return plan
+
+
+def distributed_embedding(
+    cfg: TrainConfig, env: DistEnv, num_rows: int, dim: int, plan: Plan | None
+) -> nn.Module:
+    """The default table: :class:`hetgmp.embedding.DistributedEmbedding`."""
+    from hetgmp.embedding import DistributedEmbedding
+
+    return DistributedEmbedding(
+        num_rows,
+        dim,
+        env,
+        plan,
+        placement="plan" if plan is not None else "hash",
+        store_rate=cfg.store_rate,
+        bound=cfg.bound,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        init_scale=cfg.init_scale,
+        seed=cfg.seed,
+    )
+
+
+def set_threads(cfg: TrainConfig, env: DistEnv) -> None:
+    if env.device.type != "cpu":
+        return
+    n = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, env.world_size))
+    torch.set_num_threads(n)
+
+
+def train(
+    cfg: TrainConfig,
+    env: DistEnv,
+    *,
+    embedding_factory: EmbeddingFactory = distributed_embedding,
+    stream: Any = None,
+) -> dict[str, Any]:
+    """Train per ``cfg`` on the already-joined ``env``; returns the results (every rank)."""
+    log = RunLog(active=env.is_main, json_path=cfg.log_json, progress=cfg.progress, stream=stream)
+    try:
+        set_threads(cfg, env)
+        log.config(to_dict(cfg))
+        log.info(
+            f"launcher {env.launcher}, {env.world_size} rank(s), device {env.device}, "
+            f"backend {env.backend}"
+        )
+        ds = resolve_dataset(cfg, env, log)
+        plan = load_checked_plan(cfg, env, ds, log)
+        cls = model_class(cfg.model)
+        table_dim = cls.table_dim(cfg.embed_dim)
+        torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+        emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
+        model = build_model(
+            cfg.model,
+            emb,
+            num_fields=ds.meta.num_fields,
+            num_dense=ds.meta.num_dense,
+            embed_dim=cfg.embed_dim,
+        )
+        indices = rank_sample_indices(len(ds.train), env.rank, env.world_size, plan)
+        info = {
+            "model": cfg.model,
+            "embed_dim": cfg.embed_dim,
+            "table_dim": table_dim,
+            "num_rows": ds.meta.num_embeddings,
+            "dataset_fingerprint": ds.fingerprint,
+            "plan_fingerprint": plan_fingerprint(cfg.partition) if cfg.partition else None,
+        }
+        trainer = Trainer(cfg, env, ds, model, log, indices=indices, info=info)
+        if cfg.resume:
+            assert cfg.checkpoint_dir is not None
+            try:
+                find_checkpoint(cfg.checkpoint_dir)
+                has_ckpt = True
+            except CheckpointError:
+                has_ckpt = False
+            if has_ckpt:
+                trainer.restore(open_checkpoint(cfg.checkpoint_dir, verify=env.is_main))
+            else:
+                log.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting fresh")
+        results = trainer.fit()
+        results["config"] = to_dict(cfg)
+        log.result({k: v for k, v in results.items() if k not in ("config", "embedding_counters")})
+        if cfg.output is not None and env.is_main:
+            write_results(cfg.output, results)
+        return results
+    finally:
+        log.close()
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    """Results JSON with the machine, command and date it came from."""
+    record = {
+        **results,
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus",
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def run(cfg: TrainConfig) -> dict[str, Any]:
+    """Join the process group the launcher set up, train, leave."""
+    env = init_distributed(backend=cfg.backend, device=cfg.device, timeout_s=cfg.timeout_s)
+    try:
+        return train(cfg, env)
+    finally:
+        shutdown(env)
