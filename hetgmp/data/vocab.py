@@ -1,0 +1,248 @@
+"""Raw categorical values -> 64-bit keys -> contiguous per-field ids.
+
+Shared by every reader (Criteo TSV, generic delimited, libsvm, parquet):
+
+* **Keys.** A raw value becomes a ``uint64`` key: Criteo's hashed categoricals are parsed from
+  hex exactly (:func:`hex_keys`), other strings are hashed with 64-bit FNV-1a
+  (:func:`string_keys`; a collision between two distinct strings of one field has probability
+  about ``n**2 / 2**65``), integer categories are used as they are. A missing (empty / null)
+  value is the reserved key :data:`MISSING_KEY`: it is treated as one more value of the field.
+* **Counting** (:class:`KeyCounter`) keeps, per field, sorted unique keys and their counts in
+  numpy arrays (plus the first row where each key appeared, when first-appearance order is
+  asked for). Block uniques are buffered and merged log-structured, so memory is bounded by the
+  vocabulary, not by the input, and no Python object exists per value.
+* **Ids** (:class:`FieldVocab`): keys seen at least ``min_count`` times get ids ``0..k-1``
+  ordered by descending count (ties by key) or by first appearance; all others share one
+  per-field *rare* id ``k``, which exists only when the field has such values. So a missing
+  value gets its own id when it is frequent enough, else the rare id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+MISSING_KEY = np.uint64(2**64 - 1)
+ID_ORDERS = ("frequency", "first-appearance")
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_MAX_HEX_DIGITS = 15  # keeps every parsed key below MISSING_KEY
+
+_HEX_NIBBLE = np.full(256, 255, dtype=np.uint8)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX_NIBBLE[_c] = _i
+for _i, _c in enumerate(b"ABCDEF"):
+    _HEX_NIBBLE[_c] = 10 + _i
+
+
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, lengths, data bytes) of a pyarrow string/binary array, without copies."""
+    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
+        off_dtype: Any = np.int64
+    elif pa.types.is_string(arr.type) or pa.types.is_binary(arr.type):
+        off_dtype = np.int32
+    else:
+        raise TypeError(f"expected a string array, got {arr.type}")
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = np.diff(offsets).astype(np.int64)
+    if arr.null_count:
+        lengths = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lengths)
+    return starts, lengths, data
+
+
+def hex_keys(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Parse hex strings (Criteo's hashed categoricals) into keys.
+
+    Returns ``(keys uint64 [n], invalid bool [n])``; empty/null -> :data:`MISSING_KEY`;
+    a value with a non-hex character or more than 15 digits is ``invalid``.
+    """
+    starts, lengths, data = _string_buffers(arr)
+    n = len(starts)
+    keys = np.full(n, MISSING_KEY, dtype=np.uint64)
+    invalid = lengths > _MAX_HEX_DIGITS
+    present = np.flatnonzero((lengths > 0) & ~invalid)
+    if present.size == 0:
+        return keys, invalid
+    lens = lengths[present]
+    first = int(starts[present[0]])
+    width = int(lens.max())
+    if (lens == width).all() and int(starts[present[-1]]) - first == width * (present.size - 1):
+        # Fast path (every Criteo value is 8 digits): the digits lie back to back in memory.
+        nib = _HEX_NIBBLE[data[first : first + width * present.size]].reshape(-1, width)
+        valid_digit = nib != 255
+    else:
+        pos = np.arange(width, dtype=np.int64)[None, :]
+        # Right-align digits so every value is read as ``width`` digits with leading zeros.
+        shift = (width - lens)[:, None]
+        in_value = pos >= shift
+        idx = np.where(in_value, starts[present][:, None] + pos - shift, 0)
+        nib = np.where(in_value, _HEX_NIBBLE[data[idx]], 0).astype(np.uint8)
+        valid_digit = nib != 255
+    bad = ~valid_digit.all(axis=1)
+    weights = (np.uint64(1) << (np.uint64(4) * np.arange(width - 1, -1, -1, dtype=np.uint64)))
+    vals = (np.where(valid_digit, nib, 0).astype(np.uint64) * weights[None, :]).sum(
+        axis=1, dtype=np.uint64
+    )
+    keys[present] = vals
+    invalid[present[bad]] = True
+    keys[invalid] = MISSING_KEY
+    return keys, invalid
+
+
+def string_keys(arr: pa.Array) -> np.ndarray:
+    """64-bit FNV-1a hash of every string; empty/null -> :data:`MISSING_KEY`."""
+    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
+            or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
+        arr = arr.cast(pa.string())
+    starts, lengths, data = _string_buffers(arr)
+    h = np.full(len(starts), _FNV_OFFSET, dtype=np.uint64)
+    maxlen = int(lengths.max()) if len(lengths) else 0
+    with np.errstate(over="ignore"):
+        for j in range(maxlen):
+            active = lengths > j
+            byte = data[np.where(active, starts + j, 0)].astype(np.uint64)
+            h = np.where(active, (h ^ byte) * _FNV_PRIME, h)
+    h[h == MISSING_KEY] -= np.uint64(1)  # never collide with the missing marker
+    h[lengths == 0] = MISSING_KEY
+    return h
+
+
+def fnv1a_reference(value: bytes) -> int:
+    """Plain-Python FNV-1a of one value, the reference :func:`string_keys` is tested against."""
+    if not value:
+        return int(MISSING_KEY)
+    h = 0xCBF29CE484222325
+    for b in value:
+        h = ((h ^ b) * 0x100000001B3) % 2**64
+    return h - 1 if h == int(MISSING_KEY) else h
+
+
+def _merge(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]):
+    """Merge (sorted unique keys, counts, first rows) parts into one sorted unique part."""
+    keys = np.concatenate([p[0] for p in parts])
+    counts = np.concatenate([p[1] for p in parts])
+    firsts = None if parts[0][2] is None else np.concatenate([p[2] for p in parts])
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    out_counts = np.add.reduceat(counts[order], starts) if keys.size else counts
+    out_first = None
+    if firsts is not None:
+        out_first = np.minimum.reduceat(firsts[order], starts) if keys.size else firsts
+    return keys[starts], out_counts, out_first
+
+
+class KeyCounter:
+    """Streaming per-field key counts in numpy arrays (memory ~ vocabulary, not input)."""
+
+    def __init__(self, num_fields: int, *, track_first: bool = False) -> None:
+        self.num_fields = num_fields
+        self.track_first = track_first
+        self.rows = 0
+        empty = np.zeros(0, np.uint64), np.zeros(0, np.int64), (
+            np.zeros(0, np.int64) if track_first else None
+        )
+        self._main = [empty for _ in range(num_fields)]
+        self._pending: list[list] = [[] for _ in range(num_fields)]
+        self._pending_size = [0] * num_fields
+
+    def add(self, keys: np.ndarray) -> None:
+        """Count a block ``keys [n, num_fields]`` of the next ``n`` rows (in input order)."""
+        n = keys.shape[0]
+        if keys.shape[1:] != (self.num_fields,):
+            raise ValueError(f"block has {keys.shape[1:]} fields, expected {self.num_fields}")
+        for f in range(self.num_fields):
+            col = keys[:, f]
+            if self.track_first:
+                u, first, cnt = np.unique(col, return_index=True, return_counts=True)
+                part = (u, cnt.astype(np.int64), first.astype(np.int64) + self.rows)
+            else:
+                u, cnt = np.unique(col, return_counts=True)
+                part = (u, cnt.astype(np.int64), None)
+            self._pending[f].append(part)
+            self._pending_size[f] += u.size
+            if self._pending_size[f] > max(self._main[f][0].size, 1 << 20):
+                self._flush(f)
+        self.rows += n
+
+    def _flush(self, f: int) -> None:
+        if self._pending[f]:
+            self._main[f] = _merge([self._main[f], *self._pending[f]])
+            self._pending[f] = []
+            self._pending_size[f] = 0
+
+    def field(self, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(sorted unique keys, counts, first row or None) of field ``f``."""
+        self._flush(f)
+        return self._main[f]
+
+
+@dataclasses.dataclass
+class FieldVocab:
+    """Key -> local id map of one field."""
+
+    keys: np.ndarray  # sorted unique keys seen in pass 1
+    ids: np.ndarray  # local id of each key (rare ones share rare_id)
+    cardinality: int
+    rare_id: int | None  # local id shared by values below min_count (None: no such values)
+    num_values: int  # distinct raw values (missing counted as one)
+    num_rare_values: int
+    missing_id: int | None  # local id of the missing value (None: never missing)
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Local ids of ``keys``; a key not seen in pass 1 maps to the rare id."""
+        pos = np.searchsorted(self.keys, keys)
+        pos_c = np.minimum(pos, max(self.keys.size - 1, 0))
+        found = (pos < self.keys.size) & (self.keys[pos_c] == keys) if self.keys.size else (
+            np.zeros(keys.shape, bool)
+        )
+        if found.all():
+            return self.ids[pos_c]
+        if self.rare_id is None:
+            raise RuntimeError(
+                "a value not seen while counting has no rare id to map to; "
+                "did the input change between the two passes?"
+            )
+        return np.where(found, self.ids[pos_c], self.rare_id)
+
+
+def build_vocab(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    first: np.ndarray | None,
+    *,
+    min_count: int,
+    id_order: str,
+) -> FieldVocab:
+    """Assign contiguous local ids to the counted keys of one field (see module docstring)."""
+    if id_order not in ID_ORDERS:
+        raise ValueError(f"--id-order: {id_order!r} is not one of {ID_ORDERS}")
+    kept = np.flatnonzero(counts >= min_count)
+    if id_order == "frequency":
+        order = kept[np.lexsort((keys[kept], -counts[kept]))]
+    else:
+        if first is None:
+            raise ValueError("first-appearance order needs counts made with track_first=True")
+        order = kept[np.argsort(first[kept], kind="stable")]
+    k = int(order.size)
+    has_rare = k < keys.size
+    ids = np.full(keys.size, k, dtype=np.int64)
+    ids[order] = np.arange(k, dtype=np.int64)
+    missing_id = None
+    if keys.size and keys[-1] == MISSING_KEY:
+        missing_id = int(ids[-1])
+    return FieldVocab(
+        keys=keys,
+        ids=ids,
+        cardinality=k + int(has_rare),
+        rare_id=k if has_rare else None,
+        num_values=int(keys.size),
+        num_rare_values=int(keys.size - k),
+        missing_id=missing_id,
+    )
