@@ -1,9 +1,205 @@
-"""Subcommands of this stage (placeholder until the stage lands)."""
+"""``hetgmp partition``: make a plan; ``hetgmp partition verify|stats``: inspect one.
+
+    hetgmp partition -n 8 -o part.npz [--data DIR] [--method metis+refine] ...
+    hetgmp partition verify part.npz --data DIR
+    hetgmp partition stats part.npz
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetgmp.config import add_arguments, from_namespace, option
+from hetgmp.partition import baselines, cost
+from hetgmp.partition.api import DEFAULT_ROUNDS, DEFAULT_THETA, METHODS
+from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES
+from hetgmp.partition.plan import Plan, PlanError, load_plan, save_plan
+
+DEFAULT_CACHE = Path.home() / ".cache" / "hetgmp"
+DEFAULT_DATA_SAMPLES = 200_000
+
+log = logging.getLogger("hetgmp.partition")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # noqa: ARG001
-    """Add this stage's subcommands to ``hetgmp``."""
+@dataclasses.dataclass
+class PartitionConfig:
+    """Options of ``hetgmp partition`` / ``partition/partition.py``."""
+
+    nparts: int = option(8, help="number of workers (parts)", flags=["-n", "--nparts"],
+                         check=lambda v: v >= 1, check_msg="must be >= 1")
+    out: Path = option(Path("part.npz"), help="plan file to write", flags=["-o", "--out"])
+    data: Path | None = option(
+        None, help="dataset directory (default: a generated criteo-like set, cached)")
+    method: str = option("metis+refine", help="partitioning method", choices=METHODS)
+    batch_size: int = option(8192, help="per-worker batch size of the cost model",
+                             check=lambda v: v >= 1, check_msg="must be >= 1")
+    rounds: int = option(DEFAULT_ROUNDS, help="refinement rounds (sample pass + row pass)",
+                         check=lambda v: v >= 0, check_msg="must be >= 0")
+    seed: int = option(0, help="random seed (same seed and input -> byte-identical plan)")
+    threads: int | None = option(None, help="OpenMP threads (default: all cores)")
+    intra_cost: float = option(cost.DEFAULT_INTRA_COST,
+                               help="cost of a fetch between GPUs of one node (across nodes = 1)",
+                               check=lambda v: 0.0 <= v <= 1.0, check_msg="must lie in [0, 1]")
+    gpus_per_node: int | None = option(
+        None, help="workers per node (default: every worker is its own node)")
+    max_mirror_rate: float = option(
+        baselines.DEFAULT_MAX_MIRROR_RATE, help="longest mirror list, as a share of all rows",
+        check=lambda v: 0.0 <= v <= 1.0, check_msg="must lie in [0, 1]")
+    theta: float = option(DEFAULT_THETA, help="weight of the owner-serving-load balance term")
+    metis_max_edges: int = option(
+        DEFAULT_METIS_MAX_EDGES, help="largest graph given to METIS; above it, a sampled graph",
+        check=lambda v: v >= 1, check_msg="must be >= 1")
+    progress: bool = option(True, help="progress bars (only on a terminal)")
+
+
+def default_dataset(cache: Path = DEFAULT_CACHE, num_samples: int = DEFAULT_DATA_SAMPLES):
+    """The embedded default data set: a generated criteo-like set, made once and cached."""
+    from hetgmp.data.format import open_dataset
+
+    out = cache / f"criteo-like-{num_samples}"
+    if (out / "meta.json").exists():
+        return open_dataset(out)
+    try:
+        from hetgmp.data.generate import generate_criteo_like
+    except ImportError as err:
+        raise PlanError(
+            f"no --data given and the generator is unavailable ({err}); pass --data DIR"
+        ) from err
+    log.info("partition: generating the default data set into %s", out)
+    return generate_criteo_like(out, num_samples=num_samples, seed=0)
+
+
+def run_partition(cfg: PartitionConfig) -> Plan:
+    """Partition ``cfg.data`` (or the default data set) and write the plan to ``cfg.out``."""
+    from hetgmp.data.format import open_dataset
+    from hetgmp.partition.api import partition_dataset
+
+    ds = open_dataset(cfg.data) if cfg.data is not None else default_dataset()
+    n = ds.meta.splits.get("train", len(ds.train))
+    if cfg.nparts > n:
+        raise PlanError(f"-n {cfg.nparts} is larger than the {n} training samples of {ds.root}")
+    plan = partition_dataset(
+        ds, cfg.nparts, method=cfg.method, batch_size=cfg.batch_size, seed=cfg.seed,
+        threads=cfg.threads, rounds=cfg.rounds, intra_cost=cfg.intra_cost,
+        gpus_per_node=cfg.gpus_per_node, max_mirror_rate=cfg.max_mirror_rate, theta=cfg.theta,
+        metis_max_edges=cfg.metis_max_edges, progress=cfg.progress,
+    )
+    save_plan(plan, cfg.out)
+    return plan
+
+
+def format_report(plan: Plan) -> str:
+    """Human-readable quality report of a plan (from its ``meta``)."""
+    q = plan.meta.get("quality")
+    lines = [
+        f"plan: {plan.nparts} parts, {plan.num_samples} samples, {plan.num_rows} rows, "
+        f"method {plan.meta.get('method', '?')}, batch {plan.meta.get('batch_size', '?')}"
+    ]
+    if not q:
+        lines.append("(no quality report stored; run `hetgmp partition verify PLAN --data DIR`)")
+        return "\n".join(lines)
+    rates = list(q["fetches_per_step_with_store_rate"])
+    head = f"{'worker':>6} {'samples':>10} {'rows':>10} {'fetches':>10} " + " ".join(
+        f"{'st' + r:>10}" for r in rates)
+    lines.append(head)
+    for w, e in enumerate(q["workers"]):
+        lines.append(
+            f"{w:>6} {e['samples']:>10} {e['rows']:>10} {e['fetches']:>10.1f} "
+            + " ".join(f"{e['fetches_store_' + r]:>10.1f}" for r in rates)
+        )
+    lines.append(_total_line("total", q))
+    for name, rep in q.get("baselines", {}).items():
+        lines.append(_total_line(name, rep))
+    timing = plan.meta.get("timing")
+    if timing:
+        lines.append("timing: " + " ".join(f"{k}={v:.1f}" for k, v in timing.items()))
+    return "\n".join(lines)
+
+
+def _total_line(name: str, q: dict[str, Any]) -> str:
+    s = q["fetches_per_step_with_store_rate"]
+    b = q["max_over_mean"]
+    return (f"{name}: fetches/step {q['fetches_per_step']:.1f}, weighted {q['weighted_cost_per_step']:.1f}; "
+            + ", ".join(f"store {k}: {v:.1f}" for k, v in s.items())
+            + f"; max/mean samples {b['samples']:.3f} rows {b['rows']:.3f} serves {b['serves']:.3f}")
+
+
+def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict[str, Any]:
+    """Check a plan against a data set and recompute its quality report; raise PlanError."""
+    from hetgmp.data.format import open_dataset
+    from hetgmp.partition.quality import quality_report
+
+    plan = load_plan(plan_path)
+    ds = open_dataset(data)
+    plan.check_matches(
+        num_samples=len(ds.train), num_rows=ds.meta.num_embeddings,
+        fingerprint=ds.fingerprint, where=str(plan_path),
+    )
+    batch = int(plan.meta.get("batch_size", 8192))
+    topo = np.asarray(plan.meta.get("cost_matrix", cost.topology_matrix(plan.nparts)))
+    empty = [w for w in range(plan.nparts) if not np.any(plan.data_partition == w)]
+    if empty:
+        raise PlanError(f"{plan_path}: workers {empty} have no training samples")
+    for w, mir in enumerate(plan.mirrors):
+        if mir.size and np.any(plan.embed_partition[mir] == w):
+            raise PlanError(f"{plan_path}: mirror list {w} holds rows that worker {w} owns")
+    return quality_report(
+        ds.train.sparse, plan.data_partition, plan.embed_partition, plan.nparts,
+        batch_size=batch, topo=topo, num_rows=plan.num_rows, threads=int(threads or 0),
+    )
+
+
+def _cmd_partition(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cfg = from_namespace(PartitionConfig, args)
+    plan = run_partition(cfg)
+    print(format_report(plan))
+    print(f"wrote {cfg.out}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_plan(args.plan, args.verify_data, args.threads)
+    plan = load_plan(args.plan)
+    plan.meta["quality"] = {**report, "baselines": plan.meta.get("quality", {}).get("baselines", {})}
+    print(format_report(plan))
+    print(f"{args.plan}: OK, matches {args.verify_data}")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    plan = load_plan(args.plan)
+    if args.json:
+        print(json.dumps(plan.meta, indent=2, sort_keys=True))
+    else:
+        print(format_report(plan))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``partition`` (with ``verify`` and ``stats``) to ``hetgmp``."""
+    p = sub.add_parser("partition", help="partition samples and embedding rows across workers")
+    add_parser_options(p)
+
+
+def add_parser_options(p: argparse.ArgumentParser) -> None:
+    add_arguments(p, PartitionConfig)
+    p.set_defaults(func=_cmd_partition)
+    actions = p.add_subparsers(dest="partition_command", metavar="{verify,stats}")
+    v = actions.add_parser("verify", help="check a plan against a data set and print its report")
+    v.add_argument("plan", type=Path)
+    v.add_argument("--data", dest="verify_data", type=Path, required=True,
+                   help="dataset directory the plan was made for")
+    v.add_argument("--threads", dest="threads", type=int, default=None)
+    v.set_defaults(func=_cmd_verify)
+    s = actions.add_parser("stats", help="print the quality report stored in a plan")
+    s.add_argument("plan", type=Path)
+    s.add_argument("--json", action="store_true", help="print the whole meta as JSON")
+    s.set_defaults(func=_cmd_stats)
