@@ -32,7 +32,7 @@ from tqdm import tqdm
 from hetgmp.data.bad_lines import BadInputError, BadLineReport
 from hetgmp.data.delimited import RawBlock
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
-from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab
+from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab, splitmix64
 
 log = logging.getLogger("hetgmp.preprocess")
 SPLIT_MODES = ("tail", "random")
@@ -120,20 +120,12 @@ class _Progress:
         return time.perf_counter() - self.t0
 
 
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        z = x + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-
 def random_split_mask(seed: int, file_index: int, lines: np.ndarray, fraction: float) -> np.ndarray:
     """True where a line goes to test: a pure function of (seed, file index, line number)."""
-    x = (lines.astype(np.uint64) + (np.uint64(file_index) << np.uint64(40))) ^ _splitmix64(
+    x = (lines.astype(np.uint64) + (np.uint64(file_index) << np.uint64(40))) ^ splitmix64(
         np.array([seed], dtype=np.uint64)
-    )
-    u = (_splitmix64(x) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    )[0]
+    u = (splitmix64(x) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     return u < fraction
 
 
@@ -168,7 +160,7 @@ def preprocess(
     num_dense = len(source.dense_names)
 
     # Pass 1: validate and count.
-    report = BadLineReport(opt.on_bad_line)
+    report = BadLineReport(opt.on_bad_line, unit=getattr(source, "unit", "line"))
     counter = KeyCounter(num_fields, track_first=opt.id_order == "first-appearance")
     rows_in = {"train": 0, "test": 0}
     prog = _Progress(total_bytes, "pass 1/2 (count)", opt.progress)
@@ -195,7 +187,7 @@ def preprocess(
     tail_start = rows_in["train"] - n_test_tail
 
     # Pass 2: map to ids and write.
-    report2 = BadLineReport(opt.on_bad_line)
+    report2 = BadLineReport(opt.on_bad_line, unit=report.unit)
     writer = DatasetWriter(out, fields, num_dense, name=opt.name, overwrite=opt.overwrite)
     try:
         prog = _Progress(total_bytes, "pass 2/2 (write)", opt.progress)

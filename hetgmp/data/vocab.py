@@ -246,3 +246,24 @@ def build_vocab(
         num_rare_values=int(keys.size - k),
         missing_id=missing_id,
     )
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer: a bijection of uint64 (so distinct ints stay distinct)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def int_keys(values: np.ndarray) -> np.ndarray:
+    """Keys of integer categories (libsvm ids, integer parquet columns).
+
+    splitmix64 is a bijection, so distinct integers never collide; the single integer whose
+    image is :data:`MISSING_KEY` is moved next to it (a 2**-64 event).
+    """
+    k = splitmix64(np.asarray(values).astype(np.int64).view(np.uint64))
+    k[k == MISSING_KEY] -= np.uint64(1)
+    return k
