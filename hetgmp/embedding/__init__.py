@@ -1,0 +1,20 @@
+"""The distributed embedding table (owned + mirrored rows, bounded staleness) and its
+single-process reference."""
+
+from hetgmp.embedding.counters import COUNTER_NAMES, format_counters
+from hetgmp.embedding.distributed import DistributedEmbedding
+from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
+from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.reference import ReferenceEmbedding
+
+__all__ = [
+    "COUNTER_NAMES",
+    "DistributedEmbedding",
+    "EmbeddingInputError",
+    "ReferenceEmbedding",
+    "SparseOptimizer",
+    "StalenessViolation",
+    "format_counters",
+    "initial_rows",
+]

@@ -1,0 +1,70 @@
+"""Sparse optimizers applied by row owners: SGD and row-wise Adagrad.
+
+Row-wise Adagrad keeps one accumulator per row: ``s += mean(g**2)`` then
+``w -= lr * g / (sqrt(s) + eps)``, applied to the gradient summed over every sample of the step
+(all ranks), so the distributed owner and the single-process reference do the same arithmetic.
+
+Between syncs a mirror applies plain SGD with the row's *effective* learning rate as last known
+from the owner (``lr`` for SGD, ``lr / (sqrt(s) + eps)`` for Adagrad, with ``s`` refreshed together
+with the value) and accumulates the raw gradient; on push the owner applies its real optimizer to
+the accumulated gradient. For SGD the mirror's local result equals the owner's, so the mirror
+keeps its value after a push (``exact_mirror``). For Adagrad it does not, so a pushed mirror is
+marked stale by the number of updates it pushed and refetches the owner's exact value at its
+next read: at bound 0 every read of an updated row therefore sees the owner's value, which is
+what makes bound 0 exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+OPTIMIZERS = ("sgd", "adagrad")
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseOptimizer:
+    """Hyper-parameters of the sparse optimizer."""
+
+    name: str = "sgd"
+    lr: float = 0.01
+    eps: float = 1e-10
+    init: float = 0.0  # initial Adagrad accumulator
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def state_width(self) -> int:
+        """Optimizer floats per row (sent with refreshed mirror values)."""
+        return 1 if self.name == "adagrad" else 0
+
+    @property
+    def exact_mirror(self) -> bool:
+        """Whether a mirror's local update equals what the owner will apply."""
+        return self.name == "sgd"
+
+    def new_state(self, rows: int, device: torch.device) -> torch.Tensor:
+        return torch.full((rows if self.state_width else 0,), self.init, dtype=torch.float32, device=device)
+
+    def apply(self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, grad: torch.Tensor) -> None:
+        """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``."""
+        if slots.numel() == 0:
+            return
+        if self.name == "sgd":
+            weight.index_add_(0, slots, grad, alpha=-self.lr)
+            return
+        s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
+        state.index_copy_(0, slots, s)
+        step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
+        weight.index_add_(0, slots, step, alpha=-1.0)
+
+    def local_step(self, state_rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """The delta a mirror applies locally for ``grad`` (see the module docstring)."""
+        if self.name == "sgd":
+            return grad * (-self.lr)
+        return grad * (-self.lr / (state_rows.sqrt() + self.eps))[:, None]
