@@ -133,8 +133,8 @@ def read_first_line(path: Path) -> bytes:
     with open(path, "rb") as f:
         line = f.readline(1 << 20)
     if not line.strip():
-        raise BadInputError(f"{path}: line 1: file is empty" if not line else
-                            f"{path}: line 1: first line is empty")
+        raise BadInputError(f"{path}:line 1: file is empty" if not line else
+                            f"{path}:line 1: first line is empty")
     return line
 
 
@@ -304,7 +304,7 @@ class DelimitedSource:
     ) -> Iterator[RawBlock]:
         for path in self.paths:
             if os.path.getsize(path) == 0:
-                raise BadInputError(f"{path}: line 1: file is empty")
+                raise BadInputError(f"{path}:line 1: file is empty")
             rows = 0
             for first_line, chunk, consumed in _iter_chunks(path, self.block_bytes, self.spec.quote_char):
                 if self.spec.header and first_line == 1:
@@ -319,7 +319,7 @@ class DelimitedSource:
                 if progress is not None:
                     progress(consumed)
             if rows == 0 and report.mode == "error":
-                raise BadInputError(f"{path}: line {2 if self.spec.header else 1}: no data lines")
+                raise BadInputError(f"{path}:line {2 if self.spec.header else 1}: no data lines")
 
     def _parse(self, buf: bytes) -> tuple[pa.Table, int]:
         invalid = [0]
@@ -373,7 +373,7 @@ class DelimitedSource:
             got = 0 if table is None else table.num_rows
             if invalid or got != good.size:
                 raise BadInputError(
-                    f"{path}: lines {first_line}..{first_line + n_lines - 1}: could not parse "
+                    f"{path}:lines {first_line}..{first_line + n_lines - 1}: could not parse "
                     f"(quoting problem?)"
                 )
             if table is None:

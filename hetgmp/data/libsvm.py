@@ -127,7 +127,7 @@ class LibsvmSource:
         try:
             arr = pa.array(raw, type=pa.binary()).cast(pa.string())
         except pa.ArrowInvalid as err:
-            raise BadInputError(f"{path}: lines {first_line}..: not UTF-8 text ({err})") from err
+            raise BadInputError(f"{path}:lines {first_line}..: not UTF-8 text ({err})") from err
         toks = pc.utf8_split_whitespace(arr)
         ntok = _np(pc.list_value_length(toks)).astype(np.int64)
         flat = pc.list_flatten(toks)
@@ -160,7 +160,7 @@ class LibsvmSource:
     ) -> Iterator[RawBlock]:
         for path in self.paths:
             if os.path.getsize(path) == 0:
-                raise BadInputError(f"{path}: line 1: file is empty")
+                raise BadInputError(f"{path}:line 1: file is empty")
             for first, chunk, consumed in _iter_chunks(path, self.block_bytes, None):
                 block = self._block(str(path), first, chunk, report)
                 if block is not None and len(block):

@@ -37,7 +37,7 @@ def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[list[str]]:
                 raise BadInputError(f"{path}:line {lineno}: {len(parts)} fields, expected {ncols}")
             rows.append([lineno, *parts])
     if not rows:
-        raise BadInputError(f"{path}: line 1: file is empty")
+        raise BadInputError(f"{path}:line 1: file is empty")
     return rows
 
 

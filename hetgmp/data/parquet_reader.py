@@ -109,7 +109,7 @@ class ParquetSource:
         for path in self.paths:
             f = pq.ParquetFile(path)
             if f.metadata.num_rows == 0:
-                raise BadInputError(f"{path}: row 1: file has no rows")
+                raise BadInputError(f"{path}:row 1: file has no rows")
             size = os.path.getsize(path)
             groups = max(f.num_row_groups, 1)
             row0 = 1
