@@ -1,15 +1,12 @@
 """Thin CLI: ``python partition/partition.py -n 8 -o part.npz [--data DIR] ...``.
 
-Same options as ``hetgmp partition``; without ``--data`` it partitions the default generated
-criteo-like data set (made once and cached under ~/.cache/hetgmp).
+Same options as ``hetgmp partition`` (see ``--help``); without ``--data`` it partitions the
+default generated criteo-like data set (made once and cached under ~/.cache/hetgmp).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-
-from hetgmp.partition.cli import add_parser_options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,8 +15,6 @@ def main(argv: list[str] | None = None) -> int:
     # Delegate to `hetgmp partition` so errors print cleanly through one code path.
     return hetgmp_main(["partition", *(sys.argv[1:] if argv is None else argv)])
 
-
-_ = (argparse, add_parser_options)  # the options are defined there; see `--help`
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,7 +15,15 @@
 namespace hetgmp {
 namespace {
 
-constexpr int64_t kBlock = 4096;
+// Items per block: small enough that few moves see stale counts (small graphs get at least
+// ~256 blocks per pass), large enough to amortise a parallel region. A function of the item
+// count only, never of the thread count.
+// Blocks below this size run on one thread: a parallel region costs more than it saves there.
+constexpr int64_t kParallelMin = 1024;
+
+inline int64_t block_size(int64_t items) {
+  return std::max<int64_t>(16, std::min<int64_t>(4096, items / 256));
+}
 using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 using F64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
 
@@ -79,11 +87,12 @@ class Refiner {
     int32_t* dp = data_.mutable_data();
     const int32_t* ep = embed_.data();
     int32_t* c = counts_.mutable_data();
-    std::vector<double> buf(kBlock * p_);
+    const int64_t blk = block_size(n);
+    std::vector<double> buf(blk * p_);
     int64_t moves = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-      const int64_t b1 = std::min(n, b0 + kBlock);
-#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t b0 = 0; b0 < n; b0 += blk) {
+      const int64_t b1 = std::min(n, b0 + blk);
+#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
       for (int64_t s = b0; s < b1; ++s) {
         double* sc = &buf[(s - b0) * p_];
         std::fill(sc, sc + p_, 0.0);
@@ -122,11 +131,12 @@ class Refiner {
     const int32_t* c = counts_.data();
     const double norm = static_cast<double>(batch_) * p_ / static_cast<double>(ids_.n);
     std::vector<double> weight = serve_weight(norm);
-    std::vector<double> buf(kBlock * p_);
+    const int64_t blk = block_size(r_);
+    std::vector<double> buf(blk * p_);
     int64_t moves = 0;
-    for (int64_t b0 = 0; b0 < r_; b0 += kBlock) {
-      const int64_t b1 = std::min(r_, b0 + kBlock);
-#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t b0 = 0; b0 < r_; b0 += blk) {
+      const int64_t b1 = std::min(r_, b0 + blk);
+#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
       for (int64_t r = b0; r < b1; ++r) {
         double* sc = &buf[(r - b0) * p_];
         std::fill(sc, sc + p_, 0.0);
@@ -174,11 +184,12 @@ class Refiner {
     int32_t* dp = data_.mutable_data();
     const int32_t* ep = embed_.data();
     int32_t* c = counts_.mutable_data();
-    std::vector<double> buf(kBlock * p_);
+    const int64_t blk = block_size(n);
+    std::vector<double> buf(blk * p_);
     int64_t placed = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-      const int64_t b1 = std::min(n, b0 + kBlock);
-#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t b0 = 0; b0 < n; b0 += blk) {
+      const int64_t b1 = std::min(n, b0 + blk);
+#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
       for (int64_t s = b0; s < b1; ++s) {
         if (dp[s] >= 0) continue;
         double* v = &buf[(s - b0) * p_];

@@ -21,6 +21,7 @@ import numpy as np
 from hetgmp.native import native
 
 DEFAULT_METIS_MAX_EDGES = 4_000_000
+BALANCE_TOLERANCE = 0.03  # a METIS part may exceed the mean by 3 %; the surplus is re-placed
 
 
 class MetisError(RuntimeError):
@@ -90,6 +91,11 @@ def metis_start(
             f"METIS failed on a graph of {s + rows.size} vertices / {adjncy.size // 2} edges: {err}"
         ) from err
     parts = np.asarray(result.vertex_part, dtype=np.int32)
+    rng = np.random.default_rng([seed, 0xCA9])
+    # METIS's multi-constraint balancing is loose on such lopsided graphs (e.g. 2x the mean
+    # samples on criteo-sample); we cut every part back to the tolerance and let the greedy
+    # pass re-place the surplus next to its neighbours.
+    uncapped = {"samples": _cap(parts[:s], nparts, rng), "rows": _cap(parts[s:], nparts, rng)}
     data_part[chosen] = parts[:s]
     embed_part[rows] = parts[s:]
     info = {
@@ -98,6 +104,7 @@ def metis_start(
         "graph_vertices": int(s + rows.size),
         "graph_edges": int(adjncy.size // 2),
         "edge_cut": int(result.edge_cuts),
+        "unplaced_over_balance": uncapped,
         "why": (
             "whole graph" if s == n else
             f"graph has {n * f} edges > --metis-max-edges {max_edges}: METIS on a uniform "
@@ -105,3 +112,16 @@ def metis_start(
         ),
     }
     return data_part, embed_part, info
+
+
+def _cap(parts: np.ndarray, nparts: int, rng: np.random.Generator) -> int:
+    """Mark (-1) a random surplus of every part above ``(1 + tolerance) x mean``; return count."""
+    cap = int(np.ceil(parts.size / nparts * (1.0 + BALANCE_TOLERANCE)))
+    sizes = np.bincount(parts, minlength=nparts)
+    dropped = 0
+    for p in np.flatnonzero(sizes > cap):
+        members = np.flatnonzero(parts == p)
+        surplus = rng.choice(members, size=int(sizes[p] - cap), replace=False)
+        parts[surplus] = -1
+        dropped += surplus.size
+    return dropped
