@@ -60,8 +60,16 @@ def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
     if "OMPI_COMM_WORLD_RANK" in env:
         rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
         size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
-        local = _int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0
-        lsize = _int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE") if "OMPI_COMM_WORLD_LOCAL_SIZE" in env else size
+        local = (
+            _int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+            if "OMPI_COMM_WORLD_LOCAL_RANK" in env
+            else 0
+        )
+        lsize = (
+            _int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+            if "OMPI_COMM_WORLD_LOCAL_SIZE" in env
+            else size
+        )
         info = LaunchInfo("mpirun", rank, size, local, lsize, addr, port)
     elif "RANK" in env and "WORLD_SIZE" in env:
         rank = _int_var(env, "RANK")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import pickle
 import queue as queue_mod
 import time
 import traceback
@@ -50,7 +51,9 @@ class SpawnError(RuntimeError):
         parts = []
         for o in outcomes:
             if not o.ok:
-                parts.append(f"--- rank {o.rank}: {o.status} {o.error_type}: {o.message}\n{o.traceback}")
+                parts.append(
+                    f"--- rank {o.rank}: {o.status} {o.error_type}: {o.message}\n{o.traceback}"
+                )
         super().__init__("spawned ranks failed:\n" + "\n".join(parts))
 
 
@@ -59,7 +62,7 @@ def _child(
     rank: int,
     world_size: int,
     port: int,
-    args: tuple[Any, ...],
+    args_blob: bytes,
     q: Any,
     collective_timeout_s: float,
     threads: int,
@@ -79,17 +82,19 @@ def _child(
             local_rank=rank,
             timeout_s=collective_timeout_s,
         )
-        result = fn(env, *args)
-        q.put(RankOutcome(rank, "ok", result=result, seconds=time.monotonic() - t0))
+        result = fn(env, *pickle.loads(args_blob))
+        q.put(pickle.dumps(RankOutcome(rank, "ok", result=result, seconds=time.monotonic() - t0)))
     except BaseException as err:  # noqa: BLE001 - reported to the parent, not swallowed
         q.put(
-            RankOutcome(
-                rank,
-                "error",
-                error_type=type(err).__name__,
-                message=str(err),
-                traceback=traceback.format_exc(),
-                seconds=time.monotonic() - t0,
+            pickle.dumps(
+                RankOutcome(
+                    rank,
+                    "error",
+                    error_type=type(err).__name__,
+                    message=str(err),
+                    traceback=traceback.format_exc(),
+                    seconds=time.monotonic() - t0,
+                )
             )
         )
     finally:
@@ -116,12 +121,15 @@ def spawn_ranks(
     instead. ``collective_timeout_s`` is the process-group timeout inside the ranks.
     """
     ctx = mp.get_context("spawn")
+    # Plain pickle (bytes) both ways: torch's multiprocessing pickler would share tensors through
+    # file descriptors that die with the child process.
+    args_blob = pickle.dumps(args)
     q = ctx.Queue()
     port = free_port()
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, port, args, q, collective_timeout_s, threads),
+            args=(fn, r, world_size, port, args_blob, q, collective_timeout_s, threads),
             daemon=True,
         )
         for r in range(world_size)
@@ -133,7 +141,7 @@ def spawn_ranks(
     # Drain the queue while waiting: a child blocks on exit until its queued result is read.
     while len(outcomes) < world_size and time.monotonic() < deadline:
         try:
-            o = q.get(timeout=0.2)
+            o = pickle.loads(q.get(timeout=0.2))
             outcomes[o.rank] = o
             continue
         except queue_mod.Empty:
@@ -142,13 +150,15 @@ def spawn_ranks(
             if r not in outcomes and not p.is_alive() and p.exitcode is not None:
                 # Give the feeder a moment: a result may still be in flight.
                 try:
-                    o = q.get(timeout=1.0)
+                    o = pickle.loads(q.get(timeout=1.0))
                     outcomes[o.rank] = o
                 except queue_mod.Empty:
                     outcomes[r] = RankOutcome(r, "died", message=f"exit code {p.exitcode}")
     for r, p in enumerate(procs):
         if r not in outcomes:
-            outcomes[r] = RankOutcome(r, "hung", message=f"still running after {timeout_s:.0f}s; killed")
+            outcomes[r] = RankOutcome(
+                r, "hung", message=f"still running after {timeout_s:.0f}s; killed"
+            )
             p.kill()
         p.join(timeout=10)
     q.close()

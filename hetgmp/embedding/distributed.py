@@ -123,7 +123,9 @@ class DistributedEmbedding(nn.Module):
         dev = self.device
         self.owner_of = torch.from_numpy(owner).to(dev)
         self.slot_of = torch.from_numpy(slot_of).to(dev)
-        self.stored_ids = torch.from_numpy(np.concatenate([owned, mirrors]).astype(np.int64)).to(dev)
+        self.stored_ids = torch.from_numpy(np.concatenate([owned, mirrors]).astype(np.int64)).to(
+            dev
+        )
         self.weight = initial_rows(self.stored_ids, self.dim, seed=seed, scale=init_scale)
         self.version = torch.zeros(self.n_own + self.n_mir, dtype=torch.int64, device=dev)
         self.opt_state = self.opt.new_state(self.n_own + self.n_mir, dev)
@@ -141,7 +143,11 @@ class DistributedEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step."""
         err = check_ids(ids, self.num_rows)
-        ids = ids.to(self.device) if err is None else torch.zeros(0, 1, dtype=torch.int64, device=self.device)
+        ids = (
+            ids.to(self.device)
+            if err is None
+            else torch.zeros(0, 1, dtype=torch.int64, device=self.device)
+        )
         b, f = ids.shape
         uniq, inv, cnt = torch.unique(ids.reshape(-1), return_inverse=True, return_counts=True)
         values = self._step(uniq, op=_OP_FORWARD, error=err)
@@ -168,7 +174,11 @@ class DistributedEmbedding(nn.Module):
         return self._merge(self._bytes_step, self._rows_step)
 
     def state_dict(  # type: ignore[override]
-        self, *args: Any, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False
+        self,
+        *args: Any,
+        destination: dict[str, Any] | None = None,
+        prefix: str = "",
+        keep_vars: bool = False,
     ) -> dict[str, Any]:
         """(Collective: flushes first) ``{"ids", "weight", "opt_state"}`` of the rows this rank owns."""
         self.flush()
@@ -182,7 +192,9 @@ class DistributedEmbedding(nn.Module):
         destination.update({prefix + k: v for k, v in sd.items()})
         return destination
 
-    def load_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
+    def load_state_dict(
+        self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
+    ) -> Any:  # type: ignore[override]
         """Load rows by global id from the union of any ranks' state dicts (any world size / plan).
 
         Every stored row (owned and mirrored) takes its saved value; versions restart at 0 on all
@@ -194,7 +206,9 @@ class DistributedEmbedding(nn.Module):
         sorted_ids = ids[order]
         want = self.stored_ids.cpu()
         pos = torch.searchsorted(sorted_ids, want).clamp(max=max(ids.numel() - 1, 0))
-        found = (sorted_ids[pos] == want) if ids.numel() else torch.zeros_like(want, dtype=torch.bool)
+        found = (
+            (sorted_ids[pos] == want) if ids.numel() else torch.zeros_like(want, dtype=torch.bool)
+        )
         if not bool(found.all()):
             missing = want[~found]
             raise ValueError(
@@ -204,7 +218,9 @@ class DistributedEmbedding(nn.Module):
         src = order[pos]
         weight = torch.as_tensor(sd["weight"])
         if weight.shape != (ids.numel(), self.dim):
-            raise ValueError(f"state dict weight has shape {tuple(weight.shape)}, expected ({ids.numel()}, {self.dim})")
+            raise ValueError(
+                f"state dict weight has shape {tuple(weight.shape)}, expected ({ids.numel()}, {self.dim})"
+            )
         self.weight.copy_(weight[src].to(self.device))
         if self.opt.state_width:
             self.opt_state.copy_(torch.as_tensor(sd["opt_state"])[src].to(self.device))
@@ -215,7 +231,9 @@ class DistributedEmbedding(nn.Module):
         self._grads = None
         return None
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
         # Called when a parent module loads a state dict containing this table.
         keys = ("ids", "weight", "opt_state")
         if all(prefix + k in state_dict for k in keys):
@@ -303,10 +321,16 @@ class DistributedEmbedding(nn.Module):
         q_ids, q_dest, q_pos = q_ids[order], q_dest[order], nonown_pos[order]
         q_slot = self.slot_of[q_ids].long()
         is_mirror = q_slot >= self.n_own
-        q_mv = torch.where(is_mirror, self.version[q_slot.clamp(min=0)], torch.full_like(q_slot, -1))
+        q_mv = torch.where(
+            is_mirror, self.version[q_slot.clamp(min=0)], torch.full_like(q_slot, -1)
+        )
         p_dest = self.owner_of[writes.push_ids].long()
         porder = torch.argsort(p_dest, stable=True)
-        p_ids, p_cnt, p_grad = writes.push_ids[porder], writes.push_cnt[porder], writes.push_grad[porder]
+        p_ids, p_cnt, p_grad = (
+            writes.push_ids[porder],
+            writes.push_cnt[porder],
+            writes.push_grad[porder],
+        )
 
         # ---- sizes exchange 1 (also carries status, bound, audit flag and operation)
         table = torch.zeros(w, 6, dtype=torch.int64, device=dev)
@@ -325,23 +349,40 @@ class DistributedEmbedding(nn.Module):
         nq_in, np_in = theirs[:, _NQ].tolist(), theirs[:, _NP].tolist()
 
         # ---- payload exchange 1: queries (id, mirror version) + pushes (id, count, gradient)
-        packed = (pack_i64(q_ids), pack_i64(q_mv), pack_i64(p_ids), pack_i64(p_cnt), p_grad.reshape(-1))
+        packed = (
+            pack_i64(q_ids),
+            pack_i64(q_mv),
+            pack_i64(p_ids),
+            pack_i64(p_cnt),
+            p_grad.reshape(-1),
+        )
         send = _interleave(packed, [(nq, 2), (nq, 2), (np_, 2), (np_, 2), (np_, d)], w)
         recv = exchange_payload(
-            env, send, [4 * a + (4 + d) * b for a, b in zip(nq, np_, strict=True)],
-            [4 * a + (4 + d) * b for a, b in zip(nq_in, np_in, strict=True)], "embedding exchange 1",
+            env,
+            send,
+            [4 * a + (4 + d) * b for a, b in zip(nq, np_, strict=True)],
+            [4 * a + (4 + d) * b for a, b in zip(nq_in, np_in, strict=True)],
+            "embedding exchange 1",
         )
-        r_qids, r_qmv, r_pids, r_pcnt, r_pgrad = _split(recv, [(nq_in, 2), (nq_in, 2), (np_in, 2), (np_in, 2), (np_in, d)], w)
+        r_qids, r_qmv, r_pids, r_pcnt, r_pgrad = _split(
+            recv, [(nq_in, 2), (nq_in, 2), (np_in, 2), (np_in, 2), (np_in, d)], w
+        )
         r_qids, r_qmv, r_pids, r_pcnt = (unpack_i64(x) for x in (r_qids, r_qmv, r_pids, r_pcnt))
         r_pgrad = r_pgrad.view(-1, d)
 
         # ---- owners apply own + pushed gradients: one optimizer update per row per step
         self._apply_owned(writes, r_pids, r_pcnt, r_pgrad)
         self._count_bytes(
-            sent={"ids": 8 * (q_ids.numel() + p_ids.numel()), "versions": 8 * (q_ids.numel() + p_ids.numel()),
-                  "gradients": 4 * d * p_ids.numel()},
-            recv={"ids": 8 * (r_qids.numel() + r_pids.numel()), "versions": 8 * (r_qids.numel() + r_pids.numel()),
-                  "gradients": 4 * d * r_pids.numel()},
+            sent={
+                "ids": 8 * (q_ids.numel() + p_ids.numel()),
+                "versions": 8 * (q_ids.numel() + p_ids.numel()),
+                "gradients": 4 * d * p_ids.numel(),
+            },
+            recv={
+                "ids": 8 * (r_qids.numel() + r_pids.numel()),
+                "versions": 8 * (r_qids.numel() + r_pids.numel()),
+                "gradients": 4 * d * r_pids.numel(),
+            },
             reset=True,
         )
         self._bytes_step["pushes_sent"] = p_ids.numel()
@@ -356,7 +397,11 @@ class DistributedEmbedding(nn.Module):
         src = torch.repeat_interleave(torch.arange(w, device=dev), torch.tensor(nq_in, device=dev))
         r_slot = self.slot_of[r_qids].long()
         ov = self.version[r_slot]
-        need = (r_qmv < 0) | (ov - r_qmv > theirs[:, _BOUND].to(dev)[src]) | (theirs[:, _SEND_ALL].to(dev)[src] > 0)
+        need = (
+            (r_qmv < 0)
+            | (ov - r_qmv > theirs[:, _BOUND].to(dev)[src])
+            | (theirs[:, _SEND_ALL].to(dev)[src] > 0)
+        )
         vals = self.weight[r_slot[need]]
         if sw:
             vals = torch.cat([vals, self.opt_state[r_slot[need]][:, None]], dim=1)
@@ -365,8 +410,11 @@ class DistributedEmbedding(nn.Module):
         k_out_l = k_out.tolist()
         send2 = _interleave((pack_i64(ov), vals.reshape(-1)), [(nq_in, 2), (k_out_l, d + sw)], w)
         recv2 = exchange_payload(
-            env, send2, [2 * a + (d + sw) * k for a, k in zip(nq_in, k_out_l, strict=True)],
-            [2 * a + (d + sw) * k for a, k in zip(nq, k_in, strict=True)], "embedding exchange 2",
+            env,
+            send2,
+            [2 * a + (d + sw) * k for a, k in zip(nq_in, k_out_l, strict=True)],
+            [2 * a + (d + sw) * k for a, k in zip(nq, k_in, strict=True)],
+            "embedding exchange 2",
         )
         q_ov, q_vals = _split(recv2, [(nq, 2), (k_in, d + sw)], w)
         q_ov, q_vals = unpack_i64(q_ov), q_vals.view(-1, d + sw)
@@ -375,9 +423,13 @@ class DistributedEmbedding(nn.Module):
             recv={"versions": 8 * q_ids.numel(), "values": 4 * (d + sw) * sum(k_in)},
             reset=False,
         )
-        return self._gather(uniq, is_own, q_pos, q_slot, is_mirror, q_mv, q_ov, q_vals, bound, writes.deferred)
+        return self._gather(
+            uniq, is_own, q_pos, q_slot, is_mirror, q_mv, q_ov, q_vals, bound, writes.deferred
+        )
 
-    def _apply_owned(self, writes: _Writes, r_pids: torch.Tensor, r_pcnt: torch.Tensor, r_pgrad: torch.Tensor) -> None:
+    def _apply_owned(
+        self, writes: _Writes, r_pids: torch.Tensor, r_pcnt: torch.Tensor, r_pgrad: torch.Tensor
+    ) -> None:
         slots = torch.cat([writes.own_slots, self.slot_of[r_pids].long()])
         if slots.numel() == 0:
             return
@@ -385,7 +437,9 @@ class DistributedEmbedding(nn.Module):
         grad = torch.cat([writes.own_grad, r_pgrad])
         uslots, inv = torch.unique(slots, return_inverse=True)
         gsum = torch.zeros(uslots.numel(), self.dim, device=self.device).index_add_(0, inv, grad)
-        csum = torch.zeros(uslots.numel(), dtype=torch.int64, device=self.device).index_add_(0, inv, cnt)
+        csum = torch.zeros(uslots.numel(), dtype=torch.int64, device=self.device).index_add_(
+            0, inv, cnt
+        )
         self.opt.apply(self.weight, self.opt_state, uslots, gsum)
         self.version.index_add_(0, uslots, csum)
 
@@ -422,9 +476,16 @@ class DistributedEmbedding(nn.Module):
         values[q_pos[~is_mirror]] = vals_stale[~is_mirror[stale]][:, :d]
         fresh = is_mirror & (lag == 0)
         stale_ok = is_mirror & (lag > 0) & (lag <= bound)
-        self._rows_step = torch.stack([
-            is_own.sum(), fresh.sum(), stale_ok.sum(), (~is_mirror).sum() + refresh.sum(), refresh.sum(), deferred,
-        ])
+        self._rows_step = torch.stack(
+            [
+                is_own.sum(),
+                fresh.sum(),
+                stale_ok.sum(),
+                (~is_mirror).sum() + refresh.sum(),
+                refresh.sum(),
+                deferred,
+            ]
+        )
         self._rows_total += self._rows_step
         if self.audit:
             used = is_mirror & ~refresh
@@ -442,7 +503,9 @@ class DistributedEmbedding(nn.Module):
                 "owner_version": q_ov.clone(),
                 "owner_value": q_vals[:, :d].clone(),
                 "used_value": values[q_pos].clone(),
-                "pending": torch.where(is_mirror, self.pending[mi] if self.n_mir else lag * 0, torch.zeros_like(lag)),
+                "pending": torch.where(
+                    is_mirror, self.pending[mi] if self.n_mir else lag * 0, torch.zeros_like(lag)
+                ),
             }
         return values
 
@@ -457,7 +520,9 @@ class DistributedEmbedding(nn.Module):
                 self._bytes_total[prefix + k] += v
 
 
-def _interleave(parts: tuple[torch.Tensor, ...], layout: list[tuple[list[int], int]], w: int) -> torch.Tensor:
+def _interleave(
+    parts: tuple[torch.Tensor, ...], layout: list[tuple[list[int], int]], w: int
+) -> torch.Tensor:
     """Flat send buffer: for each peer j, the j-th segment of every part in order.
 
     ``layout[p] = (rows per peer, floats per row)`` of part ``p``. Loops over peers, not rows."""

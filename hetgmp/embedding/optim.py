@@ -49,9 +49,13 @@ class SparseOptimizer:
         return self.name == "sgd"
 
     def new_state(self, rows: int, device: torch.device) -> torch.Tensor:
-        return torch.full((rows if self.state_width else 0,), self.init, dtype=torch.float32, device=device)
+        return torch.full(
+            (rows if self.state_width else 0,), self.init, dtype=torch.float32, device=device
+        )
 
-    def apply(self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, grad: torch.Tensor) -> None:
+    def apply(
+        self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, grad: torch.Tensor
+    ) -> None:
         """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``."""
         if slots.numel() == 0:
             return

@@ -112,7 +112,9 @@ class ReferenceEmbedding(nn.Module):
             "opt_state": self.opt_state.detach().cpu().clone(),
         }
 
-    def load_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
+    def load_state_dict(
+        self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
+    ) -> Any:  # type: ignore[override]
         ids = sd["ids"].to(torch.int64)
         if strict and (ids.numel() != self.num_rows or torch.unique(ids).numel() != self.num_rows):
             raise ValueError(f"state dict holds {ids.numel()} rows, table has {self.num_rows}")
