@@ -113,8 +113,9 @@ def convert_movielens(
     fields = make_fields(list(FIELDS), [v.cardinality for v in vocabs])
     ids = np.stack([v.lookup(keys[:, f]) + fields[f].offset for f, v in enumerate(vocabs)], axis=1)
     is_test = random_split_mask(seed, 0, lines, test_fraction)
-    splits = {"train": (ids[~is_test], None, labels[~is_test]),
-              "test": (ids[is_test], None, labels[is_test])}
+    # Empty splits are left out: the writer creates them empty on close.
+    splits = {name: (ids[m], None, labels[m]) for name, m in (("train", ~is_test), ("test", is_test))
+              if m.any()}
     return write_dataset(
         out, fields, splits, num_dense=0, name="movielens-100k", overwrite=overwrite,
         source={
