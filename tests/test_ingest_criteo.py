@@ -105,12 +105,12 @@ def test_random_split_is_deterministic_and_partitions(tmp_path):
 
 
 BAD_CASES = [
-    ("missing field", lambda l: l[: l.rfind("\t")], "39 fields, expected 40"),
-    ("extra field", lambda l: l + "\tx", "41 fields, expected 40"),
-    ("non-number", lambda l: l.split("\t", 2)[0] + "\t" + "1x\t" + l.split("\t", 2)[2], "I1"),
-    ("label", lambda l: "2" + l[1:], "not a 0/1 label"),
-    ("empty", lambda l: "", "empty line"),
-    ("bad hex", lambda l: l[: l.rfind("\t")] + "\tzz12", "C26"),
+    ("missing field", lambda s: s[: s.rfind("\t")], "39 fields, expected 40"),
+    ("extra field", lambda s: s + "\tx", "41 fields, expected 40"),
+    ("non-number", lambda s: s.split("\t", 2)[0] + "\t" + "1x\t" + s.split("\t", 2)[2], "I1"),
+    ("label", lambda s: "2" + s[1:], "not a 0/1 label"),
+    ("empty", lambda s: "", "empty line"),
+    ("bad hex", lambda s: s[: s.rfind("\t")] + "\tzz12", "C26"),
 ]
 
 
