@@ -56,7 +56,7 @@ def test_errors_name_the_file(tiny_dataset, tmp_path):
     shutil.copytree(tiny_dataset.root, copy)
     (copy / "test_labels.npy").write_bytes(b"garbage")
     with pytest.raises(DatasetError, match="test_labels.npy"):
-        open_dataset(copy).test
+        _ = open_dataset(copy).test
     meta = json.loads((copy / "meta.json").read_text())
     meta["format"] = "other"
     (copy / "meta.json").write_text(json.dumps(meta))

@@ -123,7 +123,7 @@ def id_dtype_for(num_embeddings: int) -> np.dtype:
 def make_fields(names: list[str], cardinalities: list[int]) -> list[FieldInfo]:
     """Fields laid out one after another in the global id space."""
     offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-    return [FieldInfo(n, int(c), int(o)) for n, c, o in zip(names, cardinalities, offsets)]
+    return [FieldInfo(n, int(c), int(o)) for n, c, o in zip(names, cardinalities, offsets, strict=True)]
 
 
 def array_paths(root: Path, split: str) -> dict[str, Path]:
@@ -329,6 +329,8 @@ class _NpyAppender:
         arr = np.ascontiguousarray(arr, dtype=self.dtype)
         if arr.shape[1:] != self.row_shape:
             raise DatasetError(f"{self.path}: row shape {arr.shape[1:]}, expected {self.row_shape}")
+        if arr.size == 0:  # memoryview cannot cast an empty array; nothing to write anyway
+            return
         self._f.write(memoryview(arr).cast("B"))
         self.rows += arr.shape[0]
 
