@@ -36,10 +36,14 @@ def test_forward_backward_shapes(name: str, num_dense: int) -> None:
     assert len(ids) == len(list(model.parameters())) - 1
 
 
-def test_empty_batch() -> None:
-    model = build_model("dlrm", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_empty_batch(name: str) -> None:
+    """A rank with no batch left still runs forward/backward on an empty batch."""
+    emb = nn.Embedding(10, model_class(name).table_dim(4))
+    model = build_model(name, emb, num_fields=2, num_dense=1, embed_dim=4)
     out = model(torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 1))
     assert out.shape == (0, 1)
+    out.sum().backward()
 
 
 def test_dlrm_shapes_follow_nvidia() -> None:

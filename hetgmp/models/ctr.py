@@ -12,6 +12,8 @@ weight as one extra column of the same table so that one lookup (one exchange) s
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -27,7 +29,9 @@ DLRM_TOP = (1024, 1024, 512, 256, 1)
 class CTRModel(nn.Module):
     """Common plumbing: the injected embedding and the input shapes."""
 
-    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+    def __init__(
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
+    ) -> None:
         super().__init__()
         if num_fields < 1 or embed_dim < 1 or num_dense < 0:
             raise ValueError(
@@ -50,8 +54,16 @@ class CTRModel(nn.Module):
         return [p for p in self.parameters() if id(p) not in emb]
 
     def dense_state_dict(self) -> dict[str, torch.Tensor]:
-        """State of the dense part only (the embedding checkpoints its own rows)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("embedding.")}
+        """State of the dense part only (the embedding checkpoints its own rows).
+
+        Built from parameters and buffers directly: ``state_dict()`` would recurse into the
+        embedding, whose ``state_dict`` may be a collective (a distributed table flushes first).
+        """
+        out: dict[str, torch.Tensor] = {}
+        for name, t in itertools.chain(self.named_parameters(), self.named_buffers()):
+            if not name.startswith("embedding."):
+                out[name] = t.detach()
+        return out
 
     def load_dense_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         own = self.dense_state_dict()
@@ -64,7 +76,9 @@ class CTRModel(nn.Module):
             )
         for k, v in own.items():
             if v.shape != sd[k].shape:
-                raise ValueError(f"dense state {k}: shape {tuple(sd[k].shape)}, model has {tuple(v.shape)}")
+                raise ValueError(
+                    f"dense state {k}: shape {tuple(sd[k].shape)}, model has {tuple(v.shape)}"
+                )
         with torch.no_grad():
             for k, v in own.items():
                 v.copy_(sd[k])
@@ -82,7 +96,9 @@ class WDL(CTRModel):
     """Wide & Deep: a linear (wide) logit plus an MLP 256-256-256 (deep) logit over
     the concatenated embeddings and dense features."""
 
-    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+    def __init__(
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
+    ) -> None:
         super().__init__(embedding, num_fields, num_dense, embed_dim)
         in_dim = num_fields * embed_dim + num_dense
         self.wide = nn.Linear(in_dim, 1)
@@ -97,7 +113,9 @@ class WDL(CTRModel):
 class DCN(CTRModel):
     """Deep & Cross: 3 cross layers and an MLP 256-256-256 side by side, joined by a linear layer."""
 
-    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+    def __init__(
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
+    ) -> None:
         super().__init__(embedding, num_fields, num_dense, embed_dim)
         in_dim = num_fields * embed_dim + num_dense
         self.cross = CrossNetwork(in_dim, DCN_CROSS_LAYERS)
@@ -116,7 +134,9 @@ class DeepFM(CTRModel):
     The table holds ``embed_dim + 1`` columns: the last is the id's first-order weight.
     """
 
-    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+    def __init__(
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
+    ) -> None:
         super().__init__(embedding, num_fields, num_dense, embed_dim)
         self.dense_linear = nn.Linear(num_dense, 1) if num_dense else None
         self.deep = MLP(num_fields * embed_dim + num_dense, HETGMP_MLP)
@@ -151,7 +171,9 @@ class DLRM(CTRModel):
     """DLRM: bottom MLP 512-256-D over dense features, dot interaction of the bottom output with
     every field embedding, top MLP 1024-1024-512-256-1 over [bottom output, interactions]."""
 
-    def __init__(self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int) -> None:
+    def __init__(
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
+    ) -> None:
         super().__init__(embedding, num_fields, num_dense, embed_dim)
         # Without dense features there is no bottom MLP; interactions are among fields only.
         self.bottom = MLP(num_dense, (*DLRM_BOTTOM, embed_dim)) if num_dense else None
@@ -178,7 +200,9 @@ def model_class(name: str) -> type[CTRModel]:
     try:
         return MODELS[name]
     except KeyError:
-        raise ValueError(f"--model {name!r}: unknown model; choose one of {sorted(MODELS)}") from None
+        raise ValueError(
+            f"--model {name!r}: unknown model; choose one of {sorted(MODELS)}"
+        ) from None
 
 
 def build_model(

@@ -51,7 +51,8 @@ def dot_interaction(vectors: torch.Tensor) -> torch.Tensor:
 
 def flat_inputs(emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
     """Concatenate flattened embeddings [B, F*D] with dense features [B, num_dense] if any."""
-    flat = emb.reshape(emb.shape[0], -1)
+    # explicit width: reshape(B, -1) is ambiguous for an empty batch (B = 0)
+    flat = emb.reshape(emb.shape[0], emb.shape[1] * emb.shape[2])
     if dense is None:
         return flat
     return torch.cat([flat, dense.to(flat.dtype)], dim=1)

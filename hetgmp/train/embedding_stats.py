@@ -8,10 +8,11 @@ rate* (rows served by a local mirror, over all non-owned rows read).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def _sum(counters: dict[str, float], pred) -> float:  # noqa: ANN001
+def _sum(counters: dict[str, float], pred: Callable[[str], bool]) -> float:
     return float(sum(v for k, v in counters.items() if pred(k)))
 
 
@@ -25,8 +26,9 @@ def summarize_counters(counters: dict[str, float], samples: int | None) -> dict[
         out["bytes_per_sample"] = sent / samples
     else:
         out["bytes_sent"] = sent
-    mirror = _sum(counters, lambda k: k.startswith("rows_mirror"))
-    remote = _sum(counters, lambda k: k.startswith("rows_remote"))
+    # rows_mirror_refreshed is already counted in rows_remote: hits are fresh or allowed-stale.
+    mirror = float(counters.get("rows_mirror_fresh", 0) + counters.get("rows_mirror_stale_ok", 0))
+    remote = float(counters.get("rows_remote", 0))
     if mirror + remote > 0:
         out["mirror_hit"] = mirror / (mirror + remote)
     return out

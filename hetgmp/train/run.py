@@ -116,7 +116,7 @@ def distributed_embedding(
         dim,
         env,
         plan,
-        placement="plan" if plan is not None else "hash",
+        placement="hash",  # used only without a plan
         store_rate=cfg.store_rate,
         bound=cfg.bound,
         optimizer=cfg.optimizer,

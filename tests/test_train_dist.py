@@ -1,0 +1,259 @@
+"""Training through the real DistributedEmbedding on spawned gloo ranks, and one mpirun launch.
+
+The anchor: at bound 0, N ranks (any plan, unequal shards, mirrors) train exactly like one process
+with the reference table on the same global batches (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.config import validate
+from hetgmp.data.format import open_dataset
+from hetgmp.data.loader import BatchLoader, rank_sample_indices
+from hetgmp.embedding import ReferenceEmbedding
+from hetgmp.models import build_model, model_class
+from hetgmp.partition.plan import Plan, load_plan, save_plan
+from hetgmp.train.checkpoint import open_checkpoint
+from hetgmp.train.config import TrainConfig
+from hetgmp.train.run import train
+from hetgmp.train.runlog import RunLog
+from hetgmp.train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(ds_root: Path, **kw) -> TrainConfig:
+    base = dict(
+        dataset=str(ds_root),
+        batch_size=32,
+        embed_dim=4,
+        log_every=4,
+        progress=False,
+        lr=0.1,
+        optimizer="adagrad",
+        dense_optimizer="sgd",
+        dense_lr=0.05,
+        warmup_steps=1,
+        threads=1,
+        val=False,
+    )
+    base.update(kw)
+    return validate(TrainConfig(**base))
+
+
+def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
+    return train(cfg, env)
+
+
+def _uneven_plan(ds, nparts: int, path: Path) -> Path:
+    """Rank 0 gets ~half the samples, the rest share the others; random owners; every rank
+    mirrors every row it does not own (store_rate 1)."""
+    rng = np.random.default_rng(5)
+    n, r = len(ds.train), ds.meta.num_embeddings
+    dp = np.where(rng.random(n) < 0.5, 0, rng.integers(0, nparts, n)).astype(np.int32)
+    ep = rng.integers(0, nparts, r).astype(np.int32)
+    mirrors = [rng.permutation(np.flatnonzero(ep != w)).astype(np.int64) for w in range(nparts)]
+    return save_plan(Plan(dp, ep, mirrors, {"dataset_fingerprint": ds.fingerprint}), path)
+
+
+def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None):
+    """One process, reference table, each step's batch = the union of the ranks' batches."""
+    ds = open_dataset(cfg.dataset)
+    cls = model_class(cfg.model)
+    torch.manual_seed(cfg.seed)
+    emb = ReferenceEmbedding(
+        ds.meta.num_embeddings,
+        cls.table_dim(cfg.embed_dim),
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        init_scale=cfg.init_scale,
+        seed=cfg.seed,
+    )
+    model = build_model(
+        cfg.model,
+        emb,
+        num_fields=ds.meta.num_fields,
+        num_dense=ds.meta.num_dense,
+        embed_dim=cfg.embed_dim,
+    )
+    env = DistEnv.single()
+    tr = Trainer(cfg, env, ds, model, RunLog(active=False), indices=np.arange(len(ds.train)))
+    shards = [rank_sample_indices(len(ds.train), r, nparts, plan) for r in range(nparts)]
+    steps = 0
+    for epoch in range(cfg.epochs):
+        loaders = [
+            iter(
+                BatchLoader(
+                    ds.train, cfg.batch_size, indices=s, shuffle=True, seed=cfg.seed, epoch=epoch
+                )
+            )
+            for s in shards
+        ]
+        spe = max(-(-s.size // cfg.batch_size) for s in shards)
+        for _ in range(spe):
+            if cfg.iter and steps >= cfg.iter:
+                break
+            parts = [b for b in (next(it, None) for it in loaders) if b is not None]
+            cat = lambda xs: np.concatenate(xs)  # noqa: E731
+            from hetgmp.data.loader import Batch
+
+            batch = Batch(
+                cat([b.sparse for b in parts]),
+                cat([b.dense for b in parts]) if parts[0].dense is not None else None,
+                cat([b.labels for b in parts]),
+                cat([b.indices for b in parts]),
+            )
+            tr.step(batch, len(batch.labels))
+            steps += 1
+    emb.flush()
+    return model.dense_state_dict(), emb.weight.clone()
+
+
+def _ckpt_state(ckdir: Path):
+    ck = open_checkpoint(ckdir)
+    u = ck.embedding_union()
+    order = torch.argsort(u["ids"])
+    return ck.dense()["model"], u["weight"][order], u["ids"][order]
+
+
+@pytest.mark.parametrize("nparts", [3])
+def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int) -> None:
+    plan_path = _uneven_plan(tiny_dataset, nparts, tmp_path / "part.npz")
+    ck = tmp_path / "ck"
+    cfg = _cfg(
+        tiny_dataset.root,
+        model="dfm",
+        epochs=2,
+        partition=plan_path,
+        store_rate=1.0,
+        bound=0,
+        checkpoint_dir=ck,
+    )
+    res = spawn_ranks(_train_rank, nparts, cfg, timeout_s=180)
+    assert res[0]["embedding"]["mirror_hit"] > 0  # mirrors were really used
+    dense, weight, ids = _ckpt_state(ck)
+    assert torch.equal(ids, torch.arange(tiny_dataset.meta.num_embeddings))
+    ref_dense, ref_weight = _reference_run(cfg, nparts, load_plan(plan_path))
+    # SGD on the dense side: Adam divides tiny gradients by their tiny running norm, which
+    # magnifies summation-order noise (1e-9) into 1e-5 differences without any bug.
+    for k in ref_dense:
+        torch.testing.assert_close(dense[k], ref_dense[k], rtol=0, atol=1e-6, msg=k)
+    torch.testing.assert_close(weight, ref_weight, rtol=0, atol=1e-6)
+    # the state moved away from its initial values: the comparison is not vacuous
+    init = ReferenceEmbedding(tiny_dataset.meta.num_embeddings, 5, seed=0).weight
+    assert (weight - init).abs().max() > 1e-2
+
+
+def test_resume_exact_and_other_worker_count(tiny_dataset, tmp_path) -> None:
+    kw = dict(model="wdl", bound=0, dense_optimizer="adam", dense_lr=0.01)  # Adam: state restored
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=10, checkpoint_dir=straight, **kw))
+    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=5, checkpoint_dir=halves, **kw))
+    spawn_ranks(
+        _train_rank, 2, _cfg(tiny_dataset.root, iter=10, checkpoint_dir=halves, resume=True, **kw)
+    )
+    (da, wa, _), (db, wb, _) = _ckpt_state(straight), _ckpt_state(halves)
+    for k in da:
+        torch.testing.assert_close(da[k], db[k], rtol=0, atol=1e-6, msg=k)
+    torch.testing.assert_close(wa, wb, rtol=0, atol=1e-6)
+    # the 2-rank checkpoint loads on 1 process (rows keyed by global id) with the same rows
+    for n in (1,):
+        moved = tmp_path / f"on{n}"
+        shutil.copytree(halves / "step-00000010", moved / "step-00000010")
+        (moved / "latest").write_text("step-00000010\n")
+        cfg = _cfg(tiny_dataset.root, iter=10, checkpoint_dir=moved, resume=True, **kw)
+        if n == 1:
+            train(cfg, DistEnv.single())
+        else:
+            spawn_ranks(_train_rank, n, cfg)
+        dn, wn, _ = _ckpt_state(moved)
+        torch.testing.assert_close(wn, wb, rtol=0, atol=0)
+        for k in db:
+            torch.testing.assert_close(dn[k], db[k], rtol=0, atol=0)
+
+
+def test_bound100_trains_with_mirrors(tiny_dataset, tmp_path) -> None:
+    plan_path = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(
+        tiny_dataset.root,
+        model="dlrm",
+        iter=8,
+        partition=plan_path,
+        store_rate=0.5,
+        bound=100,
+        val=True,
+        log_json=tmp_path / "log.jsonl",
+    )
+    res = spawn_ranks(_train_rank, 2, cfg)
+    assert res[0]["val_auc"] == res[1]["val_auc"] and 0.0 <= res[0]["val_auc"] <= 1.0
+    assert res[0]["embedding"]["mirror_hit"] > 0.5
+    text = (tmp_path / "log.jsonl").read_text()
+    assert '"bytes_per_sample"' in text and '"mirror_hit"' in text
+
+
+@pytest.mark.mpi
+def test_mpirun_cli_smoke(tiny_dataset, tmp_path) -> None:
+    mpirun = Path(sys.executable).parent / "mpirun"
+    if not mpirun.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    env = dict(
+        os.environ,
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+    )
+    base = [
+        str(mpirun),
+        "-np",
+        "2",
+        sys.executable,
+        str(ROOT / "examples" / "hetuctr.py"),
+        "--dataset",
+        str(tiny_dataset.root),
+        "--batch_size",
+        "32",
+        "--embed_dim",
+        "4",
+        "--log_every",
+        "3",
+        "--no-progress",
+        "--threads",
+        "1",
+    ]
+    out = tmp_path / "res.json"
+    p = subprocess.run(
+        [*base, "--iter", "6", "--output", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert re.search(r"^TRAIN 3: loss \S+ acc \S+ time \S+ speed \S+", p.stdout, re.M)
+    assert re.search(r"^EVAL 6: val_loss \S+ val_acc \S+ val_auc \S+", p.stdout, re.M)
+    assert "launcher mpirun, 2 rank(s)" in p.stdout and "hash placement" in p.stdout
+    assert out.exists()
+    # a plan made for 3 workers: every rank stops with a clear message, no hang
+    plan = _uneven_plan(tiny_dataset, 3, tmp_path / "p3.npz")
+    p = subprocess.run(
+        [*base, "--iter", "2", "--partition", str(plan)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode != 0
+    assert "made for 3 workers but 2 are running" in p.stderr
+    assert "Traceback" not in p.stderr
