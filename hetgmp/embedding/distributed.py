@@ -46,6 +46,7 @@ from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
+from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.reference import check_ids
 from hetgmp.partition.plan import Plan
 
@@ -138,6 +139,7 @@ class DistributedEmbedding(nn.Module):
         self._rows_total = torch.zeros(len(_ROW_COUNTERS), dtype=torch.int64, device=dev)
         self._rows_step = torch.zeros_like(self._rows_total)
         self.last_audit: dict[str, torch.Tensor] | None = None
+        self.timer = PhaseTimer(dev, enabled=False)  # bench/ turns it on: timer.enabled = True
 
     # ------------------------------------------------------------------ public API
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -149,6 +151,7 @@ class DistributedEmbedding(nn.Module):
             else torch.zeros(0, 1, dtype=torch.int64, device=self.device)
         )
         b, f = ids.shape
+        self.timer.start()
         uniq, inv, cnt = torch.unique(ids.reshape(-1), return_inverse=True, return_counts=True)
         values = self._step(uniq, op=_OP_FORWARD, error=err)
         if self.training and torch.is_grad_enabled():
@@ -312,7 +315,9 @@ class DistributedEmbedding(nn.Module):
         sw = self.opt.state_width
         evaluating = op == _OP_FLUSH or not self.training
         bound = 0 if evaluating else self.bound
+        self.timer.mark("unique")
         writes = self._stage_writes(push_all=evaluating)
+        self.timer.mark("update")
         is_own = self.owner_of[uniq] == env.rank
         nonown_pos = torch.nonzero(~is_own).squeeze(1)
         q_ids = uniq[nonown_pos]
@@ -340,6 +345,7 @@ class DistributedEmbedding(nn.Module):
         table[:, _BOUND] = bound
         table[:, _SEND_ALL] = int(self.audit)
         table[:, _OP] = op
+        self.timer.mark("unique")
         mine = table.cpu()
         theirs = exchange_counts(env, table, "embedding size exchange 1")
         if error:
@@ -369,9 +375,11 @@ class DistributedEmbedding(nn.Module):
         )
         r_qids, r_qmv, r_pids, r_pcnt = (unpack_i64(x) for x in (r_qids, r_qmv, r_pids, r_pcnt))
         r_pgrad = r_pgrad.view(-1, d)
+        self.timer.mark("exchange")
 
         # ---- owners apply own + pushed gradients: one optimizer update per row per step
         self._apply_owned(writes, r_pids, r_pcnt, r_pgrad)
+        self.timer.mark("update")
         self._count_bytes(
             sent={
                 "ids": 8 * (q_ids.numel() + p_ids.numel()),
@@ -406,6 +414,7 @@ class DistributedEmbedding(nn.Module):
         if sw:
             vals = torch.cat([vals, self.opt_state[r_slot[need]][:, None]], dim=1)
         k_out = torch.bincount(src[need], minlength=w)
+        self.timer.mark("gather")
         k_in = exchange_counts(env, k_out[:, None], "embedding size exchange 2")[:, 0].tolist()
         k_out_l = k_out.tolist()
         send2 = _interleave((pack_i64(ov), vals.reshape(-1)), [(nq_in, 2), (k_out_l, d + sw)], w)
@@ -418,14 +427,17 @@ class DistributedEmbedding(nn.Module):
         )
         q_ov, q_vals = _split(recv2, [(nq, 2), (k_in, d + sw)], w)
         q_ov, q_vals = unpack_i64(q_ov), q_vals.view(-1, d + sw)
+        self.timer.mark("exchange")
         self._count_bytes(
             sent={"versions": 8 * r_qids.numel(), "values": 4 * (d + sw) * sum(k_out_l)},
             recv={"versions": 8 * q_ids.numel(), "values": 4 * (d + sw) * sum(k_in)},
             reset=False,
         )
-        return self._gather(
+        values = self._gather(
             uniq, is_own, q_pos, q_slot, is_mirror, q_mv, q_ov, q_vals, bound, writes.deferred
         )
+        self.timer.mark("gather")
+        return values
 
     def _apply_owned(
         self, writes: _Writes, r_pids: torch.Tensor, r_pcnt: torch.Tensor, r_pgrad: torch.Tensor
