@@ -20,6 +20,8 @@ namespace {
 // count only, never of the thread count.
 // Blocks below this size run on one thread: a parallel region costs more than it saves there.
 constexpr int64_t kParallelMin = 1024;
+constexpr int64_t kPrefetch = 4;           // samples ahead whose count rows we prefetch
+constexpr int32_t kUnplaced = -2;          // marks a newly placed sample in apply_moves
 
 inline int64_t block_size(int64_t items) {
   return std::max<int64_t>(16, std::min<int64_t>(4096, items / 256));
@@ -61,14 +63,24 @@ class Refiner {
     cnt_data_.assign(p_, 0);
     cnt_embed_.assign(p_, 0);
     const int32_t* dp = data_.data();
-    for (int64_t s = 0; s < ids_.n; ++s) {
-      for (int64_t j = 0; j < ids_.f; ++j) {
-        const int64_t row = ids_.at(s, j);
-        deg_[row]++;
-        if (dp[s] >= 0) c[row * p_ + dp[s]]++;
-      }
-      if (dp[s] >= 0) cnt_data_[dp[s]]++;
+    {
+      py::gil_scoped_release nogil;
+      int32_t* dg = deg_.data();
+      // Integer atomics: the counts come out the same whatever the thread interleaving.
+#pragma omp parallel for schedule(static) num_threads(threads_)
+      for (int64_t s = 0; s < ids_.n; ++s)
+        for (int64_t j = 0; j < ids_.f; ++j) {
+          const int64_t row = ids_.at(s, j);
+#pragma omp atomic
+          dg[row]++;
+          if (dp[s] >= 0) {
+#pragma omp atomic
+            c[row * p_ + dp[s]]++;
+          }
+        }
     }
+    for (int64_t s = 0; s < ids_.n; ++s)
+      if (dp[s] >= 0) cnt_data_[dp[s]]++;
     used_rows_ = 0;
     for (int64_t r = 0; r < r_; ++r)
       if (deg_[r] > 0) {
@@ -89,6 +101,7 @@ class Refiner {
     int32_t* c = counts_.mutable_data();
     const int64_t blk = block_size(n);
     std::vector<double> buf(blk * p_);
+    std::vector<int32_t> from(blk);
     int64_t moves = 0;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
       const int64_t b1 = std::min(n, b0 + blk);
@@ -97,6 +110,7 @@ class Refiner {
         double* sc = &buf[(s - b0) * p_];
         std::fill(sc, sc + p_, 0.0);
         const int32_t old = dp[s];
+        prefetch_rows(s + kPrefetch, b1, c);
         for (int64_t j = 0; j < ids_.f; ++j) {
           const int64_t row = ids_.at(s, j);
           const int32_t o = ep[row];
@@ -116,10 +130,19 @@ class Refiner {
           if (v > best_score) best_score = v, best = k;
         }
         if (best != old) {
-          move_sample(s, old, best, c, dp);
+          cnt_data_[old]--;
+          cnt_data_[best]++;
+          from[s - b0] = old;
+          dp[s] = best;
           ++moves;
+        } else {
+          from[s - b0] = -1;
         }
       }
+      // The block's gains were computed before any of its moves, so applying the count
+      // updates after all decisions (in parallel, integer atomics) gives the same state as
+      // applying them one by one.
+      apply_moves(b0, b1, from.data(), dp, c);
     }
     return moves;
   }
@@ -186,6 +209,7 @@ class Refiner {
     int32_t* c = counts_.mutable_data();
     const int64_t blk = block_size(n);
     std::vector<double> buf(blk * p_);
+    std::vector<int32_t> from(blk);
     int64_t placed = 0;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
       const int64_t b1 = std::min(n, b0 + blk);
@@ -194,6 +218,7 @@ class Refiner {
         if (dp[s] >= 0) continue;
         double* v = &buf[(s - b0) * p_];
         std::fill(v, v + p_, 0.0);
+        prefetch_rows(s + kPrefetch, b1, c);
         for (int64_t j = 0; j < ids_.f; ++j) {
           const int64_t row = ids_.at(s, j);
           if (ep[row] >= 0) v[ep[row]] += 1.0;
@@ -201,14 +226,16 @@ class Refiner {
         }
       }
       for (int64_t s = b0; s < b1; ++s) {
+        from[s - b0] = -1;
         if (dp[s] >= 0) continue;
         const double* v = &buf[(s - b0) * p_];
         const int best = pick(v, cnt_data_, cap);
         dp[s] = best;
         cnt_data_[best]++;
-        for (int64_t j = 0; j < ids_.f; ++j) c[ids_.at(s, j) * p_ + best]++;
+        from[s - b0] = kUnplaced;
         ++placed;
       }
+      apply_moves(b0, b1, from.data(), dp, c);
     }
     return placed;
   }
@@ -255,15 +282,30 @@ class Refiner {
     return best;
   }
 
-  void move_sample(int64_t s, int32_t from, int32_t to, int32_t* c, int32_t* dp) {
-    cnt_data_[from]--;
-    cnt_data_[to]++;
-    for (int64_t j = 0; j < ids_.f; ++j) {
-      const int64_t row = ids_.at(s, j);
-      c[row * p_ + to]++;
-      c[row * p_ + from]--;
+  // Count updates of one block's decisions: from[i] = previous worker of sample b0 + i,
+  // -1 = not moved, kUnplaced = newly placed (nothing to subtract).
+  void apply_moves(int64_t b0, int64_t b1, const int32_t* from, const int32_t* dp, int32_t* c) {
+#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
+    for (int64_t s = b0; s < b1; ++s) {
+      const int32_t old = from[s - b0];
+      if (old == -1) continue;
+      for (int64_t j = 0; j < ids_.f; ++j) {
+        const int64_t row = ids_.at(s, j);
+#pragma omp atomic
+        c[row * p_ + dp[s]]++;
+        if (old != kUnplaced) {
+#pragma omp atomic
+          c[row * p_ + old]--;
+        }
+      }
     }
-    dp[s] = to;
+  }
+
+  // The count rows of a sample a few iterations ahead: the loops are bound by cache misses
+  // on the [rows x parts] counts, and these loads are independent of the current work.
+  inline void prefetch_rows(int64_t s, int64_t end, const int32_t* c) const {
+    if (s >= end) return;
+    for (int64_t j = 0; j < ids_.f; ++j) __builtin_prefetch(&c[ids_.at(s, j) * p_]);
   }
 
   // Fetches per step every owner serves (HET-GMP's owner-load term), summed chunk by chunk.
