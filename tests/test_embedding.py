@@ -161,7 +161,8 @@ def test_single_process_distributed_equals_reference() -> None:
 
 
 # ---------------------------------------------------------------- bound 0 == reference
-@pytest.mark.parametrize("world", [2, 4, 8])
+# 8 ranks on a 2-core CI box take ~50 s to spawn: run with -m slow.
+@pytest.mark.parametrize("world", [2, 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_bound0_equals_reference(world: int) -> None:
     # 8 ranks on a 2-core box is slow to spawn: two representative cases there.
     cases = all_cases() if world < 8 else [all_cases()[1], all_cases()[7]]
