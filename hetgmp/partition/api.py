@@ -87,6 +87,11 @@ def partition_ids(
     timings: dict[str, float] = {}
     extra: dict[str, Any] = {}
     rng = np.random.default_rng([seed, 0x5EED])
+    refining = method in ("refine", "metis+refine") and rounds > 0
+    # One bar over every stage: start, graph build, (greedy), each refinement round, report.
+    bar = _progress(3 + (method in ("metis", "metis+refine")) + (rounds if refining else 0),
+                    f"partition {method} into {nparts}", progress)
+    bar.set_postfix_str("start")
 
     if method == "hash":
         start = baselines.hash_plan(n, num_rows, nparts)
@@ -101,24 +106,28 @@ def partition_ids(
         )
         timings["metis_s"] = time.perf_counter() - t
         log.info("partition metis %s", extra["metis"])
+    bar.update(1)
+    bar.set_postfix_str("graph")
 
     t = time.perf_counter()
     refiner = native().Refiner(
         ids, dp, ep, nparts, num_rows, batch_size, topo, theta=theta, threads=nthreads
     )
     timings["graph_s"] = time.perf_counter() - t
+    bar.update(1)
     if method in ("metis", "metis+refine"):
+        bar.set_postfix_str("greedy placement")
         t = time.perf_counter()
         extra["greedy_placed"] = {
             "samples": int(refiner.assign_data()),
             "rows": int(refiner.assign_embed()),
         }
         timings["greedy_s"] = time.perf_counter() - t
+        bar.update(1)
     m = refiner.samples_per_part
     history = [_cost(refiner, m, batch_size, topo, nthreads)]
-    if method in ("refine", "metis+refine") and rounds > 0:
+    if refining:
         t = time.perf_counter()
-        bar = _progress(rounds, f"refine {nparts} parts", progress)
         for r in range(rounds):
             moved_d = refiner.refine_data()
             moved_e = refiner.refine_embed()
@@ -128,15 +137,15 @@ def partition_ids(
                 "elapsed_s=%.1f", r + 1, moved_d, moved_e, history[-1],
                 time.perf_counter() - t0,
             )
-            bar.set_postfix(cost=f"{history[-1]:.0f}")
+            bar.set_postfix_str(f"round {r + 1}: cost {history[-1]:.0f}")
             bar.update(1)
-        bar.close()
         timings["refine_s"] = time.perf_counter() - t
     data_part = np.array(refiner.data_partition(), dtype=np.int32)
     embed_part = np.array(refiner.embed_partition(), dtype=np.int32)
     counts = refiner.counts()
 
     t = time.perf_counter()
+    bar.set_postfix_str("mirrors and report")
     limit_rate = max(max_mirror_rate, 0.1)  # the report needs store rates up to 0.1
     mirrors, gains = rank_mirrors(
         ids, data_part, embed_part, nparts, batch_size=batch_size, topo=topo,
@@ -166,6 +175,8 @@ def partition_ids(
             report["baselines"][name] = rep
             log.info("partition %s", summary_line(name, rep))
     timings["report_s"] = time.perf_counter() - t
+    bar.update(1)
+    bar.close()
     timings["wall_s"] = time.perf_counter() - t0
     meta: dict[str, Any] = {
         "method": method,
