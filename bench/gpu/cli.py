@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                    f"default {','.join(ONE_RANK)} on 1 rank, {','.join(MULTI_RANK)} on more")  # fmt: skip
     r.add_argument("--modes", default="embedding,train")
     r.add_argument("--batches", default="8192,65536", help="batch sizes per GPU")
-    r.add_argument("--train-batches", default="", help="batch sizes for train mode (default --batches)")
+    r.add_argument(
+        "--train-batches", default="", help="batch sizes for train mode (default --batches)"
+    )
     r.add_argument("--models", default="wdl", help="wdl,dcn,...")
     r.add_argument("--precisions", default="fp32,bf16")
     r.add_argument("--dim", type=int, default=128)

@@ -131,7 +131,9 @@ class AllToAllSharded(Contender):
     def local(self, ids: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _exchange(self, x: torch.Tensor, send: list[int], recv: list[int], what: str) -> torch.Tensor:
+    def _exchange(
+        self, x: torch.Tensor, send: list[int], recv: list[int], what: str
+    ) -> torch.Tensor:
         return exchange_payload(self.env, x.reshape(-1), send, recv, what)
 
     def _off_rank(self, counts: list[int]) -> int:
@@ -233,9 +235,7 @@ class TableWise(AllToAllSharded):
 
     name = "tablewise"
 
-    def __init__(
-        self, cards: np.ndarray, dim: int, env: DistEnv, *, lr: float, seed: int
-    ) -> None:
+    def __init__(self, cards: np.ndarray, dim: int, env: DistEnv, *, lr: float, seed: int) -> None:
         cards = np.asarray(cards, dtype=np.int64)
         w, r = env.world_size, env.rank
         offsets = np.concatenate([[0], np.cumsum(cards)[:-1]]).astype(np.int64)

@@ -238,9 +238,7 @@ def prepare(root: str | os.PathLike[str], spec: WorkloadSpec, *, threads: int = 
             "wall_s": part_s,
             "timing": plan.meta.get("timing"),
             "fetches_per_step": q.get("fetches_per_step"),
-            "baselines": {
-                k: v.get("fetches_per_step") for k, v in q.get("baselines", {}).items()
-            },
+            "baselines": {k: v.get("fetches_per_step") for k, v in q.get("baselines", {}).items()},
             "samples_per_worker": np.bincount(plan.data_partition, minlength=spec.world_size)
             .astype(int)
             .tolist(),

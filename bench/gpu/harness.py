@@ -172,7 +172,9 @@ class Runner:
         if batch not in self._unique:
             d = self.data_for("contiguous")
             k = [
-                torch.unique(d.ids.index_select(0, batch_positions(s, batch, d.n, self.dev))).numel()
+                torch.unique(
+                    d.ids.index_select(0, batch_positions(s, batch, d.n, self.dev))
+                ).numel()
                 for s in range(3)
             ]
             self._unique[batch] = float(np.mean(k))
@@ -213,9 +215,12 @@ class Runner:
                 return
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(ids, data.dense.index_select(0, pos))
-            loss = F.binary_cross_entropy_with_logits(
-                logits.float(), data.labels.index_select(0, pos), reduction="sum"
-            ) / gb
+            loss = (
+                F.binary_cross_entropy_with_logits(
+                    logits.float(), data.labels.index_select(0, pos), reduction="sum"
+                )
+                / gb
+            )
             loss.backward()
             t.mark("mlp")
             cont.after_backward()
@@ -280,13 +285,20 @@ class Runner:
             },
             "bytes_per_sample": sum(total_sent.values()) / samples,
             "bytes_per_sample_by_kind": {kind: v / samples for kind, v in total_sent.items()},
-            "peak_mem_gib": max((r["peak"] or 0.0) for r in everyone) if dev.type == "cuda" else None,
+            "peak_mem_gib": max((r["peak"] or 0.0) for r in everyone)
+            if dev.type == "cuda"
+            else None,
         }
         if rows:
             req = sum(r["rows"].get("rows_requested", 0) for r in everyone)
             rec["rows_share"] = {
                 key[5:]: sum(r["rows"].get(key, 0) for r in everyone) / max(1, req)
-                for key in ("rows_owned", "rows_mirror_fresh", "rows_mirror_stale_ok", "rows_remote")
+                for key in (
+                    "rows_owned",
+                    "rows_mirror_fresh",
+                    "rows_mirror_stale_ok",
+                    "rows_remote",
+                )
             }
         if mode == "embedding":
             u = self.unique_rows(batch)

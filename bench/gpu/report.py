@@ -67,7 +67,11 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
             ("hetgmp-b100 2 GPUs / hetgmp 1 GPU", het2, het1),
             ("hetgmp-b100 2 GPUs / torch 1 GPU", het2, torch1),
             ("hetgmp-b100 2 GPUs / rowwise 2 GPUs", het2, _find(emb, contender="rowwise", world=2)),
-            ("hetgmp-b100 2 GPUs / tablewise 2 GPUs", het2, _find(emb, contender="tablewise", world=2)),
+            (
+                "hetgmp-b100 2 GPUs / tablewise 2 GPUs",
+                het2,
+                _find(emb, contender="tablewise", world=2),
+            ),
         ]
         for label, a, c in pairs:
             if a and c:
@@ -163,7 +167,9 @@ def markdown(runs: list[dict[str, Any]], workload: dict[str, Any] | None) -> str
             + " / ".join(cols) + " | bytes/sample | peak GiB |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]  # fmt: skip
-        for r in sorted(tr, key=lambda r: (r["model"], r["precision"], r["batch_per_gpu"], r["world"])):
+        for r in sorted(
+            tr, key=lambda r: (r["model"], r["precision"], r["batch_per_gpu"], r["world"])
+        ):
             lines.append(
                 f"| {r['world']} | {r['contender']} | {r['model']} | {r['precision']} | "
                 f"{r['batch_per_gpu']} | {r['samples_per_s'] / 1e6:.2f} | {_f(r['step_ms_median'])} | "
