@@ -10,11 +10,12 @@ import dataclasses
 from pathlib import Path
 
 from hetgmp.config import ConfigError, option
+from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
 from hetgmp.models import MODELS
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-DEFAULT_DATASET = "criteo-like-default"
+DEFAULT_DATASET = DEFAULT_DATASET_NAME
 
 
 def _positive(v: int | float) -> bool:
@@ -144,11 +145,9 @@ class TrainConfig:
     resume: bool = option(False, help="continue from the latest checkpoint in --checkpoint-dir")
     log_json: Path | None = option(None, help="JSON-lines log file (rank 0 writes it)")
     progress: bool = option(True, help="tqdm progress bar on rank 0 (off when not a terminal)")
-    cache_dir: Path = option(
-        Path.home() / ".cache" / "hetgmp", help="where named/generated data sets live"
-    )
+    cache_dir: Path = option(DEFAULT_CACHE, help="where named/generated data sets live")
     default_samples: int = option(
-        200_000,
+        DEFAULT_SAMPLES,
         help="training samples of the generated default data set",
         check=_positive,
         check_msg="must be >= 1",

@@ -24,6 +24,7 @@ from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.launch import init_distributed, shutdown
 from hetgmp.config import to_dict
+from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 from hetgmp.data.format import Dataset, DatasetError, open_dataset
 from hetgmp.data.loader import rank_sample_indices
 from hetgmp.models import build_model, model_class
@@ -70,14 +71,18 @@ def resolve_dataset(cfg: TrainConfig, env: DistEnv, log: RunLog) -> Dataset:
             f"{cfg.cache_dir / 'datasets'}"
         )
 
-    def generate() -> None:
-        from hetgmp.data.generate import generate_criteo_like
+    # The same cached set `hetgmp partition` uses without --data, so default plans fit it.
+    default_dir = default_dataset_dir(cfg.cache_dir, cfg.default_samples)
 
-        log.info(f"generating the default data set ({cfg.default_samples} samples) into {named}")
-        generate_criteo_like(named, num_samples=cfg.default_samples, seed=0)
+    def generate() -> None:
+        if not (default_dir / "meta.json").exists():
+            log.info(
+                f"generating the default data set ({cfg.default_samples} samples) into {default_dir}"
+            )
+        ensure_default_dataset(cfg.cache_dir, cfg.default_samples, progress=cfg.progress)
 
     on_rank0_then_all(env, generate)
-    return open_dataset(named)
+    return open_dataset(default_dir)
 
 
 def plan_fingerprint(path: Path) -> str:
