@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import resource
 import time
 from typing import Any
 
@@ -103,6 +104,8 @@ class Trainer:
         self.last_eval_step = -1
         self._timing = {"warmup_s": 0.0, "warmup_samples": 0, "steady_s": 0.0, "steady_samples": 0}
         self._counters0: dict[str, float] = {}
+        self._eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
+        self.samples_seen = 0  # global training samples of the steps run in this process
 
     # ---- one global step -------------------------------------------------------------------
     def _tensors(
@@ -226,6 +229,7 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 self._account(steps_run, dt, gb)
                 steps_run += 1
+                self.samples_seen += gb
                 interval.loss_sum += loss
                 interval.correct += correct
                 interval.samples += n
@@ -289,6 +293,7 @@ class Trainer:
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""
         self.model.embedding.flush()
+        before = self._local_counters()
         res = evaluate(
             self.model,
             self.dataset.test,
@@ -296,10 +301,35 @@ class Trainer:
             batch_size=self.cfg.eval_batch_size,
             amp=self.cfg.amp,
         )
+        for k, v in self._local_counters().items():
+            self._eval_counters[k] = self._eval_counters.get(k, 0.0) + v - before.get(k, 0.0)
         self.last_eval = res
         self.last_eval_step = self.position.step
-        self.log.metrics("EVAL", self.position.step, res.fields())
+        self.log.metrics(
+            "EVAL", self.position.step, {**res.fields(), "samples_seen": self.samples_seen}
+        )
         return res
+
+    def _local_counters(self) -> dict[str, float]:
+        counters = getattr(self.model.embedding, "counters", None)
+        return {k: float(v) for k, v in counters().items()} if callable(counters) else {}
+
+    def _memory(self) -> dict[str, Any]:
+        """Stored rows (owned + mirrors) and peak RSS per rank, max and mean over ranks."""
+        emb = self.model.embedding
+        own = int(getattr(emb, "n_own", 0))
+        mir = int(getattr(emb, "n_mir", 0))
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+        ranks = all_gather_object(self.env, (own, mir, rss_mb))
+        out: dict[str, Any] = {}
+        for i, name in enumerate(("owned_rows", "mirror_rows", "peak_rss_mb")):
+            vals = [float(r[i]) for r in ranks]
+            out[f"{name}_max"] = max(vals)
+            out[f"{name}_mean"] = sum(vals) / len(vals)
+        stored = [float(r[0] + r[1]) for r in ranks]
+        out["stored_rows_max"] = max(stored)
+        out["stored_rows_mean"] = sum(stored) / len(stored)
+        return out
 
     def results(self) -> dict[str, Any]:
         t = self._timing
@@ -317,4 +347,14 @@ class Trainer:
         total = self._global_counters()
         out["embedding"] = summarize_counters(total, None)
         out["embedding_counters"] = total
+        # Training only (evaluation's lookups excluded), for bytes per training sample.
+        keys = sorted(total)
+        if keys:
+            ev = torch.tensor([self._eval_counters.get(k, 0.0) for k in keys], dtype=torch.float64)
+            ev = all_reduce_sum(self.env, ev).tolist()
+            train = {k: total[k] - e for k, e in zip(keys, ev, strict=True)}
+            out["embedding_train_counters"] = train
+            out["embedding_train"] = summarize_counters(train, self.samples_seen or None)
+        out["samples_seen"] = self.samples_seen
+        out["memory"] = self._memory()
         return out
