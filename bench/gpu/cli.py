@@ -77,6 +77,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                 f"{torch.cuda.device_count()} GPU(s); launch at most that many ranks"
             )
     env = init_distributed(device=a.device, timeout_s=a.timeout)
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)  # events and autocast use the current device
     if a.device == "cuda" and env.backend not in ("nccl", "none"):
         raise SystemExit(f"run --device cuda: expected the NCCL backend, got {env.backend}")
     try:
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--train-batches", default="", help="batch sizes for train mode (default --batches)"
     )
-    r.add_argument("--models", default="wdl", help="wdl,dcn,...")
+    r.add_argument("--models", default="wdl,dcn", help="models of the train mode, in order")
     r.add_argument("--precisions", default="fp32,bf16")
     r.add_argument("--dim", type=int, default=128)
     r.add_argument("--warmup", type=int, default=5)

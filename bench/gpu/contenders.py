@@ -150,8 +150,9 @@ class AllToAllSharded(Contender):
         send_ids = uniq[order]
         counts = torch.bincount(dest, minlength=w)
         t.mark("preprocess")
-        send_n = counts.tolist()
+        # One host round trip: the counts' all-to-all waits for them; .tolist() then is free.
         recv_n = exchange_counts(env, counts[:, None], "sharded size exchange")[:, 0].tolist()
+        send_n = counts.tolist()
         recv_ids = self._exchange(send_ids, send_n, recv_n, "sharded id exchange")
         t.mark("exchange")
         local = self.local(recv_ids)

@@ -331,19 +331,20 @@ class Runner:
     # ------------------------------------------------------------------ all configurations
     def run(self) -> list[dict[str, Any]]:
         cfg = self.cfg
+        # Priority order if the time runs out: embedding-only first, then one model at a time.
         groups = []
         if "embedding" in cfg.modes:
             groups.append([("embedding", b, "", "fp32") for b in cfg.batches])
         if "train" in cfg.modes:
-            groups.append(
-                [
-                    ("train", b, m, p)
-                    for m in cfg.models
-                    for b in (cfg.train_batches or cfg.batches)
-                    for p in cfg.precisions
-                ]
-            )
-        for group in groups:  # embedding-only first: the priority if the time runs out
+            for m in cfg.models:
+                groups.append(
+                    [
+                        ("train", b, m, p)
+                        for b in (cfg.train_batches or cfg.batches)
+                        for p in cfg.precisions
+                    ]
+                )
+        for group in groups:
             for name in cfg.contenders:
                 data = self.data_for(name)
                 cont = C.build(

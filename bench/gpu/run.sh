@@ -28,7 +28,6 @@ left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
 
 # Mandatory on the multi-GPU machine (NVLink multicast / NVLS off).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 
 # 1. carried wheels (pymetis for cp312)
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -77,7 +76,7 @@ WL="$WORK/workload_w$WORLD"
 log "preparing the workload in $WL"
 $PY bench/gpu/cli.py prepare --dir "$WL" --world "$WORLD" --samples "${SAMPLES:-2000000}" \
   --card-scale "${CARD_SCALE:-1.0}" --locality "${LOCALITY:-0.8}" --method "$METHOD" \
-  --rounds "${ROUNDS:-2}" 2>&1 | tee "$LOGS/prepare.log"
+  --rounds "${ROUNDS:-2}" --threads "$(nproc)" 2>&1 | tee "$LOGS/prepare.log"
 [ "${PIPESTATUS[0]}" = 0 ] || die "prepare (see $LOGS/prepare.log)"
 
 # 5. the measurements: one torchrun per GPU count, each cut off before the budget runs out
@@ -91,7 +90,7 @@ run_world() {
   local cmd=($PY -m torch.distributed.run --standalone --nproc_per_node "$n" bench/gpu/cli.py run
              --device "$DEVICE" --workload "$WL" --out "$RES" "$@")
   log "running on $n GPU(s) (limit ${budget}s): ${cmd[*]}"
-  timeout --signal=TERM --kill-after=10 "$budget" "${cmd[@]}" --command "bash bench/gpu/run.sh $* # ${cmd[*]}" \
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} timeout --signal=TERM --kill-after=10 "$budget" "${cmd[@]}" --command "bash bench/gpu/run.sh $* # ${cmd[*]}" \
     2>&1 | tee "$LOGS/run_w$n.log"
   local rc=${PIPESTATUS[0]}
   if [ "$rc" != 0 ]; then
