@@ -55,28 +55,40 @@ def _find(recs: list[dict[str, Any]], **kw: Any) -> dict[str, Any] | None:
 
 
 def headline(recs: list[dict[str, Any]]) -> list[str]:
-    """The issue's target ratios, where both sides were measured."""
+    """The issue's target ratios, where both sides were measured (embedding step, then training)."""
     out = []
-    for b in sorted({r["batch_per_gpu"] for r in recs if r["mode"] == "embedding"}):
-        emb = [r for r in recs if r["mode"] == "embedding" and r["batch_per_gpu"] == b]
-        torch1 = _find(emb, contender="torch", world=1)
-        het1 = _find(emb, contender="hetgmp", world=1)
-        het2 = _find(emb, contender="hetgmp-b100", world=2)
+    keys = sorted(
+        {
+            (r["mode"], r.get("model") or "", r.get("precision") or "", r["batch_per_gpu"])
+            for r in recs
+        }
+    )
+    for mode, model, prec, b in keys:
+        grp = [
+            r
+            for r in recs
+            if (r["mode"], r.get("model") or "", r.get("precision") or "", r["batch_per_gpu"])
+            == (mode, model, prec, b)
+        ]
+        torch1 = _find(grp, contender="torch", world=1)
+        het1 = _find(grp, contender="hetgmp", world=1)
+        het2 = _find(grp, contender="hetgmp-b100", world=2)
         pairs = [
             ("hetgmp 1 GPU / torch 1 GPU", het1, torch1),
             ("hetgmp-b100 2 GPUs / hetgmp 1 GPU", het2, het1),
             ("hetgmp-b100 2 GPUs / torch 1 GPU", het2, torch1),
-            ("hetgmp-b100 2 GPUs / rowwise 2 GPUs", het2, _find(emb, contender="rowwise", world=2)),
+            ("hetgmp-b100 2 GPUs / rowwise 2 GPUs", het2, _find(grp, contender="rowwise", world=2)),
             (
                 "hetgmp-b100 2 GPUs / tablewise 2 GPUs",
                 het2,
-                _find(emb, contender="tablewise", world=2),
+                _find(grp, contender="tablewise", world=2),
             ),
         ]
+        what = "embedding step" if mode == "embedding" else f"{model} {prec}"
         for label, a, c in pairs:
             if a and c:
                 out.append(
-                    f"- embedding step, B={b}/GPU: {label} = "
+                    f"- {what}, B={b}/GPU: {label} = "
                     f"**{a['samples_per_s'] / c['samples_per_s']:.2f}x** "
                     f"({a['samples_per_s'] / 1e6:.2f}M vs {c['samples_per_s'] / 1e6:.2f}M samples/s)"
                 )
