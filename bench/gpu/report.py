@@ -110,7 +110,11 @@ def markdown(runs: list[dict[str, Any]], workload: dict[str, Any] | None) -> str
             f" x{m.get('world_size', '?')}, torch {m.get('torch')}, CUDA {m.get('cuda')}, "
             f"NCCL {m.get('nccl', '-')}, backend {m.get('backend')}, copy bandwidth "
             f"{m.get('copy_bandwidth_gbs')} GB/s, {m.get('date')}"
-            + (" **(partial: launch failed)**" if run.get("partial") else "")
+            + (
+                " **(partial: the launch was cut by the time limit or failed)**"
+                if run.get("partial")
+                else ""
+            )
         )
         lines.append(f"  - command: `{run.get('command', '')}`")
     if workload:
