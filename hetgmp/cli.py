@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "hetgmp.data.preprocess_cli",  # preprocess
     "hetgmp.partition.cli",  # partition
     "hetgmp.train.cli",  # train
+    "hetgmp.experiments.cli",  # experiment
 )
 
 

@@ -1,0 +1,226 @@
+"""Shared sweep machinery: options, plans, the run loop with resume, a bar, one line per run.
+
+A sweep is a list of :class:`RunSpec` (every combination times ``repeats``; repeat ``i`` uses seed
+``seed + i``). :func:`run_sweep` skips the runs whose key is already in the CSV, launches the
+others one after another (each is itself a multi-rank job), appends each finished run to the
+CSV at once, prints one line with its key figures and advances a tqdm bar over the whole sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+from hetgmp.experiments.launch import LaunchError, RunSpec, run_one
+from hetgmp.experiments.table import Row, RunTable
+
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+@dataclasses.dataclass
+class SweepOptions:
+    """Options every experiment shares (see :func:`add_common_arguments`)."""
+
+    data: Path
+    out: Path
+    ranks: int = 8
+    gpus: int = 0
+    batch_size: int = 128
+    embed_dim: int = 16
+    iters: int = 100
+    eval_every: int = 0
+    lr: float = 0.01
+    optimizer: str = "sgd"
+    dense_optimizer: str = "sgd"
+    dense_lr: float = 0.0
+    model: str = "wdl"
+    seed: int = 0
+    repeats: int = 1
+    threads: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    progress: bool = True
+
+    @property
+    def workers(self) -> int:
+        return self.gpus if self.gpus else self.ranks
+
+    def base_spec(self, experiment: str, **kw: Any) -> RunSpec:
+        """A spec with these options; ``kw`` sets or overrides any other :class:`RunSpec` field."""
+        fields: dict[str, Any] = {
+            "experiment": experiment,
+            "dataset": str(self.data),
+            "ranks": self.workers,
+            "batch_size": self.batch_size,
+            "embed_dim": self.embed_dim,
+            "iters": self.iters,
+            "eval_every": self.eval_every,
+            "lr": self.lr,
+            "optimizer": self.optimizer,
+            "dense_optimizer": self.dense_optimizer,
+            "dense_lr": self.dense_lr,
+            "model": self.model,
+            "seed": self.seed,
+            "gpus": self.gpus,
+        }
+        return RunSpec(**{**fields, **kw})
+
+
+def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> None:
+    """The options of :class:`SweepOptions` on an experiment's parser."""
+    p.add_argument("--data", type=Path, required=True, help="dataset directory")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="output directory (CSV, PNG, markdown, runs/, plans/)",
+    )
+    p.add_argument("--ranks", type=int, default=8, help="CPU ranks per run (mpirun -np)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="run on this many GPUs (one rank each) instead of CPU ranks",
+    )
+    p.add_argument("--batch-size", type=int, default=128, help="samples per rank per step")
+    p.add_argument("--embed-dim", type=int, default=16)
+    p.add_argument("--iters", type=int, default=100, help="global training steps per run")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=eval_every,
+        help="steps between evaluations (0: only at the end)",
+    )
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=["sgd", "adagrad"], default="sgd")
+    p.add_argument("--dense-optimizer", choices=["sgd", "adagrad", "adam"], default="sgd")
+    p.add_argument("--dense-lr", type=float, default=0.0, help="dense learning rate (0: --lr)")
+    p.add_argument("--model", default="wdl")
+    p.add_argument("--seed", type=int, default=0, help="seed of repeat 0 (repeat i: seed + i)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per setting (mean and spread)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per CPU rank")
+    p.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds one run may take",
+    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+
+
+def options_from(args: argparse.Namespace) -> SweepOptions:
+    names = {f.name for f in dataclasses.fields(SweepOptions)}
+    opts = SweepOptions(**{k: v for k, v in vars(args).items() if k in names})
+    for name in ("ranks", "batch_size", "embed_dim", "iters", "repeats", "threads"):
+        if getattr(opts, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if opts.gpus < 0 or opts.eval_every < 0:
+        raise ValueError("--gpus and --eval-every must be >= 0")
+    if not (opts.data / "meta.json").exists():
+        raise FileNotFoundError(f"--data {opts.data}: no meta.json (not a dataset directory)")
+    return opts
+
+
+def with_repeats(specs: Sequence[RunSpec], repeats: int) -> list[RunSpec]:
+    """Each spec ``repeats`` times, repeat ``i`` with seed ``seed + i``."""
+    return [
+        dataclasses.replace(s, repeat=i, seed=s.seed + i) for s in specs for i in range(repeats)
+    ]
+
+
+def ensure_plan(
+    data: Path,
+    parts: int,
+    out: Path,
+    *,
+    method: str = "metis+refine",
+    batch_size: int,
+    seed: int = 0,
+    max_mirror_rate: float = 0.25,
+) -> Path:
+    """A plan for ``data`` in ``parts`` (made once, then reused from ``out/plans``)."""
+    from hetgmp.data.format import open_dataset
+    from hetgmp.partition.api import partition_dataset
+    from hetgmp.partition.plan import save_plan
+
+    path = out / "plans" / f"{method.replace('+', '_')}-p{parts}-b{batch_size}-s{seed}.npz"
+    if not path.exists():
+        plan = partition_dataset(
+            open_dataset(data),
+            parts,
+            method=method,
+            batch_size=batch_size,
+            seed=seed,
+            max_mirror_rate=max_mirror_rate,
+            progress=False,
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_plan(plan, path)
+    return path
+
+
+def summary(row: Row) -> str:
+    """The key figures of one finished run, on one line."""
+
+    def f(name: str, fmt: str) -> str:
+        v = row.get(name)
+        return "-" if v is None or v == "" else format(float(v), fmt)
+
+    return (
+        f"{row['label']}: auc {f('val_auc', '.4f')} logloss {f('val_logloss', '.4f')} "
+        f"bytes/sample {f('bytes_per_sample', '.1f')} mirror_hit {f('mirror_hit', '.3f')} "
+        f"samples/s {f('samples_per_s', '.0f')} table {f('table_mb_max', '.1f')} MB "
+        f"rss {f('peak_rss_mb_max', '.0f')} MB ({f('wall_seconds', '.0f')} s)"
+    )
+
+
+def run_sweep(
+    specs: Sequence[RunSpec],
+    table: RunTable,
+    runs_dir: Path,
+    *,
+    opts: SweepOptions,
+    extra: Callable[[RunSpec, Row], None] | None = None,
+    stream: TextIO | None = None,
+) -> list[str]:
+    """Run every spec not yet in ``table``; returns the errors of failed runs (others go on)."""
+    stream = stream or sys.stdout
+    todo = [s for s in specs if not table.has(s.key)]
+    skipped = len(specs) - len(todo)
+    print(
+        f"{len(specs)} runs, {skipped} already in {table.path}, {len(todo)} to run",
+        file=stream,
+        flush=True,
+    )
+    errors: list[str] = []
+    bar = tqdm(
+        total=len(specs),
+        initial=skipped,
+        unit="run",
+        dynamic_ncols=True,
+        disable=not (opts.progress and sys.stderr.isatty()),
+    )
+    try:
+        for spec in todo:
+            bar.set_postfix_str(spec.label)
+            try:
+                row = run_one(spec, runs_dir, timeout_s=opts.timeout_s, threads=opts.threads)
+            except LaunchError as err:
+                errors.append(str(err))
+                bar.write(f"FAILED {err}", file=stream)
+                bar.update(1)
+                continue
+            if extra is not None:
+                extra(spec, row)
+            table.add(row)
+            bar.write(summary(row), file=stream)
+            bar.update(1)
+    finally:
+        bar.close()
+    return errors
