@@ -275,7 +275,9 @@ class DistributedEmbedding(nn.Module):
             mi = ms - self.n_own
             gm = grad[is_mir]
             state = self.opt_state.index_select(0, ms) if self.opt.state_width else self.opt_state
-            delta = self.opt.local_step(state, gm)
+            delta, state = self.opt.local_step(state, gm)
+            if self.opt.state_width:
+                self.opt_state.index_copy_(0, ms, state)
             self.weight.index_add_(0, ms, delta)
             self.delta_acc.index_add_(0, mi, delta)
             self.grad_acc.index_add_(0, mi, gm)

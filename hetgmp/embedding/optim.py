@@ -4,11 +4,13 @@ Row-wise Adagrad keeps one accumulator per row: ``s += mean(g**2)`` then
 ``w -= lr * g / (sqrt(s) + eps)``, applied to the gradient summed over every sample of the step
 (all ranks), so the distributed owner and the single-process reference do the same arithmetic.
 
-Between syncs a mirror applies plain SGD with the row's *effective* learning rate as last known
-from the owner (``lr`` for SGD, ``lr / (sqrt(s) + eps)`` for Adagrad, with ``s`` refreshed together
-with the value) and accumulates the raw gradient; on push the owner applies its real optimizer to
-the accumulated gradient. For SGD the mirror's local result equals the owner's, so the mirror
-keeps its value after a push (``exact_mirror``). For Adagrad it does not, so a pushed mirror is
+Between syncs a mirror applies the optimizer locally and accumulates the raw gradient; on push
+the owner applies its real optimizer to the accumulated gradient. For Adagrad the mirror runs
+row-wise Adagrad on its own copy of the accumulator (``s += mean(g**2)`` first, then
+``lr / (sqrt(s) + eps)``), and that copy is replaced by the owner's at every refresh. (It must
+include the local gradient: the copy is 0 before the first refresh when Adagrad starts at 0, and
+``lr / eps`` then blew mirror values up to ~1e8 at bound > 0.) For SGD the mirror's local result
+equals the owner's, so the mirror keeps its value after a push (``exact_mirror``). For Adagrad it does not, so a pushed mirror is
 marked stale by the number of updates it pushed and refetches the owner's exact value at its
 next read: at bound 0 every read of an updated row therefore sees the owner's value, which is
 what makes bound 0 exact.
@@ -67,8 +69,12 @@ class SparseOptimizer:
         step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
         weight.index_add_(0, slots, step, alpha=-1.0)
 
-    def local_step(self, state_rows: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """The delta a mirror applies locally for ``grad`` (see the module docstring)."""
+    def local_step(
+        self, state_rows: torch.Tensor, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(delta, new state)`` of a mirror's local update for ``grad`` (see the module
+        docstring); the state is returned unchanged for SGD."""
         if self.name == "sgd":
-            return grad * (-self.lr)
-        return grad * (-self.lr / (state_rows.sqrt() + self.eps))[:, None]
+            return grad * (-self.lr), state_rows
+        s = state_rows + grad.pow(2).mean(dim=1)
+        return grad * (-self.lr / (s.sqrt() + self.eps))[:, None], s
