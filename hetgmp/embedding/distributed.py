@@ -44,6 +44,7 @@ from hetgmp.comm.exchange import exchange_counts, exchange_payload, pack_i64, un
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.ops import index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
@@ -278,10 +279,10 @@ class DistributedEmbedding(nn.Module):
             delta, state = self.opt.local_step(state, gm)
             if self.opt.state_width:
                 self.opt_state.index_copy_(0, ms, state)
-            self.weight.index_add_(0, ms, delta)
-            self.delta_acc.index_add_(0, mi, delta)
-            self.grad_acc.index_add_(0, mi, gm)
-            self.pending.index_add_(0, mi, cnt[is_mir])
+            index_add_rows(self.weight, ms, delta)
+            index_add_rows(self.delta_acc, mi, delta)
+            index_add_rows(self.grad_acc, mi, gm)
+            index_add_rows(self.pending, mi, cnt[is_mir])
         threshold = 0 if push_all else self.bound
         due = torch.nonzero(self.pending > threshold).squeeze(1)
         ms = due + self.n_own
@@ -290,7 +291,7 @@ class DistributedEmbedding(nn.Module):
         push_grad = torch.cat([rem_grad, self.grad_acc[due]])
         if self.opt.exact_mirror:
             # The mirror's value already holds exactly what the owner is about to apply.
-            self.version.index_add_(0, ms, self.pending[due])
+            index_add_rows(self.version, ms, self.pending[due])
         self.pending[due] = 0
         self.grad_acc[due] = 0.0
         self.delta_acc[due] = 0.0
@@ -455,7 +456,7 @@ class DistributedEmbedding(nn.Module):
             0, inv, cnt
         )
         self.opt.apply(self.weight, self.opt_state, uslots, gsum)
-        self.version.index_add_(0, uslots, csum)
+        index_add_rows(self.version, uslots, csum)
 
     def _gather(
         self,

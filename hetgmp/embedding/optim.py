@@ -22,6 +22,8 @@ import dataclasses
 
 import torch
 
+from hetgmp.embedding.ops import index_add_rows
+
 OPTIMIZERS = ("sgd", "adagrad")
 
 
@@ -62,12 +64,12 @@ class SparseOptimizer:
         if slots.numel() == 0:
             return
         if self.name == "sgd":
-            weight.index_add_(0, slots, grad, alpha=-self.lr)
+            index_add_rows(weight, slots, grad, alpha=-self.lr)
             return
         s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
         state.index_copy_(0, slots, s)
         step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
-        weight.index_add_(0, slots, step, alpha=-1.0)
+        index_add_rows(weight, slots, step, alpha=-1.0)
 
     def local_step(
         self, state_rows: torch.Tensor, grad: torch.Tensor

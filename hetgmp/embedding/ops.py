@@ -1,0 +1,73 @@
+"""Small tensor helpers of the embedding runtime that stay free of host syncs on CUDA.
+
+On CUDA every ``.item()``, ``.tolist()``, ``nonzero``, boolean-mask index and ``torch.unique``
+waits for the device. The helpers here replace them by fixed-size ops whose output sizes are
+either the input's size or a count the host already knows (from an exchanged sizes table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def index_add_rows(
+    t: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float = 1.0
+) -> torch.Tensor:
+    """``t.index_add_(0, idx, src, alpha=alpha)``, skipped when ``idx`` is empty.
+
+    Why: torch's CUDA ``index_add_`` with an EMPTY index on a tensor of more than 2**31 elements
+    (e.g. a 33.8M x 128 float32 table) fails with ``CUDA error: invalid argument`` (verified on
+    H100/H200, torch 2.11 + CUDA 13). ``idx.numel()`` is a host-known shape, so the guard costs
+    no sync. Use this for every ``index_add_`` whose target can be huge."""
+    if idx.numel() == 0:
+        return t
+    return t.index_add_(0, idx, src, alpha=alpha)
+
+
+def compact(mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the ``True`` entries of the 1-D ``mask``, in order; ``k`` is their count,
+    which the caller knows on the host (so, unlike ``nonzero``, no device sync).
+
+    A stable partition: true entries go to ``[0, k)``, false ones to ``[k, n)``, every target
+    distinct (one scatter, no write conflicts)."""
+    n = mask.numel()
+    if k == 0 or n == 0:
+        return torch.zeros(0, dtype=torch.int64, device=mask.device)
+    ar = torch.arange(n, device=mask.device)
+    c = torch.cumsum(mask, 0)
+    dst = torch.where(mask, c - 1, k + ar - c)
+    return torch.empty(n, dtype=torch.int64, device=mask.device).scatter_(0, dst, ar)[:k]
+
+
+@dataclasses.dataclass
+class Unique:
+    """Sorted unique values of a flat int64 tensor, padded to its length ``n``.
+
+    ``values[:u]`` are the unique values ascending and ``counts[:u]`` their multiplicities,
+    ``inverse[i]`` the group of element ``i``; entries ``[u, n)`` are padding (value 0, count 0).
+    ``u`` is ``valid.sum()``, a device number: nothing here waits for the device."""
+
+    values: torch.Tensor
+    counts: torch.Tensor
+    inverse: torch.Tensor
+    valid: torch.Tensor
+
+
+def unique_padded(flat: torch.Tensor) -> Unique:
+    """``torch.unique(flat, return_inverse=True, return_counts=True)`` without its host sync
+    (torch's CUDA unique reads the number of groups back to size its output)."""
+    n, dev = flat.numel(), flat.device
+    s, perm = torch.sort(flat)
+    first = torch.ones(n, dtype=torch.bool, device=dev)
+    if n > 1:
+        torch.ne(s[1:], s[:-1], out=first[1:])
+    grp = torch.cumsum(first, 0) - 1
+    values = torch.zeros(n, dtype=flat.dtype, device=dev).scatter_(0, grp, s)
+    counts = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(
+        0, grp, torch.ones(n, dtype=torch.int64, device=dev)
+    )
+    inverse = torch.empty(n, dtype=torch.int64, device=dev).scatter_(0, perm, grp)
+    valid = counts > 0
+    return Unique(values, counts, inverse, valid)
