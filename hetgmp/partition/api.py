@@ -102,7 +102,8 @@ def partition_ids(
     else:
         t = time.perf_counter()
         dp, ep, extra["metis"] = metis_start(
-            ids, num_rows, nparts, seed=seed, max_edges=metis_max_edges, threads=nthreads
+            ids, num_rows, nparts, seed=seed, max_edges=metis_max_edges, batch_size=batch_size,
+            threads=nthreads,
         )
         timings["metis_s"] = time.perf_counter() - t
         log.info("partition metis %s", extra["metis"])
