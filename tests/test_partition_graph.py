@@ -108,3 +108,29 @@ def test_topology_matrix():
     assert t.tolist() == [[0, 0.1, 1, 1], [0.1, 0, 1, 1], [1, 1, 0, 0.1], [1, 1, 0.1, 0]]
     with pytest.raises(ValueError, match="intra-cost"):
         cost.topology_matrix(4, intra_cost=2.0)
+
+
+def test_ragged_bipartite_csr_matches_reference():
+    from hetgmp.partition.metis_start import ragged_bipartite_csr
+
+    ids, rows = random_graph(6, n=40, f=3, rows=30)
+    local = ids.astype(np.int64)
+    local[np.random.default_rng(0).random(local.shape) < 0.3] = -1  # entries left out
+    xadj, adj = ragged_bipartite_csr(local, rows)
+    n = local.shape[0]
+    for s in range(n):
+        assert adj[xadj[s] : xadj[s + 1]].tolist() == [int(r) + n for r in local[s] if r >= 0]
+    for r in range(rows):
+        want = [s for s in range(n) if r in local[s]]
+        assert adj[xadj[n + r] : xadj[n + r + 1]].tolist() == want
+
+
+def test_metis_start_leaves_hot_rows_out():
+    from hetgmp.partition.metis_start import metis_start
+
+    ids, rows = random_graph(7, n=2000, f=4, rows=400)
+    ids[:, 0] = 0  # row 0: used by every sample, i.e. in every batch of every worker
+    dp, ep, info = metis_start(ids, rows, 4, batch_size=64)
+    assert info["hot_rows_left_out"] >= 1
+    assert ep[0] == -1  # left for the greedy pass
+    assert np.all(dp >= -1) and np.count_nonzero(dp >= 0) >= 0.9 * len(dp)
