@@ -60,3 +60,22 @@ def exchange_payload(
             group=env.group,
         )
     return recv
+
+
+def exchange_sizes(
+    env: DistEnv, send: torch.Tensor, what: str = "size exchange"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-to-all of a ``[world, K]`` int64 table with ONE device->host copy.
+
+    Returns ``(received, both)``: ``received`` (``[world, K]``, row ``i`` from rank ``i``) stays
+    on the device for device-side index math, ``both`` is ``[2, world, K]`` on the CPU:
+    ``both[0]`` the table sent, ``both[1]`` the table received. The copy is the step's only
+    wait for the device; everything the host needs to size the payloads travels in it."""
+    send = send.to(device=env.device, dtype=torch.int64).contiguous()
+    if env.group is None or env.world_size == 1:
+        recv = send
+    else:
+        recv = torch.empty_like(send)
+        with guarded(env, what):
+            dist.all_to_all_single(recv, send, group=env.group)
+    return recv, torch.stack([send, recv]).cpu()

@@ -12,21 +12,35 @@ Storage per worker (all on ``env.device``):
   ``owner_of [num_rows]`` int32. 8 bytes per global row: 270 MB for Criteo's 33.8M rows, small
   next to the rows themselves, and a lookup is one gather (no search, no hashing).
 
-One ``forward`` is one training step (see DESIGN.md, "The staleness protocol"):
+One ``forward`` is one training step (see DESIGN.md, "The staleness protocol"). It is written
+for the GPU: fixed-size tensor ops, and the host waits for the device only to read the two
+exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
 
-1. stage the previous step's gradients (write rule): owned rows are kept to be applied with the
-   pushes; mirrors apply them locally and push their accumulated gradient once
-   ``pending > bound``; rows not stored are pushed every step;
-2. exchange 1 (sizes, then payload): queries (id + mirror version, -1 if not stored) and pushes
-   (id + count + gradient) go to the owners;
+0. preprocess (:meth:`prefetch` can run it for the next batch on a side CUDA stream): unique
+   ids without ``torch.unique``'s sync, padded, sorted into blocks: owned rows | mirrors by
+   owner | rows not stored here by owner (block sizes by binary search, no bincount); the
+   range check of the ids is a device flag;
+1. stage the previous step's gradients (write rule): its owned rows are applied with the
+   pushes; its mirrors apply them locally and become due once ``pending > bound`` (mirrors are
+   stored grouped by owner, so the due ones are one stable compaction, in peer order); its rows
+   not stored here are pushed;
+2. sizes exchange 1 (**host sync 1**: one device->host copy of the table sent and received):
+   per-peer query / push counts, the bad-id flag (status), bound, audit flag, operation; then
+   payload 1, written once in peer order: query ids (mirrors, then rows not stored), the
+   mirrors' versions, push ids + counts + gradients;
 3. owners apply own + pushed gradients (one optimizer update per row per step, the sum of all
-   contributions, which makes bound 0 equal the single-process reference), then answer: every
-   query gets the owner version, and rows not stored or mirrored beyond the bound also get the
-   value (+ optimizer state); exchange 2 (sizes, then payload) carries the replies back;
-4. stale mirrors are refreshed (owner value + own unpushed delta) and the batch's rows gathered.
+   contributions, which makes bound 0 equal the single-process reference; SGD adds the
+   contributions directly, Adagrad merges repeats through a per-slot position map), then
+   answer: an int32 lag for every mirror query, and value (+ optimizer state + int64 version)
+   for mirrors beyond the requester's bound and for every row not stored there (owned rows are
+   never queried); sizes exchange 2 (**host sync 2**) and payload 2 carry them back;
+4. stale mirrors are refreshed (owner value + own unpushed delta) and the batch's rows
+   gathered: owned + mirror rows straight from storage, the rest from the reply.
 
 The sizes table also carries each rank's status and operation, so a rank with bad input makes
 its peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout.
+Counters: host-known parts (owned / not-stored rows, bytes) are Python ints; the mirror
+fresh / stale-ok / refreshed / deferred counts stay on the device until :meth:`counters`.
 """
 
 from __future__ import annotations
@@ -40,35 +54,58 @@ from torch import nn
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import PeerFailedError
-from hetgmp.comm.exchange import exchange_counts, exchange_payload, pack_i64, unpack_i64
+from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.ops import index_add_rows
+from hetgmp.embedding.ops import compact, index_add_rows, unique_padded
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
-from hetgmp.embedding.reference import check_ids
 from hetgmp.partition.plan import Plan
 
-# Columns of the per-step sizes table (one row per peer).
-_NQ, _NP, _STATUS, _BOUND, _SEND_ALL, _OP = range(6)
+# Columns of the per-step sizes table 1 (row j: what this rank sends to rank j): mirror queries,
+# not-stored queries, pushes (of which due mirrors), status (bad input), bound, audit flag,
+# operation, and this rank's own-row count (same in every row; only its own copy is read).
+_NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN = range(9)
 _OP_FORWARD, _OP_FLUSH = 1, 2
 _OP_NAMES = {_OP_FORWARD: "forward", _OP_FLUSH: "flush"}
-_ROW_COUNTERS = (*(f"rows_{k}" for k in ROW_KINDS), "rows_mirror_refreshed", "pushes_deferred")
 
 
 @dataclasses.dataclass
-class _Writes:
-    """Gradients staged for this step's exchange."""
+class _Prep:
+    """A batch's ids preprocessed on the device (no host sync; :meth:`prefetch` can run it
+    on a side stream). ``u`` holds the unique ids in *block order*: owned rows, then mirrors
+    grouped by owner, then rows not stored here grouped by owner, then padding (the unique
+    count is only known on the host after size exchange 1); ``blocks[k]`` is the size of block
+    key ``k`` (own: ``rank``; mirror: ``w + owner``; not stored: ``2w + owner``)."""
 
-    own_slots: torch.Tensor
-    own_cnt: torch.Tensor
-    own_grad: torch.Tensor
-    push_ids: torch.Tensor
-    push_cnt: torch.Tensor
-    push_grad: torch.Tensor
-    deferred: torch.Tensor  # scalar: mirror rows holding updates the bound lets them keep
+    ids: torch.Tensor  # [B, F] on the device
+    bad: torch.Tensor  # () bool: an id outside [0, num_rows)
+    u: torch.Tensor  # [N] int64
+    cnt: torch.Tensor  # [N] int64 occurrences
+    slot: torch.Tensor  # [N] int64, -1 = not stored
+    inv: torch.Tensor  # [N] position in u of every input id
+    blocks: torch.Tensor  # [3w] int64
+    source: torch.Tensor | None  # the tensor given to prefetch (identity check in forward)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks]
+
+
+@dataclasses.dataclass
+class _Batch:
+    """A step's unique rows in block order (sizes now host-known); kept until its gradient is
+    staged at the next step."""
+
+    u: torch.Tensor
+    cnt: torch.Tensor
+    slot: torch.Tensor
+    inv: torch.Tensor
+    n_own: int
+    n_mir: int
+    nqr: list[int]  # rows not stored, per owner
+    nqr_dev: torch.Tensor  # the same on the device ([w] int64)
 
 
 class DistributedEmbedding(nn.Module):
@@ -103,8 +140,9 @@ class DistributedEmbedding(nn.Module):
         super().__init__()
         if num_rows < 1 or dim < 1:
             raise ValueError(f"num_rows and dim must be >= 1, got {num_rows} and {dim}")
-        if bound < 0:
-            raise ValueError(f"bound must be >= 0, got {bound}")
+        if not 0 <= bound < _I32_MAX:
+            # lags travel as int32; a larger bound would be "never sync" anyway
+            raise ValueError(f"bound must be in [0, 2**31 - 1), got {bound}")
         if not 0.0 <= store_rate <= 1.0:
             raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
@@ -118,6 +156,10 @@ class DistributedEmbedding(nn.Module):
                 raise ValueError("store_rate > 0 needs a plan (it ranks the rows to mirror)")
             owner, mirrors = owner_array(self.num_rows, w, placement, seed), np.zeros(0, np.int64)
         owned = np.flatnonzero(owner == r)
+        # Mirrors grouped by owner (priority order inside a group): the mirrors due for a push
+        # then come out of one stable compaction already in destination order.
+        mirrors = mirrors[np.argsort(owner[mirrors], kind="stable")]
+        mir_end = np.cumsum(np.bincount(owner[mirrors], minlength=w)).astype(np.int64)
         self.n_own, self.n_mir = int(owned.size), int(mirrors.size)
         slot_of = np.full(self.num_rows, -1, dtype=np.int32)
         slot_of[owned] = np.arange(self.n_own, dtype=np.int32)
@@ -134,48 +176,91 @@ class DistributedEmbedding(nn.Module):
         self.pending = torch.zeros(self.n_mir, dtype=torch.int64, device=dev)
         self.grad_acc = torch.zeros(self.n_mir, self.dim, device=dev)
         self.delta_acc = torch.zeros(self.n_mir, self.dim, device=dev)
-        self._grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._mir_end = torch.from_numpy(mir_end).to(dev)
+        self._mir_start = torch.from_numpy(np.concatenate([[0], mir_end[:-1]])).to(dev)
+        self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
+        self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
+        self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
+        self._prefetched: _Prep | None = None
+        self._grads: tuple[_Batch, torch.Tensor] | None = None
         self._bytes_total = zero_counters()
         self._bytes_step = zero_counters()
-        self._rows_total = torch.zeros(len(_ROW_COUNTERS), dtype=torch.int64, device=dev)
-        self._rows_step = torch.zeros_like(self._rows_total)
+        # Row counters: host-known parts as ints, device-known parts (fresh, stale-ok,
+        # refreshed, deferred) as a device vector read only when counters are asked for.
+        self._rows_host_total = {"owned": 0, "not_stored": 0}
+        self._rows_host_step = dict(self._rows_host_total)
+        self._rows_dev_total = torch.zeros(4, dtype=torch.int64, device=dev)
+        self._rows_dev_step = torch.zeros_like(self._rows_dev_total)
         self.last_audit: dict[str, torch.Tensor] | None = None
         self.timer = PhaseTimer(dev, enabled=False)  # bench/ turns it on: timer.enabled = True
 
     # ------------------------------------------------------------------ public API
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start the id preprocessing (unique ids, slot/owner lookup, block order) of the NEXT
+        batch now; a following ``forward`` given this same tensor object uses it.
+
+        On CUDA the work runs on a side stream, so it overlaps the current step (it needs no
+        host sync: see :func:`hetgmp.embedding.ops.unique_padded`); on CPU it runs at once.
+        Input problems (dtype, shape) are left for ``forward`` to report collectively."""
+        if _input_problem(ids) is not None:
+            self._prefetched = None
+            return
+        if self.device.type != "cuda":
+            self._prefetched = self._prepare(ids.to(self.device))
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.device)
+        main = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(main)  # ids (and the tables) are written on the main stream
+        with torch.cuda.stream(self._side):
+            dev_ids = ids.to(self.device, non_blocking=True)
+            prep = self._prepare(dev_ids)
+        dev_ids.record_stream(self._side)
+        self._prefetched = prep
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step."""
-        err = check_ids(ids, self.num_rows)
-        ids = (
-            ids.to(self.device)
-            if err is None
-            else torch.zeros(0, 1, dtype=torch.int64, device=self.device)
-        )
-        b, f = ids.shape
+        err = _input_problem(ids)
+        prep = self._prefetched
+        self._prefetched = None
         self.timer.start()
-        uniq, inv, cnt = torch.unique(ids.reshape(-1), return_inverse=True, return_counts=True)
-        values = self._step(uniq, op=_OP_FORWARD, error=err)
+        if err is not None:
+            prep = self._prepare(torch.zeros(0, 1, dtype=torch.int64, device=self.device))
+        elif prep is not None and prep.source is ids:
+            if self.device.type == "cuda" and self._side is not None:
+                main = torch.cuda.current_stream(self.device)
+                main.wait_stream(self._side)
+                for t in prep.tensors():  # allocated on the side stream, used on this one
+                    t.record_stream(main)
+        else:
+            prep = self._prepare(ids.to(self.device))
+        prep.source = None
+        b, f = prep.ids.shape
+        values, batch = self._step(prep, op=_OP_FORWARD, error=err)
         if self.training and torch.is_grad_enabled():
             leaf = values.requires_grad_()
 
             def capture(g: torch.Tensor) -> None:
-                self._grads = (uniq, cnt, g.detach())
+                self._grads = (batch, g.detach())
 
             leaf.register_hook(capture)
             values = leaf
-        return values[inv].view(b, f, self.dim)
+        out = values[batch.inv].view(b, f, self.dim)
+        self.timer.mark("gather")
+        return out
 
     def flush(self) -> None:
         """(Collective) push every pending gradient and mirror delta so owners hold final values."""
-        self._step(torch.zeros(0, dtype=torch.int64, device=self.device), op=_OP_FLUSH, error=None)
+        empty = torch.zeros(0, 1, dtype=torch.int64, device=self.device)
+        self._step(self._prepare(empty), op=_OP_FLUSH, error=None)
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        return self._merge(self._bytes_total, self._rows_total)
+        return self._merge(self._bytes_total, self._rows_host_total, self._rows_dev_total)
 
     def step_counters(self) -> dict[str, int]:
         """The last step's counters."""
-        return self._merge(self._bytes_step, self._rows_step)
+        return self._merge(self._bytes_step, self._rows_host_step, self._rows_dev_step)
 
     def state_dict(  # type: ignore[override]
         self,
@@ -250,62 +335,86 @@ class DistributedEmbedding(nn.Module):
         )
 
     # ------------------------------------------------------------------ one step
-    def _merge(self, byte_counts: dict[str, int], rows: torch.Tensor) -> dict[str, int]:
+    def _merge(
+        self, byte_counts: dict[str, int], rows_host: dict[str, int], rows_dev: torch.Tensor
+    ) -> dict[str, int]:
         out = dict(byte_counts)
-        for k, v in zip(_ROW_COUNTERS, rows.tolist(), strict=True):
-            out[k] = int(v)
+        fresh, stale_ok, refreshed, deferred = (int(v) for v in rows_dev.tolist())
+        out["rows_owned"] = rows_host["owned"]
+        out["rows_mirror_fresh"] = fresh
+        out["rows_mirror_stale_ok"] = stale_ok
+        out["rows_remote"] = rows_host["not_stored"] + refreshed
+        out["rows_mirror_refreshed"] = refreshed
+        out["pushes_deferred"] = deferred
         out["rows_requested"] = sum(out[f"rows_{k}"] for k in ROW_KINDS)
         return out
 
-    def _stage_writes(self, push_all: bool) -> _Writes:
-        """Apply the write rule to the last captured gradients (see the module docstring)."""
-        dev, d = self.device, self.dim
-        e_i = torch.zeros(0, dtype=torch.int64, device=dev)
-        e_g = torch.zeros(0, d, device=dev)
-        own_slots, own_cnt, own_grad, rem_ids, rem_cnt, rem_grad = e_i, e_i, e_g, e_i, e_i, e_g
-        if self._grads is not None:
-            uniq, cnt, grad = self._grads
-            self._grads = None
-            slot = self.slot_of[uniq].long()
-            is_own = (slot >= 0) & (slot < self.n_own)
-            is_mir = slot >= self.n_own
-            is_rem = slot < 0
-            own_slots, own_cnt, own_grad = slot[is_own], cnt[is_own], grad[is_own]
-            rem_ids, rem_cnt, rem_grad = uniq[is_rem], cnt[is_rem], grad[is_rem]
-            ms = slot[is_mir]
+    def _prepare(self, ids: torch.Tensor) -> _Prep:
+        """Unique ids in block order (see :class:`_Prep`); fixed-size ops only, no host sync."""
+        w, r = self.env.world_size, self.env.rank
+        flat = ids.reshape(-1)
+        n = flat.numel()
+        bad = ((flat < 0) | (flat >= self.num_rows)).any()
+        # Clamped so that a bad id cannot index out of range before the step reports it.
+        uq = unique_padded(flat.clamp(0, self.num_rows - 1))
+        owner = self.owner_of[uq.values].long()
+        slot = self.slot_of[uq.values].long()
+        key = torch.where(slot < 0, owner + 2 * w, torch.where(owner == r, owner, owner + w))
+        key = torch.where(uq.valid, key, 3 * w)
+        order = torch.argsort(key, stable=True)
+        # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
+        starts = torch.searchsorted(key[order], torch.arange(3 * w + 1, device=ids.device))
+        pos = torch.empty(n, dtype=torch.int64, device=ids.device).scatter_(
+            0, order, torch.arange(n, device=ids.device)
+        )
+        return _Prep(
+            ids=ids,
+            bad=bad,
+            u=uq.values[order],
+            cnt=uq.counts[order],
+            slot=slot[order],
+            inv=pos[uq.inverse],
+            blocks=starts[1:] - starts[:-1],
+            source=ids,
+        )
+
+    def _stage_mirrors(
+        self, grads: tuple[_Batch, torch.Tensor] | None, push_all: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Write rule, device part: mirrors of the last batch apply their gradient locally and
+        accumulate it; returns ``(due mask [n_mir] or None, due rows per owner [w],
+        deferred)`` where due = ``pending > bound`` (any pending at flush/eval)."""
+        if grads is not None and grads[0].n_mir:
+            batch, grad = grads
+            m0, m1 = batch.n_own, batch.n_own + batch.n_mir
+            ms, gm = batch.slot[m0:m1], grad[m0:m1]
             mi = ms - self.n_own
-            gm = grad[is_mir]
-            state = self.opt_state.index_select(0, ms) if self.opt.state_width else self.opt_state
+            sw = self.opt.state_width
+            state = self.opt_state.index_select(0, ms) if sw else self.opt_state
             delta, state = self.opt.local_step(state, gm)
-            if self.opt.state_width:
+            if sw:
                 self.opt_state.index_copy_(0, ms, state)
             index_add_rows(self.weight, ms, delta)
             index_add_rows(self.delta_acc, mi, delta)
             index_add_rows(self.grad_acc, mi, gm)
-            index_add_rows(self.pending, mi, cnt[is_mir])
-        threshold = 0 if push_all else self.bound
-        due = torch.nonzero(self.pending > threshold).squeeze(1)
-        ms = due + self.n_own
-        push_ids = torch.cat([rem_ids, self.stored_ids[ms]])
-        push_cnt = torch.cat([rem_cnt, self.pending[due]])
-        push_grad = torch.cat([rem_grad, self.grad_acc[due]])
-        if self.opt.exact_mirror:
-            # The mirror's value already holds exactly what the owner is about to apply.
-            index_add_rows(self.version, ms, self.pending[due])
-        self.pending[due] = 0
-        self.grad_acc[due] = 0.0
-        self.delta_acc[due] = 0.0
-        deferred = (self.pending > 0).sum()
-        return _Writes(own_slots, own_cnt, own_grad, push_ids, push_cnt, push_grad, deferred)
+            index_add_rows(self.pending, mi, batch.cnt[m0:m1])
+        if self.n_mir == 0:
+            return None, self._zeros_w, self._zeros_w[0]
+        due = self.pending > (0 if push_all else self.bound)
+        # Mirrors are stored grouped by owner: due rows per owner are differences of a prefix sum.
+        c = torch.cat([self._zeros_w[:1], torch.cumsum(due, 0)])
+        ndue = c[self._mir_end] - c[self._mir_start]
+        deferred = ((self.pending > 0) & ~due).sum()
+        return due, ndue, deferred
 
-    def _check_peers(self, table: torch.Tensor, op: int) -> None:
-        bad = torch.nonzero(table[:, _STATUS] != 0).squeeze(1).tolist()
+    def _check_peers(self, theirs: list[list[int]], op: int) -> None:
+        bad = [i for i, row in enumerate(theirs) if row[_STATUS] != 0]
         if bad:
             raise PeerFailedError(
                 f"rank {self.env.rank}: rank(s) {bad} reported bad input to the embedding "
                 f"lookup; aborting this step (see their error)"
             )
-        ops = table[:, _OP].tolist()
+        ops = [row[_OP] for row in theirs]
         if any(o != op for o in ops):
             names = {i: _OP_NAMES.get(o, str(o)) for i, o in enumerate(ops)}
             raise PeerFailedError(
@@ -313,216 +422,339 @@ class DistributedEmbedding(nn.Module):
                 f"rank must call forward (an empty batch when it has none left) or flush together"
             )
 
-    def _step(self, uniq: torch.Tensor, *, op: int, error: str | None) -> torch.Tensor:
-        env, dev, d, w = self.env, self.device, self.dim, self.env.world_size
+    def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
+        env, dev, d, w, r = self.env, self.device, self.dim, self.env.world_size, self.env.rank
         sw = self.opt.state_width
         evaluating = op == _OP_FLUSH or not self.training
         bound = 0 if evaluating else self.bound
         self.timer.mark("unique")
-        writes = self._stage_writes(push_all=evaluating)
+        grads, self._grads = self._grads, None
+        due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
         self.timer.mark("update")
-        is_own = self.owner_of[uniq] == env.rank
-        nonown_pos = torch.nonzero(~is_own).squeeze(1)
-        q_ids = uniq[nonown_pos]
-        q_dest = self.owner_of[q_ids].long()
-        order = torch.argsort(q_dest, stable=True)
-        q_ids, q_dest, q_pos = q_ids[order], q_dest[order], nonown_pos[order]
-        q_slot = self.slot_of[q_ids].long()
-        is_mirror = q_slot >= self.n_own
-        q_mv = torch.where(
-            is_mirror, self.version[q_slot.clamp(min=0)], torch.full_like(q_slot, -1)
-        )
-        p_dest = self.owner_of[writes.push_ids].long()
-        porder = torch.argsort(p_dest, stable=True)
-        p_ids, p_cnt, p_grad = (
-            writes.push_ids[porder],
-            writes.push_cnt[porder],
-            writes.push_grad[porder],
-        )
 
-        # ---- sizes exchange 1 (also carries status, bound, audit flag and operation)
-        table = torch.zeros(w, 6, dtype=torch.int64, device=dev)
-        table[:, _NQ] = torch.bincount(q_dest, minlength=w)
-        table[:, _NP] = torch.bincount(p_dest, minlength=w)
-        table[:, _STATUS] = 1 if error else 0
-        table[:, _BOUND] = bound
-        table[:, _SEND_ALL] = int(self.audit)
-        table[:, _OP] = op
-        self.timer.mark("unique")
-        mine = table.cpu()
-        theirs = exchange_counts(env, table, "embedding size exchange 1")
+        # ---- sizes exchange 1: per-peer counts + status (bad ids: a device flag), bound,
+        # audit flag, operation, and this rank's own block size; ONE device->host copy.
+        bl = prep.blocks
+        n_push = ndue + (grads[0].nqr_dev if grads is not None else 0)
+        status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
+        cols = [
+            bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, status.expand(w),
+            torch.full((w,), bound, dtype=torch.int64, device=dev),
+            torch.full((w,), int(self.audit), dtype=torch.int64, device=dev),
+            torch.full((w,), op, dtype=torch.int64, device=dev),
+            bl[r].expand(w),
+        ]  # fmt: skip
+        table = torch.stack([c.to(torch.int64) for c in cols], dim=1)
+        theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
+        mine_l, theirs_l = host[0].tolist(), host[1].tolist()
+        if error is None and mine_l[0][_STATUS]:
+            error = _range_error(prep.ids, self.num_rows)
         if error:
             raise EmbeddingInputError(f"rank {env.rank}: {error}")
-        self._check_peers(theirs, op)
-        nq, np_ = mine[:, _NQ].tolist(), mine[:, _NP].tolist()
-        nq_in, np_in = theirs[:, _NQ].tolist(), theirs[:, _NP].tolist()
-
-        # ---- payload exchange 1: queries (id, mirror version) + pushes (id, count, gradient)
-        packed = (
-            pack_i64(q_ids),
-            pack_i64(q_mv),
-            pack_i64(p_ids),
-            pack_i64(p_cnt),
-            p_grad.reshape(-1),
+        self._check_peers(theirs_l, op)
+        nqm = [row[_NQM] for row in mine_l]
+        nqr = [row[_NQR] for row in mine_l]
+        npush = [row[_NP] for row in mine_l]
+        ndue_l = [row[_NDUE] for row in mine_l]
+        nqm_in = [row[_NQM] for row in theirs_l]
+        nqr_in = [row[_NQR] for row in theirs_l]
+        np_in = [row[_NP] for row in theirs_l]
+        n_o = mine_l[0][_NOWN]
+        batch = _Batch(
+            u=prep.u[: n_o + sum(nqm) + sum(nqr)],
+            cnt=prep.cnt[: n_o + sum(nqm) + sum(nqr)],
+            slot=prep.slot[: n_o + sum(nqm) + sum(nqr)],
+            inv=prep.inv,
+            n_own=n_o,
+            n_mir=sum(nqm),
+            nqr=nqr,
+            nqr_dev=table[:, _NQR],
         )
-        send = _interleave(packed, [(nq, 2), (nq, 2), (np_, 2), (np_, 2), (np_, d)], w)
+
+        # ---- pushes: the last batch's rows not stored here + mirrors due (grouped by owner)
+        tot_due = sum(ndue_l)
+        di = compact(due, tot_due) if due is not None else self._zeros_w[:0]
+        d_ids = self.stored_ids[di + self.n_own]
+        d_cnt = self.pending[di]
+        d_grad = self.grad_acc[di]
+        if tot_due:
+            if self.opt.exact_mirror:
+                # The mirror's value already holds exactly what the owner is about to apply.
+                index_add_rows(self.version, di + self.n_own, d_cnt)
+            self.pending.index_fill_(0, di, 0)
+            self.grad_acc.index_fill_(0, di, 0.0)
+            self.delta_acc.index_fill_(0, di, 0.0)
+        if grads is not None:
+            pb, pg = grads
+            r0 = pb.n_own + pb.n_mir
+            pr_ids, pr_cnt, pr_grad, pr_n = pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr
+        else:
+            pr_ids, pr_cnt, pr_grad, pr_n = d_ids[:0], d_cnt[:0], d_grad[:0], [0] * w
+
+        # ---- payload exchange 1, per peer: query ids (mirrors, then not stored), mirror
+        # versions, push ids, push counts, push gradients; written once, in peer order.
+        m0, m1 = n_o, n_o + batch.n_mir
+        q_mv = self.version[batch.slot[m0:m1]]
+        parts = [
+            _f32(batch.u[m0:m1]).split([2 * k for k in nqm]),
+            _f32(batch.u[m1:]).split([2 * k for k in nqr]),
+            _f32(q_mv).split([2 * k for k in nqm]),
+            _f32(pr_ids).split([2 * k for k in pr_n]),
+            _f32(d_ids).split([2 * k for k in ndue_l]),
+            _f32(pr_cnt).split([2 * k for k in pr_n]),
+            _f32(d_cnt).split([2 * k for k in ndue_l]),
+            pr_grad.reshape(-1).split([d * k for k in pr_n]),
+            d_grad.reshape(-1).split([d * k for k in ndue_l]),
+        ]
+        send = _join([p[j] for j in range(w) for p in parts], dev)
         recv = exchange_payload(
             env,
             send,
-            [4 * a + (4 + d) * b for a, b in zip(nq, np_, strict=True)],
-            [4 * a + (4 + d) * b for a, b in zip(nq_in, np_in, strict=True)],
+            [4 * a + 2 * b + (4 + d) * c for a, b, c in zip(nqm, nqr, npush, strict=True)],
+            [4 * a + 2 * b + (4 + d) * c for a, b, c in zip(nqm_in, nqr_in, np_in, strict=True)],
             "embedding exchange 1",
         )
-        r_qids, r_qmv, r_pids, r_pcnt, r_pgrad = _split(
-            recv, [(nq_in, 2), (nq_in, 2), (np_in, 2), (np_in, 2), (np_in, d)], w
-        )
-        r_qids, r_qmv, r_pids, r_pcnt = (unpack_i64(x) for x in (r_qids, r_qmv, r_pids, r_pcnt))
-        r_pgrad = r_pgrad.view(-1, d)
+        sizes = [
+            x
+            for a, b, c in zip(nqm_in, nqr_in, np_in, strict=True)
+            for x in (2 * a, 2 * b, 2 * a, 2 * c, 2 * c, d * c)
+        ]
+        pieces = recv.split(sizes)
+        r_mids, r_rids, r_mv, r_pids, r_pcnt = (_i64(_join(pieces[k::6], dev)) for k in range(5))
+        r_pgrad = _join(pieces[5::6], dev).view(-1, d)
         self.timer.mark("exchange")
 
         # ---- owners apply own + pushed gradients: one optimizer update per row per step
-        self._apply_owned(writes, r_pids, r_pcnt, r_pgrad)
+        self._apply_owned(grads, r_pids, r_pcnt, r_pgrad)
         self.timer.mark("update")
+        n_q, n_p, n_qin, n_pin = (
+            sum(nqm) + sum(nqr),
+            sum(npush),
+            sum(nqm_in) + sum(nqr_in),
+            sum(np_in),
+        )
         self._count_bytes(
             sent={
-                "ids": 8 * (q_ids.numel() + p_ids.numel()),
-                "versions": 8 * (q_ids.numel() + p_ids.numel()),
-                "gradients": 4 * d * p_ids.numel(),
+                "ids": 8 * (n_q + n_p),
+                "versions": 8 * (sum(nqm) + n_p),
+                "gradients": 4 * d * n_p,
             },
             recv={
-                "ids": 8 * (r_qids.numel() + r_pids.numel()),
-                "versions": 8 * (r_qids.numel() + r_pids.numel()),
-                "gradients": 4 * d * r_pids.numel(),
+                "ids": 8 * (n_qin + n_pin),
+                "versions": 8 * (sum(nqm_in) + n_pin),
+                "gradients": 4 * d * n_pin,
             },
             reset=True,
         )
-        self._bytes_step["pushes_sent"] = p_ids.numel()
-        self._bytes_total["pushes_sent"] += p_ids.numel()
+        self._bytes_step["pushes_sent"] = n_p
+        self._bytes_total["pushes_sent"] += n_p
+        self._rows_host_step = {"owned": n_o, "not_stored": sum(nqr)}
         if op == _OP_FLUSH:
-            self._rows_step.zero_()
-            self._rows_step[-1] = writes.deferred
-            self._rows_total += self._rows_step
-            return torch.zeros(0, d, device=dev)
+            self._rows_dev_step = torch.stack(
+                [self._zeros_w[0], self._zeros_w[0], self._zeros_w[0], deferred.to(torch.int64)]
+            )
+            self._accumulate_rows()
+            return torch.zeros(0, d, device=dev), batch
 
-        # ---- owners answer: version for every query, value (+state) when needed
-        src = torch.repeat_interleave(torch.arange(w, device=dev), torch.tensor(nq_in, device=dev))
-        r_slot = self.slot_of[r_qids].long()
-        ov = self.version[r_slot]
-        need = (
-            (r_qmv < 0)
-            | (ov - r_qmv > theirs[:, _BOUND].to(dev)[src])
-            | (theirs[:, _SEND_ALL].to(dev)[src] > 0)
+        # ---- owners answer: lag (int32) for every mirror query; value + state + version for
+        # mirrors beyond the requester's bound (all in audit mode) and every not-stored query.
+        nm_in = sum(nqm_in)
+        ov = self.version[self.slot_of[r_mids].long()]
+        lag = ov - r_mv
+        src = torch.repeat_interleave(
+            torch.arange(w, device=dev), theirs_dev[:, _NQM], output_size=nm_in
         )
-        vals = self.weight[r_slot[need]]
-        if sw:
-            vals = torch.cat([vals, self.opt_state[r_slot[need]][:, None]], dim=1)
-        k_out = torch.bincount(src[need], minlength=w)
+        need = (lag > theirs_dev[src, _BOUND]) | (theirs_dev[src, _SEND_ALL] > 0)
+        cn = torch.cat([self._zeros_w[:1], torch.cumsum(need, 0)])
+        ends = torch.cumsum(theirs_dev[:, _NQM], 0)
+        k_out = cn[ends] - cn[ends - theirs_dev[:, _NQM]] + theirs_dev[:, _NQR]
         self.timer.mark("gather")
-        k_in = exchange_counts(env, k_out[:, None], "embedding size exchange 2")[:, 0].tolist()
-        k_out_l = k_out.tolist()
-        send2 = _interleave((pack_i64(ov), vals.reshape(-1)), [(nq_in, 2), (k_out_l, d + sw)], w)
+        _, host2 = exchange_sizes(env, k_out[:, None], "embedding size exchange 2")
+        k_out_l, k_in_l = host2[0, :, 0].tolist(), host2[1, :, 0].tolist()
+        km_out = [k - a for k, a in zip(k_out_l, nqr_in, strict=True)]
+        sel = compact(need, sum(km_out))
+        rows_m = self.slot_of[r_mids[sel]].long().split(km_out)
+        rows_r = self.slot_of[r_rids].long().split(nqr_in)
+        rows = _join([x for j in range(w) for x in (rows_m[j], rows_r[j])], dev, torch.int64)
+        vals = self.weight[rows]
+        extra = [_f32(self.version[rows]).view(-1, 2)]
+        if sw:
+            extra.insert(0, self.opt_state[rows][:, None])
+        ext = torch.cat(extra, dim=1)
+        lag32 = _f32(lag.clamp(-_I32_MAX, _I32_MAX).to(torch.int32))
+        parts2 = [
+            lag32.split(nqm_in),
+            vals.reshape(-1).split([d * k for k in k_out_l]),
+            ext.reshape(-1).split([(sw + 2) * k for k in k_out_l]),
+        ]
+        send2 = _join([p[j] for j in range(w) for p in parts2], dev)
         recv2 = exchange_payload(
             env,
             send2,
-            [2 * a + (d + sw) * k for a, k in zip(nq_in, k_out_l, strict=True)],
-            [2 * a + (d + sw) * k for a, k in zip(nq, k_in, strict=True)],
+            [a + (d + sw + 2) * k for a, k in zip(nqm_in, k_out_l, strict=True)],
+            [a + (d + sw + 2) * k for a, k in zip(nqm, k_in_l, strict=True)],
             "embedding exchange 2",
         )
-        q_ov, q_vals = _split(recv2, [(nq, 2), (k_in, d + sw)], w)
-        q_ov, q_vals = unpack_i64(q_ov), q_vals.view(-1, d + sw)
+        km_in = [k - a for k, a in zip(k_in_l, nqr, strict=True)]
+        sizes2 = [
+            x for a, k, km in zip(nqm, k_in_l, km_in, strict=True)
+            for x in (a, d * km, d * (k - km), (sw + 2) * km, (sw + 2) * (k - km))
+        ]  # fmt: skip
+        p2 = recv2.split(sizes2)
+        q_lag = _join(p2[0::5], dev).view(torch.int32).long()
+        mir_vals = _join(p2[1::5], dev).view(-1, d)
+        rem_vals = _join(p2[2::5], dev).view(-1, d)
+        mir_ext = _join(p2[3::5], dev).view(-1, sw + 2)
+        rem_ext = _join(p2[4::5], dev).view(-1, sw + 2)
         self.timer.mark("exchange")
         self._count_bytes(
-            sent={"versions": 8 * r_qids.numel(), "values": 4 * (d + sw) * sum(k_out_l)},
-            recv={"versions": 8 * q_ids.numel(), "values": 4 * (d + sw) * sum(k_in)},
+            sent={"versions": 4 * nm_in + 8 * sum(k_out_l), "values": 4 * (d + sw) * sum(k_out_l)},
+            recv={"versions": 4 * sum(nqm) + 8 * sum(k_in_l), "values": 4 * (d + sw) * sum(k_in_l)},
             reset=False,
         )
         values = self._gather(
-            uniq, is_own, q_pos, q_slot, is_mirror, q_mv, q_ov, q_vals, bound, writes.deferred
+            batch, q_lag, mir_vals, mir_ext, rem_vals, rem_ext, sum(km_in), bound, deferred
         )
-        self.timer.mark("gather")
-        return values
+        return values, batch
 
     def _apply_owned(
-        self, writes: _Writes, r_pids: torch.Tensor, r_pcnt: torch.Tensor, r_pgrad: torch.Tensor
+        self,
+        grads: tuple[_Batch, torch.Tensor] | None,
+        r_pids: torch.Tensor,
+        r_pcnt: torch.Tensor,
+        r_pgrad: torch.Tensor,
     ) -> None:
-        slots = torch.cat([writes.own_slots, self.slot_of[r_pids].long()])
-        if slots.numel() == 0:
+        """Owned rows of the last batch (unique) + rows pushed by peers (may repeat, may overlap)."""
+        if grads is not None:
+            pb, pg = grads
+            o_slot, o_cnt, o_grad = pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own]
+        else:
+            o_slot, o_cnt, o_grad = r_pids[:0], r_pcnt[:0], r_pgrad[:0]
+        p_slot = self.slot_of[r_pids].long()
+        if self.opt.name == "sgd" or p_slot.numel() == 0:
+            # SGD is linear: adding each contribution equals adding their sum (up to float
+            # summation order), so pushed rows need no merging.
+            self.opt.apply(self.weight, self.opt_state, o_slot, o_grad)
+            index_add_rows(self.version, o_slot, o_cnt)
+            if p_slot.numel():
+                self.opt.apply(self.weight, self.opt_state, p_slot, r_pgrad)  # SGD: repeats ok
+                index_add_rows(self.version, p_slot, r_pcnt)
             return
-        cnt = torch.cat([writes.own_cnt, r_pcnt])
-        grad = torch.cat([writes.own_grad, r_pgrad])
-        uslots, inv = torch.unique(slots, return_inverse=True)
-        gsum = torch.zeros(uslots.numel(), self.dim, device=self.device).index_add_(0, inv, grad)
-        csum = torch.zeros(uslots.numel(), dtype=torch.int64, device=self.device).index_add_(
-            0, inv, cnt
+        # Adagrad: one update per row of the summed gradient. Give every distinct row a
+        # "leader" entry through a per-slot position map (own rows win, then one push per
+        # row), sum into the leaders, and apply at every entry with the leader's sums: the
+        # duplicates write identical state and add a zero step.
+        m0, p = o_slot.numel(), p_slot.numel()
+        if self._pos_map is None:
+            self._pos_map = torch.empty(self.n_own, dtype=torch.int64, device=self.device)
+        ar = torch.arange(m0 + p, device=self.device)
+        self._pos_map.index_copy_(0, p_slot, ar[m0:])
+        self._pos_map.index_copy_(0, o_slot, ar[:m0])
+        lead = torch.cat([ar[:m0], self._pos_map[p_slot]])
+        slots = torch.cat([o_slot, p_slot])
+        gsum = torch.zeros(m0 + p, self.dim, device=self.device).index_add_(
+            0, lead, torch.cat([o_grad, r_pgrad])
         )
-        self.opt.apply(self.weight, self.opt_state, uslots, gsum)
-        index_add_rows(self.version, uslots, csum)
+        csum = torch.zeros(m0 + p, dtype=torch.int64, device=self.device).index_add_(
+            0, lead, torch.cat([o_cnt, r_pcnt])
+        )
+        is_lead = lead == ar
+        self.opt.apply_merged(self.weight, self.opt_state, slots, gsum[lead], is_lead)
+        index_add_rows(self.version, slots, csum[lead] * is_lead)
 
     def _gather(
         self,
-        uniq: torch.Tensor,
-        is_own: torch.Tensor,
-        q_pos: torch.Tensor,
-        q_slot: torch.Tensor,
-        is_mirror: torch.Tensor,
-        q_mv: torch.Tensor,
-        q_ov: torch.Tensor,
-        q_vals: torch.Tensor,
+        batch: _Batch,
+        q_lag: torch.Tensor,
+        mir_vals: torch.Tensor,
+        mir_ext: torch.Tensor,
+        rem_vals: torch.Tensor,
+        rem_ext: torch.Tensor,
+        n_sent_mir: int,
         bound: int,
         deferred: torch.Tensor,
     ) -> torch.Tensor:
-        d = self.dim
-        lag = q_ov - q_mv
-        refresh = is_mirror & (lag > bound)
-        stale = ~is_mirror | refresh  # the rows whose values the owner sent (all, in audit mode)
-        vals_stale = q_vals[stale] if self.audit else q_vals
-        rs = q_slot[refresh]
-        v_ref = vals_stale[refresh[stale]]
-        if rs.numel():
-            # Owner's value plus this mirror's own updates the owner has not seen yet.
-            self.weight[rs] = v_ref[:, :d] + self.delta_acc[rs - self.n_own]
-            self.version[rs] = q_ov[refresh]
-            if self.opt.state_width:
-                self.opt_state[rs] = v_ref[:, d]
-        values = torch.empty(uniq.numel(), d, device=self.device)
-        own_pos = torch.nonzero(is_own).squeeze(1)
-        values[own_pos] = self.weight[self.slot_of[uniq[own_pos]].long()]
-        values[q_pos[is_mirror]] = self.weight[q_slot[is_mirror]]
-        values[q_pos[~is_mirror]] = vals_stale[~is_mirror[stale]][:, :d]
-        fresh = is_mirror & (lag == 0)
-        stale_ok = is_mirror & (lag > 0) & (lag <= bound)
-        self._rows_step = torch.stack(
+        """Refresh mirrors beyond the bound, then the batch's values in block order."""
+        d, sw = self.dim, self.opt.state_width
+        n_o, n_m = batch.n_own, batch.n_mir
+        ms = batch.slot[n_o : n_o + n_m]
+        refresh = q_lag > bound
+        if n_sent_mir:
+            # The owner sent values for exactly the refreshed mirrors (all mirrors in audit
+            # mode), in block order.
+            rs = ms if self.audit else ms[compact(refresh, n_sent_mir)]
+            ov = _i64(mir_ext[:, sw:])
+            new = mir_vals + self.delta_acc[rs - self.n_own]  # + own unpushed updates
+            if self.audit:  # every mirror got a value; only the stale ones take it
+                keep = refresh[:, None]
+                new = torch.where(keep, new, self.weight[rs])
+                ov = torch.where(refresh, ov, self.version[rs])
+            self.weight.index_copy_(0, rs, new)
+            self.version.index_copy_(0, rs, ov)
+            if sw:
+                st = mir_ext[:, 0]
+                if self.audit:
+                    st = torch.where(refresh, st, self.opt_state[rs])
+                self.opt_state.index_copy_(0, rs, st)
+        values = torch.empty(batch.u.numel(), d, device=self.device)
+        torch.index_select(self.weight, 0, batch.slot[: n_o + n_m], out=values[: n_o + n_m])
+        values[n_o + n_m :] = rem_vals
+        self._rows_dev_step = torch.stack(
             [
-                is_own.sum(),
-                fresh.sum(),
-                stale_ok.sum(),
-                (~is_mirror).sum() + refresh.sum(),
+                (q_lag == 0).sum(),
+                ((q_lag > 0) & (q_lag <= bound)).sum(),
                 refresh.sum(),
-                deferred,
+                deferred.to(torch.int64),
             ]
         )
-        self._rows_total += self._rows_step
+        self._accumulate_rows()
         if self.audit:
-            used = is_mirror & ~refresh
-            if bool((is_mirror & (lag < 0)).any()) or bool((used & (lag > bound)).any()):
-                raise StalenessViolation(
-                    f"rank {self.env.rank}: a mirror read lags its owner by "
-                    f"{int(lag[is_mirror].max())} (min {int(lag[is_mirror].min())}) with bound {bound}"
-                )
-            mi = (q_slot - self.n_own).clamp(min=0)
-            self.last_audit = {
-                "ids": uniq[q_pos].clone(),
-                "is_mirror": is_mirror.clone(),
-                "refreshed": refresh.clone(),
-                "lag": torch.where(is_mirror & ~refresh, lag, torch.zeros_like(lag)),
-                "owner_version": q_ov.clone(),
-                "owner_value": q_vals[:, :d].clone(),
-                "used_value": values[q_pos].clone(),
-                "pending": torch.where(
-                    is_mirror, self.pending[mi] if self.n_mir else lag * 0, torch.zeros_like(lag)
-                ),
-            }
+            self._record_audit(
+                batch, q_lag, refresh, mir_vals, mir_ext, rem_vals, rem_ext, values, bound
+            )
         return values
+
+    def _accumulate_rows(self) -> None:
+        self._rows_dev_total += self._rows_dev_step
+        for k, v in self._rows_host_step.items():
+            self._rows_host_total[k] += v
+
+    def _record_audit(
+        self,
+        batch: _Batch,
+        q_lag: torch.Tensor,
+        refresh: torch.Tensor,
+        mir_vals: torch.Tensor,
+        mir_ext: torch.Tensor,
+        rem_vals: torch.Tensor,
+        rem_ext: torch.Tensor,
+        values: torch.Tensor,
+        bound: int,
+    ) -> None:
+        """Test mode: check and record every queried row's lag (host syncs are fine here)."""
+        sw = self.opt.state_width
+        n_o, n_m = batch.n_own, batch.n_mir
+        n_r = batch.u.numel() - n_o - n_m
+        if bool((q_lag < 0).any()):
+            raise StalenessViolation(
+                f"rank {self.env.rank}: a mirror read lags its owner by {int(q_lag.max())} "
+                f"(min {int(q_lag.min())}) with bound {bound}"
+            )
+        is_mirror = torch.cat(
+            [torch.ones(n_m, dtype=torch.bool), torch.zeros(n_r, dtype=torch.bool)]
+        ).to(self.device)
+        zeros_r = torch.zeros(n_r, dtype=torch.int64, device=self.device)
+        ext = torch.cat([mir_ext, rem_ext])
+        self.last_audit = {
+            "ids": batch.u[n_o:].clone(),
+            "is_mirror": is_mirror,
+            "refreshed": torch.cat([refresh, zeros_r.bool()]),
+            "lag": torch.cat([torch.where(refresh, 0, q_lag), zeros_r]),
+            "owner_version": _i64(ext[:, sw:]),
+            "owner_value": torch.cat([mir_vals, rem_vals]).clone(),
+            "used_value": values[n_o:].clone(),
+            "pending": torch.cat([self.pending[batch.slot[n_o : n_o + n_m] - self.n_own], zeros_r]),
+        }
 
     def _count_bytes(self, *, sent: dict[str, int], recv: dict[str, int], reset: bool) -> None:
         if reset:
@@ -535,29 +767,47 @@ class DistributedEmbedding(nn.Module):
                 self._bytes_total[prefix + k] += v
 
 
-def _interleave(
-    parts: tuple[torch.Tensor, ...], layout: list[tuple[list[int], int]], w: int
+_I32_MAX = 2**31 - 1
+
+
+def _input_problem(ids: object) -> str | None:
+    """Type / dtype / shape problem of a batch (host-side facts, no device access)."""
+    if not isinstance(ids, torch.Tensor):
+        return f"ids must be a torch.Tensor, got {type(ids).__name__}"
+    if ids.dtype != torch.int64:
+        return f"ids must be int64 (torch.long), got {ids.dtype}"
+    if ids.dim() != 2:
+        return f"ids must have shape [batch, fields], got {tuple(ids.shape)}"
+    return None
+
+
+def _range_error(ids: torch.Tensor, num_rows: int) -> str:
+    """The message for a batch whose device flag said an id is out of range (error path only)."""
+    lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
+    bad = lo if lo < 0 else hi
+    return f"id {bad} is outside [0, {num_rows}) (table has {num_rows} rows)"
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """The bytes of an int64/int32/float32 tensor as a flat float32 tensor (no copy)."""
+    return x.contiguous().reshape(-1).view(torch.float32)
+
+
+def _i64(x: torch.Tensor) -> torch.Tensor:
+    """float32 lanes (pairs) -> flat int64; copies only when the lanes are not 8-byte aligned."""
+    x = x.contiguous().reshape(-1)
+    if x.storage_offset() % 2:
+        x = x.clone()
+    return x.view(torch.int64)
+
+
+def _join(
+    pieces: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Flat send buffer: for each peer j, the j-th segment of every part in order.
-
-    ``layout[p] = (rows per peer, floats per row)`` of part ``p``. Loops over peers, not rows."""
-    offsets = [0] * len(parts)
-    pieces = []
-    for j in range(w):
-        for p, (rows, width) in enumerate(layout):
-            n = rows[j] * width
-            pieces.append(parts[p][offsets[p] : offsets[p] + n])
-            offsets[p] += n
-    return torch.cat(pieces) if pieces else parts[0].new_zeros(0)
-
-
-def _split(buf: torch.Tensor, layout: list[tuple[list[int], int]], w: int) -> list[torch.Tensor]:
-    """Inverse of :func:`_interleave`: one flat tensor per part, peers concatenated in order."""
-    per_part: list[list[torch.Tensor]] = [[] for _ in layout]
-    off = 0
-    for j in range(w):
-        for p, (rows, width) in enumerate(layout):
-            n = rows[j] * width
-            per_part[p].append(buf[off : off + n])
-            off += n
-    return [torch.cat(x) for x in per_part]
+    """Concatenate, skipping empty pieces; one non-empty piece is returned as is (no copy)."""
+    full = [p for p in pieces if p.numel()]
+    if not full:
+        return torch.zeros(0, dtype=pieces[0].dtype if len(pieces) else dtype, device=device)
+    return full[0] if len(full) == 1 else torch.cat(full)

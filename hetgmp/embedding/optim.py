@@ -71,6 +71,27 @@ class SparseOptimizer:
         step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
         index_add_rows(weight, slots, step, alpha=-1.0)
 
+    def apply_merged(
+        self,
+        weight: torch.Tensor,
+        state: torch.Tensor,
+        slots: torch.Tensor,
+        grad: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> None:
+        """Like :meth:`apply` for ``slots`` that may repeat: every entry of a row carries the
+        row's full summed gradient and exactly one has ``keep`` true. Repeats write the same
+        state (identical values, so the write order does not matter) and add a zero step."""
+        if slots.numel() == 0:
+            return
+        if self.name == "sgd":
+            index_add_rows(weight, slots, grad * keep[:, None], alpha=-self.lr)
+            return
+        s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
+        state.index_copy_(0, slots, s)
+        step = grad * (self.lr / (s.sqrt() + self.eps) * keep)[:, None]
+        index_add_rows(weight, slots, step, alpha=-1.0)
+
     def local_step(
         self, state_rows: torch.Tensor, grad: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
