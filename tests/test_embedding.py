@@ -442,3 +442,51 @@ def test_adagrad_mirrors_stay_within_bound_drift() -> None:
         for r0, r100 in zip(b0["reads"], b100["reads"], strict=True):
             assert float((r0 - r100).abs().max()) <= limit
         assert b100["max_abs"] < 0.01 + limit
+
+
+# ---------------------------------------------------------------- empty index_add_ (CUDA bug)
+def test_no_index_add_with_empty_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's CUDA ``index_add_`` with an empty index fails on tensors of > 2**31 elements
+    (the Criteo table); the runtime must never issue one. Emulated on CPU: an empty-index
+    ``index_add_`` raises here. Paths: 1 rank without mirrors (no remote rows, no pushes), an
+    idle step (empty batch), evaluation, flush, both optimizers."""
+    real = torch.Tensor.index_add_
+
+    def strict(self: torch.Tensor, dim: int, index: torch.Tensor, *a, **k) -> torch.Tensor:
+        if index.numel() == 0:
+            raise AssertionError("index_add_ with an empty index")
+        return real(self, dim, index, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "index_add_", strict)
+    for opt in ("sgd", "adagrad"):
+        case = {"optimizer": opt, "placement": "hash", "store_rate": 0.0, "seed": 3}
+        got = train_ranks(DistEnv.single(), case)
+        assert_matches_reference(got["sd"], reference_rows(case))
+        emb = DistributedEmbedding(ROWS, DIM, DistEnv.single(), optimizer=opt)
+        emb(torch.zeros(0, FIELDS, dtype=torch.int64)).sum().backward()  # idle step
+        emb(torch.from_numpy(make_batches(3)[0])).sum().backward()
+        emb(torch.zeros(0, FIELDS, dtype=torch.int64))  # applies the last step, then idles
+        emb.eval()
+        with torch.no_grad():
+            assert emb(torch.from_numpy(make_batches(3)[1])).shape == (BATCH, FIELDS, DIM)
+        emb.flush()
+
+
+def test_prefetch_gives_the_same_steps() -> None:
+    """``prefetch(next_ids)`` then ``forward(next_ids)`` equals plain ``forward`` (CPU: the
+    preprocessing runs at once; on CUDA it runs on a side stream)."""
+    env = DistEnv.single()
+    a = DistributedEmbedding(ROWS, DIM, env, optimizer="adagrad", lr=0.05)
+    b = DistributedEmbedding(ROWS, DIM, env, optimizer="adagrad", lr=0.05)
+    batches = [torch.from_numpy(x) for x in make_batches(7)]
+    b.prefetch(batches[0])
+    for t, ids in enumerate(batches):
+        oa, ob = a(ids), b(ids)
+        if t + 1 < len(batches):
+            b.prefetch(batches[t + 1])
+        torch.testing.assert_close(oa, ob, rtol=0, atol=0)
+        oa.sum().backward()
+        ob.sum().backward()
+    b.prefetch(batches[0])
+    ob = b(batches[1].clone())  # another tensor: the prefetched batch is not used
+    torch.testing.assert_close(a(batches[1]), ob, rtol=0, atol=0)
