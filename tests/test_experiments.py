@@ -103,3 +103,22 @@ def test_store_rate_sweep_two_runs_then_resume(tiny_criteo, tmp_path) -> None:
     assert "2 runs, 2 already in" in out.getvalue() and "0 to run" in out.getvalue()
     errors, _ = run_store_rate(opts, store_rates=(0.0, 0.02), bound=10)
     assert errors == [] and path.read_text() == before  # nothing re-run
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_partition_compare_prediction_matches_runtime(tiny_criteo, tmp_path) -> None:
+    """At the run's batch size, predicted remote rows/step match the runtime within 20 %."""
+    if not MPIRUN.exists():
+        pytest.skip(f"no mpirun next to {sys.executable}")
+    from hetgmp.experiments.partition_compare import run_partition_compare
+
+    opts = _opts(tiny_criteo, tmp_path / "out", iters=12)
+    errors, path = run_partition_compare(opts, methods=("hash", "metis+refine"), parts=(2,))
+    assert errors == []
+    rows = list(csv.DictReader(path.open()))
+    assert {r["method"] for r in rows} == {"hash", "metis+refine"}
+    for r in rows:
+        assert 0.8 < float(r["measured_over_predicted"]) < 1.2, r
+        assert float(r["predicted_at_default_batch"]) > float(r["predicted_fetches_per_step"])
+    assert (tmp_path / "out" / "partition.png").stat().st_size > 1000
