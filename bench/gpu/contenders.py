@@ -73,6 +73,11 @@ class Contender(nn.Module):
     def set_timer(self, timer: Phases) -> None:
         self.timer = timer
 
+    prefetches = False  # True: the harness hands the next batch to prefetch() during a step
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        """Start preprocessing the next batch's ids (contenders that can overlap it)."""
+
 
 class TorchFused(Contender):
     """(a) plain PyTorch: one ``nn.Embedding(sparse=True)`` for all fields + ``optim.SGD``."""
@@ -286,6 +291,10 @@ class HetGMP(Contender):
         )  # fmt: skip
         # The runtime's optional phase hook (hetgmp.embedding.profile); absent in older versions.
         self.hooked = hasattr(self.emb, "timer")
+        self.prefetches = hasattr(self.emb, "prefetch")
+
+    def prefetch(self, ids: torch.Tensor) -> None:
+        self.emb.prefetch(ids)
 
     def set_timer(self, timer: Phases) -> None:
         self.timer = timer

@@ -203,18 +203,31 @@ class Runner:
             opt = torch.optim.SGD(params, lr=cfg.dense_lr)
         autocast = precision == "bf16"
 
+        ahead: dict[int, torch.Tensor] = {}  # step -> its ids, already handed to prefetch
+
+        def batch_ids(k: int) -> torch.Tensor:
+            return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
+
         def step(k: int) -> None:
             pos = batch_positions(k, batch, data.n, dev)
-            ids = data.ids.index_select(0, pos)
+            ids = ahead.pop(k, None)
+            if ids is None:
+                ids = data.ids.index_select(0, pos)
             t = cont.timer
             if mode == "embedding":
                 out = cont(ids)
+                if cont.prefetches:  # the next batch's id preprocessing overlaps this step
+                    ahead[k + 1] = batch_ids(k + 1)
+                    cont.prefetch(ahead[k + 1])
                 out.backward(grad)
                 t.mark("backward")
                 cont.after_backward()
                 return
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(ids, data.dense.index_select(0, pos))
+            if cont.prefetches:
+                ahead[k + 1] = batch_ids(k + 1)
+                cont.prefetch(ahead[k + 1])
             loss = (
                 F.binary_cross_entropy_with_logits(
                     logits.float(), data.labels.index_select(0, pos), reduction="sum"
