@@ -50,8 +50,12 @@ def all_reduce_sum(env: DistEnv, value: Any) -> Any:
     if not _active(env):
         return value
     if isinstance(value, torch.Tensor):
+        # NCCL groups reduce device tensors only; callers may hold host tensors (log counters).
+        t = value if value.device == env.device else value.to(env.device)
         with guarded(env, "all_reduce_sum"):
-            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=env.group)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=env.group)
+        if t is not value:
+            value.copy_(t)
         return value
     if isinstance(value, np.ndarray):
         t = torch.from_numpy(np.ascontiguousarray(value)).to(env.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hetgmp.embedding.counters import zero_counters
@@ -92,7 +93,8 @@ class ReferenceEmbedding(nn.Module):
 
             leaf.register_hook(capture)
             vals = leaf
-        return vals[inv].view(b, f, self.dim)
+        # Same gather as DistributedEmbedding (sort-based backward for repeated ids).
+        return F.embedding(inv.view(b, f), vals)
 
     def flush(self) -> None:
         """Apply the pending gradients of the last step."""
