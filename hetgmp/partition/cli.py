@@ -22,9 +22,6 @@ from hetgmp.partition.api import DEFAULT_ROUNDS, DEFAULT_THETA, METHODS
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES
 from hetgmp.partition.plan import Plan, PlanError, load_plan, save_plan
 
-DEFAULT_CACHE = Path.home() / ".cache" / "hetgmp"
-DEFAULT_DATA_SAMPLES = 200_000
-
 log = logging.getLogger("hetgmp.partition")
 
 
@@ -59,21 +56,13 @@ class PartitionConfig:
     progress: bool = option(True, help="progress bars (only on a terminal)")
 
 
-def default_dataset(cache: Path = DEFAULT_CACHE, num_samples: int = DEFAULT_DATA_SAMPLES):
-    """The embedded default data set: a generated criteo-like set, made once and cached."""
-    from hetgmp.data.format import open_dataset
+def default_dataset():
+    """The embedded default data set (shared with ``hetgmp train``), generated on first use."""
+    from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 
-    out = cache / f"criteo-like-{num_samples}"
-    if (out / "meta.json").exists():
-        return open_dataset(out)
-    try:
-        from hetgmp.data.generate import generate_criteo_like
-    except ImportError as err:
-        raise PlanError(
-            f"no --data given and the generator is unavailable ({err}); pass --data DIR"
-        ) from err
-    log.info("partition: generating the default data set into %s", out)
-    return generate_criteo_like(out, num_samples=num_samples, seed=0)
+    if not (default_dataset_dir() / "meta.json").exists():
+        log.info("partition: generating the default data set into %s", default_dataset_dir())
+    return ensure_default_dataset()
 
 
 def run_partition(cfg: PartitionConfig) -> Plan:
