@@ -490,3 +490,26 @@ def test_prefetch_gives_the_same_steps() -> None:
     b.prefetch(batches[0])
     ob = b(batches[1].clone())  # another tensor: the prefetched batch is not used
     torch.testing.assert_close(a(batches[1]), ob, rtol=0, atol=0)
+
+
+def test_world1_fast_path_counts_and_bad_input() -> None:
+    """One rank takes the sync-free fast path (no sizes tables, padded unique): counters
+    still count every unique id as owned, bad input raises and keeps the pending update."""
+    env = DistEnv.single()
+    emb = DistributedEmbedding(ROWS, DIM, env, optimizer="adagrad", lr=0.05)
+    ref = ReferenceEmbedding(ROWS, DIM, optimizer="adagrad", lr=0.05)
+    assert emb._local
+    batches = make_batches(5)
+    for t, ids in enumerate(batches):
+        for m in (emb, ref):
+            m(torch.from_numpy(ids)).pow(2).sum().backward()
+        if t == 1:
+            bad = torch.full((2, FIELDS), ROWS, dtype=torch.int64)
+            with pytest.raises(EmbeddingInputError, match=f"id {ROWS} is outside"):
+                emb(bad)
+            with pytest.raises(EmbeddingInputError, match="int64"):
+                emb(torch.zeros(2, FIELDS, dtype=torch.int32))
+    c = emb.counters()
+    assert c["rows_owned"] == c["rows_requested"] == sum(np.unique(b).size for b in batches)
+    assert c["rows_remote"] == 0 and c["bytes_sent_values"] == 0 and c["steps"] == STEPS
+    assert_matches_reference(emb.state_dict(), ref.state_dict())

@@ -37,6 +37,13 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
 4. stale mirrors are refreshed (owner value + own unpushed delta) and the batch's rows
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
+With ONE rank (and no audit) a fast path replaces all of this: every row is owned and stored
+at slot = id, so a step is the padded unique (no block sort), the previous step's update and one
+``index_select``, with **no** host sync: no sizes tables, no payloads, no counts on the host
+(padding entries have count 0 and a zero gradient, so they update nothing; they point at
+distinct rows, so the update's atomics never pile up on one row). Bad ids are
+reported from a device flag; on CUDA it is read at the next call (see :meth:`_check_local`).
+
 The sizes table also carries each rank's status and operation, so a rank with bad input makes
 its peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout.
 Counters: host-known parts (owned / not-stored rows, bytes) are Python ints; the mirror
@@ -162,6 +169,12 @@ class DistributedEmbedding(nn.Module):
         mirrors = mirrors[np.argsort(owner[mirrors], kind="stable")]
         mir_end = np.cumsum(np.bincount(owner[mirrors], minlength=w)).astype(np.int64)
         self.n_own, self.n_mir = int(owned.size), int(mirrors.size)
+        # World-1 fast path (see the module docstring): needs slot == id, true when rank 0
+        # owns every row (owned == arange(num_rows)) and mirrors nothing.
+        self._local = w == 1 and not audit and self.n_own == self.num_rows and self.n_mir == 0
+        # CUDA, world 1: (pinned bad-id flag, its copy's event, the batch), oldest first; each
+        # is read once its copy is done (see _check_local)
+        self._bad_checks: list[tuple[torch.Tensor, torch.cuda.Event, torch.Tensor]] = []
         slot_of = np.full(self.num_rows, -1, dtype=np.int32)
         slot_of[owned] = np.arange(self.n_own, dtype=np.int32)
         slot_of[mirrors] = self.n_own + np.arange(self.n_mir, dtype=np.int32)
@@ -180,6 +193,9 @@ class DistributedEmbedding(nn.Module):
         self._mir_end = torch.from_numpy(mir_end).to(dev)
         self._mir_start = torch.from_numpy(np.concatenate([[0], mir_end[:-1]])).to(dev)
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
+        self._arange_3w1 = torch.arange(3 * w + 1, device=dev)  # block boundaries to search
+        self._pad_rows = torch.zeros(0, dtype=torch.int64, device=dev)  # world 1, grown lazily
+        self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: _Prep | None = None
@@ -190,7 +206,8 @@ class DistributedEmbedding(nn.Module):
         # refreshed, deferred) as a device vector read only when counters are asked for.
         self._rows_host_total = {"owned": 0, "not_stored": 0}
         self._rows_host_step = dict(self._rows_host_total)
-        self._rows_dev_total = torch.zeros(4, dtype=torch.int64, device=dev)
+        # [fresh, stale-ok, refreshed, deferred, owned (world-1 fast path: not host-known)]
+        self._rows_dev_total = torch.zeros(5, dtype=torch.int64, device=dev)
         self._rows_dev_step = torch.zeros_like(self._rows_dev_total)
         self.last_audit: dict[str, torch.Tensor] | None = None
         self.timer = PhaseTimer(dev, enabled=False)  # bench/ turns it on: timer.enabled = True
@@ -212,6 +229,8 @@ class DistributedEmbedding(nn.Module):
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
         main = torch.cuda.current_stream(self.device)
+        if self._local:  # grow the padding rows here, on the main stream that uses them
+            self._pad(ids.numel())
         self._side.wait_stream(main)  # ids (and the tables) are written on the main stream
         with torch.cuda.stream(self._side):
             dev_ids = ids.to(self.device, non_blocking=True)
@@ -237,7 +256,8 @@ class DistributedEmbedding(nn.Module):
             prep = self._prepare(ids.to(self.device))
         prep.source = None
         b, f = prep.ids.shape
-        values, batch = self._step(prep, op=_OP_FORWARD, error=err)
+        step = self._step_local if self._local else self._step
+        values, batch = step(prep, op=_OP_FORWARD, error=err)
         if self.training and torch.is_grad_enabled():
             leaf = values.requires_grad_()
 
@@ -256,7 +276,8 @@ class DistributedEmbedding(nn.Module):
     def flush(self) -> None:
         """(Collective) push every pending gradient and mirror delta so owners hold final values."""
         empty = torch.zeros(0, 1, dtype=torch.int64, device=self.device)
-        self._step(self._prepare(empty), op=_OP_FLUSH, error=None)
+        step = self._step_local if self._local else self._step
+        step(self._prepare(empty), op=_OP_FLUSH, error=None)
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
@@ -343,8 +364,8 @@ class DistributedEmbedding(nn.Module):
         self, byte_counts: dict[str, int], rows_host: dict[str, int], rows_dev: torch.Tensor
     ) -> dict[str, int]:
         out = dict(byte_counts)
-        fresh, stale_ok, refreshed, deferred = (int(v) for v in rows_dev.tolist())
-        out["rows_owned"] = rows_host["owned"]
+        fresh, stale_ok, refreshed, deferred, owned_dev = (int(v) for v in rows_dev.tolist())
+        out["rows_owned"] = rows_host["owned"] + owned_dev
         out["rows_mirror_fresh"] = fresh
         out["rows_mirror_stale_ok"] = stale_ok
         out["rows_remote"] = rows_host["not_stored"] + refreshed
@@ -361,22 +382,34 @@ class DistributedEmbedding(nn.Module):
         bad = ((flat < 0) | (flat >= self.num_rows)).any()
         # Clamped so that a bad id cannot index out of range before the step reports it.
         uq = unique_padded(flat.clamp(0, self.num_rows - 1))
-        owner = self.owner_of[uq.values].long()
-        slot = self.slot_of[uq.values].long()
+        if self._local:
+            # Every row owned at slot == id: no owner / slot lookup, no block order. Padding
+            # (count 0, zero gradient) stays in place but points at DISTINCT rows: padding all
+            # on row 0 would make the update's index_add_ atomics serialise on that one row
+            # (the hot-row stall that made index backward cost 6 ms/step on an H200).
+            # ``blocks`` holds the unique count (device).
+            slot = torch.where(uq.valid, uq.values, self._pad(n))
+            return _Prep(
+                ids=ids, bad=bad, u=slot, cnt=uq.counts, slot=slot, inv=uq.inverse,
+                blocks=uq.valid.sum(), source=ids,
+            )  # fmt: skip
+        # index_select, not advanced indexing: one kernel, no index-tensor broadcasting
+        owner = self.owner_of.index_select(0, uq.values).long()
+        slot = self.slot_of.index_select(0, uq.values).long()
         key = torch.where(slot < 0, owner + 2 * w, torch.where(owner == r, owner, owner + w))
         key = torch.where(uq.valid, key, 3 * w)
         order = torch.argsort(key, stable=True)
         # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
-        starts = torch.searchsorted(key[order], torch.arange(3 * w + 1, device=ids.device))
+        starts = torch.searchsorted(key.index_select(0, order), self._arange_3w1)
         pos = torch.empty(n, dtype=torch.int64, device=ids.device).scatter_(
             0, order, torch.arange(n, device=ids.device)
         )
         return _Prep(
             ids=ids,
             bad=bad,
-            u=uq.values[order],
-            cnt=uq.counts[order],
-            slot=slot[order],
+            u=uq.values.index_select(0, order),
+            cnt=uq.counts.index_select(0, order),
+            slot=slot.index_select(0, order),
             inv=pos[uq.inverse],
             blocks=starts[1:] - starts[:-1],
             source=ids,
@@ -407,9 +440,28 @@ class DistributedEmbedding(nn.Module):
         due = self.pending > (0 if push_all else self.bound)
         # Mirrors are stored grouped by owner: due rows per owner are differences of a prefix sum.
         c = torch.cat([self._zeros_w[:1], torch.cumsum(due, 0)])
-        ndue = c[self._mir_end] - c[self._mir_start]
+        ndue = c.index_select(0, self._mir_end) - c.index_select(0, self._mir_start)
         deferred = ((self.pending > 0) & ~due).sum()
         return due, ndue, deferred
+
+    def _pad(self, n: int) -> torch.Tensor:
+        """``n`` distinct padding rows (world-1 fast path), from a buffer grown only when a
+        batch is larger than any before."""
+        if self._pad_rows.numel() < n:
+            self._pad_rows = torch.arange(n, device=self.device) % self.num_rows
+        return self._pad_rows[:n]
+
+    def _const_cols(self, bound: int, op: int) -> tuple[torch.Tensor, ...]:
+        """The bound / audit / operation columns of sizes table 1, made once per value (three
+        fill kernels per step saved)."""
+        key = (bound, op)
+        if key not in self._const_cache:
+            w, dev = self.env.world_size, self.device
+            self._const_cache[key] = tuple(
+                torch.full((w,), v, dtype=torch.int64, device=dev)
+                for v in (bound, int(self.audit), op)
+            )
+        return self._const_cache[key]
 
     def _check_peers(self, theirs: list[list[int]], op: int) -> None:
         bad = [i for i, row in enumerate(theirs) if row[_STATUS] != 0]
@@ -425,6 +477,65 @@ class DistributedEmbedding(nn.Module):
                 f"rank {self.env.rank}: ranks disagree on the collective call ({names}); every "
                 f"rank must call forward (an empty batch when it has none left) or flush together"
             )
+
+    def _check_local(self, prep: _Prep | None, error: str | None, *, wait: bool = False) -> None:
+        """World-1 input check without a host sync: a dtype / shape problem is host-known;
+        the out-of-range flag is read at once on CPU (no device to wait for). On CUDA it is
+        copied to pinned memory and read at a later call once the copy is done (``wait``, at
+        flush: waited for), so the host never waits for the device: the steps in between ran
+        with the bad ids clamped into range, and the error names the batch it was."""
+        while self._bad_checks and (wait or self._bad_checks[0][1].query()):
+            flag, ev, ids = self._bad_checks.pop(0)
+            ev.synchronize()
+            if bool(flag):
+                self._bad_checks.clear()
+                raise EmbeddingInputError(
+                    f"rank {self.env.rank}: an earlier batch: {_range_error(ids, self.num_rows)}"
+                )
+        if error:
+            raise EmbeddingInputError(f"rank {self.env.rank}: {error}")
+        if prep is None or prep.ids.numel() == 0:
+            return
+        if self.device.type != "cuda":
+            if bool(prep.bad):
+                raise EmbeddingInputError(
+                    f"rank {self.env.rank}: {_range_error(prep.ids, self.num_rows)}"
+                )
+            return
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(prep.bad, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        self._bad_checks.append((flag, ev, prep.ids))
+
+    def _step_local(
+        self, prep: _Prep, *, op: int, error: str | None
+    ) -> tuple[torch.Tensor, _Batch]:
+        """One step on one rank (the fast path; see the module docstring): apply the last
+        step's gradient to its (padded) rows, then gather this batch's rows. No host sync."""
+        self.timer.mark("unique")
+        self._check_local(prep, error, wait=op == _OP_FLUSH)
+        grads, self._grads = self._grads, None
+        if grads is not None:
+            pb, pg = grads
+            # Padding entries (distinct rows, count 0) carry a zero gradient: they add nothing.
+            self.opt.apply(self.weight, self.opt_state, pb.slot, pg, padded=True)
+            index_add_rows(self.version, pb.slot, pb.cnt)
+        self.timer.mark("update")
+        n = prep.u.numel()
+        batch = _Batch(
+            u=prep.u, cnt=prep.cnt, slot=prep.slot, inv=prep.inv, n_own=n, n_mir=0, nqr=[0],
+            nqr_dev=self._zeros_w,
+        )  # fmt: skip
+        self._count_bytes(sent={}, recv={}, reset=True)
+        self._bytes_step["pushes_sent"] = 0
+        self._rows_host_step = {"owned": 0, "not_stored": 0}
+        z = self._zeros_w[0]
+        self._rows_dev_step = torch.stack([z, z, z, z, prep.blocks])
+        self._accumulate_rows()
+        if op == _OP_FLUSH or n == 0:
+            return self.weight.new_zeros(n, self.dim), batch
+        return self.weight.index_select(0, prep.slot), batch
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
         env, dev, d, w, r = self.env, self.device, self.dim, self.env.world_size, self.env.rank
@@ -443,12 +554,9 @@ class DistributedEmbedding(nn.Module):
         status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
         cols = [
             bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, status.expand(w),
-            torch.full((w,), bound, dtype=torch.int64, device=dev),
-            torch.full((w,), int(self.audit), dtype=torch.int64, device=dev),
-            torch.full((w,), op, dtype=torch.int64, device=dev),
-            bl[r].expand(w),
+            *self._const_cols(bound, op), bl[r].expand(w),
         ]  # fmt: skip
-        table = torch.stack([c.to(torch.int64) for c in cols], dim=1)
+        table = torch.stack(cols, dim=1)  # every column is int64 already
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
         mine_l, theirs_l = host[0].tolist(), host[1].tolist()
         if error is None and mine_l[0][_STATUS]:
@@ -478,9 +586,9 @@ class DistributedEmbedding(nn.Module):
         # ---- pushes: the last batch's rows not stored here + mirrors due (grouped by owner)
         tot_due = sum(ndue_l)
         di = compact(due, tot_due) if due is not None else self._zeros_w[:0]
-        d_ids = self.stored_ids[di + self.n_own]
-        d_cnt = self.pending[di]
-        d_grad = self.grad_acc[di]
+        d_ids = self.stored_ids.index_select(0, di + self.n_own)
+        d_cnt = self.pending.index_select(0, di)
+        d_grad = self.grad_acc.index_select(0, di)
         if tot_due:
             if self.opt.exact_mirror:
                 # The mirror's value already holds exactly what the owner is about to apply.
@@ -498,7 +606,7 @@ class DistributedEmbedding(nn.Module):
         # ---- payload exchange 1, per peer: query ids (mirrors, then not stored), mirror
         # versions, push ids, push counts, push gradients; written once, in peer order.
         m0, m1 = n_o, n_o + batch.n_mir
-        q_mv = self.version[batch.slot[m0:m1]]
+        q_mv = self.version.index_select(0, batch.slot[m0:m1])
         parts = [
             _f32(batch.u[m0:m1]).split([2 * k for k in nqm]),
             _f32(batch.u[m1:]).split([2 * k for k in nqr]),
@@ -554,36 +662,42 @@ class DistributedEmbedding(nn.Module):
         self._bytes_total["pushes_sent"] += n_p
         self._rows_host_step = {"owned": n_o, "not_stored": sum(nqr)}
         if op == _OP_FLUSH:
-            self._rows_dev_step = torch.stack(
-                [self._zeros_w[0], self._zeros_w[0], self._zeros_w[0], deferred.to(torch.int64)]
-            )
+            z = self._zeros_w[0]
+            self._rows_dev_step = torch.stack([z, z, z, deferred.to(torch.int64), z])
             self._accumulate_rows()
             return torch.zeros(0, d, device=dev), batch
 
         # ---- owners answer: lag (int32) for every mirror query; value + state + version for
         # mirrors beyond the requester's bound (all in audit mode) and every not-stored query.
         nm_in = sum(nqm_in)
-        ov = self.version[self.slot_of[r_mids].long()]
+        ov = self.version.index_select(0, self.slot_of.index_select(0, r_mids).long())
         lag = ov - r_mv
         src = torch.repeat_interleave(
             torch.arange(w, device=dev), theirs_dev[:, _NQM], output_size=nm_in
         )
-        need = (lag > theirs_dev[src, _BOUND]) | (theirs_dev[src, _SEND_ALL] > 0)
+        # Per query, its requester's bound (in audit mode the int64 minimum: every lag, even a
+        # negative one, the violation the audit must see, exceeds it).
+        thr = torch.where(theirs_dev[:, _SEND_ALL] > 0, _I64_MIN, theirs_dev[:, _BOUND])
+        need = lag > thr.index_select(0, src)
         cn = torch.cat([self._zeros_w[:1], torch.cumsum(need, 0)])
         ends = torch.cumsum(theirs_dev[:, _NQM], 0)
-        k_out = cn[ends] - cn[ends - theirs_dev[:, _NQM]] + theirs_dev[:, _NQR]
+        k_out = (
+            cn.index_select(0, ends)
+            - cn.index_select(0, ends - theirs_dev[:, _NQM])
+            + theirs_dev[:, _NQR]
+        )
         self.timer.mark("gather")
         _, host2 = exchange_sizes(env, k_out[:, None], "embedding size exchange 2")
         k_out_l, k_in_l = host2[0, :, 0].tolist(), host2[1, :, 0].tolist()
         km_out = [k - a for k, a in zip(k_out_l, nqr_in, strict=True)]
         sel = compact(need, sum(km_out))
-        rows_m = self.slot_of[r_mids[sel]].long().split(km_out)
-        rows_r = self.slot_of[r_rids].long().split(nqr_in)
+        rows_m = self.slot_of.index_select(0, r_mids.index_select(0, sel)).long().split(km_out)
+        rows_r = self.slot_of.index_select(0, r_rids).long().split(nqr_in)
         rows = _join([x for j in range(w) for x in (rows_m[j], rows_r[j])], dev, torch.int64)
-        vals = self.weight[rows]
-        extra = [_f32(self.version[rows]).view(-1, 2)]
+        vals = self.weight.index_select(0, rows)
+        extra = [_f32(self.version.index_select(0, rows)).view(-1, 2)]
         if sw:
-            extra.insert(0, self.opt_state[rows][:, None])
+            extra.insert(0, self.opt_state.index_select(0, rows)[:, None])
         ext = torch.cat(extra, dim=1)
         lag32 = _f32(lag.clamp(-_I32_MAX, _I32_MAX).to(torch.int32))
         parts2 = [
@@ -634,7 +748,7 @@ class DistributedEmbedding(nn.Module):
             o_slot, o_cnt, o_grad = pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own]
         else:
             o_slot, o_cnt, o_grad = r_pids[:0], r_pcnt[:0], r_pgrad[:0]
-        p_slot = self.slot_of[r_pids].long()
+        p_slot = self.slot_of.index_select(0, r_pids).long()
         if self.opt.name == "sgd" or p_slot.numel() == 0:
             # SGD is linear: adding each contribution equals adding their sum (up to float
             # summation order), so pushed rows need no merging.
@@ -686,7 +800,7 @@ class DistributedEmbedding(nn.Module):
         if n_sent_mir:
             # The owner sent values for exactly the refreshed mirrors (all mirrors in audit
             # mode), in block order.
-            rs = ms if self.audit else ms[compact(refresh, n_sent_mir)]
+            rs = ms if self.audit else ms.index_select(0, compact(refresh, n_sent_mir))
             ov = _i64(mir_ext[:, sw:])
             new = mir_vals + self.delta_acc[rs - self.n_own]  # + own unpushed updates
             if self.audit:  # every mirror got a value; only the stale ones take it
@@ -709,6 +823,7 @@ class DistributedEmbedding(nn.Module):
                 ((q_lag > 0) & (q_lag <= bound)).sum(),
                 refresh.sum(),
                 deferred.to(torch.int64),
+                self._zeros_w[0],
             ]
         )
         self._accumulate_rows()
@@ -772,6 +887,7 @@ class DistributedEmbedding(nn.Module):
 
 
 _I32_MAX = 2**31 - 1
+_I64_MIN = -(2**63)
 
 
 def _input_problem(ids: object) -> str | None:
@@ -794,12 +910,15 @@ def _range_error(ids: torch.Tensor, num_rows: int) -> str:
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
     """The bytes of an int64/int32/float32 tensor as a flat float32 tensor (no copy)."""
-    return x.contiguous().reshape(-1).view(torch.float32)
+    if x.dim() != 1 or not x.is_contiguous():  # host-side checks: no op dispatched
+        x = x.contiguous().reshape(-1)
+    return x.view(torch.float32)
 
 
 def _i64(x: torch.Tensor) -> torch.Tensor:
     """float32 lanes (pairs) -> flat int64; copies only when the lanes are not 8-byte aligned."""
-    x = x.contiguous().reshape(-1)
+    if x.dim() != 1 or not x.is_contiguous():
+        x = x.contiguous().reshape(-1)
     if x.storage_offset() % 2:
         x = x.clone()
     return x.view(torch.int64)

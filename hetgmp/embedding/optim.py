@@ -58,16 +58,30 @@ class SparseOptimizer:
         )
 
     def apply(
-        self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, grad: torch.Tensor
+        self,
+        weight: torch.Tensor,
+        state: torch.Tensor,
+        slots: torch.Tensor,
+        grad: torch.Tensor,
+        *,
+        padded: bool = False,
     ) -> None:
-        """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``."""
+        """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``.
+
+        ``padded``: ``slots`` may also repeat rows with an all-zero ``grad`` (padding of a
+        fixed-size unique); the Adagrad state is then added in place, so a repeat adds 0
+        instead of racing to write a stale copy (an ``index_copy_`` with repeated targets)."""
         if slots.numel() == 0:
             return
         if self.name == "sgd":
             index_add_rows(weight, slots, grad, alpha=-self.lr)
             return
-        s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
-        state.index_copy_(0, slots, s)
+        if padded:
+            index_add_rows(state, slots, grad.pow(2).mean(dim=1))
+            s = state.index_select(0, slots)
+        else:
+            s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
+            state.index_copy_(0, slots, s)
         step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
         index_add_rows(weight, slots, step, alpha=-1.0)
 
