@@ -19,21 +19,26 @@ COMMAND_MODULES = (
     "hetgmp.train.cli",  # train
     "hetgmp.experiments.cli",  # experiment
 )
+# Subcommands whose module alone is loaded when they are run (the train/experiment modules
+# import torch, seconds of start-up that preprocessing does not need). --help loads all.
+LIGHT_COMMANDS = {"preprocess": "hetgmp.data.preprocess_cli"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetgmp",
         description="Train CTR models with partitioned, mirrored, bounded-staleness embeddings.",
     )
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    light = LIGHT_COMMANDS.get(argv[0]) if argv else None
+    parser = build_parser((light,) if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)

@@ -155,24 +155,38 @@ def test_empty_file_and_only_bad_lines(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-class _FailingSecondPass(DelimitedSource):
-    """A real reader whose input 'disappears' midway through the second pass."""
+def test_failure_while_writing_leaves_no_output(tmp_path, monkeypatch):
+    from hetgmp.data.format import DatasetWriter
 
-    calls = 0
+    real_append = DatasetWriter.append
+    calls = []
 
-    def iter_blocks(self, report, progress=None):
-        type(self).calls += 1
-        for i, block in enumerate(super().iter_blocks(report, progress)):
-            if type(self).calls == 2 and i == 2:
-                raise OSError("input vanished")
-            yield block
+    def failing_append(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk vanished")
+        return real_append(self, *a, **kw)
 
-
-def test_failure_while_writing_leaves_no_output(tmp_path):
+    monkeypatch.setattr(DatasetWriter, "append", failing_append)
     f = write(tmp_path / "d", criteo_lines(300))
-    src = _FailingSecondPass([f], criteo_spec(), block_bytes=1000)
-    with pytest.raises(OSError, match="input vanished"):
+    src = DelimitedSource([f], criteo_spec(), block_bytes=1000)
+    with pytest.raises(OSError, match="disk vanished"):
         preprocess(src, tmp_path / "out", PreprocessOptions(progress=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # no output, no temp or spill
+
+
+def test_failure_while_reading_leaves_no_output(tmp_path):
+    class Failing(DelimitedSource):
+        def iter_blocks(self, report, progress=None):
+            for i, block in enumerate(super().iter_blocks(report, progress)):
+                if i == 2:
+                    raise OSError("input vanished")
+                yield block
+
+    f = write(tmp_path / "d", criteo_lines(300))
+    with pytest.raises(OSError, match="input vanished"):
+        preprocess(Failing([f], criteo_spec(), block_bytes=1000), tmp_path / "out",
+                   PreprocessOptions(progress=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
@@ -187,3 +201,36 @@ def test_cli_reports_bad_line_cleanly(tmp_path, capsys):
                "--on-bad-line", "skip", "--test-fraction", "0"])
     assert rc == 0
     assert open_dataset(tmp_path / "o").meta.splits == {"train": 9, "test": 0}
+
+
+def test_fast_path_is_taken_and_equals_general_path(tmp_path, monkeypatch):
+    lines = criteo_lines(400, 7)
+    lines[5] = "\t".join(["1", *["-7"] * 13, *["DEADBEEF"] * 26])  # upper-case hex, negatives
+    f = write(tmp_path / "d.tsv", lines)
+    taken = []
+    real = DelimitedSource._fast_block
+
+    def spy(self, *a):
+        out = real(self, *a)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(DelimitedSource, "_fast_block", spy)
+    fast = run([f], tmp_path / "fast", block_bytes=4096, test_fraction=0.2)
+    assert taken and all(taken)
+    general_src = DelimitedSource([f], criteo_spec(), block_bytes=4096)
+    general_src._fast_ok = False
+    general = preprocess(general_src, tmp_path / "general",
+                         PreprocessOptions(progress=False, test_fraction=0.2))
+    assert fast.fingerprint == general.fingerprint
+
+
+@pytest.mark.parametrize("value", [" 5", "5 ", "0x10", "+5", "1.5"])
+def test_fast_path_keeps_strict_integers(tmp_path, value):
+    lines = criteo_lines(30)
+    parts = lines[9].split("\t")
+    parts[3] = value
+    lines[9] = "\t".join(parts)
+    f = write(tmp_path / "d.tsv", lines)
+    with pytest.raises(BadInputError, match=f"{f}:line 10: column I3"):
+        run([f], tmp_path / "o")

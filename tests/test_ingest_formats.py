@@ -177,3 +177,14 @@ def test_parquet_row_groups_match_reference(tmp_path):
     first_bad = min(set(range(n)) - set(keep)) + 1
     with pytest.raises(BadInputError, match=f"d.parquet:row {first_bad}: column x: nan is not"):
         preprocess(src, tmp_path / "o2", OPTS)
+
+
+def test_hex8_keys_matches_hex_keys():
+    from hetgmp.data.vocab import hex8_keys
+
+    vals = [b"deadbeef", None, b"0000000a", b"FFFFFFFF", None, b"12345678"]
+    arr = pa.array(vals, pa.binary(8))
+    expect = hex_keys(pa.array([v.decode() if v else "" for v in vals]))[0]
+    assert hex8_keys(arr).tolist() == expect.tolist()
+    assert hex8_keys(arr.slice(2)).tolist() == expect[2:].tolist()
+    assert hex8_keys(pa.array([b"0000000g"], pa.binary(8))) is None
