@@ -107,6 +107,30 @@ def test_single_process_training_logs_and_learns(tiny_dataset, tmp_path, capsys)
     assert saved["speed"] > 0 and saved["warmup_speed"] > 0
 
 
+def test_iter_past_one_epoch_is_flagged(tiny_dataset, tmp_path, capsys) -> None:
+    """Regression: a 2-GPU run at the same --iter as 1 GPU went into its second epoch (2.46M
+    samples of a 1.8M split), so its TRAIN loss (0.439) was on already-seen samples and far
+    below its EVAL loss (0.491): read as a mirror bug. Such runs now say so, and TRAIN lines
+    carry the epoch (here 7 steps per epoch)."""
+    log = tmp_path / "log.jsonl"
+    train(
+        _cfg(tiny_dataset.root, iter=10, log_json=log),
+        DistEnv.single(),
+        embedding_factory=local_factory,
+    )
+    text = capsys.readouterr().out
+    assert re.search(
+        r"^note: --iter 10 is 1\.43 epochs .* from step 8 on samples repeat", text, re.M
+    )
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["step"], r["epoch"]) for r in recs if r["kind"] == "train"] == [
+        (3, 0), (6, 0), (9, 1), (10, 1)
+    ]  # fmt: skip
+    assert re.search(r"^TRAIN 9: loss \S+ .* epoch 1$", text, re.M)
+    train(_cfg(tiny_dataset.root, iter=7), DistEnv.single(), embedding_factory=local_factory)
+    assert "samples repeat" not in capsys.readouterr().out  # one full epoch: nothing repeats
+
+
 def test_training_reduces_loss(tmp_path) -> None:
     """A learnable signal: label = id of field 0 is even. Training must find it."""
     from hetgmp.data.format import make_fields, write_dataset

@@ -65,6 +65,7 @@ class Interval:
     global_samples: int = 0
     seconds: float = 0.0
     steps: int = 0
+    epoch: int = 0  # epoch of the interval's last step (0 = first pass over the samples)
 
 
 class Trainer:
@@ -196,6 +197,7 @@ class Trainer:
         """Train until ``--iter`` steps or ``--epochs`` epochs; returns the final results."""
         cfg = self.cfg
         self.info["steps_per_epoch"] = self.steps_per_epoch
+        self._note_repeats()
         self.log.start_bar(self.total_steps, initial=self.position.step)
         self._counters0 = self._global_counters()
         interval = Interval()
@@ -236,6 +238,7 @@ class Trainer:
                 interval.global_samples += gb
                 interval.seconds += dt
                 interval.steps += 1
+                interval.epoch = pos.epoch
                 self.log.advance()
                 if self._due(cfg.log_every):
                     self._log_train(interval)
@@ -252,6 +255,22 @@ class Trainer:
         if cfg.checkpoint_dir is not None and not self._due(cfg.checkpoint_every):
             self.checkpoint()
         return self.results()
+
+    def _note_repeats(self) -> None:
+        """Say so when ``--iter`` runs past the first epoch: from then on every rank trains on
+        samples it has already trained on, so TRAIN loss (measured on each batch before its
+        update) falls below what EVAL measures on unseen samples, and runs of different world
+        sizes at equal ``--iter`` are no longer comparable (they see different numbers of
+        passes). Found as a 2-GPU run "worse than 1 GPU" that was in its second epoch."""
+        if not self.cfg.iter or self.total_steps <= self.steps_per_epoch:
+            return
+        self.log.info(
+            f"note: --iter {self.cfg.iter} is {self.total_steps / self.steps_per_epoch:.2f} "
+            f"epochs of the training split ({self.steps_per_epoch} global steps each, "
+            f"{sum(self.counts)} samples): from step {self.steps_per_epoch + 1} on samples "
+            f"repeat, so TRAIN loss is on already-seen samples (TRAIN lines show the epoch)",
+            steps_per_epoch=self.steps_per_epoch,
+        )
 
     def _local_batches(self) -> int:
         return math.ceil(self.indices.size / self.cfg.batch_size)
@@ -288,6 +307,7 @@ class Trainer:
             "speed": iv.global_samples / seconds if seconds > 0 else 0.0,
         }
         fields.update(summarize_counters(delta, iv.global_samples))
+        fields["epoch"] = iv.epoch
         self.log.metrics("TRAIN", self.position.step, fields)
 
     def run_eval(self) -> EvalResult:
