@@ -219,6 +219,7 @@ class Runner:
                 if cont.prefetches:  # the next batch's id preprocessing overlaps this step
                     ahead[k + 1] = batch_ids(k + 1)
                     cont.prefetch(ahead[k + 1])
+                    t.mark("preprocess")  # launching the next batch's preprocessing
                 out.backward(grad)
                 t.mark("backward")
                 cont.after_backward()
@@ -228,6 +229,7 @@ class Runner:
             if cont.prefetches:
                 ahead[k + 1] = batch_ids(k + 1)
                 cont.prefetch(ahead[k + 1])
+                t.mark("preprocess")  # launching the next batch's preprocessing
             loss = (
                 F.binary_cross_entropy_with_logits(
                     logits.float(), data.labels.index_select(0, pos), reduction="sum"
