@@ -22,12 +22,14 @@ from hetgmp.partition.quality import usage_counts
 
 
 def bytes_per_fetch(table_dim: int, state_width: int = 0) -> int:
-    """Bytes one remote row costs per step at bound 0 (sent by both sides together).
+    """Bytes one remote (not stored) row costs per step at bound 0 (both sides together), in the
+    runtime's counter kinds since the wire format of commit 149afcf:
 
-    Query: id + mirror version (8 + 8); reply: owner version + value (+ optimizer state)
-    (8 + 4 * (dim + state)); push of its gradient: id + count + gradient (8 + 8 + 4 * dim).
+    ids 8 + 8 (query id, push id); versions 8 + 8 (push count, owner version of the reply);
+    values 4 * (dim + state) + 4 (the reply row and its padding word); gradients 4 * dim.
+    (Queries for rows not stored carry no mirror version any more.)
     """
-    return 8 + 8 + 8 + 4 * (table_dim + state_width) + 8 + 8 + 4 * table_dim
+    return 16 + 16 + 4 * (table_dim + state_width) + 4 + 4 * table_dim
 
 
 def predict_fetches(
