@@ -26,10 +26,10 @@ def bytes_per_fetch(table_dim: int, state_width: int = 0) -> int:
     runtime's counter kinds since the wire format of commit 149afcf:
 
     ids 8 + 8 (query id, push id); versions 8 + 8 (push count, owner version of the reply);
-    values 4 * (dim + state) + 4 (the reply row and its padding word); gradients 4 * dim.
+    values 4 * (dim + state) (the reply row with its optimizer state); gradients 4 * dim.
     (Queries for rows not stored carry no mirror version any more.)
     """
-    return 16 + 16 + 4 * (table_dim + state_width) + 4 + 4 * table_dim
+    return 16 + 16 + 4 * (table_dim + state_width) + 4 * table_dim
 
 
 def predict_fetches(
