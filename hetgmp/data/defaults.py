@@ -28,10 +28,15 @@ def ensure_default_dataset(
     cache_dir: Path | None = None, num_samples: int = DEFAULT_SAMPLES, *, progress: bool = True
 ) -> Dataset:
     """Open the default data set, generating it first if it is not there yet."""
+    from hetgmp.data.generate import GENERATOR_VERSION, generate_criteo_like
+
     out = default_dataset_dir(cache_dir, num_samples)
     if (out / "meta.json").exists():
-        return open_dataset(out)
-    from hetgmp.data.generate import generate_criteo_like
+        ds = open_dataset(out)
+        # A set cached by an older generator is regenerated, so the default stays what this
+        # version documents (plans made for the old set then fail their fingerprint check).
+        if ds.meta.source.get("generator_version") == GENERATOR_VERSION:
+            return ds
 
     return generate_criteo_like(
         out, num_samples=num_samples, seed=DEFAULT_SEED, progress=progress, overwrite=True

@@ -69,6 +69,8 @@ CRITEO_ZIPF_EXPONENTS: tuple[float, ...] = (
     3.00, 1.16, 1.07, 1.00, 1.29, 1.52, 1.00, 1.06, 3.00, 3.00, 1.19, 2.85, 1.25,
 )  # fmt: skip
 NUM_DENSE = 13
+# Bump when the same seed and options would give different data (cached default sets regenerate).
+GENERATOR_VERSION = 2
 KAGGLE_NUM_SAMPLES = 45_840_617
 USER_ACTIVITY_EXPONENT = 0.7  # Gini 0.47 of samples per user, as movielens-100k
 PROFILE_SLOT_WEIGHTS = (8.0, 4.0, 2.0, 1.0)
@@ -554,6 +556,7 @@ def generate_from_config(
         writer.meta.source = {
             "kind": "generated",
             "generator": "criteo-like",
+            "generator_version": GENERATOR_VERSION,
             "config": {k: v for k, v in dataclasses.asdict(cfg).items()
                        if k not in ("progress", "overwrite", "workers", "chunk_size")},
             "zipf_exponents": list(CRITEO_ZIPF_EXPONENTS),
