@@ -205,8 +205,15 @@ def init_distributed(
     )
 
 
-def shutdown(env: DistEnv) -> None:
-    """Tear the process group down (no-op for a single process)."""
+def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
+    """Tear the process group down (no-op for a single process).
+
+    ``wait_for_peers`` (after a successful run) first meets every rank at a barrier, so no rank
+    closes its connections while a peer is still finishing its last collective — an early close
+    can abort the peer inside gloo. After a failure there is no barrier: peers may be gone.
+    """
     if env.group is not None and dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier(group=env.group)
         dist.destroy_process_group()
         env.group = None

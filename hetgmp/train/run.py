@@ -216,7 +216,10 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
 def run(cfg: TrainConfig) -> dict[str, Any]:
     """Join the process group the launcher set up, train, leave."""
     env = init_distributed(backend=cfg.backend, device=cfg.device, timeout_s=cfg.timeout_s)
+    finished = False
     try:
-        return train(cfg, env)
+        results = train(cfg, env)
+        finished = True
+        return results
     finally:
-        shutdown(env)
+        shutdown(env, wait_for_peers=finished)
