@@ -93,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if default is not None:
             help_text += f" (default: {default})"
         kwargs: dict[str, Any] = {"dest": f.name, "help": help_text, "default": default}
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs = {"dest": f.name, "help": help_text, "required": True}
         if tp is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
             continue

@@ -17,34 +17,43 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from hetgmp.config import add_arguments, from_namespace, option
 from hetgmp.experiments.launch import LaunchError, RunSpec, run_one
 from hetgmp.experiments.table import Row, RunTable
 
 DEFAULT_TIMEOUT_S = 1800.0
 
 
+def _at_least(n: int) -> Any:
+    return {"check": lambda v: v >= n, "check_msg": f"must be >= {n}"}
+
+
 @dataclasses.dataclass
 class SweepOptions:
-    """Options every experiment shares (see :func:`add_common_arguments`)."""
+    """Options every experiment shares (typed and validated through :mod:`hetgmp.config`)."""
 
-    data: Path
-    out: Path
-    ranks: int = 8
-    gpus: int = 0
-    batch_size: int = 128
-    embed_dim: int = 16
-    iters: int = 100
-    eval_every: int = 0
-    lr: float = 0.01
-    optimizer: str = "sgd"
-    dense_optimizer: str = "sgd"
-    dense_lr: float = 0.0
-    model: str = "wdl"
-    seed: int = 0
-    repeats: int = 1
-    threads: int = 1
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    progress: bool = True
+    data: Path = option(help="dataset directory")
+    out: Path = option(help="output directory (CSV, PNG, markdown, runs/, plans/)")
+    ranks: int = option(8, help="CPU ranks per run (mpirun -np)", **_at_least(1))
+    gpus: int = option(0, help="run on this many GPUs (one rank each) instead of CPU ranks",
+                       **_at_least(0))
+    batch_size: int = option(128, help="samples per rank per step", **_at_least(1))
+    embed_dim: int = option(16, help="embedding dimension", **_at_least(1))
+    iters: int = option(100, help="global training steps per run", **_at_least(1))
+    eval_every: int = option(0, help="steps between evaluations (0: only at the end)",
+                             **_at_least(0))
+    lr: float = option(0.01, help="sparse learning rate")
+    optimizer: str = option("sgd", help="sparse optimizer", choices=("sgd", "adagrad"))
+    dense_optimizer: str = option("sgd", help="dense optimizer",
+                                  choices=("sgd", "adagrad", "adam"))
+    dense_lr: float = option(0.0, help="dense learning rate (0: --lr)")
+    model: str = option("wdl", help="CTR model")
+    seed: int = option(0, help="seed of repeat 0 (repeat i: seed + i)")
+    repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
+    threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
+    timeout_s: float = option(DEFAULT_TIMEOUT_S, help="seconds one run may take",
+                              flags=("--timeout",))
+    progress: bool = option(True, help="progress bar over the sweep")
 
     @property
     def workers(self) -> int:
@@ -73,55 +82,15 @@ class SweepOptions:
 
 def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> None:
     """The options of :class:`SweepOptions` on an experiment's parser."""
-    p.add_argument("--data", type=Path, required=True, help="dataset directory")
-    p.add_argument(
-        "--out",
-        type=Path,
-        required=True,
-        help="output directory (CSV, PNG, markdown, runs/, plans/)",
-    )
-    p.add_argument("--ranks", type=int, default=8, help="CPU ranks per run (mpirun -np)")
-    p.add_argument(
-        "--gpus",
-        type=int,
-        default=0,
-        help="run on this many GPUs (one rank each) instead of CPU ranks",
-    )
-    p.add_argument("--batch-size", type=int, default=128, help="samples per rank per step")
-    p.add_argument("--embed-dim", type=int, default=16)
-    p.add_argument("--iters", type=int, default=100, help="global training steps per run")
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=eval_every,
-        help="steps between evaluations (0: only at the end)",
-    )
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--optimizer", choices=["sgd", "adagrad"], default="sgd")
-    p.add_argument("--dense-optimizer", choices=["sgd", "adagrad", "adam"], default="sgd")
-    p.add_argument("--dense-lr", type=float, default=0.0, help="dense learning rate (0: --lr)")
-    p.add_argument("--model", default="wdl")
-    p.add_argument("--seed", type=int, default=0, help="seed of repeat 0 (repeat i: seed + i)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per setting (mean and spread)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per CPU rank")
-    p.add_argument(
-        "--timeout",
-        dest="timeout_s",
-        type=float,
-        default=DEFAULT_TIMEOUT_S,
-        help="seconds one run may take",
-    )
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    add_arguments(p, SweepOptions)
+    for action in p._actions:  # the staleness sweep evaluates along the way by default
+        if action.dest == "eval_every":
+            action.default = eval_every
+            action.help = f"steps between evaluations (0: only at the end) (default: {eval_every})"
 
 
 def options_from(args: argparse.Namespace) -> SweepOptions:
-    names = {f.name for f in dataclasses.fields(SweepOptions)}
-    opts = SweepOptions(**{k: v for k, v in vars(args).items() if k in names})
-    for name in ("ranks", "batch_size", "embed_dim", "iters", "repeats", "threads"):
-        if getattr(opts, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    if opts.gpus < 0 or opts.eval_every < 0:
-        raise ValueError("--gpus and --eval-every must be >= 0")
+    opts = from_namespace(SweepOptions, args)
     if not (opts.data / "meta.json").exists():
         raise FileNotFoundError(f"--data {opts.data}: no meta.json (not a dataset directory)")
     return opts
