@@ -54,7 +54,7 @@ def write_outputs(table: RunTable, opts: SweepOptions, store_rate: float) -> Non
     if not rows:
         return
     agg = aggregate(rows, ["ranks", "store_rate", "bound"], METRICS)
-    where = f"{Path(opts.data).name}, {opts.workers} {'GPUs' if opts.gpus else 'CPU ranks'}"
+    where = opts.where
     plots.plot_staleness(
         rows,
         agg,

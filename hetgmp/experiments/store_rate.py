@@ -62,7 +62,7 @@ def write_outputs(table: RunTable, opts: SweepOptions, bound: int) -> None:
     if not rows:
         return
     agg = aggregate(rows, ["ranks", "bound", "store_rate"], METRICS)
-    where = f"{Path(opts.data).name}, {opts.workers} {'GPUs' if opts.gpus else 'CPU ranks'}"
+    where = opts.where
     plots.plot_store_rate(
         agg, opts.out / "store_rate.png", f"store-rate sweep ({where}, bound {bound})"
     )

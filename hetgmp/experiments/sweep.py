@@ -59,6 +59,11 @@ class SweepOptions:
     def workers(self) -> int:
         return self.gpus if self.gpus else self.ranks
 
+    @property
+    def where(self) -> str:
+        """'<data set>, <n> GPUs|CPU ranks' for plot titles and tables."""
+        return f"{Path(self.data).name}, {self.workers} {'GPUs' if self.gpus else 'CPU ranks'}"
+
     def base_spec(self, experiment: str, **kw: Any) -> RunSpec:
         """A spec with these options; ``kw`` sets or overrides any other :class:`RunSpec` field."""
         fields: dict[str, Any] = {
