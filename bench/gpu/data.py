@@ -176,30 +176,6 @@ def load_workload(root: str | os.PathLike[str]) -> Workload:
     return Workload(root, WorkloadSpec(**info["spec"]), info)
 
 
-def _ensure_tqdm() -> None:
-    """Let the partitioner run where tqdm is not installed (the GPU machines lack it).
-
-    ``hetgmp.partition.api`` imports tqdm even with ``progress=False``; we never show its bar,
-    so a silent stand-in is enough.
-    """
-    try:
-        import tqdm  # noqa: F401
-    except ImportError:
-        import sys
-        import types
-
-        class _NoBar:
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                pass
-
-            def __getattr__(self, name: str) -> Any:
-                return lambda *args, **kwargs: None
-
-        stub = types.ModuleType("tqdm")
-        stub.tqdm = _NoBar  # type: ignore[attr-defined]
-        sys.modules["tqdm"] = stub
-
-
 def prepare(root: str | os.PathLike[str], spec: WorkloadSpec, *, threads: int = 0) -> Workload:
     """Generate the data and (for ``world_size > 1``) the plan under ``root``; reuse a match."""
     spec.check()
@@ -236,7 +212,6 @@ def prepare(root: str | os.PathLike[str], spec: WorkloadSpec, *, threads: int = 
         + (f", user locality {spec.locality}" if spec.locality else ""),
     }
     if spec.world_size > 1:
-        _ensure_tqdm()
         from hetgmp.partition.api import partition_ids
         from hetgmp.partition.plan import save_plan
 
