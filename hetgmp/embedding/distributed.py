@@ -40,11 +40,14 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
 With ONE rank (and no audit) a fast path replaces all of this: every row is owned and stored
-at slot = id, so a step is the padded unique (no block sort), the previous step's update and one
-``index_select``, with **no** host sync: no sizes tables, no payloads, no counts on the host
-(padding entries have count 0 and a zero gradient, so they update nothing; they point at
-distinct rows, so the update's atomics never pile up on one row). Bad ids are
-reported from a device flag; on CUDA it is read at the next call (see :meth:`_check_local`).
+at slot = id, so there is no unique at all. A step is one ``index_select`` of the batch's ids
+(repeats included) and the previous step's update, with **no** host sync and no sort: SGD adds
+every occurrence's gradient straight into the table (linear, so equal to adding the row sums);
+Adagrad first sums a row's occurrences into one "leader" occurrence chosen through a per-row
+position map (one scatter: any occurrence may win, all read the same winner), then updates at
+every occurrence with a zero step at the non-leaders. The same map counts the distinct rows
+(leaders) for the counters. Bad ids are reported from a device flag; on CUDA it is read at the
+next call (see :meth:`_check_local`).
 
 The sizes table also carries each rank's status and operation, so a rank with bad input makes
 its peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout.
@@ -116,6 +119,8 @@ class _Batch:
     n_mir: int
     nqr: list[int]  # rows not stored, per owner
     nqr_dev: torch.Tensor  # the same on the device ([w] int64)
+    # world-1 fast path: every occurrence's leader occurrence (see DistributedEmbedding._leaders)
+    lead: torch.Tensor | None = None
 
 
 class DistributedEmbedding(nn.Module):
@@ -200,7 +205,9 @@ class DistributedEmbedding(nn.Module):
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
         # block boundaries to search in the sorted int32 keys (same dtype as block_of)
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
-        self._pad_rows = torch.zeros(0, dtype=torch.int64, device=dev)  # world 1, grown lazily
+        self._ar32 = torch.zeros(0, dtype=torch.int32, device=dev)  # world 1, grown lazily
+        self._one64 = torch.zeros(0, dtype=torch.int64, device=dev)  # world 1, grown lazily
+        self._pos_map32: torch.Tensor | None = None  # world 1: row -> leader occurrence
         self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
@@ -235,8 +242,6 @@ class DistributedEmbedding(nn.Module):
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
         main = torch.cuda.current_stream(self.device)
-        if self._local:  # grow the padding rows here, on the main stream that uses them
-            self._pad(ids.numel())
         self._side.wait_stream(main)  # ids (and the tables) are written on the main stream
         with torch.cuda.stream(self._side):
             dev_ids = ids.to(self.device, non_blocking=True)
@@ -272,10 +277,13 @@ class DistributedEmbedding(nn.Module):
 
             leaf.register_hook(capture)
             values = leaf
-        # F.embedding, not values[inv]: its backward reduces the gradient of repeated (hot) ids
-        # by sorting, where index backward scatters with atomics that serialise on hot rows
-        # (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
-        out = F.embedding(batch.inv.view(b, f), values)
+        if self._local:  # one value per occurrence already, in input order
+            out = values.view(b, f, self.dim)
+        else:
+            # F.embedding, not values[inv]: its backward reduces the gradient of repeated (hot)
+            # ids by sorting, where index backward scatters with atomics that serialise on hot
+            # rows (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
+            out = F.embedding(batch.inv.view(b, f), values)
         self.timer.mark("gather")
         return out
 
@@ -385,20 +393,17 @@ class DistributedEmbedding(nn.Module):
         w = self.env.world_size
         flat = ids.reshape(-1)
         n = flat.numel()
-        bad = ((flat < 0) | (flat >= self.num_rows)).any()
         # Clamped so that a bad id cannot index out of range before the step reports it.
-        uq = unique_padded(flat.clamp(0, self.num_rows - 1))
+        clamped = flat.clamp(0, self.num_rows - 1)
+        bad = (clamped != flat).any()
         if self._local:
-            # Every row owned at slot == id: no owner / slot lookup, no block order. Padding
-            # (count 0, zero gradient) stays in place but points at DISTINCT rows: padding all
-            # on row 0 would make the update's index_add_ atomics serialise on that one row
-            # (the hot-row stall that made index backward cost 6 ms/step on an H200).
-            # ``blocks`` holds the unique count (device).
-            slot = torch.where(uq.valid, uq.values, self._pad(n))
+            # Every row owned at slot == id: the ids are the slots, repeats and all (see the
+            # module docstring); ``cnt`` / ``inv`` / ``blocks`` are unused on this path.
             return _Prep(
-                ids=ids, bad=bad, u=slot, cnt=uq.counts, slot=slot, inv=uq.inverse,
-                blocks=uq.valid.sum(), source=ids,
+                ids=ids, bad=bad, u=clamped, cnt=clamped, slot=clamped, inv=clamped,
+                blocks=clamped, source=ids,
             )  # fmt: skip
+        uq = unique_padded(clamped)
         # index_select, not advanced indexing: one kernel, no index-tensor broadcasting
         slot = self.slot_of.index_select(0, uq.values).long()
         key = torch.where(uq.valid, self.block_of.index_select(0, uq.values), 3 * w)
@@ -448,12 +453,29 @@ class DistributedEmbedding(nn.Module):
         deferred = ((self.pending > 0) & ~due).sum()
         return due, ndue, deferred
 
-    def _pad(self, n: int) -> torch.Tensor:
-        """``n`` distinct padding rows (world-1 fast path), from a buffer grown only when a
-        batch is larger than any before."""
-        if self._pad_rows.numel() < n:
-            self._pad_rows = torch.arange(n, device=self.device) % self.num_rows
-        return self._pad_rows[:n]
+    def _arange32(self, n: int) -> torch.Tensor:
+        """``arange(n)`` as int32 (world-1 fast path), from a buffer grown only when a batch is
+        larger than any before."""
+        if self._ar32.numel() < n:
+            self._ar32 = torch.arange(n, dtype=torch.int32, device=self.device)
+        return self._ar32[:n]
+
+    def _ones64(self, n: int) -> torch.Tensor:
+        """``ones(n)`` int64 (world-1 version counts), from a buffer grown like ``_arange32``."""
+        if self._one64.numel() < n:
+            self._one64 = torch.ones(n, dtype=torch.int64, device=self.device)
+        return self._one64[:n]
+
+    def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
+        """World-1 fast path: for every occurrence, the position of its row's "leader"
+        occurrence (int32). One scatter of positions into a per-row map picks a winner per row
+        (any one: CUDA makes no promise which); reading the map back gives every occurrence of
+        a row the same leader, so ``lead == arange`` marks exactly one occurrence per row."""
+        if self._pos_map32 is None:
+            self._pos_map32 = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+        ar = self._arange32(slots.numel())
+        self._pos_map32.index_copy_(0, slots, ar)
+        return self._pos_map32.index_select(0, slots)
 
     def _const_cols(self, bound: int, op: int) -> tuple[torch.Tensor, ...]:
         """The bound / audit / operation columns of sizes table 1, made once per value (three
@@ -516,30 +538,39 @@ class DistributedEmbedding(nn.Module):
         self, prep: _Prep, *, op: int, error: str | None
     ) -> tuple[torch.Tensor, _Batch]:
         """One step on one rank (the fast path; see the module docstring): apply the last
-        step's gradient to its (padded) rows, then gather this batch's rows. No host sync."""
+        step's gradient (one row per occurrence), then gather this batch's rows. No host sync,
+        no sort."""
         self.timer.mark("unique")
         self._check_local(prep, error, wait=op == _OP_FLUSH)
         grads, self._grads = self._grads, None
-        if grads is not None:
+        if grads is not None and grads[0].lead is not None:  # (None: an empty batch)
             pb, pg = grads
-            # Padding entries (distinct rows, count 0) carry a zero gradient: they add nothing.
-            self.opt.apply(self.weight, self.opt_state, pb.slot, pg, padded=True)
-            index_add_rows(self.version, pb.slot, pb.cnt)
+            if self.opt.name == "sgd":  # linear: every occurrence's gradient added directly
+                self.opt.apply(self.weight, self.opt_state, pb.slot, pg)
+            else:
+                # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the
+                # state once per row and a zero step at the non-leaders.
+                gsum = torch.zeros_like(pg).index_add_(0, pb.lead, pg)
+                self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
+            index_add_rows(self.version, pb.slot, self._ones64(pb.slot.numel()))
         self.timer.mark("update")
-        n = prep.u.numel()
+        slots = prep.slot
+        n = slots.numel()
+        lead = self._leaders(slots) if n else None
         batch = _Batch(
-            u=prep.u, cnt=prep.cnt, slot=prep.slot, inv=prep.inv, n_own=n, n_mir=0, nqr=[0],
-            nqr_dev=self._zeros_w,
+            u=slots, cnt=slots, slot=slots, inv=slots, n_own=n, n_mir=0, nqr=[0],
+            nqr_dev=self._zeros_w, lead=lead,
         )  # fmt: skip
         self._count_bytes(sent={}, recv={}, reset=True)
         self._bytes_step["pushes_sent"] = 0
         self._rows_host_step = {"owned": 0, "not_stored": 0}
         z = self._zeros_w[0]
-        self._rows_dev_step = torch.stack([z, z, z, z, prep.blocks])
+        distinct = (lead == self._arange32(n)).sum() if lead is not None else z
+        self._rows_dev_step = torch.stack([z, z, z, z, distinct])
         self._accumulate_rows()
         if op == _OP_FLUSH or n == 0:
             return self.weight.new_zeros(n, self.dim), batch
-        return self.weight.index_select(0, prep.slot), batch
+        return self.weight.index_select(0, slots), batch
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
         env, dev, d, w, r = self.env, self.device, self.dim, self.env.world_size, self.env.rank
