@@ -47,7 +47,8 @@ Adagrad first sums a row's occurrences into one "leader" occurrence chosen throu
 position map (one scatter: any occurrence may win, all read the same winner), then updates at
 every occurrence with a zero step at the non-leaders. The same map counts the distinct rows
 (leaders) for the counters. Bad ids are reported from a device flag; on CUDA it is read at the
-next call (see :meth:`_check_local`).
+next call (see :meth:`_check_local`). Row versions are not kept on this path: they exist for
+mirrors' staleness, and one rank has no mirrors.
 
 The sizes table also carries each rank's status and operation, so a rank with bad input makes
 its peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout.
@@ -71,6 +72,8 @@ from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.kernels import resolve as resolve_kernels
+from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.ops import compact, index_add_rows, unique_padded
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
@@ -131,7 +134,9 @@ class DistributedEmbedding(nn.Module):
     share of all rows each worker mirrors (top of its plan priority list). ``bound`` is the
     staleness bound in owner-applied sample-level updates (0 = bulk-synchronous). ``audit``
     makes owners return values for every query and records/checks every read's lag
-    (``last_audit``); it costs bandwidth and is meant for tests.
+    (``last_audit``); it costs bandwidth and is meant for tests. ``kernels`` picks the row-update
+    backend (:mod:`hetgmp.embedding.kernels`: ``auto`` = Triton on CUDA, torch otherwise); the
+    resolved name is ``self.kernels``.
     """
 
     def __init__(
@@ -151,6 +156,7 @@ class DistributedEmbedding(nn.Module):
         adagrad_eps: float = 1e-10,
         adagrad_init: float = 0.0,
         audit: bool = False,
+        kernels: str = "auto",
     ) -> None:
         super().__init__()
         if num_rows < 1 or dim < 1:
@@ -162,7 +168,8 @@ class DistributedEmbedding(nn.Module):
             raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
         self.env, self.device, self.audit = env, env.device, audit
-        self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init)
+        self.kernels = resolve_kernels(kernels, env.device)
+        self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
         w, r = env.world_size, env.rank
         if plan is not None:
             owner, mirrors = plan_placement(plan, self.num_rows, w, r, store_rate)
@@ -206,7 +213,6 @@ class DistributedEmbedding(nn.Module):
         # block boundaries to search in the sorted int32 keys (same dtype as block_of)
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
         self._ar32 = torch.zeros(0, dtype=torch.int32, device=dev)  # world 1, grown lazily
-        self._one64 = torch.zeros(0, dtype=torch.int64, device=dev)  # world 1, grown lazily
         self._pos_map32: torch.Tensor | None = None  # world 1: row -> leader occurrence
         self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
@@ -370,7 +376,8 @@ class DistributedEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_rows={self.num_rows}, dim={self.dim}, rank={self.env.rank}/{self.env.world_size}, "
-            f"owned={self.n_own}, mirrors={self.n_mir}, bound={self.bound}, optimizer={self.opt.name}"
+            f"owned={self.n_own}, mirrors={self.n_mir}, bound={self.bound}, optimizer={self.opt.name}, "
+            f"kernels={self.kernels}"
         )
 
     # ------------------------------------------------------------------ one step
@@ -440,7 +447,7 @@ class DistributedEmbedding(nn.Module):
             delta, state = self.opt.local_step(state, gm)
             if sw:
                 self.opt_state.index_copy_(0, ms, state)
-            index_add_rows(self.weight, ms, delta)
+            scatter_add_rows(self.weight, ms, delta, backend=self.kernels)
             index_add_rows(self.delta_acc, mi, delta)
             index_add_rows(self.grad_acc, mi, gm)
             index_add_rows(self.pending, mi, batch.cnt[m0:m1])
@@ -459,12 +466,6 @@ class DistributedEmbedding(nn.Module):
         if self._ar32.numel() < n:
             self._ar32 = torch.arange(n, dtype=torch.int32, device=self.device)
         return self._ar32[:n]
-
-    def _ones64(self, n: int) -> torch.Tensor:
-        """``ones(n)`` int64 (world-1 version counts), from a buffer grown like ``_arange32``."""
-        if self._one64.numel() < n:
-            self._one64 = torch.ones(n, dtype=torch.int64, device=self.device)
-        return self._one64[:n]
 
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
         """World-1 fast path: for every occurrence, the position of its row's "leader"
@@ -552,7 +553,6 @@ class DistributedEmbedding(nn.Module):
                 # state once per row and a zero step at the non-leaders.
                 gsum = torch.zeros_like(pg).index_add_(0, pb.lead, pg)
                 self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
-            index_add_rows(self.version, pb.slot, self._ones64(pb.slot.numel()))
         self.timer.mark("update")
         slots = prep.slot
         n = slots.numel()

@@ -35,6 +35,7 @@ import dataclasses
 
 import torch
 
+from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.ops import index_add_rows
 
 OPTIMIZERS = ("sgd", "adagrad")
@@ -48,6 +49,8 @@ class SparseOptimizer:
     lr: float = 0.01
     eps: float = 1e-10
     init: float = 0.0  # initial Adagrad accumulator
+    # backend of the row updates (a resolved hetgmp.embedding.kernels name: "torch" / "triton")
+    kernels: str = "torch"
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -87,7 +90,7 @@ class SparseOptimizer:
         if slots.numel() == 0:
             return
         if self.name == "sgd":
-            index_add_rows(weight, slots, grad, alpha=-self.lr)
+            scatter_add_rows(weight, slots, grad, -self.lr, backend=self.kernels)
             return
         if padded:
             index_add_rows(state, slots, grad.pow(2).mean(dim=1))
@@ -96,7 +99,7 @@ class SparseOptimizer:
             s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
             state.index_copy_(0, slots, s)
         step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
-        index_add_rows(weight, slots, step, alpha=-1.0)
+        scatter_add_rows(weight, slots, step, -1.0, backend=self.kernels)
 
     def apply_merged(
         self,
@@ -112,12 +115,12 @@ class SparseOptimizer:
         if slots.numel() == 0:
             return
         if self.name == "sgd":
-            index_add_rows(weight, slots, grad * keep[:, None], alpha=-self.lr)
+            scatter_add_rows(weight, slots, grad * keep[:, None], -self.lr, backend=self.kernels)
             return
         s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
         state.index_copy_(0, slots, s)
         step = grad * (self.lr / (s.sqrt() + self.eps) * keep)[:, None]
-        index_add_rows(weight, slots, step, alpha=-1.0)
+        scatter_add_rows(weight, slots, step, -1.0, backend=self.kernels)
 
     def local_step(
         self, state_rows: torch.Tensor, grad: torch.Tensor

@@ -128,6 +128,11 @@ class TrainConfig:
         choices=["auto", "gloo", "nccl"],
     )
     amp: bool = option(False, help="bf16 autocast for the dense part")
+    kernels: str = option(
+        "auto",
+        help="embedding row-update kernels (auto: Triton on CUDA, torch otherwise)",
+        choices=["auto", "torch", "triton"],
+    )
     eval_batch_size: int = option(
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
     )

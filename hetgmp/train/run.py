@@ -128,6 +128,7 @@ def distributed_embedding(
         lr=cfg.lr,
         init_scale=cfg.init_scale,
         seed=cfg.seed,
+        kernels=cfg.kernels,
     )
 
 
@@ -160,6 +161,8 @@ def train(
         table_dim = cls.table_dim(cfg.embed_dim)
         torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
         emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
+        if hasattr(emb, "kernels"):
+            log.info(f"embedding row-update kernels: {emb.kernels} (--kernels {cfg.kernels})")
         model = build_model(
             cfg.model,
             emb,
