@@ -1,0 +1,128 @@
+"""The row-update kernel alone: torch ``index_add_`` vs hetgmp's Triton kernel, same inputs.
+
+Table: Criteo Kaggle shape (33.8M rows x D, float32); ids: ``floor(u^4 * card)`` per field plus
+the field offsets (the benchmark's id law, so hot rows repeat as in training); gradient: random.
+Per batch size: median of CUDA-event timings over ``--reps`` calls of each backend, interleaved,
+plus the maximum difference between the two results (atomics make the order of the additions,
+hence the last bits, differ). Writes ``kernels.json`` and ``kernels.md`` under ``--out``.
+
+    python bench/gpu/bench_kernels.py --out bench/results/gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from hetgmp.data.generate import CRITEO_CARDINALITIES  # noqa: E402
+from hetgmp.embedding.kernels import scatter_add_rows  # noqa: E402
+
+
+def _ids(batch: int, cards: np.ndarray, g: torch.Generator, dev: torch.device) -> torch.Tensor:
+    offs = torch.from_numpy(np.concatenate([[0], np.cumsum(cards)[:-1]])).to(dev)
+    u = torch.rand(batch, len(cards), generator=g, device=dev)
+    c = torch.from_numpy(cards).to(dev)
+    return ((u**4 * c).long().clamp(max=c - 1) + offs).reshape(-1)
+
+
+def _time(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--batches", default="8192,65536")
+    ap.add_argument("--reps", type=int, default=30)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    cards = np.asarray(CRITEO_CARDINALITIES, dtype=np.int64)
+    rows = int(cards.sum())
+    table = torch.zeros(rows, a.dim, device=dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    recs = []
+    for batch in (int(x) for x in a.batches.split(",")):
+        idx = _ids(batch, cards, g, dev)
+        src = torch.randn(idx.numel(), a.dim, generator=g, device=dev)
+        uniq = int(torch.unique(idx).numel())
+        fns = {
+            k: (lambda k=k, i=idx, s=src: scatter_add_rows(table, i, s, -0.01, backend=k))
+            for k in ("torch", "triton")
+        }
+        for f in fns.values():  # warm-up (Triton compiles here)
+            f()
+        times: dict[str, list[float]] = {k: [] for k in fns}
+        for _ in range(a.reps):
+            for k, f in fns.items():
+                times[k] += _time(f, 1)
+        # same result (up to the order of float additions)
+        t0 = torch.randn(uniq, a.dim, generator=g, device=dev)
+        loc = torch.unique(idx, return_inverse=True)[1]
+        r_t = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="torch")
+        r_k = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="triton")
+        diff = float((r_t - r_k).abs().max())
+        moved = idx.numel() * a.dim * 4 * 3  # read src, read + write the table row
+        rec = {
+            "batch": batch,
+            "rows_added": idx.numel(),
+            "unique_rows": uniq,
+            "dim": a.dim,
+            "ms_torch": statistics.median(times["torch"]),
+            "ms_triton": statistics.median(times["triton"]),
+            "max_abs_diff": diff,
+            "triton_gbs": moved / statistics.median(times["triton"]) / 1e6,
+        }
+        rec["speedup"] = rec["ms_torch"] / rec["ms_triton"]
+        recs.append(rec)
+        print(json.dumps(rec), flush=True)
+    info = {
+        "gpu": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python " + " ".join(sys.argv),
+        "table_rows": rows,
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps({"info": info, "results": recs}, indent=1))
+    lines = [
+        "# Row-update kernel: torch index_add_ vs hetgmp Triton (bench/gpu/bench_kernels.py)",
+        "",
+        f"{info['gpu']}, torch {info['torch']}, {info['date']}; table {rows:,} x {a.dim} float32; "
+        f"ids floor(u^4 * card) per Criteo field; median of {a.reps} interleaved calls each.",
+        f"Command: `{info['command']}`",
+        "",
+        "| batch | rows added | unique rows | torch ms | Triton ms | speed-up | Triton GB/s* | max abs diff |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        lines.append(
+            f"| {r['batch']} | {r['rows_added']:,} | {r['unique_rows']:,} | {r['ms_torch']:.3f} | "
+            f"{r['ms_triton']:.3f} | {r['speedup']:.2f}x | {r['triton_gbs']:.0f} | {r['max_abs_diff']:.1e} |"
+        )
+    lines += ["", "*bytes of gradient read + row read + row written per added row, over the time."]
+    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
