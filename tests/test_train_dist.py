@@ -80,6 +80,7 @@ def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None):
         optimizer=cfg.optimizer,
         lr=cfg.lr,
         init_scale=cfg.init_scale,
+        adagrad_init=cfg.adagrad_init,
         seed=cfg.seed,
     )
     model = build_model(

@@ -115,6 +115,15 @@ class TrainConfig:
         check=_positive,
         check_msg="must be > 0",
     )
+    adagrad_init: float = option(
+        1e-7,
+        help="initial row-wise Adagrad accumulator. With 0 a row's first update is a full --lr "
+        "step whatever its gradient, so a row seen once moves as far as a hot one; the floor damps "
+        "rows with small (few-occurrence) gradients (units: squared gradient of the loss averaged "
+        "over the global batch; measured in bench/bench_quality.py)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
     seed: int = option(0, help="seed for parameters and shuffling")
     shuffle: bool = option(True, help="shuffle each rank's samples every epoch (by seed, epoch)")
     device: str = option(

@@ -127,6 +127,7 @@ def distributed_embedding(
         optimizer=cfg.optimizer,
         lr=cfg.lr,
         init_scale=cfg.init_scale,
+        adagrad_init=cfg.adagrad_init,
         seed=cfg.seed,
         kernels=cfg.kernels,
     )
