@@ -513,3 +513,21 @@ def test_world1_fast_path_counts_and_bad_input() -> None:
     assert c["rows_owned"] == c["rows_requested"] == sum(np.unique(b).size for b in batches)
     assert c["rows_remote"] == 0 and c["bytes_sent_values"] == 0 and c["steps"] == STEPS
     assert_matches_reference(emb.state_dict(), ref.state_dict())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_world1_cuda_bad_id_reported_by_a_later_call() -> None:
+    """On one CUDA rank the bad-id flag is read without a host sync: the error comes at a later
+    call or at the latest at flush, names the batch, and more steps than the check ring holds
+    (so slots are reused) pass without a false alarm."""
+    emb = DistributedEmbedding(ROWS, DIM, DistEnv.single("cuda"), optimizer="sgd", lr=0.05)
+    good = [torch.from_numpy(b).cuda() for b in make_batches(40)]
+    for ids in good:  # 40 steps > the 16-slot ring
+        emb(ids).sum().backward()
+    emb.flush()
+    emb(torch.full((2, FIELDS), ROWS, dtype=torch.int64, device="cuda")).sum().backward()
+    with pytest.raises(EmbeddingInputError, match=f"earlier batch: id {ROWS} is outside"):
+        for ids in good:
+            emb(ids).sum().backward()
+        emb.flush()
