@@ -480,11 +480,11 @@ class DistributedEmbedding(nn.Module):
         return due, ndue, deferred
 
     def _arange32(self, n: int) -> torch.Tensor:
-        """``arange(n)`` as int32 (world-1 fast path), from a buffer grown only when a batch is
-        larger than any before."""
-        if self._ar32.numel() < n:
+        """``arange(n)`` as int32 (world-1 fast path), made again only when the batch size
+        changes."""
+        if self._ar32.numel() != n:  # batches keep one size: a slice would cost a view a call
             self._ar32 = torch.arange(n, dtype=torch.int32, device=self.device)
-        return self._ar32[:n]
+        return self._ar32
 
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
         """World-1 fast path: for every occurrence, the position of its row's "leader"
