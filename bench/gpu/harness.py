@@ -226,6 +226,8 @@ class Runner:
                 return
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(ids, data.dense.index_select(0, pos))
+            # the MLP forward (after the embedding's own marks) is MLP time, not preprocessing
+            t.mark("mlp")
             if cont.prefetches:
                 ahead[k + 1] = batch_ids(k + 1)
                 cont.prefetch(ahead[k + 1])
