@@ -63,11 +63,12 @@ def train_ranks(env: DistEnv, case: dict) -> dict:
         plan,
         placement=case["placement"] if plan is None else "hash",
         store_rate=case["store_rate"],
-        bound=0,
+        bound=case.get("bound", 0),
         optimizer=case["optimizer"],
         lr=0.05,
         seed=case["seed"],
         adagrad_init=0.1,
+        replies=case.get("replies", "stale"),
     )
     sl = rank_slice(env.rank, env.world_size)
     for ids, g in zip(make_batches(case["seed"]), make_grads(case["seed"]), strict=True):
@@ -108,6 +109,11 @@ def all_cases() -> list[dict]:
             cases.append(
                 {"optimizer": opt, "placement": placement, "store_rate": rate, "seed": len(cases)}
             )
+        # one size exchange per step (owners answer every mirror query with its value)
+        cases.append(
+            {"optimizer": opt, "placement": "plan", "store_rate": 0.3, "seed": len(cases),
+             "replies": "all"}
+        )  # fmt: skip
     return cases
 
 
@@ -531,3 +537,25 @@ def test_world1_cuda_bad_id_reported_by_a_later_call() -> None:
         for ids in good:
             emb(ids).sum().backward()
         emb.flush()
+
+
+def test_replies_all_reads_the_same_values() -> None:
+    """``replies="all"`` (a value for every mirror query, one size exchange per step) reads
+    the same values as the default at bound > 0, and pays for it in bytes only."""
+    cases = [
+        {"optimizer": opt, "placement": "plan", "store_rate": 0.3, "seed": 11, "bound": 3,
+         "replies": replies}
+        for opt in ("sgd", "adagrad")
+        for replies in ("stale", "all")
+    ]  # fmt: skip
+    results = spawn_ranks(many_cases, 2, cases, timeout_s=240)
+    for i in (0, 2):
+        stale = union([r[i]["sd"] for r in results])
+        every = union([r[i + 1]["sd"] for r in results])
+        torch.testing.assert_close(every["weight"], stale["weight"], rtol=1e-5, atol=1e-6)
+        for r in results:
+            cs, ca = r[i]["counters"], r[i + 1]["counters"]
+            for k in ("rows_mirror_fresh", "rows_mirror_stale_ok", "rows_mirror_refreshed"):
+                assert ca[k] == cs[k], k
+            assert ca["rows_mirror_stale_ok"] > 0, "the bound must let some stale reads through"
+            assert ca["bytes_sent_values"] > cs["bytes_sent_values"]

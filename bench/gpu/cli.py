@@ -26,7 +26,10 @@ from bench.gpu.contenders import CONTENDERS  # noqa: E402
 from bench.gpu.data import WorkloadSpec, prepare  # noqa: E402
 
 ONE_RANK = ["torch", "hetgmp"]
-MULTI_RANK = ["rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b10", "hetgmp-b100"]
+MULTI_RANK = [
+    "rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b10", "hetgmp-b100",
+    "hetgmp-b100-all",
+]  # fmt: skip
 
 
 def _ints(s: str) -> list[int]:

@@ -72,18 +72,19 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
         ]
         torch1 = _find(grp, contender="torch", world=1)
         het1 = _find(grp, contender="hetgmp", world=1)
-        het2 = _find(grp, contender="hetgmp-b100", world=2)
-        pairs = [
-            ("hetgmp 1 GPU / torch 1 GPU", het1, torch1),
-            ("hetgmp-b100 2 GPUs / hetgmp 1 GPU", het2, het1),
-            ("hetgmp-b100 2 GPUs / torch 1 GPU", het2, torch1),
-            ("hetgmp-b100 2 GPUs / rowwise 2 GPUs", het2, _find(grp, contender="rowwise", world=2)),
-            (
-                "hetgmp-b100 2 GPUs / tablewise 2 GPUs",
-                het2,
-                _find(grp, contender="tablewise", world=2),
-            ),
-        ]
+        pairs = [("hetgmp 1 GPU / torch 1 GPU", het1, torch1)]
+        for name in ("hetgmp-b100", "hetgmp-b100-all"):
+            het2 = _find(grp, contender=name, world=2)
+            pairs += [
+                (f"{name} 2 GPUs / hetgmp 1 GPU", het2, het1),
+                (f"{name} 2 GPUs / torch 1 GPU", het2, torch1),
+                (f"{name} 2 GPUs / rowwise 2 GPUs", het2, _find(grp, contender="rowwise", world=2)),
+                (
+                    f"{name} 2 GPUs / tablewise 2 GPUs",
+                    het2,
+                    _find(grp, contender="tablewise", world=2),
+                ),
+            ]
         what = "embedding step" if mode == "embedding" else f"{model} {prec}"
         for label, a, c in pairs:
             if a and c:

@@ -35,7 +35,9 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
    contributions directly, Adagrad merges repeats through a per-slot position map), then
    answer: an int32 lag for every mirror query, and value (+ optimizer state + int64 version)
    for mirrors beyond the requester's bound and for every row not stored there (owned rows are
-   never queried); sizes exchange 2 (**host sync 2**) and payload 2 carry them back;
+   never queried); sizes exchange 2 (**host sync 2**) and payload 2 carry them back. With
+   ``replies="all"`` owners answer every mirror query with its value, the reply sizes are the
+   query counts known since exchange 1, and host sync 2 is skipped (more bytes, one sync);
 4. stale mirrors are refreshed (owner value + own unpushed delta) and the batch's rows
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
@@ -86,6 +88,7 @@ from hetgmp.partition.plan import Plan
 _NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN = range(9)
 _OP_FORWARD, _OP_FLUSH = 1, 2
 _OP_NAMES = {_OP_FORWARD: "forward", _OP_FLUSH: "flush"}
+REPLIES = ("stale", "all")
 
 
 @dataclasses.dataclass
@@ -136,7 +139,11 @@ class DistributedEmbedding(nn.Module):
     makes owners return values for every query and records/checks every read's lag
     (``last_audit``); it costs bandwidth and is meant for tests. ``kernels`` picks the row-update
     backend (:mod:`hetgmp.embedding.kernels`: ``auto`` = Triton on CUDA, torch otherwise); the
-    resolved name is ``self.kernels``.
+    resolved name is ``self.kernels``. ``replies``: ``"stale"`` (owners send values only for
+    mirrors beyond the bound: fewest bytes, but the reply sizes need a second host round trip
+    per step) or ``"all"`` (owners send a value for every mirror queried and the requester keeps
+    the stale ones: more bytes, one host sync per step instead of two; for fast links such as
+    NVLink, where a host round trip costs more than the bytes). Both read the same values.
     """
 
     def __init__(
@@ -157,6 +164,7 @@ class DistributedEmbedding(nn.Module):
         adagrad_init: float = 0.0,
         audit: bool = False,
         kernels: str = "auto",
+        replies: str = "stale",
     ) -> None:
         super().__init__()
         if num_rows < 1 or dim < 1:
@@ -167,7 +175,12 @@ class DistributedEmbedding(nn.Module):
         if not 0.0 <= store_rate <= 1.0:
             raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
-        self.env, self.device, self.audit = env, env.device, audit
+        if replies not in REPLIES:
+            raise ValueError(f"replies must be one of {REPLIES}, got {replies!r}")
+        self.env, self.device, self.audit, self.replies = env, env.device, audit, replies
+        # Owners send a value for every mirror query (audit, or replies="all"): reply sizes
+        # then follow from exchange 1 alone (see _step).
+        self._send_all = audit or replies == "all"
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
         w, r = env.world_size, env.rank
@@ -396,7 +409,7 @@ class DistributedEmbedding(nn.Module):
         return (
             f"num_rows={self.num_rows}, dim={self.dim}, rank={self.env.rank}/{self.env.world_size}, "
             f"owned={self.n_own}, mirrors={self.n_mir}, bound={self.bound}, optimizer={self.opt.name}, "
-            f"kernels={self.kernels}"
+            f"kernels={self.kernels}, replies={self.replies}"
         )
 
     # ------------------------------------------------------------------ one step
@@ -505,7 +518,7 @@ class DistributedEmbedding(nn.Module):
             w, dev = self.env.world_size, self.device
             self._const_cache[key] = tuple(
                 torch.full((w,), v, dtype=torch.int64, device=dev)
-                for v in (bound, int(self.audit), op)
+                for v in (bound, int(self._send_all), op)
             )
         return self._const_cache[key]
 
@@ -735,28 +748,37 @@ class DistributedEmbedding(nn.Module):
         # ---- owners answer: lag (int32) for every mirror query; value + state + version for
         # mirrors beyond the requester's bound (all in audit mode) and every not-stored query.
         nm_in = sum(nqm_in)
-        ov = self.version.index_select(0, self.slot_of.index_select(0, r_mids).long())
-        lag = ov - r_mv
-        src = torch.repeat_interleave(
-            torch.arange(w, device=dev), theirs_dev[:, _NQM], output_size=nm_in
-        )
-        # Per query, its requester's bound (in audit mode the int64 minimum: every lag, even a
-        # negative one, the violation the audit must see, exceeds it).
-        thr = torch.where(theirs_dev[:, _SEND_ALL] > 0, _I64_MIN, theirs_dev[:, _BOUND])
-        need = lag > thr.index_select(0, src)
-        cn = torch.cat([self._zeros_w[:1], torch.cumsum(need, 0)])
-        ends = torch.cumsum(theirs_dev[:, _NQM], 0)
-        k_out = (
-            cn.index_select(0, ends)
-            - cn.index_select(0, ends - theirs_dev[:, _NQM])
-            + theirs_dev[:, _NQR]
-        )
+        m_slot = self.slot_of.index_select(0, r_mids).long()
+        lag = self.version.index_select(0, m_slot) - r_mv
         self.timer.mark("gather")
-        _, host2 = exchange_sizes(env, k_out[:, None], "embedding size exchange 2")
-        k_out_l, k_in_l = host2[0, :, 0].tolist(), host2[1, :, 0].tolist()
-        km_out = [k - a for k, a in zip(k_out_l, nqr_in, strict=True)]
-        sel = compact(need, sum(km_out))
-        rows_m = self.slot_of.index_select(0, r_mids.index_select(0, sel)).long().split(km_out)
+        if all(row[_SEND_ALL] for row in theirs_l) and mine_l[0][_SEND_ALL]:
+            # Every rank asked for a value per query: the reply sizes are the query counts,
+            # which every rank knows from exchange 1 (the same decision on every rank), so
+            # there is no second size exchange and no selection of the stale queries.
+            k_out_l = [a + b for a, b in zip(nqm_in, nqr_in, strict=True)]
+            k_in_l = [a + b for a, b in zip(nqm, nqr, strict=True)]
+            rows_m = m_slot.split(nqm_in)
+        else:
+            src = torch.repeat_interleave(
+                torch.arange(w, device=dev), theirs_dev[:, _NQM], output_size=nm_in
+            )
+            # Per query, its requester's bound (a requester that wants every value, e.g. in
+            # audit mode, gets the int64 minimum: every lag, even a negative one, the
+            # violation the audit must see, exceeds it).
+            thr = torch.where(theirs_dev[:, _SEND_ALL] > 0, _I64_MIN, theirs_dev[:, _BOUND])
+            need = lag > thr.index_select(0, src)
+            cn = torch.cat([self._zeros_w[:1], torch.cumsum(need, 0)])
+            ends = torch.cumsum(theirs_dev[:, _NQM], 0)
+            k_out = (
+                cn.index_select(0, ends)
+                - cn.index_select(0, ends - theirs_dev[:, _NQM])
+                + theirs_dev[:, _NQR]
+            )
+            _, host2 = exchange_sizes(env, k_out[:, None], "embedding size exchange 2")
+            k_out_l, k_in_l = host2[0, :, 0].tolist(), host2[1, :, 0].tolist()
+            km_out = [k - a for k, a in zip(k_out_l, nqr_in, strict=True)]
+            sel = compact(need, sum(km_out))
+            rows_m = m_slot.index_select(0, sel).split(km_out)
         rows_r = self.slot_of.index_select(0, r_rids).long().split(nqr_in)
         rows = _join([x for j in range(w) for x in (rows_m[j], rows_r[j])], dev, torch.int64)
         vals = self.weight.index_select(0, rows)
@@ -864,11 +886,11 @@ class DistributedEmbedding(nn.Module):
         refresh = q_lag > bound
         if n_sent_mir:
             # The owner sent values for exactly the refreshed mirrors (all mirrors in audit
-            # mode), in block order.
-            rs = ms if self.audit else ms.index_select(0, compact(refresh, n_sent_mir))
+            # mode and with replies="all"), in block order.
+            rs = ms if self._send_all else ms.index_select(0, compact(refresh, n_sent_mir))
             ov = _i64(mir_ext[:, sw:])
             new = mir_vals + self.delta_acc[rs - self.n_own]  # + own unpushed updates
-            if self.audit:  # every mirror got a value; only the stale ones take it
+            if self._send_all:  # every mirror got a value; only the stale ones take it
                 keep = refresh[:, None]
                 new = torch.where(keep, new, self.weight[rs])
                 ov = torch.where(refresh, ov, self.version[rs])
@@ -876,7 +898,7 @@ class DistributedEmbedding(nn.Module):
             self.version.index_copy_(0, rs, ov)
             if sw:
                 st = mir_ext[:, 0]
-                if self.audit:
+                if self._send_all:
                     st = torch.where(refresh, st, self.opt_state[rs])
                 self.opt_state.index_copy_(0, rs, st)
         values = torch.empty(batch.u.numel(), d, device=self.device)

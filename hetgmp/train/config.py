@@ -137,6 +137,12 @@ class TrainConfig:
         choices=["auto", "gloo", "nccl"],
     )
     amp: bool = option(False, help="bf16 autocast for the dense part")
+    replies: str = option(
+        "stale",
+        help="owners answer mirror queries with values for the stale ones only (stale: fewest "
+        "bytes, two host syncs per step) or for all (all: more bytes, one sync; for NVLink)",
+        choices=["stale", "all"],
+    )
     kernels: str = option(
         "auto",
         help="embedding row-update kernels (auto: Triton on CUDA, torch otherwise)",

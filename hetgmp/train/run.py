@@ -130,6 +130,7 @@ def distributed_embedding(
         adagrad_init=cfg.adagrad_init,
         seed=cfg.seed,
         kernels=cfg.kernels,
+        replies=cfg.replies,
     )
 
 
