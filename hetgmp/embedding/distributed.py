@@ -74,8 +74,8 @@ from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.kernels import gather_rows, scatter_add_rows
 from hetgmp.embedding.kernels import resolve as resolve_kernels
-from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.ops import compact, index_add_rows, unique_padded
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
@@ -317,6 +317,10 @@ class DistributedEmbedding(nn.Module):
             values = leaf
         if self._local:  # one value per occurrence already, in input order
             out = values.view(b, f, self.dim)
+        elif self.kernels == "triton":
+            # backward: one zero-fill and one Triton scatter-add (relaxed atomics, row tiles)
+            # instead of embedding_dense_backward's sort and segment sums
+            out = gather_rows(values, batch.inv, "triton").view(b, f, self.dim)
         else:
             # F.embedding, not values[inv]: its backward reduces the gradient of repeated (hot)
             # ids by sorting, where index backward scatters with atomics that serialise on hot
