@@ -16,7 +16,10 @@ import dataclasses
 import datetime
 import os
 import socket
+import sys
+import types
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -205,15 +208,67 @@ def init_distributed(
     )
 
 
+def _drop_captured_references(pg: Any) -> int:
+    """Replace ``pg`` with ``None`` wherever an imported ``torch.distributed.*`` module holds it
+    as a function default argument; returns how many defaults were replaced.
+
+    Some torch modules bind ``group.WORLD`` into default arguments *when they are imported*
+    (``torch.distributed.nn.functional``: ten functions; fsdp's ``ShardedGradScaler``,
+    ``ZeroRedundancyOptimizer``). Imported before the process group exists they bind ``None``;
+    imported after it (``torch.optim`` pulls them in lazily through ``torch._dynamo`` when the
+    first optimizer is built) they keep the process group alive after
+    ``destroy_process_group``. ``None`` is what an import before ``init_process_group`` binds.
+    """
+    dropped = 0
+
+    def scrub(fn: Any) -> None:
+        nonlocal dropped
+        # type(), never isinstance()/getattr(): some module attributes warn or import on access
+        if type(fn) in (staticmethod, classmethod):
+            fn = fn.__func__
+        if type(fn) is not types.FunctionType:
+            return
+        if fn.__defaults__ and any(d is pg for d in fn.__defaults__):
+            dropped += sum(d is pg for d in fn.__defaults__)
+            fn.__defaults__ = tuple(None if d is pg else d for d in fn.__defaults__)
+        if fn.__kwdefaults__ and any(d is pg for d in fn.__kwdefaults__.values()):
+            dropped += sum(d is pg for d in fn.__kwdefaults__.values())
+            fn.__kwdefaults__ = {k: None if d is pg else d for k, d in fn.__kwdefaults__.items()}
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith("torch.distributed."):
+            continue
+        for obj in list(vars(mod).values()):
+            if issubclass(type(obj), type) and vars(obj).get("__module__") == name:
+                for attr in list(vars(obj).values()):
+                    scrub(attr)
+            else:
+                scrub(obj)
+    return dropped
+
+
 def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
     """Tear the process group down (no-op for a single process).
 
     ``wait_for_peers`` (after a successful run) first meets every rank at a barrier, so no rank
     closes its connections while a peer is still finishing its last collective — an early close
     can abort the peer inside gloo. After a failure there is no barrier: peers may be gone.
+
+    The process group must really be freed here, not at interpreter exit: gloo's worker threads
+    (``pt_gloo_runloop``) are joined only by the group's destructor (``destroy_process_group``
+    and ``shutdown()`` leave them running). A worker still alive when Python finalizes can take
+    the GIL to drop a tensor of its last work item; Python ends such a thread with
+    ``pthread_exit`` inside a ``noexcept`` C++ frame, which is ``std::terminate`` -> SIGABRT:
+    "terminate called without an active exception", exit 134, with the worker's stack ending in
+    ``ProcessGroupGloo::runLoop`` -> ``TensorImpl::decref_pyobject`` -> ``PyEval_AcquireThread``.
+    So besides our own reference, the references torch modules imported after the group was
+    created keep (see :func:`_drop_captured_references`) are dropped before we return.
     """
     if env.group is not None and dist.is_initialized():
         if wait_for_peers:
             dist.barrier(group=env.group)
-        dist.destroy_process_group()
+        pg = env.group
         env.group = None
+        dist.destroy_process_group()
+        _drop_captured_references(pg)
+        del pg  # the last reference: the destructor joins gloo's worker threads now

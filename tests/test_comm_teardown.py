@@ -1,0 +1,61 @@
+"""Process-group teardown: ``shutdown`` really frees the gloo group, so no gloo worker thread
+is left running into interpreter exit (where one can abort the rank: exit 134, "terminate called
+without an active exception", stack ``ProcessGroupGloo::runLoop`` -> ``decref_pyobject``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from hetgmp.comm import collectives
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.launch import shutdown
+from hetgmp.comm.spawn import spawn_ranks
+
+
+def _thread_names() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return names
+
+
+def optimizer_after_init_then_shutdown(env: DistEnv) -> dict:
+    """What every training run does: build a torch optimizer once the group exists (torch.optim
+    imports torch._dynamo, which imports torch.distributed.nn.functional & co., which bind the
+    live WORLD group into default arguments), run collectives, shut down."""
+    pre_imported = "torch.distributed.nn.functional" in sys.modules
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([p], lr=0.1)
+    p.grad = collectives.all_reduce_sum(env, torch.ones(3))
+    opt.step()
+    import torch.distributed.nn.functional as dnf
+
+    captured = any(d is env.group for d in (dnf.broadcast.__defaults__ or ()))
+    gloo_before = sum(n.startswith("pt_gloo") for n in _thread_names())
+    shutdown(env, wait_for_peers=True)
+    return {
+        "pre_imported": pre_imported,
+        "captured": captured,
+        "gloo_before": gloo_before,
+        "gloo_after": sorted(n for n in _thread_names() if n.startswith(("pt_gloo", "gloo"))),
+        "p": p.detach().tolist(),
+    }
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc thread names")
+def test_shutdown_joins_gloo_threads_even_when_torch_holds_the_group() -> None:
+    res = spawn_ranks(optimizer_after_init_then_shutdown, 2, timeout_s=120)
+    for r in res:
+        # What provoked the abort (torch 2.13): a torch module imported after the group was
+        # created holds it, r["captured"]. Whatever torch does, no gloo thread may outlive it.
+        assert r["gloo_before"] > 0, "no gloo worker threads seen while the group was alive"
+        assert r["gloo_after"] == [], f"gloo threads outlive shutdown(): {r['gloo_after']}"
+    assert res[0]["p"] == res[1]["p"]
