@@ -16,6 +16,7 @@ import dataclasses
 import multiprocessing as mp
 import pickle
 import queue as queue_mod
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -55,6 +56,17 @@ class SpawnError(RuntimeError):
                     f"--- rank {o.rank}: {o.status} {o.error_type}: {o.message}\n{o.traceback}"
                 )
         super().__init__("spawned ranks failed:\n" + "\n".join(parts))
+
+
+def _exit_text(exitcode: int) -> str:
+    """``exit code 3`` / ``killed by SIGABRT (exit code -6)`` (the rank's stderr has the rest)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name} (exit code {exitcode}); see its stderr"
+    return f"exited with code {exitcode}"
 
 
 def _child(
@@ -153,7 +165,7 @@ def spawn_ranks(
                     o = pickle.loads(q.get(timeout=1.0))
                     outcomes[o.rank] = o
                 except queue_mod.Empty:
-                    outcomes[r] = RankOutcome(r, "died", message=f"exit code {p.exitcode}")
+                    outcomes[r] = RankOutcome(r, "died", message=_exit_text(p.exitcode))
     for r, p in enumerate(procs):
         if r not in outcomes:
             outcomes[r] = RankOutcome(
@@ -161,6 +173,13 @@ def spawn_ranks(
             )
             p.kill()
         p.join(timeout=10)
+        o = outcomes[r]
+        if o.ok and p.exitcode not in (0, None):
+            # The result arrived, but the process died on its way out (process-group teardown,
+            # interpreter exit): a real launcher would report this rank as failed, so do we.
+            outcomes[r] = dataclasses.replace(
+                o, status="died", message=f"returned its result, then {_exit_text(p.exitcode)}"
+            )
     q.close()
     result = [outcomes[r] for r in range(world_size)]
     if not raise_on_error:
