@@ -143,7 +143,8 @@ class DistributedEmbedding(nn.Module):
     mirrors beyond the bound: fewest bytes, but the reply sizes need a second host round trip
     per step) or ``"all"`` (owners send a value for every mirror queried and the requester keeps
     the stale ones: more bytes, one host sync per step instead of two; for fast links such as
-    NVLink, where a host round trip costs more than the bytes). Both read the same values.
+    NVLink, where a host round trip costs more than the bytes); ``"auto"``: ``"all"`` on NCCL,
+    else ``"stale"``. Both read the same values.
     """
 
     def __init__(
@@ -175,8 +176,10 @@ class DistributedEmbedding(nn.Module):
         if not 0.0 <= store_rate <= 1.0:
             raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
-        if replies not in REPLIES:
-            raise ValueError(f"replies must be one of {REPLIES}, got {replies!r}")
+        if replies not in (*REPLIES, "auto"):
+            raise ValueError(f"replies must be 'auto' or one of {REPLIES}, got {replies!r}")
+        if replies == "auto":  # measured on 2x H200 (NVLink): "all" 1.2-1.45x faster per step
+            replies = "all" if env.backend == "nccl" else "stale"
         self.env, self.device, self.audit, self.replies = env, env.device, audit, replies
         # Owners send a value for every mirror query (audit, or replies="all"): reply sizes
         # then follow from exchange 1 alone (see _step).

@@ -138,10 +138,11 @@ class TrainConfig:
     )
     amp: bool = option(False, help="bf16 autocast for the dense part")
     replies: str = option(
-        "stale",
+        "auto",
         help="owners answer mirror queries with values for the stale ones only (stale: fewest "
-        "bytes, two host syncs per step) or for all (all: more bytes, one sync; for NVLink)",
-        choices=["stale", "all"],
+        "bytes, two host syncs per step) or for all (all: more bytes, one sync; for NVLink); "
+        "auto: all on NCCL, stale otherwise",
+        choices=["auto", "stale", "all"],
     )
     kernels: str = option(
         "auto",

@@ -163,8 +163,11 @@ def train(
         table_dim = cls.table_dim(cfg.embed_dim)
         torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
         emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
-        if hasattr(emb, "kernels"):
-            log.info(f"embedding row-update kernels: {emb.kernels} (--kernels {cfg.kernels})")
+        if hasattr(emb, "kernels") and hasattr(emb, "replies"):
+            log.info(
+                f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
+                f"replies {emb.replies} (--replies {cfg.replies})"
+            )
         model = build_model(
             cfg.model,
             emb,
