@@ -96,6 +96,8 @@ def train_command(spec: RunSpec, run_dir: Path, *, threads: int = 1) -> list[str
         "--seed", str(spec.seed), "--log_every", str(max(1, spec.iters // 4)),
         "--output", str(run_dir / "result.json"), "--log-json", str(run_dir / "log.jsonl"),
         "--no-progress", "--warmup-steps", str(min(10, spec.iters // 4)),
+        # the sweeps measure what the protocol must move: owners reply for stale mirrors only
+        "--replies", "stale",
     ]  # fmt: skip
     if spec.gpus:
         cmd += ["--device", "cuda"]
