@@ -39,7 +39,11 @@ class PartitionConfig:
                              check=lambda v: v >= 1, check_msg="must be >= 1")
     rounds: int = option(DEFAULT_ROUNDS, help="refinement rounds (sample pass + row pass)",
                          check=lambda v: v >= 0, check_msg="must be >= 0")
-    seed: int = option(0, help="random seed (same seed and input -> byte-identical plan)")
+    seed: int = option(
+        0,
+        help="random seed (same seed, input and --threads -> identical plan arrays; the file's "
+        "meta also records timings, so its bytes differ)",
+    )
     threads: int | None = option(None, help="OpenMP threads (default: all cores)")
     intra_cost: float = option(cost.DEFAULT_INTRA_COST,
                                help="cost of a fetch between GPUs of one node (across nodes = 1)",
