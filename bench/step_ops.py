@@ -98,6 +98,7 @@ def run(env: DistEnv, cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
         k: cls(
             ROWS, cfg["dim"], env, plan, store_rate=cfg["store_rate"] if plan else 0.0,
             bound=cfg["bound"],
+            **({"replies": cfg["replies"]} if k == "new" else {}),
         )
         for k, cls in impls.items()
     }  # fmt: skip
@@ -166,6 +167,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--prof", type=int, default=5)
     ap.add_argument("--bound", type=int, default=100)
+    ap.add_argument("--replies", default="stale", choices=("stale", "all"))
     ap.add_argument("--store-rate", type=float, default=0.05)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", default=None)
@@ -173,6 +175,7 @@ def main() -> None:
     a = ap.parse_args()
     cfg = {k: getattr(a, k) for k in ("batch", "dim", "steps", "warmup", "prof", "bound")}
     cfg["store_rate"], cfg["baseline"] = a.store_rate, a.baseline
+    cfg["replies"] = a.replies
     out = {}
     for w in a.world:
         res = [run(DistEnv.single(), cfg)] if w == 1 else spawn_ranks(run, w, cfg, timeout_s=900)
