@@ -51,6 +51,12 @@ CASES = textwrap.dedent(
         torch.testing.assert_close(got_v.grad, want_v.grad, rtol=1e-5, atol=1e-5)
         print("ok")
 
+    def check_trial():
+        # the trial launch "auto" runs before picking Triton on a GPU, here in the interpreter
+        from hetgmp.embedding.kernels import _trial_launch
+
+        assert _trial_launch(torch.device("cpu")) is None
+
     def check_runtime():
         # the runtime wired to the kernel: same rows as with the torch backend (1 rank, both
         # optimizers; the world-1 path adds every occurrence, so hot rows repeat)
@@ -109,7 +115,7 @@ CASES = textwrap.dedent(
 def test_triton_kernel_matches_reference_in_interpreter(tmp_path) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = tmp_path / "kernel_checks.py"  # a file: spawned ranks re-import it
-    main = "\nif __name__ == '__main__':\n    check('cpu')\n    check_runtime()\n    check_world2()\n"
+    main = "\nif __name__ == '__main__':\n    check('cpu')\n    check_trial()\n    check_runtime()\n    check_world2()\n"
     script.write_text(CASES + main)
     p = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400

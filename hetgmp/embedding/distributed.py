@@ -232,7 +232,7 @@ class DistributedEmbedding(nn.Module):
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
         # block boundaries to search in the sorted int32 keys (same dtype as block_of)
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
-        self._ar32 = torch.zeros(0, dtype=torch.int32, device=dev)  # world 1, grown lazily
+        self._ar32: dict[int, torch.Tensor] = {}  # world 1: arange(n) int32 per batch size
         self._pos_map32: torch.Tensor | None = None  # world 1: row -> leader occurrence
         self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
@@ -502,9 +502,14 @@ class DistributedEmbedding(nn.Module):
     def _arange32(self, n: int) -> torch.Tensor:
         """``arange(n)`` as int32 (world-1 fast path), made again only when the batch size
         changes."""
-        if self._ar32.numel() != n:  # batches keep one size: a slice would cost a view a call
-            self._ar32 = torch.arange(n, dtype=torch.int32, device=self.device)
-        return self._ar32
+        # one tensor per batch size (train and eval sizes alternate): a slice of one buffer
+        # would cost a view op per call
+        ar = self._ar32.get(n)
+        if ar is None:
+            if len(self._ar32) >= 4:  # a caller with ever-changing sizes: keep it bounded
+                self._ar32.clear()
+            ar = self._ar32[n] = torch.arange(n, dtype=torch.int32, device=self.device)
+        return ar
 
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
         """World-1 fast path: for every occurrence, the position of its row's "leader"
@@ -601,7 +606,7 @@ class DistributedEmbedding(nn.Module):
             else:
                 # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the
                 # state once per row and a zero step at the non-leaders.
-                gsum = torch.zeros_like(pg).index_add_(0, pb.lead, pg)
+                gsum = scatter_add_rows(torch.zeros_like(pg), pb.lead, pg, backend=self.kernels)
                 self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
         self.timer.mark("update")
         slots = prep.slot

@@ -17,17 +17,20 @@ non-deterministic on CUDA), so tests compare with a tolerance.
 Backends (``KERNELS``): ``"torch"`` (the reference, any device) and ``"triton"`` (CUDA tensors,
 needs the ``triton`` package that CUDA builds of torch ship with). ``"auto"`` picks ``triton``
 for CUDA tensors when it imports and ``torch`` otherwise (CPU included); :func:`resolve` says which one a run
-uses so callers can log it (no silent fallback when ``"triton"`` is asked for explicitly: it
-raises). Set ``TRITON_INTERPRET=1`` to run the Triton kernel on CPU tensors (slow; tests).
+uses so callers can log it. ``"auto"`` also compiles and runs the kernel once on the device
+and falls back to torch with a warning if that fails; an explicit ``"triton"`` raises instead. Set ``TRITON_INTERPRET=1`` to run the Triton kernel on CPU tensors (slow; tests).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import warnings
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 KERNELS = ("auto", "torch", "triton")
 
@@ -83,7 +86,13 @@ def resolve(kernels: str, device: torch.device) -> str:
         return "torch"
     why = triton_available()
     if kernels == "auto":  # the interpreter is for tests: "auto" never picks it
-        return "triton" if device.type == "cuda" and why is None else "torch"
+        if device.type != "cuda" or why is not None:
+            return "torch"
+        why = _trial_launch(device)
+        if why is not None:  # e.g. no C compiler for Triton's launcher: say so, use torch
+            warnings.warn(f"Triton kernels do not run here ({why}); using torch's", stacklevel=2)
+            return "torch"
+        return "triton"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"kernels='triton' needs CUDA tensors (got {device}); use 'auto' or 'torch'"
@@ -91,6 +100,22 @@ def resolve(kernels: str, device: torch.device) -> str:
     if why is not None:
         raise RuntimeError(f"kernels='triton' was asked for but Triton does not import: {why}")
     return "triton"
+
+
+@functools.cache
+def _trial_launch(device: torch.device) -> str | None:
+    """Compile and run the kernel once on a tiny table of ``device`` and check the result
+    (Triton builds its launcher with a C compiler at the first launch, which can fail)."""
+    try:
+        t = torch.zeros(4, 8, device=device)
+        idx = torch.tensor([1, 1, 3], device=device)
+        scatter_add_rows(t, idx, torch.ones(3, 8, device=device), 2.0, backend="triton")
+        want = torch.tensor([0.0, 4.0, 0.0, 2.0], device=device)[:, None].expand(4, 8)
+        if not torch.equal(t, want):
+            return "wrong result in a trial launch"
+    except Exception as e:  # noqa: BLE001 - any failure means "do not use it"
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def scatter_add_rows_reference(
@@ -129,7 +154,14 @@ def scatter_add_rows(
     block_d = min(triton.next_power_of_2(d), 128)
     block_r = max(1, 4096 // block_d)  # a 4096-element tile per program
     grid = (triton.cdiv(n, block_r),)
-    kernel[grid](table, idx, src, n, float(alpha), D=d, BLOCK_R=block_r, BLOCK_D=block_d)
+    # Triton launches on torch's current device: make it the table's
+    on_device = (
+        torch.cuda.device(table.device)
+        if table.is_cuda and table.device.index != torch.cuda.current_device()
+        else contextlib.nullcontext()
+    )
+    with on_device:
+        kernel[grid](table, idx, src, n, float(alpha), D=d, BLOCK_R=block_r, BLOCK_D=block_d)
     return table
 
 
@@ -143,6 +175,7 @@ class _GatherRows(torch.autograd.Function):
         return values.index_select(0, inv)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (inv,) = ctx.saved_tensors
         d = grad.shape[-1]
