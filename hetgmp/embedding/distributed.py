@@ -606,7 +606,9 @@ class DistributedEmbedding(nn.Module):
             else:
                 # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the
                 # state once per row and a zero step at the non-leaders.
-                gsum = scatter_add_rows(torch.zeros_like(pg), pb.lead, pg, backend=self.kernels)
+                # (a fresh contiguous buffer: the captured gradient may be an expanded view)
+                gsum = torch.zeros(pg.shape, dtype=torch.float32, device=pg.device)
+                scatter_add_rows(gsum, pb.lead, pg, backend=self.kernels)
                 self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
         self.timer.mark("update")
         slots = prep.slot
