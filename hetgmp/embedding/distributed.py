@@ -76,7 +76,7 @@ from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.kernels import gather_rows, scatter_add_rows
 from hetgmp.embedding.kernels import resolve as resolve_kernels
-from hetgmp.embedding.ops import compact, index_add_rows, unique_padded
+from hetgmp.embedding.ops import compact, index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
@@ -95,7 +95,8 @@ REPLIES = ("stale", "all")
 class _Prep:
     """A batch's ids preprocessed on the device (no host sync; :meth:`prefetch` can run it
     on a side stream). ``u`` holds the unique ids in *block order*: owned rows, then mirrors
-    grouped by owner, then rows not stored here grouped by owner, then padding (the unique
+    grouped by owner, then rows not stored here grouped by owner (inside a block in the order
+    of their leader occurrences), then padding: the other occurrences, count 0 (the unique
     count is only known on the host after size exchange 1); ``blocks[k]`` is the size of block
     key ``k`` (own: ``rank``; mirror: ``w + owner``; not stored: ``2w + owner``)."""
 
@@ -104,7 +105,7 @@ class _Prep:
     u: torch.Tensor  # [N] int64
     cnt: torch.Tensor  # [N] int64 occurrences
     slot: torch.Tensor  # [N] int64, -1 = not stored
-    inv: torch.Tensor  # [N] position in u of every input id
+    inv: torch.Tensor  # [N] position in u of every input id (int32)
     blocks: torch.Tensor  # [3w] int64
     source: torch.Tensor | None  # the tensor given to prefetch (identity check in forward)
 
@@ -232,8 +233,9 @@ class DistributedEmbedding(nn.Module):
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
         # block boundaries to search in the sorted int32 keys (same dtype as block_of)
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
-        self._ar32: dict[int, torch.Tensor] = {}  # world 1: arange(n) int32 per batch size
-        self._pos_map32: torch.Tensor | None = None  # world 1: row -> leader occurrence
+        self._ar32: dict[int, torch.Tensor] = {}  # arange(n) int32 per batch size
+        self._one64: dict[int, torch.Tensor] = {}  # ones(n) int64 per batch size
+        self._pos_map32: torch.Tensor | None = None  # row -> leader occurrence (_leaders)
         self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
@@ -256,7 +258,7 @@ class DistributedEmbedding(nn.Module):
     # cProfile: ~50 us of a 230 us world-1 step); these plain attributes skip it.
     _PLAIN_ATTRS = frozenset(
         {"_prefetched", "_grads", "_bytes_step", "_rows_dev_step", "_rows_dev_total",
-         "_rows_host_step", "_ar32", "_pos_map32", "_pos_map", "_side", "_bad_ring",
+         "_rows_host_step", "_ar32", "_one64", "_pos_map32", "_pos_map", "_side", "_bad_ring",
          "_bad_next"}
     )  # fmt: skip
 
@@ -272,7 +274,7 @@ class DistributedEmbedding(nn.Module):
         batch now; a following ``forward`` given this same tensor object uses it.
 
         On CUDA the work runs on a side stream, so it overlaps the current step (it needs no
-        host sync: see :func:`hetgmp.embedding.ops.unique_padded`); on CPU it runs at once.
+        host sync: the unique rows come from :meth:`_leaders`); on CPU it runs at once.
         Input problems (dtype, shape) are left for ``forward`` to report collectively."""
         if _input_problem(ids) is not None:
             self._prefetched = None
@@ -305,6 +307,8 @@ class DistributedEmbedding(nn.Module):
                 for t in prep.tensors():  # allocated on the side stream, used on this one
                     t.record_stream(main)
         else:
+            if self._side is not None:  # a discarded prefetch may still use the leader map
+                torch.cuda.current_stream(self.device).wait_stream(self._side)
             prep = self._prepare(ids.to(self.device))
         prep.source = None
         b, f = prep.ids.shape
@@ -449,23 +453,27 @@ class DistributedEmbedding(nn.Module):
                 ids=ids, bad=bad, u=clamped, cnt=clamped, slot=clamped, inv=clamped,
                 blocks=clamped, source=ids,
             )  # fmt: skip
-        uq = unique_padded(clamped)
-        # index_select, not advanced indexing: one kernel, no index-tensor broadcasting
-        slot = self.slot_of.index_select(0, uq.values).long()
-        key = torch.where(uq.valid, self.block_of.index_select(0, uq.values), 3 * w)
+        # Unique rows without sorting the ids: every occurrence's "leader" (one occurrence per
+        # row, see _leaders); the leaders, keyed by block, are then ordered by one stable sort
+        # of small int32 keys (non-leaders last, as padding). index_select, not advanced
+        # indexing: one kernel, no index-tensor broadcasting.
+        lead = self._leaders(clamped)
+        ar = self._arange32(n)
+        key = torch.where(lead == ar, self.block_of.index_select(0, clamped), 3 * w)
         order = torch.argsort(key, stable=True)
         # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
         starts = torch.searchsorted(key.index_select(0, order), self._arange_3w1)
-        pos = torch.empty(n, dtype=torch.int64, device=ids.device).scatter_(
-            0, order, torch.arange(n, device=ids.device)
-        )
+        pos = torch.empty(n, dtype=torch.int32, device=ids.device).scatter_(0, order, ar)
+        cnt = torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(
+            0, lead, self._ones64(n)
+        )  # occurrences, at the leader
         return _Prep(
             ids=ids,
             bad=bad,
-            u=uq.values.index_select(0, order),
-            cnt=uq.counts.index_select(0, order),
-            slot=slot.index_select(0, order),
-            inv=pos[uq.inverse],
+            u=clamped.index_select(0, order),
+            cnt=cnt.index_select(0, order),
+            slot=self.slot_of.index_select(0, clamped.index_select(0, order)).long(),
+            inv=pos.index_select(0, lead),
             blocks=starts[1:] - starts[:-1],
             source=ids,
         )
@@ -511,8 +519,17 @@ class DistributedEmbedding(nn.Module):
             ar = self._ar32[n] = torch.arange(n, dtype=torch.int32, device=self.device)
         return ar
 
+    def _ones64(self, n: int) -> torch.Tensor:
+        """``ones(n)`` int64 (occurrence counts), cached per batch size like ``_arange32``."""
+        one = self._one64.get(n)
+        if one is None:
+            if len(self._one64) >= 4:
+                self._one64.clear()
+            one = self._one64[n] = torch.ones(n, dtype=torch.int64, device=self.device)
+        return one
+
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
-        """World-1 fast path: for every occurrence, the position of its row's "leader"
+        """For every occurrence (a global row id), the position of its row's "leader"
         occurrence (int32). One scatter of positions into a per-row map picks a winner per row
         (any one: CUDA makes no promise which); reading the map back gives every occurrence of
         a row the same leader, so ``lead == arange`` marks exactly one occurrence per row."""

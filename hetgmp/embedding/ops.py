@@ -7,8 +7,6 @@ either the input's size or a count the host already knows (from an exchanged siz
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 
@@ -39,35 +37,3 @@ def compact(mask: torch.Tensor, k: int) -> torch.Tensor:
     c = torch.cumsum(mask, 0)
     dst = torch.where(mask, c - 1, k + ar - c)
     return torch.empty(n, dtype=torch.int64, device=mask.device).scatter_(0, dst, ar)[:k]
-
-
-@dataclasses.dataclass
-class Unique:
-    """Sorted unique values of a flat int64 tensor, padded to its length ``n``.
-
-    ``values[:u]`` are the unique values ascending and ``counts[:u]`` their multiplicities,
-    ``inverse[i]`` the group of element ``i``; entries ``[u, n)`` are padding (value 0, count 0).
-    ``u`` is ``valid.sum()``, a device number: nothing here waits for the device."""
-
-    values: torch.Tensor
-    counts: torch.Tensor
-    inverse: torch.Tensor
-    valid: torch.Tensor
-
-
-def unique_padded(flat: torch.Tensor) -> Unique:
-    """``torch.unique(flat, return_inverse=True, return_counts=True)`` without its host sync
-    (torch's CUDA unique reads the number of groups back to size its output)."""
-    n, dev = flat.numel(), flat.device
-    s, perm = torch.sort(flat)
-    first = torch.ones(n, dtype=torch.bool, device=dev)
-    if n > 1:
-        torch.ne(s[1:], s[:-1], out=first[1:])
-    grp = torch.cumsum(first, 0) - 1
-    values = torch.zeros(n, dtype=flat.dtype, device=dev).scatter_(0, grp, s)
-    counts = torch.zeros(n, dtype=torch.int64, device=dev).scatter_add_(
-        0, grp, torch.ones(n, dtype=torch.int64, device=dev)
-    )
-    inverse = torch.empty(n, dtype=torch.int64, device=dev).scatter_(0, perm, grp)
-    valid = counts > 0
-    return Unique(values, counts, inverse, valid)
