@@ -514,18 +514,20 @@ class DistributedEmbedding(nn.Module):
         # would cost a view op per call
         ar = self._ar32.get(n)
         if ar is None:
-            if len(self._ar32) >= 4:  # a caller with ever-changing sizes: keep it bounded
-                self._ar32.clear()
-            ar = self._ar32[n] = torch.arange(n, dtype=torch.int32, device=self.device)
+            ar = torch.arange(n, dtype=torch.int32, device=self.device)
+            # Bounded for callers with ever-changing sizes; entries are never dropped (one may
+            # be in use on another CUDA stream), extra sizes just get a fresh tensor.
+            if len(self._ar32) < 4:
+                self._ar32[n] = ar
         return ar
 
     def _ones64(self, n: int) -> torch.Tensor:
         """``ones(n)`` int64 (occurrence counts), cached per batch size like ``_arange32``."""
         one = self._one64.get(n)
         if one is None:
-            if len(self._one64) >= 4:
-                self._one64.clear()
-            one = self._one64[n] = torch.ones(n, dtype=torch.int64, device=self.device)
+            one = torch.ones(n, dtype=torch.int64, device=self.device)
+            if len(self._one64) < 4:
+                self._one64[n] = one
         return one
 
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
