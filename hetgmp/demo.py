@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n=== demo summary ===")
     print(f"data set        {ds.root} ({ds.meta.splits}, {ds.meta.num_embeddings} rows)")
     print(f"best possible   AUC {ds.meta.best_auc:.4f}" if ds.meta.best_auc else "")
-    print(f"trained         AUC {res.get('val_auc')}  logloss {res.get('val_loss')}"
-          f"  ({res.get('samples_seen')} samples, {args.np} ranks, bound {args.bound})")
-    print(f"speed           {res.get('speed')} global samples/s")
-    print(f"embedding       {json.dumps(emb)}")
+    print(f"trained         AUC {res['val_auc']:.4f}  logloss {res['val_loss']:.4f}"
+          f"  ({res['samples_seen']:,} samples, {args.np} ranks, bound {args.bound})")
+    print(f"speed           {res['speed']:,.0f} global samples/s (CPU ranks)")
+    print(f"embedding       {emb.get('bytes_per_sample', 0):.1f} bytes/sample between ranks, "
+          f"mirror hit rate {emb.get('mirror_hit', 0):.3f}")
     print(f"results         {result_path}")
     return 0
 
