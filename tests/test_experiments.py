@@ -3,6 +3,7 @@ table, aggregation, and the cost model's prediction for a run."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -12,10 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hetgmp.experiments.launch import RunSpec, find_mpirun
+from hetgmp.config import from_namespace
+from hetgmp.experiments import launch
+from hetgmp.experiments.launch import RunSpec, find_mpirun, train_command
 from hetgmp.experiments.predict import bytes_per_fetch, predict_fetches
 from hetgmp.experiments.sweep import SweepOptions, ensure_plan
 from hetgmp.experiments.table import RunTable, aggregate
+from hetgmp.train.cli import add_train_arguments
+from hetgmp.train.config import TrainConfig
+
+OPTIMIZER_FIELDS = ("optimizer", "lr", "adagrad_init", "dense_optimizer", "dense_lr")
 
 MPIRUN = Path(sys.executable).parent / "mpirun"
 
@@ -55,6 +62,68 @@ def test_spec_key_covers_every_parameter() -> None:
     assert a.key == RunSpec(experiment="x", dataset="d", ranks=2).key
     assert a.key != RunSpec(experiment="x", dataset="d", ranks=2, seed=1).key
     assert a.key != RunSpec(experiment="x", dataset="d", ranks=2, store_rate=0.01).key
+
+
+def _train_config_of(cmd: list[str]) -> TrainConfig:
+    """The :class:`TrainConfig` that ``hetgmp train`` builds from a sweep's command line."""
+    assert cmd[cmd.index("-m") + 1 : cmd.index("-m") + 3] == ["hetgmp", "train"]
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    return from_namespace(TrainConfig, parser.parse_args(cmd[cmd.index("train") + 1 :]))
+
+
+def test_optimizer_defaults_are_train_defaults(monkeypatch, tmp_path) -> None:
+    """A sweep with default options trains with ``hetgmp train``'s optimizers, and says so."""
+    train = TrainConfig()
+    for name in OPTIMIZER_FIELDS:
+        assert SweepOptions.__dataclass_fields__[name].default == getattr(train, name), name
+        if name != "dense_lr":  # a spec holds the resolved dense lr; None: train's rule
+            assert RunSpec.__dataclass_fields__[name].default == getattr(train, name), name
+    # the command-line defaults too (the parser the CLI builds)
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    from hetgmp.experiments.cli import add_store_rate
+
+    add_store_rate(sub)
+    args = parser.parse_args(["store-rate", "--data", "d", "--out", "o"])
+    opts = from_namespace(SweepOptions, args)
+    assert {n: getattr(opts, n) for n in OPTIMIZER_FIELDS} == {
+        n: getattr(train, n) for n in OPTIMIZER_FIELDS
+    }
+    spec = opts.base_spec("store_rate")
+    assert spec.dense_lr == train.effective_dense_lr  # resolved: the CSV holds the value used
+    assert RunSpec(experiment="x", dataset="d", ranks=2).effective_dense_lr == (
+        train.effective_dense_lr
+    )
+    monkeypatch.setattr(launch, "find_mpirun", lambda: "mpirun")
+    cmd = train_command(spec, tmp_path)
+    got = _train_config_of(cmd)
+    for name in ("optimizer", "lr", "adagrad_init", "dense_optimizer", "effective_dense_lr"):
+        assert getattr(got, name) == getattr(train, name), name
+    assert "--adagrad-init" in cmd and cmd[cmd.index("--replies") + 1] == "stale"
+    assert "adagrad lr 0.05 (initial accumulator 1e-07)" in opts.optimizers
+
+
+def test_old_defaults_pass_through_explicitly(monkeypatch, tmp_path) -> None:
+    """The pre-change defaults (SGD 0.01 both) and the published runs' settings still launch."""
+    monkeypatch.setattr(launch, "find_mpirun", lambda: "mpirun")
+    old = SweepOptions(
+        data=tmp_path, out=tmp_path, optimizer="sgd", lr=0.01, dense_optimizer="sgd", dense_lr=0.01
+    )
+    cfg = _train_config_of(train_command(old.base_spec("x"), tmp_path))
+    assert (cfg.optimizer, cfg.lr, cfg.dense_optimizer, cfg.effective_dense_lr) == (
+        "sgd", 0.01, "sgd", 0.01,
+    )  # fmt: skip
+    sgd_lr = SweepOptions(data=tmp_path, out=tmp_path, optimizer="sgd", dense_optimizer="sgd")
+    assert sgd_lr.base_spec("x").dense_lr == sgd_lr.lr  # train's rule: dense lr = --lr unless adam
+    pub = SweepOptions(
+        data=tmp_path, out=tmp_path, optimizer="adagrad", lr=0.05, adagrad_init=0.0,
+        dense_optimizer="adam", dense_lr=0.003,
+    )  # fmt: skip
+    spec = pub.base_spec("x")
+    cfg = _train_config_of(train_command(spec, tmp_path))
+    assert (cfg.adagrad_init, cfg.lr, cfg.effective_dense_lr) == (0.0, 0.05, 0.003)
+    assert spec.key != SweepOptions(data=tmp_path, out=tmp_path).base_spec("x").key
 
 
 def test_prediction_scales_with_batch_and_mirrors(tiny_criteo, tmp_path) -> None:

@@ -20,6 +20,19 @@ from typing import Any
 
 from hetgmp.embedding.counters import KINDS
 from hetgmp.models import model_class
+from hetgmp.train.config import TrainConfig
+
+_TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def train_field(name: str) -> dataclasses.Field:
+    """``hetgmp train``'s option ``name`` (its :class:`TrainConfig` field: default, help, checks)."""
+    return _TRAIN_FIELDS[name]
+
+
+def train_default(name: str) -> Any:
+    """``hetgmp train``'s default of option ``name``: the sweeps train as ``hetgmp train`` does."""
+    return train_field(name).default
 
 
 class LaunchError(RuntimeError):
@@ -41,10 +54,12 @@ class RunSpec:
     embed_dim: int = 16
     iters: int = 100
     eval_every: int = 0
-    lr: float = 0.01
-    optimizer: str = "sgd"
-    dense_optimizer: str = "sgd"
-    dense_lr: float = 0.0  # 0: the same as lr
+    # Optimizers: ``hetgmp train``'s defaults (row-wise Adagrad for the rows, Adam for the MLPs).
+    lr: float = train_default("lr")
+    optimizer: str = train_default("optimizer")
+    dense_optimizer: str = train_default("dense_optimizer")
+    dense_lr: float | None = None  # None: as hetgmp train (1e-3 for adam, else lr)
+    adagrad_init: float = train_default("adagrad_init")  # initial row-wise Adagrad accumulator
     model: str = "wdl"
     seed: int = 0
     repeat: int = 0
@@ -58,6 +73,12 @@ class RunSpec:
         """A stable digest of every parameter (the resume key)."""
         blob = json.dumps(self.params(), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def effective_dense_lr(self) -> float:
+        """The dense learning rate the run trains with (``hetgmp train``'s rule when ``None``)."""
+        cfg = TrainConfig(lr=self.lr, dense_optimizer=self.dense_optimizer, dense_lr=self.dense_lr)
+        return cfg.effective_dense_lr
 
     @property
     def label(self) -> str:
@@ -91,8 +112,11 @@ def train_command(spec: RunSpec, run_dir: Path, *, threads: int = 1) -> list[str
         "--store_rate", f"{spec.store_rate:g}", "--bound", str(spec.bound),
         "--batch_size", str(spec.batch_size), "--embed_dim", str(spec.embed_dim),
         "--iter", str(spec.iters), "--eval_every", str(spec.eval_every),
-        "--lr", f"{spec.lr:g}", "--optimizer", spec.optimizer,
-        "--dense-optimizer", spec.dense_optimizer, "--dense-lr", f"{spec.dense_lr or spec.lr:g}", "--model", spec.model,
+        # every optimizer setting explicitly (exact values), so the command alone reproduces the run
+        "--optimizer", spec.optimizer, "--lr", repr(float(spec.lr)),
+        "--adagrad-init", repr(float(spec.adagrad_init)),
+        "--dense-optimizer", spec.dense_optimizer, "--dense-lr", repr(spec.effective_dense_lr),
+        "--model", spec.model,
         "--seed", str(spec.seed), "--log_every", str(max(1, spec.iters // 4)),
         "--output", str(run_dir / "result.json"), "--log-json", str(run_dir / "log.jsonl"),
         "--no-progress", "--warmup-steps", str(min(10, spec.iters // 4)),

@@ -104,7 +104,8 @@ def write_outputs(table: RunTable, opts: SweepOptions) -> None:
     )  # fmt: skip
     text = (
         f"Data `{opts.data}`, plans made at the run's batch size ({opts.batch_size}/rank), "
-        f"store rate 0, bound 0, {opts.iters} steps, dim {opts.embed_dim}, {opts.model}. "
+        f"store rate 0, bound 0, {opts.iters} steps, dim {opts.embed_dim}, {opts.model}, "
+        f"{opts.optimizers}. "
         "Rows/step are remote rows fetched per global step, summed over workers."
     )
     write_report(

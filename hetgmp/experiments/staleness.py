@@ -72,6 +72,7 @@ def write_outputs(table: RunTable, opts: SweepOptions, store_rate: float) -> Non
     text = (
         f"Data `{opts.data}`, {where}, batch {opts.batch_size}/rank, {opts.iters} steps, "
         f"evaluation every {opts.eval_every} steps, dim {opts.embed_dim}, {opts.model}, "
+        f"{opts.optimizers}, "
         f"{opts.repeats} repeat(s)."
     )
     write_report(

@@ -77,7 +77,8 @@ def write_outputs(table: RunTable, opts: SweepOptions, bound: int) -> None:
     )
     text = (
         f"Data `{opts.data}`, {where}, batch {opts.batch_size}/rank, {opts.iters} steps, "
-        f"dim {opts.embed_dim}, {opts.model}, {opts.repeats} repeat(s). Predicted = "
+        f"dim {opts.embed_dim}, {opts.model}, {opts.optimizers}, {opts.repeats} repeat(s). "
+        "Predicted = "
         "the cost model's remote rows/step at this batch size with always-fresh mirrors."
     )
     write_report(

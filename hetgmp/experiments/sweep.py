@@ -18,14 +18,29 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hetgmp.config import add_arguments, from_namespace, option
-from hetgmp.experiments.launch import LaunchError, RunSpec, run_one
+from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
 from hetgmp.experiments.table import Row, RunTable
+from hetgmp.train.config import TrainConfig
 
 DEFAULT_TIMEOUT_S = 1800.0
 
 
 def _at_least(n: int) -> Any:
     return {"check": lambda v: v >= n, "check_msg": f"must be >= {n}"}
+
+
+def train_option(name: str) -> Any:
+    """A sweep option that is ``hetgmp train``'s option ``name``: the same flag, default, help,
+    choices and check, taken from :class:`hetgmp.train.config.TrainConfig` (not copied)."""
+    f = train_field(name)
+    md = f.metadata
+    return option(
+        f.default,
+        help=md["help"],
+        choices=md.get("choices"),
+        check=md.get("check"),
+        check_msg=md.get("check_msg", ""),
+    )
 
 
 @dataclasses.dataclass
@@ -42,11 +57,12 @@ class SweepOptions:
     iters: int = option(100, help="global training steps per run", **_at_least(1))
     eval_every: int = option(0, help="steps between evaluations (0: only at the end)",
                              **_at_least(0))
-    lr: float = option(0.01, help="sparse learning rate")
-    optimizer: str = option("sgd", help="sparse optimizer", choices=("sgd", "adagrad"))
-    dense_optimizer: str = option("sgd", help="dense optimizer",
-                                  choices=("sgd", "adagrad", "adam"))
-    dense_lr: float = option(0.0, help="dense learning rate (0: --lr)")
+    # The optimizers default to hetgmp train's (row-wise Adagrad for the rows, Adam for the MLPs).
+    optimizer: str = train_option("optimizer")
+    lr: float = train_option("lr")
+    adagrad_init: float = train_option("adagrad_init")
+    dense_optimizer: str = train_option("dense_optimizer")
+    dense_lr: float | None = train_option("dense_lr")
     model: str = option("wdl", help="CTR model")
     seed: int = option(0, help="seed of repeat 0 (repeat i: seed + i)")
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
@@ -64,8 +80,25 @@ class SweepOptions:
         """'<data set>, <n> GPUs|CPU ranks' for plot titles and tables."""
         return f"{Path(self.data).name}, {self.workers} {'GPUs' if self.gpus else 'CPU ranks'}"
 
+    @property
+    def effective_dense_lr(self) -> float:
+        """The dense learning rate the runs train with (``hetgmp train``'s rule when not given)."""
+        cfg = TrainConfig(lr=self.lr, dense_optimizer=self.dense_optimizer, dense_lr=self.dense_lr)
+        return cfg.effective_dense_lr
+
+    @property
+    def optimizers(self) -> str:
+        """The optimizer settings in words, for the reports."""
+        sparse = f"sparse {self.optimizer} lr {self.lr:g}"
+        if self.optimizer == "adagrad":
+            sparse += f" (initial accumulator {self.adagrad_init:g})"
+        return f"{sparse}, dense {self.dense_optimizer} lr {self.effective_dense_lr:g}"
+
     def base_spec(self, experiment: str, **kw: Any) -> RunSpec:
-        """A spec with these options; ``kw`` sets or overrides any other :class:`RunSpec` field."""
+        """A spec with these options; ``kw`` sets or overrides any other :class:`RunSpec` field.
+
+        The dense learning rate is resolved (``hetgmp train``'s rule when not given), so the CSV
+        holds the value the run trained with."""
         fields: dict[str, Any] = {
             "experiment": experiment,
             "dataset": str(self.data),
@@ -78,11 +111,13 @@ class SweepOptions:
             "optimizer": self.optimizer,
             "dense_optimizer": self.dense_optimizer,
             "dense_lr": self.dense_lr,
+            "adagrad_init": self.adagrad_init,
             "model": self.model,
             "seed": self.seed,
             "gpus": self.gpus,
         }
-        return RunSpec(**{**fields, **kw})
+        spec = RunSpec(**{**fields, **kw})
+        return dataclasses.replace(spec, dense_lr=spec.effective_dense_lr)
 
 
 def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> None:
