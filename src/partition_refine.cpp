@@ -95,56 +95,35 @@ class Refiner {
   // Move every sample to the worker with the best score; returns the number of moves.
   int64_t refine_data() {
     py::gil_scoped_release nogil;
-    const int64_t n = ids_.n;
     int32_t* dp = data_.mutable_data();
     const int32_t* ep = embed_.data();
-    int32_t* c = counts_.mutable_data();
-    const int64_t blk = block_size(n);
-    std::vector<double> buf(blk * p_);
-    std::vector<int32_t> from(blk);
-    int64_t moves = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += blk) {
-      const int64_t b1 = std::min(n, b0 + blk);
-#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
-      for (int64_t s = b0; s < b1; ++s) {
-        double* sc = &buf[(s - b0) * p_];
-        std::fill(sc, sc + p_, 0.0);
-        const int32_t old = dp[s];
-        prefetch_rows(s + kPrefetch, b1, c);
-        for (int64_t j = 0; j < ids_.f; ++j) {
-          const int64_t row = ids_.at(s, j);
-          const int32_t o = ep[row];
-          for (int k = 0; k < p_; ++k) {
-            const int64_t cnt = c[row * p_ + k] - (k == old ? 1 : 0);
-            sc[k] -= (soft_at(soft_, cnt + 1) - soft_at(soft_, cnt)) * topo_[k * p_ + o];
-          }
-        }
-      }
-      for (int64_t s = b0; s < b1; ++s) {
-        const double* sc = &buf[(s - b0) * p_];
-        const int32_t old = dp[s];
-        int best = 0;
-        double best_score = -1e300;
+    const int32_t* c = counts_.data();
+    auto gain = [&](int64_t s, double* sc) {
+      const int32_t old = dp[s];
+      for (int64_t j = 0; j < ids_.f; ++j) {
+        const int64_t row = ids_.at(s, j);
+        const int32_t o = ep[row];
         for (int k = 0; k < p_; ++k) {
-          const double v = sc[k] + alpha_ * static_cast<double>(cnt_data_[k] - (k == old));
-          if (v > best_score) best_score = v, best = k;
-        }
-        if (best != old) {
-          cnt_data_[old]--;
-          cnt_data_[best]++;
-          from[s - b0] = old;
-          dp[s] = best;
-          ++moves;
-        } else {
-          from[s - b0] = -1;
+          const int64_t cnt = c[row * p_ + k] - (k == old ? 1 : 0);
+          sc[k] -= (soft_at(soft_, cnt + 1) - soft_at(soft_, cnt)) * topo_[k * p_ + o];
         }
       }
-      // The block's gains were computed before any of its moves, so applying the count
-      // updates after all decisions (in parallel, integer atomics) gives the same state as
-      // applying them one by one.
-      apply_moves(b0, b1, from.data(), dp, c);
-    }
-    return moves;
+    };
+    auto move = [&](int64_t s, const double* sc) -> int32_t {
+      const int32_t old = dp[s];
+      int best = 0;
+      double best_score = -1e300;
+      for (int k = 0; k < p_; ++k) {
+        const double v = sc[k] + alpha_ * static_cast<double>(cnt_data_[k] - (k == old));
+        if (v > best_score) best_score = v, best = k;
+      }
+      if (best == old) return -1;
+      cnt_data_[old]--;
+      cnt_data_[best]++;
+      dp[s] = best;
+      return old;
+    };
+    return sweep_samples(gain, move);
   }
 
   // Move every used row to the owner with the best score; returns the number of moves.
@@ -202,42 +181,26 @@ class Refiner {
   // already sit with count half), never filling a worker beyond ceil(N / P).
   int64_t assign_data() {
     py::gil_scoped_release nogil;
-    const int64_t n = ids_.n;
-    const int64_t cap = (n + p_ - 1) / p_;
+    const int64_t cap = (ids_.n + p_ - 1) / p_;
     int32_t* dp = data_.mutable_data();
     const int32_t* ep = embed_.data();
-    int32_t* c = counts_.mutable_data();
-    const int64_t blk = block_size(n);
-    std::vector<double> buf(blk * p_);
-    std::vector<int32_t> from(blk);
-    int64_t placed = 0;
-    for (int64_t b0 = 0; b0 < n; b0 += blk) {
-      const int64_t b1 = std::min(n, b0 + blk);
-#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
-      for (int64_t s = b0; s < b1; ++s) {
-        if (dp[s] >= 0) continue;
-        double* v = &buf[(s - b0) * p_];
-        std::fill(v, v + p_, 0.0);
-        prefetch_rows(s + kPrefetch, b1, c);
-        for (int64_t j = 0; j < ids_.f; ++j) {
-          const int64_t row = ids_.at(s, j);
-          if (ep[row] >= 0) v[ep[row]] += 1.0;
-          for (int k = 0; k < p_; ++k) v[k] += c[row * p_ + k] > 0 ? 0.5 : 0.0;
-        }
+    const int32_t* c = counts_.data();
+    auto votes = [&](int64_t s, double* v) {
+      if (dp[s] >= 0) return;
+      for (int64_t j = 0; j < ids_.f; ++j) {
+        const int64_t row = ids_.at(s, j);
+        if (ep[row] >= 0) v[ep[row]] += 1.0;
+        for (int k = 0; k < p_; ++k) v[k] += c[row * p_ + k] > 0 ? 0.5 : 0.0;
       }
-      for (int64_t s = b0; s < b1; ++s) {
-        from[s - b0] = -1;
-        if (dp[s] >= 0) continue;
-        const double* v = &buf[(s - b0) * p_];
-        const int best = pick(v, cnt_data_, cap);
-        dp[s] = best;
-        cnt_data_[best]++;
-        from[s - b0] = kUnplaced;
-        ++placed;
-      }
-      apply_moves(b0, b1, from.data(), dp, c);
-    }
-    return placed;
+    };
+    auto place = [&](int64_t s, const double* v) -> int32_t {
+      if (dp[s] >= 0) return -1;
+      const int best = pick(v, cnt_data_, cap);
+      dp[s] = best;
+      cnt_data_[best]++;
+      return kUnplaced;
+    };
+    return sweep_samples(votes, place);
   }
 
   // Give every unowned row (-1) the worker whose samples use it most, never beyond
@@ -280,6 +243,42 @@ class Refiner {
     if (best < 0)  // every worker full (cannot happen with cap = ceil): take the emptiest
       best = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     return best;
+  }
+
+  // The block loop shared by refine_data and assign_data, kept in one place so that both
+  // passes follow the same deterministic schedule (see the top of the file). Samples go in
+  // blocks of block_size(n); in a block, score(s, sc) adds sample s's per-worker terms to
+  // sc[0, P) (zeroed here) in parallel, reading only the counts of the block's start; then
+  // decide(s, sc), in index order, settles s and returns its previous worker for apply_moves
+  // (-1 = unchanged, kUnplaced = newly placed). Returns the number of samples changed.
+  template <typename Score, typename Decide>
+  int64_t sweep_samples(Score score, Decide decide) {
+    const int64_t n = ids_.n;
+    const int32_t* dp = data_.data();
+    int32_t* c = counts_.mutable_data();
+    const int64_t blk = block_size(n);
+    std::vector<double> buf(blk * p_);
+    std::vector<int32_t> from(blk);
+    int64_t changed = 0;
+    for (int64_t b0 = 0; b0 < n; b0 += blk) {
+      const int64_t b1 = std::min(n, b0 + blk);
+#pragma omp parallel for schedule(static) num_threads(threads_) if (b1 - b0 >= kParallelMin)
+      for (int64_t s = b0; s < b1; ++s) {
+        double* sc = &buf[(s - b0) * p_];
+        std::fill(sc, sc + p_, 0.0);
+        prefetch_rows(s + kPrefetch, b1, c);
+        score(s, sc);
+      }
+      for (int64_t s = b0; s < b1; ++s) {
+        from[s - b0] = decide(s, &buf[(s - b0) * p_]);
+        if (from[s - b0] != -1) ++changed;
+      }
+      // The block's scores were computed before any of its decisions, so applying the count
+      // updates after all of them (in parallel, integer atomics) gives the same state as
+      // applying them one by one.
+      apply_moves(b0, b1, from.data(), dp, c);
+    }
+    return changed;
   }
 
   // Count updates of one block's decisions: from[i] = previous worker of sample b0 + i,
