@@ -233,8 +233,7 @@ class DistributedEmbedding(nn.Module):
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
         # block boundaries to search in the sorted int32 keys (same dtype as block_of)
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
-        self._ar32: dict[int, torch.Tensor] = {}  # arange(n) int32 per batch size
-        self._one64: dict[int, torch.Tensor] = {}  # ones(n) int64 per batch size
+        self._size_cache: dict[tuple[str, int], torch.Tensor] = {}  # see _per_size
         self._pos_map32: torch.Tensor | None = None  # row -> leader occurrence (_leaders)
         self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
@@ -258,7 +257,7 @@ class DistributedEmbedding(nn.Module):
     # cProfile: ~50 us of a 230 us world-1 step); these plain attributes skip it.
     _PLAIN_ATTRS = frozenset(
         {"_prefetched", "_grads", "_bytes_step", "_rows_dev_step", "_rows_dev_total",
-         "_rows_host_step", "_ar32", "_one64", "_pos_map32", "_pos_map", "_side", "_bad_ring",
+         "_rows_host_step", "_size_cache", "_pos_map32", "_pos_map", "_side", "_bad_ring",
          "_bad_next"}
     )  # fmt: skip
 
@@ -458,14 +457,14 @@ class DistributedEmbedding(nn.Module):
         # of small int32 keys (non-leaders last, as padding). index_select, not advanced
         # indexing: one kernel, no index-tensor broadcasting.
         lead = self._leaders(clamped)
-        ar = self._arange32(n)
+        ar = self._per_size("arange", n)
         key = torch.where(lead == ar, self.block_of.index_select(0, clamped), 3 * w)
         order = torch.argsort(key, stable=True)
         # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
         starts = torch.searchsorted(key.index_select(0, order), self._arange_3w1)
         pos = torch.empty(n, dtype=torch.int32, device=ids.device).scatter_(0, order, ar)
         cnt = torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(
-            0, lead, self._ones64(n)
+            0, lead, self._per_size("ones", n)
         )  # occurrences, at the leader
         return _Prep(
             ids=ids,
@@ -507,28 +506,22 @@ class DistributedEmbedding(nn.Module):
         deferred = ((self.pending > 0) & ~due).sum()
         return due, ndue, deferred
 
-    def _arange32(self, n: int) -> torch.Tensor:
-        """``arange(n)`` as int32 (world-1 fast path), made again only when the batch size
-        changes."""
-        # one tensor per batch size (train and eval sizes alternate): a slice of one buffer
-        # would cost a view op per call
-        ar = self._ar32.get(n)
-        if ar is None:
-            ar = torch.arange(n, dtype=torch.int32, device=self.device)
+    def _per_size(self, kind: str, n: int) -> torch.Tensor:
+        """``arange(n)`` int32 (``kind="arange"``: positions) or ``ones(n)`` int64 (``"ones"``:
+        occurrence counts), kept per batch size (train and eval sizes alternate; a slice of one
+        buffer would cost a view op per call)."""
+        key = (kind, n)
+        t = self._size_cache.get(key)
+        if t is None:
+            if kind == "arange":
+                t = torch.arange(n, dtype=torch.int32, device=self.device)
+            else:
+                t = torch.ones(n, dtype=torch.int64, device=self.device)
             # Bounded for callers with ever-changing sizes; entries are never dropped (one may
             # be in use on another CUDA stream), extra sizes just get a fresh tensor.
-            if len(self._ar32) < 4:
-                self._ar32[n] = ar
-        return ar
-
-    def _ones64(self, n: int) -> torch.Tensor:
-        """``ones(n)`` int64 (occurrence counts), cached per batch size like ``_arange32``."""
-        one = self._one64.get(n)
-        if one is None:
-            one = torch.ones(n, dtype=torch.int64, device=self.device)
-            if len(self._one64) < 4:
-                self._one64[n] = one
-        return one
+            if len(self._size_cache) < 8:
+                self._size_cache[key] = t
+        return t
 
     def _leaders(self, slots: torch.Tensor) -> torch.Tensor:
         """For every occurrence (a global row id), the position of its row's "leader"
@@ -537,7 +530,7 @@ class DistributedEmbedding(nn.Module):
         a row the same leader, so ``lead == arange`` marks exactly one occurrence per row."""
         if self._pos_map32 is None:
             self._pos_map32 = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
-        ar = self._arange32(slots.numel())
+        ar = self._per_size("arange", slots.numel())
         self._pos_map32.index_copy_(0, slots, ar)
         return self._pos_map32.index_select(0, slots)
 
@@ -641,7 +634,7 @@ class DistributedEmbedding(nn.Module):
         self._bytes_step["pushes_sent"] = 0
         self._rows_host_step = {"owned": 0, "not_stored": 0}
         z = self._zeros_w[0]
-        distinct = (lead == self._arange32(n)).sum() if lead is not None else z
+        distinct = (lead == self._per_size("arange", n)).sum() if lead is not None else z
         self._rows_dev_step = torch.stack([z, z, z, z, distinct])
         self._accumulate_rows()
         if op == _OP_FLUSH or n == 0:
@@ -784,10 +777,11 @@ class DistributedEmbedding(nn.Module):
         m_slot = self.slot_of.index_select(0, r_mids).long()
         lag = self.version.index_select(0, m_slot) - r_mv
         self.timer.mark("gather")
-        if all(row[_SEND_ALL] for row in theirs_l) and mine_l[0][_SEND_ALL]:
-            # Every rank asked for a value per query: the reply sizes are the query counts,
-            # which every rank knows from exchange 1 (the same decision on every rank), so
-            # there is no second size exchange and no selection of the stale queries.
+        if all(row[_SEND_ALL] for row in theirs_l):
+            # Every rank (this one's own row included) asked for a value per query: the reply
+            # sizes are the query counts, which every rank knows from exchange 1 (the same
+            # decision on every rank), so there is no second size exchange and no selection
+            # of the stale queries.
             k_out_l = [a + b for a, b in zip(nqm_in, nqr_in, strict=True)]
             k_in_l = [a + b for a, b in zip(nqm, nqr, strict=True)]
             rows_m = m_slot.split(nqm_in)

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from hetgmp.embedding.ops import index_add_rows
+
 KERNELS = ("auto", "torch", "triton")
 
 
@@ -122,10 +124,9 @@ def scatter_add_rows_reference(
     table: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float = 1.0
 ) -> torch.Tensor:
     """``table[idx[i]] += alpha * src[i]`` for every ``i`` (repeats add up): torch's
-    ``index_add_``, skipped for an empty ``idx`` (see :func:`hetgmp.embedding.ops.index_add_rows`)."""
-    if idx.numel() == 0:
-        return table
-    return table.index_add_(0, idx, src, alpha=alpha)
+    ``index_add_`` through :func:`hetgmp.embedding.ops.index_add_rows` (which skips an empty
+    ``idx``)."""
+    return index_add_rows(table, idx, src, alpha)
 
 
 def scatter_add_rows(
