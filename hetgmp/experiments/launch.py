@@ -20,7 +20,7 @@ from typing import Any
 
 from hetgmp.embedding.counters import KINDS
 from hetgmp.models import model_class
-from hetgmp.train.config import TrainConfig
+from hetgmp.train.config import TrainConfig, resolve_dense_lr
 
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 
@@ -77,8 +77,7 @@ class RunSpec:
     @property
     def effective_dense_lr(self) -> float:
         """The dense learning rate the run trains with (``hetgmp train``'s rule when ``None``)."""
-        cfg = TrainConfig(lr=self.lr, dense_optimizer=self.dense_optimizer, dense_lr=self.dense_lr)
-        return cfg.effective_dense_lr
+        return resolve_dense_lr(self.lr, self.dense_optimizer, self.dense_lr)
 
     @property
     def label(self) -> str:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from hetgmp.config import add_arguments, from_namespace, option
 from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
 from hetgmp.experiments.table import Row, RunTable
-from hetgmp.train.config import TrainConfig
+from hetgmp.train.config import resolve_dense_lr
 
 DEFAULT_TIMEOUT_S = 1800.0
 
@@ -83,8 +83,7 @@ class SweepOptions:
     @property
     def effective_dense_lr(self) -> float:
         """The dense learning rate the runs train with (``hetgmp train``'s rule when not given)."""
-        cfg = TrainConfig(lr=self.lr, dense_optimizer=self.dense_optimizer, dense_lr=self.dense_lr)
-        return cfg.effective_dense_lr
+        return resolve_dense_lr(self.lr, self.dense_optimizer, self.dense_lr)
 
     @property
     def optimizers(self) -> str:

@@ -205,6 +205,12 @@ class TrainConfig:
 
     @property
     def effective_dense_lr(self) -> float:
-        if self.dense_lr is not None:
-            return self.dense_lr
-        return ADAM_DEFAULT_LR if self.dense_optimizer == "adam" else self.lr
+        return resolve_dense_lr(self.lr, self.dense_optimizer, self.dense_lr)
+
+
+def resolve_dense_lr(lr: float, dense_optimizer: str, dense_lr: float | None) -> float:
+    """The dense learning rate a run trains with: ``dense_lr`` if given, else 1e-3 for Adam and
+    the sparse ``lr`` otherwise (also used by the experiment sweeps, so the rule lives once)."""
+    if dense_lr is not None:
+        return dense_lr
+    return ADAM_DEFAULT_LR if dense_optimizer == "adam" else lr
