@@ -12,9 +12,7 @@ hence the last bits, differ). Writes ``kernels.json`` and ``kernels.md`` under `
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.gpu.timing import StepClock, machine_info, median  # noqa: E402
 from hetgmp.data.generate import CRITEO_CARDINALITIES  # noqa: E402
 from hetgmp.embedding.kernels import scatter_add_rows  # noqa: E402
 
@@ -35,27 +34,21 @@ def _ids(batch: int, cards: np.ndarray, g: torch.Generator, dev: torch.device) -
     return ((u**4 * c).long().clamp(max=c - 1) + offs).reshape(-1)
 
 
-def _time(fn, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--batches", default="8192,65536")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--card-scale", type=float, default=1.0, help="1.0 = Criteo Kaggle rows")
+    ap.add_argument(
+        "--device", default="cuda", help="cpu: a smoke run (set TRITON_INTERPRET=1, small scale)"
+    )
     a = ap.parse_args()
-    dev = torch.device("cuda")
-    cards = np.asarray(CRITEO_CARDINALITIES, dtype=np.int64)
+    dev = torch.device(a.device)
+    cards = np.maximum(2, np.round(np.asarray(CRITEO_CARDINALITIES) * a.card_scale)).astype(
+        np.int64
+    )
     rows = int(cards.sum())
     table = torch.zeros(rows, a.dim, device=dev)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -70,10 +63,13 @@ def main() -> int:
         }
         for f in fns.values():  # warm-up (Triton compiles here)
             f()
-        times: dict[str, list[float]] = {k: [] for k in fns}
-        for _ in range(a.reps):
+        clocks = {k: StepClock(dev) for k in fns}
+        for _ in range(a.reps):  # interleaved: the machine is shared
             for k, f in fns.items():
-                times[k] += _time(f, 1)
+                t0 = clocks[k].tick()
+                f()
+                clocks[k].tock(t0)
+        ms = {k: 1e3 * median(c.seconds()) for k, c in clocks.items()}
         # same result (up to the order of float additions)
         t0 = torch.randn(uniq, a.dim, generator=g, device=dev)
         loc = torch.unique(idx, return_inverse=True)[1]
@@ -86,28 +82,23 @@ def main() -> int:
             "rows_added": idx.numel(),
             "unique_rows": uniq,
             "dim": a.dim,
-            "ms_torch": statistics.median(times["torch"]),
-            "ms_triton": statistics.median(times["triton"]),
+            "ms_torch": ms["torch"],
+            "ms_triton": ms["triton"],
             "max_abs_diff": diff,
-            "triton_gbs": moved / statistics.median(times["triton"]) / 1e6,
+            "triton_gbs": moved / ms["triton"] / 1e6,
         }
         rec["speedup"] = rec["ms_torch"] / rec["ms_triton"]
         recs.append(rec)
         print(json.dumps(rec), flush=True)
-    info = {
-        "gpu": torch.cuda.get_device_name(dev),
-        "torch": torch.__version__,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-        "table_rows": rows,
-    }
+    info = machine_info(dev)
+    info.update(command="python " + " ".join(sys.argv), table_rows=rows)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps({"info": info, "results": recs}, indent=1))
     lines = [
         "# Row-update kernel: torch index_add_ vs hetgmp Triton (bench/gpu/bench_kernels.py)",
         "",
-        f"{info['gpu']}, torch {info['torch']}, {info['date']}; table {rows:,} x {a.dim} float32; "
+        f"{info['gpu'] or info['device']}, torch {info['torch']}, {info['date']}; table {rows:,} x {a.dim} float32; "
         f"ids floor(u^4 * card) per Criteo field; median of {a.reps} interleaved calls each.",
         f"Command: `{info['command']}`",
         "",
