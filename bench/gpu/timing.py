@@ -20,6 +20,15 @@ import torch
 PHASE_ALIASES = {"unique": "preprocess", "gather": "lookup"}
 
 
+def _now(cuda: bool) -> Any:
+    """A point in time: a recorded CUDA event on GPU (read after a sync), else the host clock."""
+    if cuda:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+    return time.perf_counter()
+
+
 class Phases:
     """Split steps into named phases (duck-types ``hetgmp.embedding.profile.PhaseTimer``).
 
@@ -37,11 +46,7 @@ class Phases:
         self._marks: list[tuple[str, Any]] = []
 
     def _now(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        return _now(self.cuda)
 
     def begin(self) -> None:
         if self.enabled:
@@ -80,11 +85,7 @@ class StepClock:
         self._pairs: list[tuple[Any, Any]] = []
 
     def _now(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
+        return _now(self.cuda)
 
     def tick(self) -> Any:
         return self._now()
