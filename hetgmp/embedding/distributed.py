@@ -42,14 +42,15 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
 With ONE rank (and no audit) a fast path replaces all of this: every row is owned and stored
-at slot = id, so there is no unique at all. A step is one ``index_select`` of the batch's ids
-(repeats included) and the previous step's update, with **no** host sync and no sort: SGD adds
+at slot = id, so there is no unique at all. A step is the previous step's update and a lookup
+of the batch's ids (repeats included) in two fused kernels (clamp + range flag + leader map;
+rows + leaders + distinct count), with **no** host sync and no sort: SGD adds
 every occurrence's gradient straight into the table (linear, so equal to adding the row sums);
 Adagrad first sums a row's occurrences into one "leader" occurrence chosen through a per-row
 position map (one scatter: any occurrence may win, all read the same winner), then updates at
 every occurrence with a zero step at the non-leaders. The same map counts the distinct rows
 (leaders) for the counters. Bad ids are reported from a device flag; on CUDA it is read at the
-next call (see :meth:`_check_local`). Row versions are not kept on this path: they exist for
+next call (see :meth:`_drain_bad_checks`). Row versions are not kept on this path: they exist for
 mirrors' staleness, and one rank has no mirrors.
 
 The sizes table also carries each rank's status and operation, so a rank with bad input makes
@@ -74,7 +75,13 @@ from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.kernels import gather_rows, scatter_add_rows
+from hetgmp.embedding.kernels import (
+    gather_rows,
+    mark_local,
+    scatter_add_rows,
+    take_local,
+    take_rows,
+)
 from hetgmp.embedding.kernels import resolve as resolve_kernels
 from hetgmp.embedding.ops import compact, index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
@@ -205,7 +212,7 @@ class DistributedEmbedding(nn.Module):
         self._local = w == 1 and not audit and self.n_own == self.num_rows and self.n_mir == 0
         # CUDA, world 1: pending bad-id checks (ring slot of the pinned flag and its copy's
         # event, the batch), oldest first; each is read once its copy is done (see
-        # _check_local). Flags and events come from a ring made once: a pinned allocation and
+        # _drain_bad_checks). Flags and events come from a ring made once: a pinned allocation and
         # a new event per step cost host time on every step.
         self._bad_checks: list[tuple[int, torch.Tensor]] = []  # (ring slot, the batch's ids)
         self._bad_ring: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
@@ -249,6 +256,10 @@ class DistributedEmbedding(nn.Module):
         # [fresh, stale-ok, refreshed, deferred, owned (world-1 fast path: not host-known)]
         self._rows_dev_total = torch.zeros(5, dtype=torch.int64, device=dev)
         self._rows_dev_step = torch.zeros_like(self._rows_dev_total)
+        # World-1 fast path: the distinct-row counts (step, total) that its lookup kernel adds
+        # to in place (views made once), and the out-of-range flag it sets (see mark_local).
+        self._local_counts = (self._rows_dev_step[4:], self._rows_dev_total[4:])
+        self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         self.last_audit: dict[str, torch.Tensor] | None = None
         self.timer = PhaseTimer(dev, enabled=False)  # bench/ turns it on: timer.enabled = True
 
@@ -441,17 +452,16 @@ class DistributedEmbedding(nn.Module):
         """Unique ids in block order (see :class:`_Prep`); fixed-size ops only, no host sync."""
         w = self.env.world_size
         flat = ids.reshape(-1)
+        if self._local:
+            # Every row owned at slot == id: the step itself clamps the ids into slots and
+            # checks them (two fused kernels, see _step_local); the other fields are unused.
+            return _Prep(
+                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, source=ids
+            )
         n = flat.numel()
         # Clamped so that a bad id cannot index out of range before the step reports it.
         clamped = flat.clamp(0, self.num_rows - 1)
         bad = (clamped != flat).any()
-        if self._local:
-            # Every row owned at slot == id: the ids are the slots, repeats and all (see the
-            # module docstring); ``cnt`` / ``inv`` / ``blocks`` are unused on this path.
-            return _Prep(
-                ids=ids, bad=bad, u=clamped, cnt=clamped, slot=clamped, inv=clamped,
-                blocks=clamped, source=ids,
-            )  # fmt: skip
         # Unique rows without sorting the ids: every occurrence's "leader" (one occurrence per
         # row, see _leaders); the leaders, keyed by block, are then ordered by one stable sort
         # of small int32 keys (non-leaders last, as padding). index_select, not advanced
@@ -561,12 +571,11 @@ class DistributedEmbedding(nn.Module):
                 f"rank must call forward (an empty batch when it has none left) or flush together"
             )
 
-    def _check_local(self, prep: _Prep | None, error: str | None, *, wait: bool = False) -> None:
-        """World-1 input check without a host sync: a dtype / shape problem is host-known;
-        the out-of-range flag is read at once on CPU (no device to wait for). On CUDA it is
-        copied to pinned memory and read at a later call once the copy is done (``wait``, at
-        flush: waited for), so the host never waits for the device: the steps in between ran
-        with the bad ids clamped into range, and the error names the batch it was."""
+    def _drain_bad_checks(self, *, wait: bool) -> None:
+        """World-1, CUDA: read the out-of-range flags of earlier batches whose device->host
+        copy is done (all of them with ``wait``, at flush; the oldest when the ring is full),
+        so the host never waits for the device; the steps in between ran with the bad ids
+        clamped into range, and the error names the batch it was."""
         ring = self._bad_ring
         while self._bad_checks and (
             wait
@@ -580,36 +589,58 @@ class DistributedEmbedding(nn.Module):
                 raise EmbeddingInputError(
                     f"rank {self.env.rank}: an earlier batch: {_range_error(ids, self.num_rows)}"
                 )
-        if error:
-            raise EmbeddingInputError(f"rank {self.env.rank}: {error}")
-        if prep is None or prep.ids.numel() == 0:
-            return
+
+    def _check_local(self, ids: torch.Tensor) -> None:
+        """World-1: this batch's out-of-range flag (set by :func:`mark_local`). On CPU it is
+        read at once (no device to wait for; cleared before raising: the step stops before
+        :func:`take_local` would clear it). On CUDA it is copied to pinned memory and read by
+        a later :meth:`_drain_bad_checks`."""
         if self.device.type != "cuda":
-            if bool(prep.bad):
+            if int(self._bad_flag):
+                self._bad_flag.zero_()
                 raise EmbeddingInputError(
-                    f"rank {self.env.rank}: {_range_error(prep.ids, self.num_rows)}"
+                    f"rank {self.env.rank}: {_range_error(ids, self.num_rows)}"
                 )
             return
+        ring = self._bad_ring
         if ring is None:
             ring = (
-                torch.zeros(_BAD_RING, dtype=torch.bool, pin_memory=True),
+                torch.zeros(_BAD_RING, dtype=torch.int32, pin_memory=True),
                 [torch.cuda.Event() for _ in range(_BAD_RING)],
             )
             self._bad_ring = ring
         slot = self._bad_next
         self._bad_next = (slot + 1) % _BAD_RING
-        ring[0][slot].copy_(prep.bad, non_blocking=True)
+        ring[0][slot : slot + 1].copy_(self._bad_flag, non_blocking=True)
         ring[1][slot].record()
-        self._bad_checks.append((slot, prep.ids))
+        self._bad_checks.append((slot, ids))
 
     def _step_local(
         self, prep: _Prep, *, op: int, error: str | None
     ) -> tuple[torch.Tensor, _Batch]:
         """One step on one rank (the fast path; see the module docstring): apply the last
         step's gradient (one row per occurrence), then gather this batch's rows. No host sync,
-        no sort."""
+        no sort; besides the update, two fused kernels (:func:`mark_local`: clamp, range
+        flag, leader map; :func:`take_local`: rows, leaders, distinct-row count)."""
         self.timer.mark("unique")
-        self._check_local(prep, error, wait=op == _OP_FLUSH)
+        if self.device.type == "cuda":
+            self._drain_bad_checks(wait=op == _OP_FLUSH)
+        if error:
+            raise EmbeddingInputError(f"rank {self.env.rank}: {error}")
+        ids = prep.ids.reshape(-1)
+        n = ids.numel()
+        counts = self._local_counts
+        if n:
+            if self._pos_map32 is None:
+                self._pos_map32 = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+            slots = mark_local(
+                ids, self._pos_map32, self._bad_flag, counts[0], self.num_rows,
+                backend=self.kernels,
+            )  # fmt: skip
+            self._check_local(prep.ids)
+        else:
+            slots = ids
+            counts[0].zero_()
         grads, self._grads = self._grads, None
         if grads is not None and grads[0].lead is not None:  # (None: an empty batch)
             pb, pg = grads
@@ -623,23 +654,20 @@ class DistributedEmbedding(nn.Module):
                 scatter_add_rows(gsum, pb.lead, pg, backend=self.kernels)
                 self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
         self.timer.mark("update")
-        slots = prep.slot
-        n = slots.numel()
-        lead = self._leaders(slots) if n else None
+        if n:
+            values, lead = take_local(
+                self.weight, slots, self._pos_map32, self._bad_flag, counts[0], counts[1],
+                backend=self.kernels,
+            )  # fmt: skip
+        else:
+            values, lead = self.weight.new_zeros(0, self.dim), None
         batch = _Batch(
             u=slots, cnt=slots, slot=slots, inv=slots, n_own=n, n_mir=0, nqr=[0],
             nqr_dev=self._zeros_w, lead=lead,
         )  # fmt: skip
         self._count_bytes(sent={}, recv={}, reset=True)
         self._bytes_step["pushes_sent"] = 0
-        self._rows_host_step = {"owned": 0, "not_stored": 0}
-        z = self._zeros_w[0]
-        distinct = (lead == self._per_size("arange", n)).sum() if lead is not None else z
-        self._rows_dev_step = torch.stack([z, z, z, z, distinct])
-        self._accumulate_rows()
-        if op == _OP_FLUSH or n == 0:
-            return self.weight.new_zeros(n, self.dim), batch
-        return self.weight.index_select(0, slots), batch
+        return values, batch
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
         env, dev, d, w, r = self.env, self.device, self.dim, self.env.world_size, self.env.rank
@@ -808,7 +836,7 @@ class DistributedEmbedding(nn.Module):
             rows_m = m_slot.index_select(0, sel).split(km_out)
         rows_r = self.slot_of.index_select(0, r_rids).long().split(nqr_in)
         rows = _join([x for j in range(w) for x in (rows_m[j], rows_r[j])], dev, torch.int64)
-        vals = self.weight.index_select(0, rows)
+        vals = take_rows(self.weight, rows, backend=self.kernels)
         extra = [_f32(self.version.index_select(0, rows)).view(-1, 2)]
         if sw:
             extra.insert(0, self.opt_state.index_select(0, rows)[:, None])
@@ -929,7 +957,7 @@ class DistributedEmbedding(nn.Module):
                     st = torch.where(refresh, st, self.opt_state[rs])
                 self.opt_state.index_copy_(0, rs, st)
         values = torch.empty(batch.u.numel(), d, device=self.device)
-        torch.index_select(self.weight, 0, batch.slot[: n_o + n_m], out=values[: n_o + n_m])
+        take_rows(self.weight, batch.slot[: n_o + n_m], out=values[: n_o + n_m], backend=self.kernels)
         values[n_o + n_m :] = rem_vals
         self._rows_dev_step = torch.stack(
             [

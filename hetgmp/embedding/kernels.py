@@ -71,7 +71,62 @@ def _triton() -> Any:
                 table_ptr + dst_row[:, None] + cols[None, :], g * alpha, mask=m, sem="relaxed"
             )
 
-    return triton, scatter_add_rows_kernel
+    @triton.jit
+    def take_rows_kernel(
+        table_ptr,
+        idx_ptr,
+        out_ptr,
+        n,
+        pos_ptr,
+        lead_ptr,
+        step_ptr,
+        total_ptr,
+        flag_ptr,
+        D: tl.constexpr,
+        BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        LEADS: tl.constexpr,
+    ):
+        # out[i] = table[idx[i]]; with LEADS also lead[i] = pos[idx[i]], the leaders
+        # (lead[i] == i) counted into *step and *total, and *flag cleared (see take_local)
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n
+        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        if LEADS:
+            lead = tl.load(pos_ptr + idx, mask=rmask, other=-1)
+            tl.store(lead_ptr + rows, lead, mask=rmask)
+            k = tl.sum((lead == rows).to(tl.int64), axis=0)
+            tl.atomic_add(step_ptr, k, sem="relaxed")
+            tl.atomic_add(total_ptr, k, sem="relaxed")
+            if pid == 0:
+                tl.store(flag_ptr, 0)
+        src_row = idx * D
+        dst_row = rows.to(tl.int64) * D
+        for d0 in tl.static_range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            m = rmask[:, None] & (cols < D)[None, :]
+            v = tl.load(table_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+            tl.store(out_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+
+    @triton.jit
+    def mark_local_kernel(
+        ids_ptr, slots_ptr, pos_ptr, flag_ptr, step_ptr, n, num_rows, BLOCK: tl.constexpr
+    ):
+        # slots = clamp(ids), pos[slots[i]] = i (any writer may win), *flag = max(#bad ids)
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        x = tl.load(ids_ptr + offs, mask=m, other=0)
+        c = tl.minimum(tl.maximum(x, 0), num_rows - 1)
+        tl.store(slots_ptr + offs, c, mask=m)
+        tl.store(pos_ptr + c, offs, mask=m)
+        nbad = tl.sum(((x != c) & m).to(tl.int32), axis=0)
+        tl.atomic_max(flag_ptr, nbad, sem="relaxed")
+        if pid == 0:
+            tl.store(step_ptr, 0)
+
+    return triton, scatter_add_rows_kernel, take_rows_kernel, mark_local_kernel
 
 
 def triton_available() -> str | None:
@@ -144,7 +199,7 @@ def scatter_add_rows(
     got = _triton()
     if isinstance(got, str):
         raise RuntimeError(f"Triton kernels unavailable: {got}")
-    triton, kernel = got
+    triton, kernel = got[0], got[1]
     n, d = src.shape
     if table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32:
         raise ValueError(f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}")
@@ -155,25 +210,145 @@ def scatter_add_rows(
     block_d = min(triton.next_power_of_2(d), 128)
     block_r = max(1, 4096 // block_d)  # a 4096-element tile per program
     grid = (triton.cdiv(n, block_r),)
-    # Triton launches on torch's current device: make it the table's
-    on_device = (
-        torch.cuda.device(table.device)
-        if table.is_cuda and table.device.index != torch.cuda.current_device()
-        else contextlib.nullcontext()
-    )
-    with on_device:
+    with _on_device(table):
         kernel[grid](table, idx, src, n, float(alpha), D=d, BLOCK_R=block_r, BLOCK_D=block_d)
     return table
 
 
+def _on_device(t: torch.Tensor) -> Any:
+    """Triton launches on torch's current device: make it ``t``'s."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+def _kernels() -> tuple[Any, ...]:
+    got = _triton()
+    if isinstance(got, str):
+        raise RuntimeError(f"Triton kernels unavailable: {got}")
+    return got
+
+
+def _row_tiles(triton: Any, d: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D): a tile of 4096 elements per program, whole rows up to 128 wide."""
+    block_d = min(triton.next_power_of_2(d), 128)
+    return max(1, 4096 // block_d), block_d
+
+
+def take_rows_reference(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``table.index_select(0, idx)``."""
+    return table.index_select(0, idx)
+
+
+def take_rows(
+    table: torch.Tensor,
+    idx: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    backend: str = "torch",
+) -> torch.Tensor:
+    """``out[i] = table[idx[i]]`` (``table [R, D]`` contiguous, ``idx [n]`` int32/int64 in
+    range; ``out [n, D]`` contiguous, allocated when not given). Why a kernel: torch's
+    ``index_select`` moved rows at ~1.5 TB/s on an H200 for a Criteo batch (1.2 ms for 1.7M
+    rows of 512 bytes), a third of the copy bandwidth; whole-row tiles with one 64-bit offset
+    per row need no per-element index math."""
+    n = idx.numel()
+    d = table.shape[1]
+    if backend == "torch" or n == 0 or table.dim() != 2 or not table.is_contiguous():
+        if out is None:
+            return take_rows_reference(table, idx)
+        return torch.index_select(table, 0, idx, out=out)
+    triton, _, kernel, _ = _kernels()
+    if out is None:
+        out = torch.empty(n, d, dtype=table.dtype, device=table.device)
+    elif out.shape != (n, d) or not out.is_contiguous() or out.dtype != table.dtype:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} vs ({n}, {d}) {table.dtype}")
+    block_r, block_d = _row_tiles(triton, d)
+    idx = idx.contiguous()
+    with _on_device(table):
+        kernel[(triton.cdiv(n, block_r),)](
+            table, idx, out, n, table, table, table, table, table,
+            D=d, BLOCK_R=block_r, BLOCK_D=block_d, LEADS=False,
+        )  # fmt: skip
+    return out
+
+
+def mark_local(
+    ids: torch.Tensor,
+    pos_map: torch.Tensor,
+    flag: torch.Tensor,
+    step_count: torch.Tensor,
+    num_rows: int,
+    *,
+    backend: str = "torch",
+) -> torch.Tensor:
+    """First half of a one-rank lookup (:class:`DistributedEmbedding`'s fast path), one kernel:
+    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64); ``pos_map[slots[i]] = i`` (int32
+    per-row map; when a row repeats, any one occurrence wins); ``flag`` (int32 ``[1]``, zero
+    on entry) becomes > 0 if an id was out of range; ``step_count`` (int64 ``[1]``) is zeroed
+    for :func:`take_local` to count into."""
+    n = ids.numel()
+    if backend == "torch":
+        slots = ids.clamp(0, num_rows - 1)
+        flag.copy_(torch.maximum(flag, (slots != ids).any().to(flag.dtype)))
+        pos_map.index_copy_(0, slots, torch.arange(n, dtype=torch.int32, device=ids.device))
+        step_count.zero_()
+        return slots
+    triton, _, _, kernel = _kernels()
+    slots = torch.empty_like(ids)
+    block = 1024
+    with _on_device(ids):
+        kernel[(max(1, triton.cdiv(n, block)),)](
+            ids, slots, pos_map, flag, step_count, n, num_rows, BLOCK=block
+        )
+    return slots
+
+
+def take_local(
+    table: torch.Tensor,
+    slots: torch.Tensor,
+    pos_map: torch.Tensor,
+    flag: torch.Tensor,
+    step_count: torch.Tensor,
+    total_count: torch.Tensor,
+    *,
+    backend: str = "torch",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Second half (after :func:`mark_local` with the same ``slots`` and ``pos_map``), one
+    kernel: returns ``(table[slots], lead)`` where ``lead[i] = pos_map[slots[i]]`` is the
+    position of the occurrence that won row ``slots[i]`` (so ``lead[i] == i`` for exactly one
+    occurrence per distinct row); adds the number of distinct rows to ``step_count`` and
+    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call."""
+    n = slots.numel()
+    if backend == "torch":
+        lead = pos_map.index_select(0, slots)
+        k = (lead == torch.arange(n, dtype=torch.int32, device=slots.device)).sum()
+        step_count += k
+        total_count += k
+        flag.zero_()
+        return take_rows_reference(table, slots), lead
+    triton, _, kernel, _ = _kernels()
+    d = table.shape[1]
+    out = torch.empty(n, d, dtype=table.dtype, device=table.device)
+    lead = torch.empty(n, dtype=torch.int32, device=table.device)
+    block_r, block_d = _row_tiles(triton, d)
+    with _on_device(table):
+        kernel[(max(1, triton.cdiv(n, block_r)),)](
+            table, slots, out, n, pos_map, lead, step_count, total_count, flag,
+            D=d, BLOCK_R=block_r, BLOCK_D=block_d, LEADS=True,
+        )  # fmt: skip
+    return out, lead
+
+
 class _GatherRows(torch.autograd.Function):
-    """``values.index_select(0, inv)``; backward: ``zeros_like(values)`` + scatter-add."""
+    """``values.index_select(0, inv)`` (:func:`take_rows`); backward: ``zeros_like(values)``
+    + scatter-add."""
 
     @staticmethod
     def forward(ctx: Any, values: torch.Tensor, inv: torch.Tensor, backend: str) -> torch.Tensor:
         ctx.save_for_backward(inv)
         ctx.rows, ctx.backend = values.shape[0], backend
-        return values.index_select(0, inv)
+        return take_rows(values, inv, backend=backend)
 
     @staticmethod
     @once_differentiable
