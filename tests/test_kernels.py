@@ -1,4 +1,6 @@
-"""The fused row-update kernel (hetgmp.embedding.kernels) against its torch reference.
+"""The fused kernels (hetgmp.embedding.kernels) against their torch references: the row
+update (scatter_add_rows), the row gather (take_rows) and the one-rank lookup pair
+(mark_local + take_local).
 
 On CPU the Triton kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, set before
 Triton is first imported, in a subprocess so the rest of the suite is not affected); the same
@@ -21,7 +23,10 @@ pytest.importorskip("triton")
 CASES = textwrap.dedent(
     """
     import torch
-    from hetgmp.embedding.kernels import gather_rows, scatter_add_rows, scatter_add_rows_reference
+    from hetgmp.embedding.kernels import (
+        gather_rows, mark_local, scatter_add_rows, scatter_add_rows_reference, take_local,
+        take_rows,
+    )
 
     def check(device):
         g = torch.Generator().manual_seed(0)
@@ -49,6 +54,54 @@ CASES = textwrap.dedent(
         torch.testing.assert_close(out, values[inv], rtol=0, atol=0)
         out.backward(up)
         torch.testing.assert_close(got_v.grad, want_v.grad, rtol=1e-5, atol=1e-5)
+        print("ok")
+
+    def check_take(device):
+        # take_rows == index_select, bit for bit; dims: not a power of two (masked tail), > the
+        # 128-column tile (two column tiles); n not a multiple of the row tile; empty
+        g = torch.Generator().manual_seed(2)
+        for rows, n, d in ((50, 300, 24), (40, 257, 130), (3, 0, 8)):
+            table = torch.randn(rows, d, generator=g).to(device)
+            for dtype in (torch.int64, torch.int32):
+                idx = (torch.rand(n, generator=g) ** 4 * rows).to(dtype).to(device)
+                want = table.index_select(0, idx)
+                assert torch.equal(take_rows(table, idx, backend="triton"), want)
+                out = torch.full((n, d), float("nan"), device=device)
+                assert take_rows(table, idx, out=out, backend="triton") is out
+                assert torch.equal(out, want)
+        # mark_local + take_local, both backends: two calls on one (stale) pos_map, the first
+        # with ids out of range on both sides, then one in range (the flag must be clear again)
+        for backend in ("torch", "triton"):
+            for rows, n, d in ((300, 2500, 24), (40, 100, 130)):
+                table = torch.randn(rows, d, generator=g).to(device)
+                pos_map = torch.randint(-5, n + 5, (rows,), generator=g, dtype=torch.int32)
+                pos_map = pos_map.to(device)
+                flag = torch.zeros(1, dtype=torch.int32, device=device)
+                step = torch.full((1,), 123, dtype=torch.int64, device=device)
+                total = torch.zeros(1, dtype=torch.int64, device=device)
+                seen = 0
+                for bad in (True, False):
+                    ids = (torch.rand(n, generator=g) ** 4 * rows).long()
+                    if bad:
+                        ids[[3, n // 2, n - 1]] = torch.tensor([-1, rows, rows + 7])
+                    ids = ids.to(device)
+                    slots = mark_local(ids, pos_map, flag, step, rows, backend=backend)
+                    assert torch.equal(slots, ids.clamp(0, rows - 1)), backend
+                    assert (int(flag) > 0) == bad and int(step) == 0, (backend, flag, step)
+                    vals, lead = take_local(
+                        table, slots, pos_map, flag, step, total, backend=backend
+                    )
+                    assert torch.equal(vals, table[slots]) and int(flag) == 0, backend
+                    # lead[i]: an occurrence of the same row that leads itself; one per row
+                    assert lead.dtype == torch.int32, backend
+                    lead = lead.long()
+                    assert lead.min() >= 0 and lead.max() < n, backend
+                    assert torch.equal(slots[lead], slots) and torch.equal(lead[lead], lead)
+                    leaders = slots[lead == torch.arange(n, device=device)]
+                    uniq = torch.unique(slots)
+                    assert torch.equal(torch.sort(leaders).values, uniq), backend
+                    seen += uniq.numel()
+                    assert int(step) == uniq.numel() and int(total) == seen, (backend, step, total)
         print("ok")
 
     def check_trial():
@@ -116,12 +169,12 @@ CASES = textwrap.dedent(
 def test_triton_kernel_matches_reference_in_interpreter(tmp_path) -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = tmp_path / "kernel_checks.py"  # a file: spawned ranks re-import it
-    main = "\nif __name__ == '__main__':\n    check('cpu')\n    check_trial()\n    check_runtime()\n    check_world2()\n"
+    main = "\nif __name__ == '__main__':\n    check('cpu')\n    check_take('cpu')\n    check_trial()\n    check_runtime()\n    check_world2()\n"
     script.write_text(CASES + main)
     p = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400
     )
-    assert p.returncode == 0 and p.stdout.split() == ["ok"] * 3, p.stdout + p.stderr
+    assert p.returncode == 0 and p.stdout.split() == ["ok"] * 4, p.stdout + p.stderr
 
 
 @pytest.mark.gpu
@@ -130,6 +183,7 @@ def test_triton_kernel_matches_reference_on_gpu() -> None:
     ns: dict = {}
     exec(CASES, ns)  # noqa: S102 - the same cases, compiled
     ns["check"]("cuda")
+    ns["check_take"]("cuda")
 
 
 def test_resolve() -> None:

@@ -1,10 +1,13 @@
-"""The row-update kernel alone: torch ``index_add_`` vs hetgmp's Triton kernel, same inputs.
+"""The row kernels alone, same inputs: the row update (torch ``index_add_`` vs hetgmp's Triton
+``scatter_add_rows``) and the row gather (torch ``index_select`` vs hetgmp's Triton ``take_rows``).
 
 Table: Criteo Kaggle shape (33.8M rows x D, float32); ids: ``floor(u^4 * card)`` per field plus
 the field offsets (the benchmark's id law, so hot rows repeat as in training); gradient: random.
-Per batch size: median of CUDA-event timings over ``--reps`` calls of each backend, interleaved,
-plus the maximum difference between the two results (atomics make the order of the additions,
-hence the last bits, differ). Writes ``kernels.json`` and ``kernels.md`` under ``--out``.
+Per batch size and kernel: median of CUDA-event timings over ``--reps`` calls of each backend,
+interleaved; for the update the maximum difference between the two results (atomics make the
+order of the additions, hence the last bits, differ), for the gather whether the two are equal
+(bit for bit; it runs after the update, so the rows read are not zeros). Writes ``kernels.json``
+and ``kernels.md`` under ``--out``.
 
     python bench/gpu/bench_kernels.py --out bench/results/gpu
 """
@@ -24,7 +27,7 @@ import torch  # noqa: E402
 
 from bench.gpu.timing import StepClock, machine_info, median  # noqa: E402
 from hetgmp.data.generate import CRITEO_CARDINALITIES  # noqa: E402
-from hetgmp.embedding.kernels import scatter_add_rows  # noqa: E402
+from hetgmp.embedding.kernels import scatter_add_rows, take_rows  # noqa: E402
 
 
 def _ids(batch: int, cards: np.ndarray, g: torch.Generator, dev: torch.device) -> torch.Tensor:
@@ -32,6 +35,20 @@ def _ids(batch: int, cards: np.ndarray, g: torch.Generator, dev: torch.device) -
     u = torch.rand(batch, len(cards), generator=g, device=dev)
     c = torch.from_numpy(cards).to(dev)
     return ((u**4 * c).long().clamp(max=c - 1) + offs).reshape(-1)
+
+
+def _time(fns: dict, reps: int, dev: torch.device) -> dict[str, float]:
+    """Median ms per call of each of ``fns``, after a warm-up call (Triton compiles there);
+    interleaved, since the machine is shared."""
+    for f in fns.values():
+        f()
+    clocks = {k: StepClock(dev) for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t0 = clocks[k].tick()
+            f()
+            clocks[k].tock(t0)
+    return {k: 1e3 * median(c.seconds()) for k, c in clocks.items()}
 
 
 def main() -> int:
@@ -61,15 +78,17 @@ def main() -> int:
             k: (lambda k=k, i=idx, s=src: scatter_add_rows(table, i, s, -0.01, backend=k))
             for k in ("torch", "triton")
         }
-        for f in fns.values():  # warm-up (Triton compiles here)
-            f()
-        clocks = {k: StepClock(dev) for k in fns}
-        for _ in range(a.reps):  # interleaved: the machine is shared
-            for k, f in fns.items():
-                t0 = clocks[k].tick()
-                f()
-                clocks[k].tock(t0)
-        ms = {k: 1e3 * median(c.seconds()) for k, c in clocks.items()}
+        ms = _time(fns, a.reps, dev)
+        # the gather of the same ids from the same table (its rows updated above)
+        gms = _time(
+            {
+                "torch": lambda i=idx: table.index_select(0, i),
+                "triton": lambda i=idx: take_rows(table, i, backend="triton"),
+            },
+            a.reps,
+            dev,
+        )
+        same = torch.equal(take_rows(table, idx, backend="triton"), table.index_select(0, idx))
         # same result (up to the order of float additions)
         t0 = torch.randn(uniq, a.dim, generator=g, device=dev)
         loc = torch.unique(idx, return_inverse=True)[1]
@@ -77,6 +96,7 @@ def main() -> int:
         r_k = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="triton")
         diff = float((r_t - r_k).abs().max())
         moved = idx.numel() * a.dim * 4 * 3  # read src, read + write the table row
+        g_moved = idx.numel() * a.dim * 4 * 2  # read the table row, write the output row
         rec = {
             "batch": batch,
             "rows_added": idx.numel(),
@@ -86,8 +106,14 @@ def main() -> int:
             "ms_triton": ms["triton"],
             "max_abs_diff": diff,
             "triton_gbs": moved / ms["triton"] / 1e6,
+            "gather_ms_torch": gms["torch"],
+            "gather_ms_triton": gms["triton"],
+            "gather_equal": same,
+            "gather_torch_gbs": g_moved / gms["torch"] / 1e6,
+            "gather_triton_gbs": g_moved / gms["triton"] / 1e6,
         }
         rec["speedup"] = rec["ms_torch"] / rec["ms_triton"]
+        rec["gather_speedup"] = rec["gather_ms_torch"] / rec["gather_ms_triton"]
         recs.append(rec)
         print(json.dumps(rec), flush=True)
     info = machine_info(dev)
@@ -96,11 +122,13 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps({"info": info, "results": recs}, indent=1))
     lines = [
-        "# Row-update kernel: torch index_add_ vs hetgmp Triton (bench/gpu/bench_kernels.py)",
+        "# Row kernels: torch vs hetgmp Triton (bench/gpu/bench_kernels.py)",
         "",
         f"{info['gpu'] or info['device']}, torch {info['torch']}, {info['date']}; table {rows:,} x {a.dim} float32; "
         f"ids floor(u^4 * card) per Criteo field; median of {a.reps} interleaved calls each.",
         f"Command: `{info['command']}`",
+        "",
+        "## Row update: torch index_add_ vs Triton scatter_add_rows",
         "",
         "| batch | rows added | unique rows | torch ms | Triton ms | speed-up | Triton GB/s* | max abs diff |",
         "|---|---|---|---|---|---|---|---|",
@@ -110,7 +138,23 @@ def main() -> int:
             f"| {r['batch']} | {r['rows_added']:,} | {r['unique_rows']:,} | {r['ms_torch']:.3f} | "
             f"{r['ms_triton']:.3f} | {r['speedup']:.2f}x | {r['triton_gbs']:.0f} | {r['max_abs_diff']:.1e} |"
         )
-    lines += ["", "*bytes of gradient read + row read + row written per added row, over the time."]
+    lines += [
+        "",
+        "*bytes of gradient read + row read + row written per added row, over the time.",
+        "",
+        "## Row gather: torch index_select vs Triton take_rows (same ids, same table)",
+        "",
+        "| batch | rows read | torch ms | Triton ms | speed-up | torch GB/s* | Triton GB/s* | equal |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recs:
+        lines.append(
+            f"| {r['batch']} | {r['rows_added']:,} | {r['gather_ms_torch']:.3f} | "
+            f"{r['gather_ms_triton']:.3f} | {r['gather_speedup']:.2f}x | "
+            f"{r['gather_torch_gbs']:.0f} | {r['gather_triton_gbs']:.0f} | "
+            f"{'yes' if r['gather_equal'] else 'NO'} |"
+        )
+    lines += ["", "*bytes of row read + output row written per row read, over the time."]
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
     return 0
 
