@@ -69,6 +69,7 @@ def train_ranks(env: DistEnv, case: dict) -> dict:
         seed=case["seed"],
         adagrad_init=0.1,
         replies=case.get("replies", "stale"),
+        exchange=case.get("exchange", "exact"),
     )
     sl = rank_slice(env.rank, env.world_size)
     for ids, g in zip(make_batches(case["seed"]), make_grads(case["seed"]), strict=True):
@@ -271,19 +272,20 @@ def test_bounded_staleness_is_respected() -> None:
 
 
 # ---------------------------------------------------------------- unequal batches, bad input
-def uneven_and_bad_input(env: DistEnv) -> dict:
-    case = {"optimizer": "adagrad", "placement": "plan", "store_rate": 0.2, "seed": 11}
-    plan = make_plan("plan", env.world_size, case["seed"])
+def uneven_and_bad_input(env: DistEnv, optimizer: str, exchange: str) -> dict:
+    plan = make_plan("plan", env.world_size, 11)
     emb = DistributedEmbedding(
         ROWS,
         DIM,
         env,
         plan,
         store_rate=0.2,
-        optimizer="adagrad",
+        optimizer=optimizer,
         lr=0.05,
         seed=11,
         adagrad_init=0.1,
+        replies="all" if exchange == "padded" else "stale",
+        exchange=exchange,
     )
     batches, grads = make_batches(11), make_grads(11)
     # Rank r takes only the first STEPS - r global batches' share ... the reference sees the same.
@@ -312,11 +314,12 @@ def uneven_and_bad_input(env: DistEnv) -> dict:
     return {"sd": sd, "errors": errors}
 
 
-def test_unequal_batch_counts_and_bad_input() -> None:
+@pytest.mark.parametrize(("optimizer", "exchange"), [("adagrad", "exact"), ("sgd", "padded")])
+def test_unequal_batch_counts_and_bad_input(optimizer: str, exchange: str) -> None:
     world = 3
-    results = spawn_ranks(uneven_and_bad_input, world, timeout_s=120)
+    results = spawn_ranks(uneven_and_bad_input, world, optimizer, exchange, timeout_s=120)
     # Reference: global batch t holds only the shares of ranks that still had batch t.
-    ref = ReferenceEmbedding(ROWS, DIM, optimizer="adagrad", lr=0.05, seed=11, adagrad_init=0.1)
+    ref = ReferenceEmbedding(ROWS, DIM, optimizer=optimizer, lr=0.05, seed=11, adagrad_init=0.1)
     for t, (ids, g) in enumerate(zip(make_batches(11), make_grads(11), strict=True)):
         keep = np.concatenate(
             [np.arange(BATCH)[rank_slice(r, world)] for r in range(world) if t < STEPS - r]
@@ -559,3 +562,32 @@ def test_replies_all_reads_the_same_values() -> None:
                 assert ca[k] == cs[k], k
             assert ca["rows_mirror_stale_ok"] > 0, "the bound must let some stale reads through"
             assert ca["bytes_sent_values"] > cs["bytes_sent_values"]
+
+
+def test_padded_exchange_equals_exact() -> None:
+    """The fixed-capacity exchange (static_exchange; CUDA graphs on GPU) reads the same values
+    and applies the same updates as the exact one: bound 0 equals the single-process
+    reference, bound > 0 the exact exchange, row counters included; and it really ran
+    (padded byte counts)."""
+    cases = [
+        {"optimizer": "sgd", "placement": placement, "store_rate": rate, "seed": 21,
+         "bound": bound, "replies": "all", "exchange": exchange}
+        for placement, rate, bound in (("plan", 0.3, 0), ("plan", 0.3, 3), ("hash", 0.0, 0))
+        for exchange in ("exact", "padded")
+    ]  # fmt: skip
+    results = spawn_ranks(many_cases, 2, cases, timeout_s=240)
+    for i in range(0, len(cases), 2):
+        exact = union([r[i]["sd"] for r in results])
+        padded = union([r[i + 1]["sd"] for r in results])
+        torch.testing.assert_close(padded["weight"], exact["weight"], rtol=1e-5, atol=1e-6)
+        if cases[i]["bound"] == 0:
+            assert_matches_reference(padded, reference_rows(cases[i]))
+        for r in results:
+            ce, cp = r[i]["counters"], r[i + 1]["counters"]
+            for k in ("rows_owned", "rows_mirror_fresh", "rows_mirror_stale_ok",
+                      "rows_mirror_refreshed", "rows_remote", "pushes_sent"):  # fmt: skip
+                assert cp[k] == ce[k], (cases[i], k)
+            # padded payloads: at least as many bytes as the exact ones
+            assert cp["bytes_sent_ids"] >= ce["bytes_sent_ids"] > 0
+        if cases[i]["bound"]:
+            assert any(r[i + 1]["counters"]["rows_mirror_stale_ok"] for r in results)

@@ -62,6 +62,19 @@ def exchange_payload(
     return recv
 
 
+def exchange_fixed(
+    env: DistEnv, send: torch.Tensor, recv: torch.Tensor, what: str = "payload exchange"
+) -> torch.Tensor:
+    """Equal-split all-to-all between preallocated ``[world, S]`` buffers (row ``j`` of
+    ``send`` goes to rank ``j``; row ``i`` of ``recv`` comes from rank ``i``); no sizes, so it
+    needs nothing from the host. Returns ``recv``."""
+    if env.group is None or env.world_size == 1:
+        return recv.copy_(send)
+    with guarded(env, what):
+        dist.all_to_all_single(recv, send, group=env.group)
+    return recv
+
+
 def exchange_sizes(
     env: DistEnv, send: torch.Tensor, what: str = "size exchange"
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,15 +87,20 @@ from hetgmp.embedding.ops import compact, index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
+from hetgmp.embedding.static_exchange import Capacity, StaticExchange, grow
 from hetgmp.partition.plan import Plan
 
 # Columns of the per-step sizes table 1 (row j: what this rank sends to rank j): mirror queries,
 # not-stored queries, pushes (of which due mirrors), status (bad input), bound, audit flag,
-# operation, and this rank's own-row count (same in every row; only its own copy is read).
-_NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN = range(9)
+# operation, and this rank's own-row count (same in every row; only its own copy is read);
+# then this rank's largest per-peer query and push counts and whether it asks for the padded
+# exchange (same in every row: every rank reads every rank's, see _step_padded).
+_NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN, _MAXQ, _MAXP, _PADDED = range(12)
+_SIZE_COLS = 12
 _OP_FORWARD, _OP_FLUSH = 1, 2
 _OP_NAMES = {_OP_FORWARD: "forward", _OP_FLUSH: "flush"}
 REPLIES = ("stale", "all")
+EXCHANGES = ("exact", "padded")
 
 
 @dataclasses.dataclass
@@ -114,10 +119,11 @@ class _Prep:
     slot: torch.Tensor  # [N] int64, -1 = not stored
     inv: torch.Tensor  # [N] position in u of every input id (int32)
     blocks: torch.Tensor  # [3w] int64
+    kb: torch.Tensor  # [N] int32 block key of every entry of u (3w: padding)
     source: torch.Tensor | None  # the tensor given to prefetch (identity check in forward)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks]
+        return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks, self.kb]
 
 
 @dataclasses.dataclass
@@ -152,8 +158,15 @@ class DistributedEmbedding(nn.Module):
     per step) or ``"all"`` (owners send a value for every mirror queried and the requester keeps
     the stale ones: more bytes, one host sync per step instead of two; for fast links such as
     NVLink, where a host round trip costs more than the bytes); ``"auto"``: ``"all"`` on NCCL,
-    else ``"stale"``. Both read the same values.
+    else ``"stale"``. Both read the same values. ``exchange``: ``"exact"`` (payloads sized
+    exactly, ~150 small ops per multi-rank step) or ``"padded"`` (fixed-capacity payloads,
+    :mod:`hetgmp.embedding.static_exchange`; on CUDA its three segments run as CUDA graphs
+    when ``cuda_graphs``); padded needs SGD, ``replies="all"`` and no audit, and is used for
+    training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA.
     """
+
+    SIZE_COLS = _SIZE_COLS
+    NOWN_COL = _NOWN
 
     def __init__(
         self,
@@ -174,6 +187,8 @@ class DistributedEmbedding(nn.Module):
         audit: bool = False,
         kernels: str = "auto",
         replies: str = "stale",
+        exchange: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         super().__init__()
         if num_rows < 1 or dim < 1:
@@ -194,6 +209,19 @@ class DistributedEmbedding(nn.Module):
         self._send_all = audit or replies == "all"
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
+        if exchange not in (*EXCHANGES, "auto"):
+            raise ValueError(f"exchange must be 'auto' or one of {EXCHANGES}, got {exchange!r}")
+        padded_ok = optimizer == "sgd" and replies == "all" and not audit
+        if exchange == "padded" and not padded_ok:
+            raise ValueError(
+                "exchange='padded' needs optimizer='sgd', replies='all' and audit off "
+                f"(got {optimizer!r}, {replies!r}, audit={audit})"
+            )
+        if exchange == "auto":
+            exchange = "padded" if padded_ok and env.device.type == "cuda" else "exact"
+        self.exchange = exchange
+        self._graphs = bool(cuda_graphs) and env.device.type == "cuda"
+        self._static: StaticExchange | None = None  # buffers of the padded exchange (lazily)
         w, r = env.world_size, env.rank
         if plan is not None:
             owner, mirrors = plan_placement(plan, self.num_rows, w, r, store_rate)
@@ -229,12 +257,26 @@ class DistributedEmbedding(nn.Module):
         self.stored_ids = torch.from_numpy(np.concatenate([owned, mirrors]).astype(np.int64)).to(
             dev
         )
-        self.weight = initial_rows(self.stored_ids, self.dim, seed=seed, scale=init_scale)
-        self.version = torch.zeros(self.n_own + self.n_mir, dtype=torch.int64, device=dev)
-        self.opt_state = self.opt.new_state(self.n_own + self.n_mir, dev)
-        self.pending = torch.zeros(self.n_mir, dtype=torch.int64, device=dev)
-        self.grad_acc = torch.zeros(self.n_mir, self.dim, device=dev)
-        self.delta_acc = torch.zeros(self.n_mir, self.dim, device=dev)
+        # With several ranks every state tensor has one extra "trash" row after the real ones
+        # (weight/version: slot S = n_own + n_mir; mirror buffers: n_mir) where the padded
+        # exchange writes its padding entries; the public tensors are views without it.
+        s_rows, extra = self.n_own + self.n_mir, int(w > 1)
+        self.trash_slot = s_rows
+        init_ids = torch.cat([self.stored_ids, torch.zeros(extra, dtype=torch.int64, device=dev)])
+        self.weight_full = initial_rows(init_ids, self.dim, seed=seed, scale=init_scale)
+        self.version_full = torch.zeros(s_rows + extra, dtype=torch.int64, device=dev)
+        self.pending_full = torch.zeros(self.n_mir + extra, dtype=torch.int64, device=dev)
+        self.grad_acc_full = torch.zeros(self.n_mir + extra, self.dim, device=dev)
+        self.delta_acc_full = torch.zeros(self.n_mir + extra, self.dim, device=dev)
+        self.weight = self.weight_full[:s_rows] if extra else self.weight_full
+        self.version = self.version_full[:s_rows]
+        self.opt_state = self.opt.new_state(s_rows, dev)
+        self.pending = self.pending_full[: self.n_mir]
+        self.grad_acc = self.grad_acc_full[: self.n_mir]
+        self.delta_acc = self.delta_acc_full[: self.n_mir]
+        # owner of every mirror slot (mirrors are grouped by owner) and 0..n_mir-1
+        self.mir_owner = torch.from_numpy(owner[mirrors].astype(np.int64)).to(dev)
+        self.mir_arange = torch.arange(self.n_mir, dtype=torch.int64, device=dev)
         self._mir_end = torch.from_numpy(mir_end).to(dev)
         self._mir_start = torch.from_numpy(np.concatenate([[0], mir_end[:-1]])).to(dev)
         self._zeros_w = torch.zeros(w, dtype=torch.int64, device=dev)
@@ -456,8 +498,9 @@ class DistributedEmbedding(nn.Module):
             # Every row owned at slot == id: the step itself clamps the ids into slots and
             # checks them (two fused kernels, see _step_local); the other fields are unused.
             return _Prep(
-                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, source=ids
-            )
+                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, kb=flat,
+                source=ids,
+            )  # fmt: skip
         n = flat.numel()
         # Clamped so that a bad id cannot index out of range before the step reports it.
         clamped = flat.clamp(0, self.num_rows - 1)
@@ -471,7 +514,8 @@ class DistributedEmbedding(nn.Module):
         key = torch.where(lead == ar, self.block_of.index_select(0, clamped), 3 * w)
         order = torch.argsort(key, stable=True)
         # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
-        starts = torch.searchsorted(key.index_select(0, order), self._arange_3w1)
+        kb = key.index_select(0, order)
+        starts = torch.searchsorted(kb, self._arange_3w1)
         pos = torch.empty(n, dtype=torch.int32, device=ids.device).scatter_(0, order, ar)
         cnt = torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(
             0, lead, self._per_size("ones", n)
@@ -484,6 +528,7 @@ class DistributedEmbedding(nn.Module):
             slot=self.slot_of.index_select(0, clamped.index_select(0, order)).long(),
             inv=pos.index_select(0, lead),
             blocks=starts[1:] - starts[:-1],
+            kb=kb,
             source=ids,
         )
 
@@ -544,15 +589,15 @@ class DistributedEmbedding(nn.Module):
         self._pos_map32.index_copy_(0, slots, ar)
         return self._pos_map32.index_select(0, slots)
 
-    def _const_cols(self, bound: int, op: int) -> tuple[torch.Tensor, ...]:
-        """The bound / audit / operation columns of sizes table 1, made once per value (three
-        fill kernels per step saved)."""
-        key = (bound, op)
+    def _const_cols(self, bound: int, op: int, padded: bool) -> tuple[torch.Tensor, ...]:
+        """The bound / audit / operation / padded columns of sizes table 1, made once per value
+        (fill kernels per step saved)."""
+        key = (bound, op, padded)
         if key not in self._const_cache:
             w, dev = self.env.world_size, self.device
             self._const_cache[key] = tuple(
                 torch.full((w,), v, dtype=torch.int64, device=dev)
-                for v in (bound, int(self._send_all), op)
+                for v in (bound, int(self._send_all), op, int(padded))
             )
         return self._const_cache[key]
 
@@ -677,16 +722,29 @@ class DistributedEmbedding(nn.Module):
         self.timer.mark("unique")
         grads, self._grads = self._grads, None
         due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
+        padded = self.exchange == "padded" and not evaluating and error is None
+        own_done = False
+        if padded and grads is not None and grads[0].n_own:
+            # SGD is linear: the last batch's own rows can be applied now, before the pushes
+            # (the padded segments apply only those); the exact path then skips them.
+            pb, pg = grads
+            o_slot = pb.slot[: pb.n_own]
+            self.opt.apply(self.weight, self.opt_state, o_slot, pg[: pb.n_own])
+            index_add_rows(self.version, o_slot, pb.cnt[: pb.n_own])
+            own_done = True
         self.timer.mark("update")
 
         # ---- sizes exchange 1: per-peer counts + status (bad ids: a device flag), bound,
-        # audit flag, operation, and this rank's own block size; ONE device->host copy.
+        # audit flag, operation, this rank's own block size, its largest per-peer query and
+        # push counts and the padded-exchange flag; ONE device->host copy.
         bl = prep.blocks
         n_push = ndue + (grads[0].nqr_dev if grads is not None else 0)
         status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
+        c_bound, c_all, c_op, c_pad = self._const_cols(bound, op, padded)
+        nq = bl[w : 2 * w] + bl[2 * w : 3 * w]
         cols = [
-            bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, status.expand(w),
-            *self._const_cols(bound, op), bl[r].expand(w),
+            bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, status.expand(w), c_bound, c_all,
+            c_op, bl[r].expand(w), nq.max().expand(w), n_push.max().expand(w), c_pad,
         ]  # fmt: skip
         table = torch.stack(cols, dim=1)  # every column is int64 already
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
@@ -714,6 +772,9 @@ class DistributedEmbedding(nn.Module):
             nqr=nqr,
             nqr_dev=table[:, _NQR],
         )
+        if padded and all(row[_PADDED] for row in theirs_l):
+            values = self._step_padded(prep, batch, grads, table, theirs_dev, mine_l, theirs_l)
+            return values, batch
 
         # ---- pushes: the last batch's rows not stored here + mirrors due (grouped by owner)
         tot_due = sum(ndue_l)
@@ -769,7 +830,7 @@ class DistributedEmbedding(nn.Module):
         self.timer.mark("exchange")
 
         # ---- owners apply own + pushed gradients: one optimizer update per row per step
-        self._apply_owned(grads, r_pids, r_pcnt, r_pgrad)
+        self._apply_owned(None if own_done else grads, r_pids, r_pcnt, r_pgrad)
         self.timer.mark("update")
         n_q, n_p, n_qin, n_pin = (
             sum(nqm) + sum(nqr),
@@ -876,6 +937,58 @@ class DistributedEmbedding(nn.Module):
             batch, q_lag, mir_vals, mir_ext, rem_vals, rem_ext, sum(km_in), bound, deferred
         )
         return values, batch
+
+    def _step_padded(
+        self,
+        prep: _Prep,
+        batch: _Batch,
+        grads: tuple[_Batch, torch.Tensor] | None,
+        table: torch.Tensor,
+        theirs_dev: torch.Tensor,
+        mine_l: list[list[int]],
+        theirs_l: list[list[int]],
+    ) -> torch.Tensor:
+        """The rest of a training step with fixed-capacity payloads (see
+        :mod:`hetgmp.embedding.static_exchange`); every rank takes it together (the
+        ``_PADDED`` column) with the same capacities (from every rank's maxima)."""
+        w, d = self.env.world_size, self.dim
+        n, nu = prep.u.numel(), batch.u.numel()
+        old = self._static.cap if self._static is not None else None
+        cap = Capacity(
+            q=grow(old.q if old else 0, max(row[_MAXQ] for row in theirs_l)),
+            p=grow(old.p if old else 0, max(row[_MAXP] for row in theirs_l)),
+            u=min(n, grow(old.u if old and old.n == n else 0, nu)),
+            n=n,
+        )
+        if cap != old:
+            self._static = None  # free the old buffers (and graphs) first
+            self._static = StaticExchange(self, cap, graphs=self._graphs)
+        st = self._static
+        pushes = None
+        if grads is not None:
+            pb, pg = grads
+            r0 = pb.n_own + pb.n_mir
+            pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_dev)
+        st.load(prep.u, prep.slot, prep.kb, prep.blocks, table, theirs_dev, pushes)
+        values = st.run()
+        self.timer.mark("exchange")
+        # Bytes actually sent: the padded buffers, to every other rank.
+        q, p, o = cap.q, cap.p, w - 1
+        padded_bytes = {
+            "ids": o * 8 * (q + p),
+            "versions": o * (8 * q + 8 * p + 8 * q + 4 * q),
+            "gradients": o * 4 * d * p,
+            "values": o * 4 * d * q,
+        }
+        self._count_bytes(sent=padded_bytes, recv=padded_bytes, reset=True)
+        n_p = sum(row[_NP] for row in mine_l)
+        self._bytes_step["pushes_sent"] = n_p
+        self._bytes_total["pushes_sent"] += n_p
+        self._rows_host_step = {"owned": batch.n_own, "not_stored": sum(batch.nqr)}
+        for k, v in self._rows_host_step.items():  # (the device counts were added in-graph)
+            self._rows_host_total[k] += v
+        self._rows_dev_step = st.rows_step
+        return values[:nu]
 
     def _apply_owned(
         self,

@@ -1,0 +1,319 @@
+"""The second half of a multi-rank step with fixed-size ("static") payloads, for CUDA graphs.
+
+:class:`hetgmp.embedding.DistributedEmbedding`'s dynamic step sizes every payload exactly:
+after the sizes exchange (the step's one host sync) it slices, splits and concatenates with the
+host-known counts, about 150 small ops per step launched one by one from Python. On a GPU that
+launch work, not the bytes, is the step's cost (profiled on 2x H200 at batch 8192: GPU busy 21-53 %).
+
+Here the same arithmetic runs on buffers of fixed *capacities*: ``q`` query rows and ``p``
+pushed rows per peer, ``u`` unique rows per batch. Counts live on the device (the sizes tables),
+rows past a count are padding, and every write of a padding entry goes to a *trash row* (one
+extra row after the real ones in each state tensor, never read as data). With fixed shapes the
+three segments between the two payload exchanges are captured once as CUDA graphs and then
+replayed: one launch each instead of ~50 ops. The two payload all-to-alls stay outside the
+graphs (plain ``all_to_all_single`` calls with equal splits).
+
+Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
+the sizes table, every rank reads every rank's, and a capacity grows (never shrinks) when the
+global maximum exceeds it, by the same rule everywhere. A growth rebuilds the buffers and
+graphs (warm-up, then capture at the next use).
+
+Scope: SGD (linear, so own rows may be applied before the pushes arrive), ``replies="all"`` (reply
+sizes are the query counts), training forward steps. Everything else (Adagrad, audit, eval,
+flush) takes the dynamic step; both read and write the same state, so they mix freely.
+Reads the same values and applies the same updates as the dynamic step (tests compare them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from hetgmp.comm.exchange import exchange_fixed
+from hetgmp.embedding.kernels import scatter_add_rows, take_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.embedding.distributed import DistributedEmbedding
+
+# sizes-table columns read here (same numbering as distributed.py)
+_NQM, _NQR, _NP, _NDUE = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """Fixed sizes of one set of static buffers."""
+
+    q: int  # query rows per peer (each way)
+    p: int  # pushed rows per peer (each way)
+    u: int  # unique rows of this rank's batch
+    n: int  # occurrences per batch (batch x fields)
+
+
+def grow(cap: int, need: int, *, quantum: int = 256) -> int:
+    """The capacity after seeing ``need`` (the same on every rank for the same inputs):
+    unchanged while it fits, else ``need`` plus a quarter, rounded up to ``quantum``."""
+    if need <= cap and cap > 0:
+        return cap
+    want = need + need // 4 + 1
+    return -(-want // quantum) * quantum
+
+
+class StaticExchange:
+    """Buffers and segments for one :class:`Capacity` (see the module docstring)."""
+
+    def __init__(self, emb: DistributedEmbedding, cap: Capacity, *, graphs: bool) -> None:
+        self.emb, self.cap, self.graphs = emb, cap, graphs
+        w, d, dev = emb.env.world_size, emb.dim, emb.device
+        self.w, self.d = w, d
+        q, p, u, n = cap.q, cap.p, cap.u, cap.n
+        i64 = dict(dtype=torch.int64, device=dev)
+        # inputs, written by load() before the segments run
+        self.u_ids = torch.zeros(n, **i64)  # batch unique ids in block order (+ padding)
+        # slots, plus one entry (n) pointing at the trash row, where padding entries look
+        self.slot_pad = torch.full((n + 1,), emb.trash_slot, **i64)
+        self.slot = self.slot_pad[:n]
+        self.kb = torch.full((n,), 3 * w, dtype=torch.int32, device=dev)  # block key per entry
+        self.blocks = torch.zeros(3 * w, **i64)
+        self.sz_mine = torch.zeros(w, emb.SIZE_COLS, **i64)
+        self.sz_theirs = torch.zeros(w, emb.SIZE_COLS, **i64)
+        self.pr_ids = torch.zeros(w * p, **i64)  # last batch's rows not stored here (pushes)
+        self.pr_cnt = torch.zeros(w * p, **i64)
+        self.pr_grad = torch.zeros(w * p, d, device=dev)
+        self.pr_n = torch.zeros(w, **i64)  # ... per owner
+        # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
+        # pairs of float32, then the pushed gradients; reply: [lag | values | version]
+        self.s1 = 4 * q + 4 * p + p * d
+        self.s2 = q + q * d + 2 * q
+        self.send1 = torch.zeros(w, self.s1, device=dev)
+        self.recv1 = torch.zeros(w, self.s1, device=dev)
+        self.send2 = torch.zeros(w, self.s2, device=dev)
+        self.recv2 = torch.zeros(w, self.s2, device=dev)
+        # scratch written by scatters (index w*q / w*p: trash)
+        self.q_ids = torch.zeros(w * q + 1, **i64)
+        self.q_ver = torch.zeros(w * q + 1, **i64)
+        self.p_ids = torch.zeros(w * p + 1, **i64)
+        self.p_cnt = torch.zeros(w * p + 1, **i64)
+        self.p_grad = torch.zeros(w * p + 1, d, device=dev)
+        # outputs
+        self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
+        self.rows_step = torch.zeros(5, **i64)
+        self.deferred = torch.zeros((), **i64)
+        # constants
+        self.ar_n = torch.arange(n, **i64)
+        self.ar_u = torch.arange(u, **i64)
+        self.ar_q = torch.arange(q, **i64)
+        self.ar_p = torch.arange(p, **i64)
+        self.ar_wp = torch.arange(w * p, **i64)
+        self.ar_w = torch.arange(w, **i64)
+        self._graphs: list[torch.cuda.CUDAGraph | None] = [None, None, None]
+        self._warm = [False, False, False]
+        self._pool = torch.cuda.graph_pool_handle() if graphs else None
+
+    # ------------------------------------------------------------------ host side
+    def load(
+        self,
+        prep_u: torch.Tensor,
+        prep_slot: torch.Tensor,
+        prep_kb: torch.Tensor,
+        prep_blocks: torch.Tensor,
+        sz_mine: torch.Tensor,
+        sz_theirs: torch.Tensor,
+        pushes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        """Copy a step's inputs into the fixed buffers (``pushes``: the last batch's rows not
+        stored here: ids, counts, gradients (host-known length) and per-owner counts)."""
+        self.u_ids.copy_(prep_u)
+        self.slot.copy_(prep_slot)
+        self.kb.copy_(prep_kb)
+        self.blocks.copy_(prep_blocks)
+        self.sz_mine.copy_(sz_mine)
+        self.sz_theirs.copy_(sz_theirs)
+        if pushes is None:
+            self.pr_n.zero_()
+            return
+        ids, cnt, grad, per_owner = pushes
+        k = ids.numel()
+        if k:
+            self.pr_ids[:k].copy_(ids)
+            self.pr_cnt[:k].copy_(cnt)
+            self.pr_grad[:k].copy_(grad)
+        self.pr_n.copy_(per_owner)
+
+    def run(self) -> torch.Tensor:
+        """The three segments and the two payload exchanges; returns the values buffer
+        (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
+        env = self.emb.env
+        self._segment(0, self._pack)
+        exchange_fixed(env, self.send1, self.recv1, "embedding exchange 1 (static)")
+        self._segment(1, self._answer)
+        exchange_fixed(env, self.send2, self.recv2, "embedding exchange 2 (static)")
+        self._segment(2, self._finish)
+        return self.values
+
+    def _segment(self, i: int, fn: Callable[[], None]) -> None:
+        """Run ``fn`` eagerly (CPU; and once on CUDA, which also compiles Triton kernels), or
+        capture it as a CUDA graph at its second use and replay it from then on."""
+        if not self.graphs or not self._warm[i]:
+            fn()
+            self._warm[i] = True
+            return
+        g = self._graphs[i]
+        if g is None:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                fn()
+            self._graphs[i] = g
+        g.replay()
+
+    # ------------------------------------------------------------------ segments (fixed shapes)
+    def _pack(self) -> None:
+        """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
+        not stored here, then this rank's due mirrors, per owner) into ``send1``."""
+        e, w, q, p, d = self.emb, self.w, self.cap.q, self.cap.p, self.d
+        nqm = self.sz_mine[:, _NQM]
+        # (first: a pushed mirror's version moves, and the queries carry the new one)
+        if e.n_mir:
+            self._pack_due(e, w, p)
+        # -- queries: entry i of the block-ordered batch -> (peer, position)
+        k = self.kb.long()
+        valid = (k >= w) & (k < 3 * w)
+        is_r = k >= 2 * w
+        j = torch.where(is_r, k - 2 * w, k - w).clamp(0, w - 1)
+        st = torch.cumsum(self.blocks, 0) - self.blocks
+        pos = self.ar_n - st.index_select(0, k.clamp(max=3 * w - 1))
+        pos = pos + torch.where(is_r, nqm.index_select(0, j), 0)
+        t = torch.where(valid, j * q + pos, w * q)
+        self.q_ids.index_copy_(0, t, self.u_ids)
+        is_m = valid & ~is_r
+        ver = e.version_full.index_select(0, torch.where(is_m, self.slot, e.trash_slot))
+        self.q_ver.index_copy_(0, t, ver)
+        # -- pushes: the last batch's rows not stored here (contiguous per owner)
+        ends = torch.cumsum(self.pr_n, 0)
+        jp = torch.searchsorted(ends, self.ar_wp, right=True).clamp(max=w - 1)
+        posp = self.ar_wp - (ends - self.pr_n).index_select(0, jp)
+        tp = torch.where(self.ar_wp < ends[-1:], jp * p + posp, w * p)
+        self.p_ids.index_copy_(0, tp, self.pr_ids)
+        self.p_cnt.index_copy_(0, tp, self.pr_cnt)
+        self.p_grad.index_copy_(0, tp, self.pr_grad)
+        torch.cat(
+            [
+                self.q_ids[: w * q].view(w, q).view(torch.float32),
+                self.q_ver[: w * q].view(w, q).view(torch.float32),
+                self.p_ids[: w * p].view(w, p).view(torch.float32),
+                self.p_cnt[: w * p].view(w, p).view(torch.float32),
+                self.p_grad[: w * p].view(w, p * d),
+            ],
+            dim=1,
+            out=self.send1,
+        )
+
+    def _pack_due(self, e: DistributedEmbedding, w: int, p: int) -> None:
+        """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
+        owner (as mirrors are stored); their pending state is cleared."""
+        ndue = self.sz_mine[:, _NDUE]
+        due = e.pending > e.bound
+        self.deferred.copy_(((e.pending > 0) & ~due).sum())
+        c = torch.cumsum(due, 0)
+        tot = c[-1:]
+        n_mir = due.numel()
+        ar_m = e.mir_arange
+        dst = torch.where(due, c - 1, tot + ar_m - c)
+        perm = torch.empty_like(ar_m).scatter_(0, dst, ar_m)
+        kd = min(n_mir, w * p)
+        di = perm[:kd]
+        ev = self.ar_wp[:kd]
+        vd = ev < tot
+        jd = e.mir_owner.index_select(0, di)
+        before = torch.cumsum(ndue, 0) - ndue
+        posd = self.pr_n.index_select(0, jd) + ev - before.index_select(0, jd)
+        td = torch.where(vd, jd * p + posd, w * p)
+        d_cnt = e.pending.index_select(0, di)
+        self.p_ids.index_copy_(0, td, e.stored_ids.index_select(0, di + e.n_own))
+        self.p_cnt.index_copy_(0, td, d_cnt)
+        self.p_grad.index_copy_(0, td, e.grad_acc.index_select(0, di))
+        # SGD: the mirror already holds what the owner will apply (exact_mirror)
+        e.version_full.index_add_(0, torch.where(vd, di + e.n_own, e.trash_slot), d_cnt)
+        zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
+        e.pending_full.index_fill_(0, zi, 0)
+        e.grad_acc_full.index_fill_(0, zi, 0.0)
+        e.delta_acc_full.index_fill_(0, zi, 0.0)
+
+    def _answer(self) -> None:
+        """Owners apply the pushed gradients, then answer every query: lag, value, version."""
+        e, w, q, p, d = self.emb, self.w, self.cap.q, self.cap.p, self.d
+        r = self.recv1
+        rq_ids = r[:, : 2 * q].contiguous().view(torch.int64).reshape(-1)
+        rq_ver = r[:, 2 * q : 4 * q].contiguous().view(torch.int64).reshape(-1)
+        o = 4 * q
+        rp_ids = r[:, o : o + 2 * p].contiguous().view(torch.int64).reshape(-1)
+        rp_cnt = r[:, o + 2 * p : o + 4 * p].contiguous().view(torch.int64).reshape(-1)
+        rp_grad = r[:, o + 4 * p :].reshape(-1, d)
+        nqm_in = self.sz_theirs[:, _NQM]
+        nq_in = nqm_in + self.sz_theirs[:, _NQR]
+        np_in = self.sz_theirs[:, _NP]
+        # -- pushes (SGD: every contribution added directly, padding into the trash row)
+        pv = (self.ar_p[None, :] < np_in[:, None]).reshape(-1)
+        ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
+        ps = torch.where(pv, ps, e.trash_slot)
+        scatter_add_rows(e.weight_full, ps, rp_grad, -e.opt.lr, backend=e.kernels)
+        e.version_full.index_add_(0, ps, torch.where(pv, rp_cnt, 0))
+        # -- answers
+        qv = (self.ar_q[None, :] < nq_in[:, None]).reshape(-1)
+        qs = e.slot_of.index_select(0, rq_ids.clamp(0, e.num_rows - 1)).long()
+        qs = torch.where(qv & (qs >= 0), qs, e.trash_slot)
+        ver = e.version_full.index_select(0, qs)
+        lag = (ver - rq_ver).clamp(-(2**31 - 1), 2**31 - 1).to(torch.int32)
+        vals = take_rows(e.weight_full, qs, backend=e.kernels)
+        torch.cat(
+            [
+                lag.view(w, q).view(torch.float32),
+                vals.view(w, q * d),
+                ver.view(w, q).view(torch.float32),
+            ],
+            dim=1,
+            out=self.send2,
+        )
+
+    def _finish(self) -> None:
+        """Refresh the mirrors beyond the bound, then the batch's values in block order."""
+        e, w, q, d, u = self.emb, self.w, self.cap.q, self.d, self.cap.u
+        r = self.recv2
+        r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]
+        r_vals = r[:, q : q + q * d].reshape(w, q, d)
+        r_ver = r[:, q + q * d :].contiguous().view(torch.int64)  # [w, q]
+        nqm = self.sz_mine[:, _NQM]
+        nq = nqm + self.sz_mine[:, _NQR]
+        st = torch.cumsum(self.blocks, 0) - self.blocks
+        ar = self.ar_q[None, :]
+        is_m = ar < nqm[:, None]
+        is_r = ~is_m & (ar < nq[:, None])
+        ipos = torch.where(
+            is_m, st[w : 2 * w, None] + ar, st[2 * w : 3 * w, None] + ar - nqm[:, None]
+        ).clamp(0, self.cap.n)
+        ms = self.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
+        refresh = is_m & (r_lag > e.bound)
+        rs = torch.where(refresh, ms, e.trash_slot).reshape(-1)
+        mi = torch.where(refresh, ms - e.n_own, e.n_mir).reshape(-1)
+        new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
+        e.weight_full.index_copy_(0, rs, new)
+        e.version_full.index_copy_(0, rs, r_ver.reshape(-1))
+        # values: owned + mirror rows from storage, rows not stored here from the reply
+        n_om = self.sz_mine[0, e.NOWN_COL] + nqm.sum()
+        src = torch.where(self.ar_u < n_om, self.slot[:u], e.trash_slot)
+        take_rows(e.weight_full, src, out=self.values[:u], backend=e.kernels)
+        tv = torch.where(is_r, ipos, u).reshape(-1)
+        self.values.index_copy_(0, tv, r_vals.reshape(-1, d))
+        torch.stack(
+            [
+                (is_m & (r_lag == 0)).sum(),
+                (is_m & (r_lag > 0) & (r_lag <= e.bound)).sum(),
+                refresh.sum(),
+                self.deferred,
+                self.deferred * 0,
+            ],
+            out=self.rows_step,
+        )
+        e._rows_dev_total.add_(self.rows_step)  # noqa: SLF001 - the owner's counter
