@@ -32,7 +32,7 @@ from hetgmp.partition.plan import load_plan  # noqa: E402
 
 BATCH, DIM = 64, 8
 ONE = ["torch", "hetgmp"]
-TWO = ["rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b100"]
+TWO = ["rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b100", "hetgmp-b0-pad"]
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +142,9 @@ def test_baselines_match_reference_sgd(runs: dict) -> None:
         np.testing.assert_allclose(got, ref2, rtol=0, atol=2e-6, err_msg=name)
     plan = load_plan(wl.plan_path())
     ref_plan = _reference_rows(wl, cfg, plan.data_partition, 2)
-    got = _assembled(runs["two"], "hetgmp-b0", wl.num_rows)
-    np.testing.assert_allclose(got, ref_plan, rtol=0, atol=2e-6, err_msg="hetgmp-b0")
+    for name in ("hetgmp-b0", "hetgmp-b0-pad"):
+        got = _assembled(runs["two"], name, wl.num_rows)
+        np.testing.assert_allclose(got, ref_plan, rtol=0, atol=2e-6, err_msg=name)
 
 
 def test_report_files(runs: dict) -> None:

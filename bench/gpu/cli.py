@@ -27,8 +27,8 @@ from bench.gpu.data import WorkloadSpec, prepare  # noqa: E402
 
 ONE_RANK = ["torch", "hetgmp"]
 MULTI_RANK = [
-    "rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b10", "hetgmp-b100",
-    "hetgmp-b100-all",
+    "rowwise", "tablewise", "hetgmp-hash", "hetgmp-b100", "hetgmp-b100-all", "hetgmp-b0-pad",
+    "hetgmp-b10-pad", "hetgmp-b100-pad",
 ]  # fmt: skip
 
 

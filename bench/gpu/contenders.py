@@ -284,12 +284,14 @@ class HetGMP(Contender):
     def __init__(
         self, num_rows: int, dim: int, env: DistEnv, *, lr: float, seed: int, plan: Any = None,
         store_rate: float = 0.0, bound: int = 0, name: str = "hetgmp", replies: str = "stale",
+        exchange: str = "exact",
     ) -> None:  # fmt: skip
         super().__init__(num_rows, dim, env)
         self.name = name
         self.emb = DistributedEmbedding(
             num_rows, dim, env, plan, placement="hash", store_rate=store_rate, bound=bound,
             optimizer="sgd", lr=lr, init_scale=INIT_SCALE, seed=seed, replies=replies,
+            exchange=exchange,
         )  # fmt: skip
         # The runtime's optional phase hook (hetgmp.embedding.profile); absent in older versions.
         self.hooked = hasattr(self.emb, "timer")
@@ -322,7 +324,8 @@ class HetGMP(Contender):
 
 
 CONTENDERS = ("torch", "rowwise", "tablewise", "hetgmp-hash", "hetgmp-b0", "hetgmp-b10",
-              "hetgmp-b100", "hetgmp-b100-all")  # fmt: skip
+              "hetgmp-b100", "hetgmp-b100-all", "hetgmp-b0-pad", "hetgmp-b10-pad",
+              "hetgmp-b100-pad")  # fmt: skip
 
 
 def build(
@@ -340,17 +343,19 @@ def build(
     if name in ("hetgmp", "hetgmp-hash"):
         return HetGMP(num_rows, dim, env, lr=lr, seed=seed, name=name)
     if name.startswith("hetgmp-b"):
-        spec, replies = name[len("hetgmp-b") :], "stale"
+        spec, replies, exchange = name[len("hetgmp-b") :], "stale", "exact"
         if spec.endswith("-all"):  # owners answer every mirror query: one size exchange
             spec, replies = spec[: -len("-all")], "all"
+        elif spec.endswith("-pad"):  # + fixed-capacity payloads (CUDA graphs on GPU)
+            spec, replies, exchange = spec[: -len("-pad")], "all", "padded"
         try:
             bound = int(spec)
         except ValueError:
-            raise ValueError(f"contender {name!r}: expected hetgmp-b<bound>[-all]") from None
+            raise ValueError(f"contender {name!r}: expected hetgmp-b<bound>[-all|-pad]") from None
         if plan is None:
             raise ValueError(f"contender {name!r} needs a partition plan (world size > 1)")
         return HetGMP(
             num_rows, dim, env, lr=lr, seed=seed, plan=plan, store_rate=store_rate, bound=bound,
-            name=name, replies=replies,
+            name=name, replies=replies, exchange=exchange,
         )  # fmt: skip
     raise ValueError(f"unknown contender {name!r}; choose from {CONTENDERS} or hetgmp")

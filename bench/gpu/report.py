@@ -73,7 +73,7 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
         torch1 = _find(grp, contender="torch", world=1)
         het1 = _find(grp, contender="hetgmp", world=1)
         pairs = [("hetgmp 1 GPU / torch 1 GPU", het1, torch1)]
-        for name in ("hetgmp-b100", "hetgmp-b100-all"):
+        for name in ("hetgmp-b100", "hetgmp-b100-all", "hetgmp-b100-pad"):
             het2 = _find(grp, contender=name, world=2)
             pairs += [
                 (f"{name} 2 GPUs / hetgmp 1 GPU", het2, het1),

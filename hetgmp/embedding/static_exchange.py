@@ -163,7 +163,8 @@ class StaticExchange:
         g = self._graphs[i]
         if g is None:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
+            # thread_local: other threads (NCCL's watchdog) may query CUDA during a capture
+            with torch.cuda.graph(g, pool=self._pool, capture_error_mode="thread_local"):
                 fn()
             self._graphs[i] = g
         g.replay()
