@@ -51,7 +51,10 @@ def main() -> int:
         st = emb._static  # noqa: SLF001 - the check is about these internals
         assert st is not None and all(g is not None for g in st._graphs), "graphs not captured"  # noqa: SLF001
         assert torch.equal(sd_e["ids"], sd_p["ids"])
-        torch.testing.assert_close(sd_p["weight"], sd_e["weight"], rtol=1e-5, atol=1e-6)
+        # GPU atomics add in any order: hot rows (hundreds of additions over 40 steps) differ
+        # in the last bits (seen: 2 of 160k values by 1.3e-5); a lost or doubled push would
+        # move a row by ~lr * |g| ~ 0.05
+        torch.testing.assert_close(sd_p["weight"], sd_e["weight"], rtol=1e-4, atol=1e-4)
         for k in ("rows_owned", "rows_mirror_fresh", "rows_mirror_stale_ok",
                   "rows_mirror_refreshed", "rows_remote", "pushes_sent"):  # fmt: skip
             assert c_p[k] == c_e[k], (bound, k, c_p[k], c_e[k])
