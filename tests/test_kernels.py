@@ -24,8 +24,8 @@ CASES = textwrap.dedent(
     """
     import torch
     from hetgmp.embedding.kernels import (
-        gather_rows, mark_local, scatter_add_rows, scatter_add_rows_reference, take_local,
-        take_rows,
+        gather_rows, mark_local, put_rows, scatter_add_rows, scatter_add_rows_reference,
+        take_local, take_rows,
     )
 
     def check(device):
@@ -69,6 +69,16 @@ CASES = textwrap.dedent(
                 out = torch.full((n, d), float("nan"), device=device)
                 assert take_rows(table, idx, out=out, backend="triton") is out
                 assert torch.equal(out, want)
+            # put_rows == index_copy_ for distinct targets; a repeated target gets one of its rows
+            src = torch.randn(n, d, generator=g).to(device)
+            dst = torch.randn(rows + n, d, generator=g).to(device)
+            distinct = torch.randperm(rows + n, generator=g)[:n].to(device)
+            want = dst.clone().index_copy_(0, distinct, src)
+            assert torch.equal(put_rows(dst.clone(), distinct, src, backend="triton"), want)
+            rep = (torch.rand(n, generator=g) ** 4 * rows).long().to(device)
+            got = put_rows(dst.clone(), rep, src, backend="triton")
+            for r in rep.unique().tolist():
+                assert any(torch.equal(got[r], src[i]) for i in (rep == r).nonzero()[:, 0].tolist())
         # mark_local + take_local, both backends: two calls on one (stale) pos_map, the first
         # with ids out of range on both sides, then one in range (the flag must be clear again)
         for backend in ("torch", "triton"):
@@ -133,9 +143,10 @@ CASES = textwrap.dedent(
             torch.testing.assert_close(embs[1].weight, embs[0].weight, rtol=1e-5, atol=1e-6)
         print("ok")
 
-    def _world2(env, kernels):
+    def _world2(env, kernels, padded):
         # 2 gloo ranks, a plan with mirrors, bound 2: exchange, pushes, refreshes and the
-        # backward of the gathered rows all run on the given backend
+        # backward of the gathered rows all run on the given backend (padded: the fixed-
+        # capacity exchange, SGD; else the exact one, Adagrad)
         import numpy as np
         from hetgmp.embedding import DistributedEmbedding
         from hetgmp.partition.plan import Plan
@@ -145,8 +156,9 @@ CASES = textwrap.dedent(
         mirrors = [np.flatnonzero(owner != w).astype(np.int64) for w in range(2)]
         plan = Plan(np.zeros(2, np.int32), owner, mirrors, {})
         emb = DistributedEmbedding(
-            60, 8, env, plan, store_rate=0.3, bound=2, optimizer="adagrad", lr=0.1,
-            kernels=kernels,
+            60, 8, env, plan, store_rate=0.3, bound=2, optimizer="sgd" if padded else "adagrad",
+            lr=0.1, kernels=kernels, replies="all" if padded else "stale",
+            exchange="padded" if padded else "exact",
         )
         g = torch.Generator().manual_seed(env.rank)
         for _ in range(5):
@@ -157,10 +169,11 @@ CASES = textwrap.dedent(
     def check_world2():
         from hetgmp.comm.spawn import spawn_ranks
 
-        got = {k: spawn_ranks(_world2, 2, k, timeout_s=240) for k in ("torch", "triton")}
-        for a, b in zip(got["torch"], got["triton"]):
-            assert torch.equal(a["ids"], b["ids"])
-            torch.testing.assert_close(b["weight"], a["weight"], rtol=1e-5, atol=1e-6)
+        for padded in (False, True):
+            got = {k: spawn_ranks(_world2, 2, k, padded, timeout_s=240) for k in ("torch", "triton")}
+            for a, b in zip(got["torch"], got["triton"]):
+                assert torch.equal(a["ids"], b["ids"])
+                torch.testing.assert_close(b["weight"], a["weight"], rtol=1e-5, atol=1e-6)
         print("ok")
     """
 )

@@ -222,6 +222,7 @@ class DistributedEmbedding(nn.Module):
         self.exchange = exchange
         self._graphs = bool(cuda_graphs) and env.device.type == "cuda"
         self._static: StaticExchange | None = None  # buffers of the padded exchange (lazily)
+        self.padded_rebuilds: list[Capacity] = []  # every capacity the padded exchange took
         w, r = env.world_size, env.rank
         if plan is not None:
             owner, mirrors = plan_placement(plan, self.num_rows, w, r, store_rate)
@@ -963,6 +964,7 @@ class DistributedEmbedding(nn.Module):
         if cap != old:
             self._static = None  # free the old buffers (and graphs) first
             self._static = StaticExchange(self, cap, graphs=self._graphs)
+            self.padded_rebuilds.append(cap)
         st = self._static
         pushes = None
         if grads is not None:

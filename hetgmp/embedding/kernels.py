@@ -126,7 +126,25 @@ def _triton() -> Any:
         if pid == 0:
             tl.store(step_ptr, 0)
 
-    return triton, scatter_add_rows_kernel, take_rows_kernel, mark_local_kernel
+    @triton.jit
+    def put_rows_kernel(
+        dst_ptr, idx_ptr, src_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # dst[idx[i]] = src[i] (a repeated target: any one writer wins)
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n
+        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        src_row = rows.to(tl.int64) * D
+        dst_row = idx * D
+        for d0 in tl.static_range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            m = rmask[:, None] & (cols < D)[None, :]
+            v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+            tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+
+    return triton, scatter_add_rows_kernel, take_rows_kernel, mark_local_kernel, put_rows_kernel
 
 
 def triton_available() -> str | None:
@@ -258,7 +276,7 @@ def take_rows(
         if out is None:
             return take_rows_reference(table, idx)
         return torch.index_select(table, 0, idx, out=out)
-    triton, _, kernel, _ = _kernels()
+    triton, _, kernel, _, _ = _kernels()
     if out is None:
         out = torch.empty(n, d, dtype=table.dtype, device=table.device)
     elif out.shape != (n, d) or not out.is_contiguous() or out.dtype != table.dtype:
@@ -271,6 +289,37 @@ def take_rows(
             D=d, BLOCK_R=block_r, BLOCK_D=block_d, LEADS=False,
         )  # fmt: skip
     return out
+
+
+def put_rows_reference(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst.index_copy_(0, idx, src)``."""
+    return dst.index_copy_(0, idx, src)
+
+
+def put_rows(
+    dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, *, backend: str = "torch"
+) -> torch.Tensor:
+    """``dst[idx[i]] = src[i]`` (``dst [R, D]`` and ``src [n, D]`` contiguous, same dtype;
+    ``idx [n]`` in range; where ``idx`` repeats, any one of its rows lands). The inverse of
+    :func:`take_rows`, and why: torch's ``index_copy_`` took 0.12 ms for 31k rows of 128
+    floats on an H200 (per-element index math), a row-tile kernel a few microseconds."""
+    n = idx.numel()
+    if (
+        backend == "torch" or n == 0 or dst.dim() != 2 or not dst.is_contiguous()
+        or src.dtype != dst.dtype
+    ):  # fmt: skip
+        return put_rows_reference(dst, idx, src)
+    triton, _, _, _, kernel = _kernels()
+    d = dst.shape[1]
+    if src.shape != (n, d):
+        raise ValueError(f"src {tuple(src.shape)} vs ({n}, {d})")
+    block_r, block_d = _row_tiles(triton, d)
+    src, idx = src.contiguous(), idx.contiguous()
+    with _on_device(dst):
+        kernel[(triton.cdiv(n, block_r),)](
+            dst, idx, src, n, D=d, BLOCK_R=block_r, BLOCK_D=block_d
+        )
+    return dst
 
 
 def mark_local(
@@ -294,7 +343,7 @@ def mark_local(
         pos_map.index_copy_(0, slots, torch.arange(n, dtype=torch.int32, device=ids.device))
         step_count.zero_()
         return slots
-    triton, _, _, kernel = _kernels()
+    triton, _, _, kernel, _ = _kernels()
     slots = torch.empty_like(ids)
     block = 1024
     with _on_device(ids):
@@ -327,7 +376,7 @@ def take_local(
         total_count += k
         flag.zero_()
         return take_rows_reference(table, slots), lead
-    triton, _, kernel, _ = _kernels()
+    triton, _, kernel, _, _ = _kernels()
     d = table.shape[1]
     out = torch.empty(n, d, dtype=table.dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)

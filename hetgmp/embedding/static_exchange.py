@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hetgmp.comm.exchange import exchange_fixed
-from hetgmp.embedding.kernels import scatter_add_rows, take_rows
+from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.distributed import DistributedEmbedding
@@ -198,7 +198,7 @@ class StaticExchange:
         tp = torch.where(self.ar_wp < ends[-1:], jp * p + posp, w * p)
         self.p_ids.index_copy_(0, tp, self.pr_ids)
         self.p_cnt.index_copy_(0, tp, self.pr_cnt)
-        self.p_grad.index_copy_(0, tp, self.pr_grad)
+        put_rows(self.p_grad, tp, self.pr_grad, backend=e.kernels)
         torch.cat(
             [
                 self.q_ids[: w * q].view(w, q).view(torch.float32),
@@ -234,7 +234,7 @@ class StaticExchange:
         d_cnt = e.pending.index_select(0, di)
         self.p_ids.index_copy_(0, td, e.stored_ids.index_select(0, di + e.n_own))
         self.p_cnt.index_copy_(0, td, d_cnt)
-        self.p_grad.index_copy_(0, td, e.grad_acc.index_select(0, di))
+        put_rows(self.p_grad, td, e.grad_acc.index_select(0, di), backend=e.kernels)
         # SGD: the mirror already holds what the owner will apply (exact_mirror)
         e.version_full.index_add_(0, torch.where(vd, di + e.n_own, e.trash_slot), d_cnt)
         zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
@@ -299,14 +299,14 @@ class StaticExchange:
         rs = torch.where(refresh, ms, e.trash_slot).reshape(-1)
         mi = torch.where(refresh, ms - e.n_own, e.n_mir).reshape(-1)
         new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
-        e.weight_full.index_copy_(0, rs, new)
+        put_rows(e.weight_full, rs, new, backend=e.kernels)
         e.version_full.index_copy_(0, rs, r_ver.reshape(-1))
         # values: owned + mirror rows from storage, rows not stored here from the reply
         n_om = self.sz_mine[0, e.NOWN_COL] + nqm.sum()
         src = torch.where(self.ar_u < n_om, self.slot[:u], e.trash_slot)
         take_rows(e.weight_full, src, out=self.values[:u], backend=e.kernels)
         tv = torch.where(is_r, ipos, u).reshape(-1)
-        self.values.index_copy_(0, tv, r_vals.reshape(-1, d))
+        put_rows(self.values, tv, r_vals.reshape(-1, d), backend=e.kernels)
         torch.stack(
             [
                 (is_m & (r_lag == 0)).sum(),
