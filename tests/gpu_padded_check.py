@@ -1,10 +1,11 @@
-"""2-GPU check of the padded exchange with CUDA graphs against the exact exchange (NCCL).
+"""The padded exchange against the exact one over many steps, under torchrun.
 
-Run by ``tests/test_padded_gpu.py`` (``-m gpu``, 2+ GPUs) as
-``python -m torch.distributed.run --standalone --nproc_per_node 2 tests/gpu_padded_check.py``:
-both exchanges train the same per-rank batches (Zipf ids, random gradients) for enough steps
-that the padded segments are captured and replayed many times, then every rank compares the
-owned rows (after flush) and the row counters; prints ``PADDED GPU CHECK OK`` on success.
+Run by ``tests/test_padded_exchange.py`` as ``python -m torch.distributed.run --standalone
+--nproc_per_node 2 tests/gpu_padded_check.py [cpu|cuda]``: both exchanges train the same
+per-rank batches (Zipf ids, random gradients) for enough steps that capacities grow mid-run
+and (on CUDA: NCCL, CUDA graphs) the padded segments are captured and replayed many times; then
+every rank compares the owned rows (after flush) and the row counters, and prints
+``PADDED CHECK OK`` on success.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ def train(env, bound: int, exchange: str) -> tuple[dict, dict, DistributedEmbedd
 
 
 def main() -> int:
-    env = init_distributed()
-    assert env.device.type == "cuda" and env.world_size >= 2, env
+    device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
+    env = init_distributed(device=device)
+    assert env.device.type == device and env.world_size >= 2, env
     for bound in (0, 5):
         sd_e, c_e, _ = train(env, bound, "exact")
         sd_p, c_p, emb = train(env, bound, "padded")
         st = emb._static  # noqa: SLF001 - the check is about these internals
-        assert st is not None and all(g is not None for g in st._graphs), "graphs not captured"  # noqa: SLF001
+        assert st is not None and emb.padded_presyncs > STEPS // 2, emb.padded_presyncs
+        if device == "cuda":  # the pre-sync segment, pack, answer, finish: captured
+            assert len(st._graphs) >= 4, list(st._graphs)  # noqa: SLF001
         assert torch.equal(sd_e["ids"], sd_p["ids"])
         # GPU atomics add in any order: hot rows (hundreds of additions over 40 steps) differ
         # in the last bits (seen: 2 of 160k values by 1.3e-5); a lost or doubled push would
@@ -62,7 +66,7 @@ def main() -> int:
               f" capacity {st.cap})", flush=True)
     shutdown(env)
     if env.rank == 0:
-        print("PADDED GPU CHECK OK", flush=True)
+        print("PADDED CHECK OK", flush=True)
     return 0
 
 

@@ -75,7 +75,7 @@ def train_ranks(env: DistEnv, case: dict) -> dict:
     for ids, g in zip(make_batches(case["seed"]), make_grads(case["seed"]), strict=True):
         out = emb(torch.from_numpy(ids[sl]))
         step_loss(out, torch.from_numpy(g[sl]), BATCH).backward()
-    return {"sd": emb.state_dict(), "counters": emb.counters()}
+    return {"sd": emb.state_dict(), "counters": emb.counters(), "presyncs": emb.padded_presyncs}
 
 
 def reference_rows(case: dict) -> dict[str, torch.Tensor]:
@@ -591,3 +591,5 @@ def test_padded_exchange_equals_exact() -> None:
             assert cp["bytes_sent_ids"] >= ce["bytes_sent_ids"] > 0
         if cases[i]["bound"]:
             assert any(r[i + 1]["counters"]["rows_mirror_stale_ok"] for r in results)
+        # from the second step on, the part before the sizes exchange ran in fixed shapes too
+        assert all(r[i + 1]["presyncs"] == STEPS - 1 for r in results), [r[i + 1] for r in results]

@@ -71,7 +71,7 @@ from torch import nn
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import PeerFailedError
-from hetgmp.comm.exchange import exchange_payload, exchange_sizes
+from hetgmp.comm.exchange import exchange_fixed, exchange_payload, exchange_sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
@@ -87,7 +87,7 @@ from hetgmp.embedding.ops import compact, index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
-from hetgmp.embedding.static_exchange import Capacity, StaticExchange, grow
+from hetgmp.embedding.static_exchange import Capacity, PrepRing, StaticExchange, grow
 from hetgmp.partition.plan import Plan
 
 # Columns of the per-step sizes table 1 (row j: what this rank sends to rank j): mirror queries,
@@ -121,6 +121,8 @@ class _Prep:
     blocks: torch.Tensor  # [3w] int64
     kb: torch.Tensor  # [N] int32 block key of every entry of u (3w: padding)
     source: torch.Tensor | None  # the tensor given to prefetch (identity check in forward)
+    ring: int = -1  # the PrepRing slot holding these arrays (-1: not from a ring)
+    static: bool = False  # the arrays are a captured graph's outputs (fixed addresses)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks, self.kb]
@@ -141,6 +143,11 @@ class _Batch:
     nqr_dev: torch.Tensor  # the same on the device ([w] int64)
     # world-1 fast path: every occurrence's leader occurrence (see DistributedEmbedding._leaders)
     lead: torch.Tensor | None = None
+    # padded exchange: the preprocessed batch, the StaticExchange that ran it and the buffer
+    # its values' gradient is written to
+    prep: _Prep | None = None
+    static: StaticExchange | None = None
+    grad_buf: torch.Tensor | None = None
 
 
 class DistributedEmbedding(nn.Module):
@@ -223,6 +230,8 @@ class DistributedEmbedding(nn.Module):
         self._graphs = bool(cuda_graphs) and env.device.type == "cuda"
         self._static: StaticExchange | None = None  # buffers of the padded exchange (lazily)
         self.padded_rebuilds: list[Capacity] = []  # every capacity the padded exchange took
+        self.padded_presyncs = 0  # steps whose pre-sync part ran in fixed shapes
+        self._rings: dict[tuple[int, ...], PrepRing] = {}  # per batch shape (padded exchange)
         w, r = env.world_size, env.rank
         if plan is not None:
             owner, mirrors = plan_placement(plan, self.num_rows, w, r, store_rate)
@@ -333,7 +342,7 @@ class DistributedEmbedding(nn.Module):
             self._prefetched = None
             return
         if self.device.type != "cuda":
-            self._prefetched = self._prepare(ids.to(self.device))
+            self._prefetched = self._prep_new(ids.to(self.device))
             return
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
@@ -341,7 +350,7 @@ class DistributedEmbedding(nn.Module):
         self._side.wait_stream(main)  # ids (and the tables) are written on the main stream
         with torch.cuda.stream(self._side):
             dev_ids = ids.to(self.device, non_blocking=True)
-            prep = self._prepare(dev_ids)
+            prep = self._prep_new(dev_ids)
         dev_ids.record_stream(self._side)
         self._prefetched = prep
 
@@ -362,11 +371,13 @@ class DistributedEmbedding(nn.Module):
         else:
             if self._side is not None:  # a discarded prefetch may still use the leader map
                 torch.cuda.current_stream(self.device).wait_stream(self._side)
-            prep = self._prepare(ids.to(self.device))
+            prep = self._prep_new(ids.to(self.device))
         prep.source = None
         b, f = prep.ids.shape
         step = self._step_local if self._local else self._step
         values, batch = step(prep, op=_OP_FORWARD, error=err)
+        if prep.ring >= 0:  # the ring's other slot is free for the next batch
+            self._rings[tuple(prep.ids.shape)].last = prep.ring
         if self.training and torch.is_grad_enabled():
             leaf = values.requires_grad_()
 
@@ -377,6 +388,9 @@ class DistributedEmbedding(nn.Module):
             values = leaf
         if self._local:  # one value per occurrence already, in input order
             out = values.view(b, f, self.dim)
+        elif batch.grad_buf is not None:  # padded: the gradient lands at a fixed address
+            out = gather_rows(values, batch.inv, self.kernels, grad_out=batch.grad_buf)
+            out = out.view(b, f, self.dim)
         elif self.kernels == "triton":
             # backward: one zero-fill and one Triton scatter-add (relaxed atomics, row tiles)
             # instead of embedding_dense_backward's sort and segment sums
@@ -491,6 +505,21 @@ class DistributedEmbedding(nn.Module):
         out["rows_requested"] = sum(out[f"rows_{k}"] for k in ROW_KINDS)
         return out
 
+    def _prep_new(self, ids: torch.Tensor) -> _Prep:
+        """:meth:`_prepare`, into a :class:`PrepRing` slot with the padded exchange (up to
+        four batch shapes; others are prepared plainly)."""
+        if self.exchange != "padded" or self._local or ids.dim() != 2:
+            return self._prepare(ids)
+        key = tuple(ids.shape)
+        ring = self._rings.get(key)
+        if ring is None:
+            if len(self._rings) >= 4:
+                return self._prepare(ids)
+            ring = PrepRing(key, self.device, self._prepare, graphs=self._graphs)
+            self._rings[key] = ring
+        prep, slot, static = ring.fill(ids)
+        return dataclasses.replace(prep, ring=slot, static=static, source=ids)
+
     def _prepare(self, ids: torch.Tensor) -> _Prep:
         """Unique ids in block order (see :class:`_Prep`); fixed-size ops only, no host sync."""
         w = self.env.world_size
@@ -589,6 +618,13 @@ class DistributedEmbedding(nn.Module):
         ar = self._per_size("arange", slots.numel())
         self._pos_map32.index_copy_(0, slots, ar)
         return self._pos_map32.index_select(0, slots)
+
+    def _bound_cols(self, bound: int, op: int) -> torch.Tensor:
+        """The four constant columns of :meth:`_const_cols` (padded) as one ``[w, 4]`` tensor."""
+        key = (bound, op, "stacked")
+        if key not in self._const_cache:
+            self._const_cache[key] = torch.stack(self._const_cols(bound, op, True), dim=1)
+        return self._const_cache[key]  # type: ignore[return-value]
 
     def _const_cols(self, bound: int, op: int, padded: bool) -> tuple[torch.Tensor, ...]:
         """The bound / audit / operation / padded columns of sizes table 1, made once per value
@@ -716,14 +752,31 @@ class DistributedEmbedding(nn.Module):
         return values, batch
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
-        env, dev, d, w, r = self.env, self.device, self.dim, self.env.world_size, self.env.rank
-        sw = self.opt.state_width
+        env, dev, w, r = self.env, self.device, self.env.world_size, self.env.rank
         evaluating = op == _OP_FLUSH or not self.training
         bound = 0 if evaluating else self.bound
         self.timer.mark("unique")
         grads, self._grads = self._grads, None
-        due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
         padded = self.exchange == "padded" and not evaluating and error is None
+        st = self._static
+        presync = (
+            padded and st is not None and grads is not None and grads[0].static is st
+            and grads[0].prep is not None and prep.ring >= 0
+            and grads[0].prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
+            and grads[0].prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
+            and grads[1].data_ptr() == st.grad.data_ptr()
+        )  # fmt: skip
+        if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
+            assert st is not None and grads is not None and grads[0].prep is not None
+            st.presync(grads[0].prep, prep, self._bound_cols(bound, op))
+            self.padded_presyncs += 1
+            self.timer.mark("update")
+            table, theirs_dev = st.sz_mine, st.sz_theirs
+            exchange_fixed(env, table, theirs_dev, "embedding size exchange 1")
+            host = torch.stack([table, theirs_dev]).cpu()
+            return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
+                                     host, None, True)  # fmt: skip
+        due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
         own_done = False
         if padded and grads is not None and grads[0].n_own:
             # SGD is linear: the last batch's own rows can be applied now, before the pushes
@@ -749,6 +802,29 @@ class DistributedEmbedding(nn.Module):
         ]  # fmt: skip
         table = torch.stack(cols, dim=1)  # every column is int64 already
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
+        return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
+                                 host, (due, ndue, deferred), own_done)  # fmt: skip
+
+    def _after_sizes(
+        self,
+        prep: _Prep,
+        grads: tuple[_Batch, torch.Tensor] | None,
+        op: int,
+        error: str | None,
+        evaluating: bool,
+        padded: bool,
+        table: torch.Tensor,
+        theirs_dev: torch.Tensor,
+        host: torch.Tensor,
+        staged: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None,
+        own_done: bool,
+    ) -> tuple[torch.Tensor, _Batch]:
+        """The step after sizes exchange 1 (``host``: both tables on the CPU); ``staged``:
+        what :meth:`_stage_mirrors` returned, ``None`` when the padded pre-sync segment
+        staged the last batch (then computed here if the exact exchange follows)."""
+        env, dev, d, w = self.env, self.device, self.dim, self.env.world_size
+        sw = self.opt.state_width
+        bound = 0 if evaluating else self.bound
         mine_l, theirs_l = host[0].tolist(), host[1].tolist()
         if error is None and mine_l[0][_STATUS]:
             error = _range_error(prep.ids, self.num_rows)
@@ -774,8 +850,13 @@ class DistributedEmbedding(nn.Module):
             nqr_dev=table[:, _NQR],
         )
         if padded and all(row[_PADDED] for row in theirs_l):
-            values = self._step_padded(prep, batch, grads, table, theirs_dev, mine_l, theirs_l)
+            values = self._step_padded(
+                prep, batch, grads, table, theirs_dev, mine_l, theirs_l, loaded=staged is None
+            )
             return values, batch
+        if staged is None:  # (a peer takes the exact exchange this step)
+            staged = self._stage_mirrors(None, push_all=evaluating)
+        due, ndue, deferred = staged
 
         # ---- pushes: the last batch's rows not stored here + mirrors due (grouped by owner)
         tot_due = sum(ndue_l)
@@ -948,6 +1029,8 @@ class DistributedEmbedding(nn.Module):
         theirs_dev: torch.Tensor,
         mine_l: list[list[int]],
         theirs_l: list[list[int]],
+        *,
+        loaded: bool,
     ) -> torch.Tensor:
         """The rest of a training step with fixed-capacity payloads (see
         :mod:`hetgmp.embedding.static_exchange`); every rank takes it together (the
@@ -962,17 +1045,24 @@ class DistributedEmbedding(nn.Module):
             n=n,
         )
         if cap != old:
-            self._static = None  # free the old buffers (and graphs) first
-            self._static = StaticExchange(self, cap, graphs=self._graphs)
+            new = StaticExchange(self, cap, graphs=self._graphs)
+            if loaded:  # the pre-sync segment wrote the inputs into the old buffers
+                assert self._static is not None
+                new.adopt(self._static)
+            self._static = new
             self.padded_rebuilds.append(cap)
+        elif not loaded:
+            assert self._static is not None
         st = self._static
-        pushes = None
-        if grads is not None:
-            pb, pg = grads
-            r0 = pb.n_own + pb.n_mir
-            pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_dev)
-        st.load(prep.u, prep.slot, prep.kb, prep.blocks, table, theirs_dev, pushes)
+        if not loaded:
+            pushes = None
+            if grads is not None:
+                pb, pg = grads
+                r0 = pb.n_own + pb.n_mir
+                pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_dev)
+            st.load(prep.u, prep.slot, prep.kb, prep.blocks, table, theirs_dev, pushes)
         values = st.run()
+        batch.prep, batch.static, batch.grad_buf = prep, st, st.grad
         self.timer.mark("exchange")
         # Bytes actually sent: the padded buffers, to every other rank.
         q, p, o = cap.q, cap.p, w - 1

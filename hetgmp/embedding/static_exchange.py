@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -79,9 +79,11 @@ class StaticExchange:
         self.blocks = torch.zeros(3 * w, **i64)
         self.sz_mine = torch.zeros(w, emb.SIZE_COLS, **i64)
         self.sz_theirs = torch.zeros(w, emb.SIZE_COLS, **i64)
-        self.pr_ids = torch.zeros(w * p, **i64)  # last batch's rows not stored here (pushes)
-        self.pr_cnt = torch.zeros(w * p, **i64)
-        self.pr_grad = torch.zeros(w * p, d, device=dev)
+        # the last batch's rows not stored here (pushed this step): at most q per owner, as
+        # they were queries of the last batch
+        self.pr_ids = torch.zeros(w * q, **i64)
+        self.pr_cnt = torch.zeros(w * q, **i64)
+        self.pr_grad = torch.zeros(w * q, d, device=dev)
         self.pr_n = torch.zeros(w, **i64)  # ... per owner
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
@@ -107,10 +109,13 @@ class StaticExchange:
         self.ar_q = torch.arange(q, **i64)
         self.ar_p = torch.arange(p, **i64)
         self.ar_wp = torch.arange(w * p, **i64)
+        self.ar_wq = torch.arange(w * q, **i64)
         self.ar_w = torch.arange(w, **i64)
-        self._graphs: list[torch.cuda.CUDAGraph | None] = [None, None, None]
-        self._warm = [False, False, False]
-        self._pool = torch.cuda.graph_pool_handle() if graphs else None
+        # the gradient of this batch's values (the backward of gather_rows writes it here, so
+        # the next step's pre-sync segment reads it at a fixed address)
+        self.grad = torch.zeros(u + 1, d, device=dev)
+        self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
+        self._warm: set[object] = set()
 
     # ------------------------------------------------------------------ host side
     def load(
@@ -146,30 +151,108 @@ class StaticExchange:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
         env = self.emb.env
-        self._segment(0, self._pack)
+        self._segment("pack", self._pack)
         exchange_fixed(env, self.send1, self.recv1, "embedding exchange 1 (static)")
-        self._segment(1, self._answer)
+        self._segment("answer", self._answer)
         exchange_fixed(env, self.send2, self.recv2, "embedding exchange 2 (static)")
-        self._segment(2, self._finish)
+        self._segment("finish", self._finish)
         return self.values
 
-    def _segment(self, i: int, fn: Callable[[], None]) -> None:
-        """Run ``fn`` eagerly (CPU; and once on CUDA, which also compiles Triton kernels), or
-        capture it as a CUDA graph at its second use and replay it from then on."""
-        if not self.graphs or not self._warm[i]:
-            fn()
-            self._warm[i] = True
+    def presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+        """The part of a step before the sizes exchange, for the batch after this one's
+        (``prev``: the batch this object ran, its gradient in :attr:`grad`; ``cur``: the
+        next batch, preprocessed): SGD on ``prev``'s own rows, its mirrors' local step, the
+        push inputs, the next batch's inputs and sizes table (into :attr:`sz_mine`). One
+        graph per ring slot of ``cur`` (see :class:`PrepRing`) once both are at fixed
+        addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns."""
+        self._segment(
+            ("presync", cur.ring),
+            lambda: self._presync(prev, cur, bound_cols),
+            capturable=prev.static and cur.static,
+        )
+
+    def adopt(self, old: StaticExchange) -> None:
+        """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
+        for name in ("u_ids", "slot", "kb", "blocks", "sz_mine", "sz_theirs", "pr_n"):
+            getattr(self, name).copy_(getattr(old, name))
+        k = min(old.pr_ids.numel(), self.pr_ids.numel())
+        self.pr_ids[:k].copy_(old.pr_ids[:k])
+        self.pr_cnt[:k].copy_(old.pr_cnt[:k])
+        self.pr_grad[:k].copy_(old.pr_grad[:k])
+
+    def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
+        """Run ``fn`` eagerly (CPU; once on CUDA, which also compiles the Triton kernels; and
+        whenever its inputs are not at fixed addresses: ``capturable`` false), or capture it
+        as a CUDA graph at its second use and replay it from then on."""
+        graphs = self._graphs
+        if key in graphs and capturable:
+            graphs[key].replay()
             return
-        g = self._graphs[i]
-        if g is None:
-            g = torch.cuda.CUDAGraph()
-            # thread_local: other threads (NCCL's watchdog) may query CUDA during a capture
-            with torch.cuda.graph(g, pool=self._pool, capture_error_mode="thread_local"):
-                fn()
-            self._graphs[i] = g
-        g.replay()
+        if not (self.graphs and capturable) or key not in self._warm:
+            fn()
+            if capturable:
+                self._warm.add(key)
+            return
+        graphs[key] = capture(fn)
+        graphs[key].replay()
 
     # ------------------------------------------------------------------ segments (fixed shapes)
+    def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+        e, w, n = self.emb, self.w, self.cap.n
+        u, trash, lr = self.cap.u, e.trash_slot, e.opt.lr
+        sz = self.sz_mine  # still the table of ``prev`` (rewritten last)
+        n_o = sz[0, e.NOWN_COL]
+        n_m = sz[:, _NQM].sum()
+        nqr = sz[:, _NQR]
+        g = self.grad
+        # SGD on prev's own rows (block order: first n_o entries); padding -> trash row
+        own = self.ar_u < n_o
+        o_slot = torch.where(own, prev.slot[:u], trash)
+        scatter_add_rows(e.weight_full, o_slot, g[:u], -lr, backend=e.kernels)
+        e.version_full.index_add_(0, o_slot, torch.where(own, prev.cnt[:u], 0))
+        # prev's mirrors (entries n_o .. n_o + n_m): local step, accumulate, count
+        i = (n_o + self.ar_wq).clamp(max=min(n, u) - 1)
+        mir = self.ar_wq < n_m
+        ms = torch.where(mir, prev.slot.index_select(0, i), trash)
+        mi = torch.where(mir, ms - e.n_own, e.n_mir)
+        gm = take_rows(g, i, backend=e.kernels)
+        scatter_add_rows(e.weight_full, ms, gm, -lr, backend=e.kernels)
+        scatter_add_rows(e.delta_acc_full, mi, gm, -lr, backend=e.kernels)
+        scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=e.kernels)
+        e.pending_full.index_add_(0, mi, torch.where(mir, prev.cnt.index_select(0, i), 0))
+        # prev's rows not stored here: the push inputs of the next step
+        r0 = n_o + n_m
+        j = (r0 + self.ar_wq).clamp(max=min(n, u) - 1)
+        self.pr_ids.copy_(prev.u.index_select(0, j))
+        self.pr_cnt.copy_(prev.cnt.index_select(0, j))
+        take_rows(g, j, out=self.pr_grad, backend=e.kernels)
+        self.pr_n.copy_(nqr)
+        # mirrors due for a push, per owner (as DistributedEmbedding._stage_mirrors)
+        if e.n_mir:
+            due = e.pending > e.bound
+            c = torch.cat([self.ar_w[:1] * 0, torch.cumsum(due, 0)])
+            ndue = c.index_select(0, e._mir_end) - c.index_select(0, e._mir_start)  # noqa: SLF001
+        else:
+            ndue = self.ar_w * 0
+        # the next batch: inputs and sizes table
+        self.u_ids.copy_(cur.u)
+        self.slot.copy_(cur.slot)
+        self.kb.copy_(cur.kb)
+        self.blocks.copy_(cur.blocks)
+        bl = cur.blocks
+        n_push = ndue + nqr
+        nq = bl[w : 2 * w] + bl[2 * w : 3 * w]
+        r = e.env.rank
+        table = torch.stack(
+            [
+                bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, cur.bad.long().expand(w),
+                bound_cols[:, 0], bound_cols[:, 1], bound_cols[:, 2], bl[r].expand(w),
+                nq.max().expand(w), n_push.max().expand(w), bound_cols[:, 3],
+            ],
+            dim=1,
+        )  # fmt: skip
+        self.sz_mine.copy_(table)
+
     def _pack(self) -> None:
         """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
         not stored here, then this rank's due mirrors, per owner) into ``send1``."""
@@ -193,9 +276,9 @@ class StaticExchange:
         self.q_ver.index_copy_(0, t, ver)
         # -- pushes: the last batch's rows not stored here (contiguous per owner)
         ends = torch.cumsum(self.pr_n, 0)
-        jp = torch.searchsorted(ends, self.ar_wp, right=True).clamp(max=w - 1)
-        posp = self.ar_wp - (ends - self.pr_n).index_select(0, jp)
-        tp = torch.where(self.ar_wp < ends[-1:], jp * p + posp, w * p)
+        jp = torch.searchsorted(ends, self.ar_wq, right=True).clamp(max=w - 1)
+        posp = self.ar_wq - (ends - self.pr_n).index_select(0, jp)
+        tp = torch.where(self.ar_wq < ends[-1:], jp * p + posp, w * p)
         self.p_ids.index_copy_(0, tp, self.pr_ids)
         self.p_cnt.index_copy_(0, tp, self.pr_cnt)
         put_rows(self.p_grad, tp, self.pr_grad, backend=e.kernels)
@@ -318,3 +401,47 @@ class StaticExchange:
             out=self.rows_step,
         )
         e._rows_dev_total.add_(self.rows_step)  # noqa: SLF001 - the owner's counter
+
+
+def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+    """``fn``'s CUDA work as a graph (captured, not run). ``thread_local``: other threads
+    (NCCL's watchdog) may call CUDA while this one captures."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        fn()
+    return g
+
+
+class PrepRing:
+    """Two fixed slots for a batch's preprocessed ids (``prepare(ids) -> prep``): the batch
+    being trained reads one (its arrays live until the next step has staged its gradient),
+    the next batch is prepared into the other. On CUDA with ``graphs`` each slot's
+    preprocessing is captured at its second use; from then on the slot's outputs stay at fixed
+    addresses (``static``), which is what lets the pre-sync segment be captured too."""
+
+    def __init__(
+        self, shape: tuple[int, int], device: torch.device, prepare: Callable[[torch.Tensor], Any],
+        *, graphs: bool,
+    ) -> None:  # fmt: skip
+        self.ids = [torch.zeros(shape, dtype=torch.int64, device=device) for _ in range(2)]
+        self.prepare, self.graphs = prepare, graphs
+        self._out: list[Any] = [None, None]
+        self._graphs: list[torch.cuda.CUDAGraph | None] = [None, None]
+        self._warm = [False, False]
+        self.last = 1  # the slot of the batch consumed last
+
+    def fill(self, ids: torch.Tensor) -> tuple[Any, int, bool]:
+        """Prepare ``ids`` into the free slot: ``(prep, slot, static)``."""
+        s = self.last ^ 1
+        self.ids[s].copy_(ids)
+        if self._graphs[s] is not None:
+            self._graphs[s].replay()
+            return self._out[s], s, True
+        if not self.graphs or not self._warm[s]:
+            self._warm[s] = True
+            return self.prepare(self.ids[s]), s, False
+        out: list[Any] = []
+        self._graphs[s] = capture(lambda: out.append(self.prepare(self.ids[s])))
+        self._out[s] = out[0]
+        self._graphs[s].replay()
+        return self._out[s], s, True
