@@ -61,6 +61,7 @@ def _triton() -> Any:
         rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n
         idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
         src_row = rows.to(tl.int64) * D
         dst_row = idx * D
         for d0 in tl.static_range(0, D, BLOCK_D):
@@ -136,6 +137,7 @@ def _triton() -> Any:
         rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         rmask = rows < n
         idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
         src_row = rows.to(tl.int64) * D
         dst_row = idx * D
         for d0 in tl.static_range(0, D, BLOCK_D):
@@ -211,7 +213,9 @@ def scatter_add_rows(
     backend: str = "torch",
 ) -> torch.Tensor:
     """``table[idx[i]] += alpha * src[i]`` (``table [R, D]`` float32 contiguous, ``idx [n]``
-    int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`)."""
+    int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`). The
+    Triton kernel skips a negative index (padding entries: no atomics on a shared dummy row);
+    the torch reference needs every index in range."""
     if backend == "torch" or idx.numel() == 0:
         return scatter_add_rows_reference(table, idx, src, alpha)
     got = _triton()
@@ -300,7 +304,8 @@ def put_rows(
     dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, *, backend: str = "torch"
 ) -> torch.Tensor:
     """``dst[idx[i]] = src[i]`` (``dst [R, D]`` and ``src [n, D]`` contiguous, same dtype;
-    ``idx [n]`` in range; where ``idx`` repeats, any one of its rows lands). The inverse of
+    ``idx [n]`` in range, or negative: skipped, Triton only; where ``idx`` repeats, each element
+    gets one of the writers' values: on CUDA not necessarily all from one row). The inverse of
     :func:`take_rows`, and why: torch's ``index_copy_`` took 0.12 ms for 31k rows of 128
     floats on an H200 (per-element index math), a row-tile kernel a few microseconds."""
     n = idx.numel()

@@ -7,8 +7,10 @@ launch work, not the bytes, is the step's cost (profiled on 2x H200 at batch 819
 
 Here the same arithmetic runs on buffers of fixed *capacities*: ``q`` query rows and ``p``
 pushed rows per peer, ``u`` unique rows per batch. Counts live on the device (the sizes tables),
-rows past a count are padding, and every write of a padding entry goes to a *trash row* (one
-extra row after the real ones in each state tensor, never read as data). With fixed shapes the
+rows past a count are padding. A padding entry's row write is skipped by the Triton kernels
+(negative index) or, with the torch backend, goes to a *trash row* (one extra row after the
+real ones in each state tensor, never read as data); a padding entry's count update adds 0 to
+some real row (spread over rows: thousands of atomics on one address serialise). With fixed shapes the
 three segments between the two payload exchanges are captured once as CUDA graphs and then
 replayed: one launch each instead of ~50 ops. The two payload all-to-alls stay outside the
 graphs (plain ``all_to_all_single`` calls with equal splits).
@@ -54,10 +56,11 @@ class Capacity:
 
 def grow(cap: int, need: int, *, quantum: int = 256) -> int:
     """The capacity after seeing ``need`` (the same on every rank for the same inputs):
-    unchanged while it fits, else ``need`` plus a quarter, rounded up to ``quantum``."""
+    unchanged while it fits, else ``need`` plus a half, rounded up to ``quantum`` (each growth
+    rebuilds buffers and recaptures graphs: generous headroom keeps that to the first steps)."""
     if need <= cap and cap > 0:
         return cap
-    want = need + need // 4 + 1
+    want = need + need // 2 + 1
     return -(-want // quantum) * quantum
 
 
@@ -110,6 +113,17 @@ class StaticExchange:
         self.ar_p = torch.arange(p, **i64)
         self.ar_wp = torch.arange(w * p, **i64)
         self.ar_wq = torch.arange(w * q, **i64)
+        # where padding entries go: row writes (skipped by Triton: -1; else the trash rows),
+        # count adds of 0 (spread over real rows)
+        triton = emb.kernels == "triton"
+        self.skip_s = -1 if triton else emb.trash_slot  # weight / version rows
+        self.skip_m = -1 if triton else emb.n_mir  # mirror buffers
+        self.skip_u = -1 if triton else u  # values
+        s_rows = max(1, emb.trash_slot)
+        self.spread_u = self.ar_u % s_rows
+        self.spread_wq = self.ar_wq % s_rows
+        self.spread_wp = self.ar_wp % s_rows
+        self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
         self.ar_w = torch.arange(w, **i64)
         # the gradient of this batch's values (the backward of gather_rows writes it here, so
         # the next step's pre-sync segment reads it at a fixed address)
@@ -199,7 +213,7 @@ class StaticExchange:
     # ------------------------------------------------------------------ segments (fixed shapes)
     def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
         e, w, n = self.emb, self.w, self.cap.n
-        u, trash, lr = self.cap.u, e.trash_slot, e.opt.lr
+        u, lr = self.cap.u, e.opt.lr
         sz = self.sz_mine  # still the table of ``prev`` (rewritten last)
         n_o = sz[0, e.NOWN_COL]
         n_m = sz[:, _NQM].sum()
@@ -207,19 +221,24 @@ class StaticExchange:
         g = self.grad
         # SGD on prev's own rows (block order: first n_o entries); padding -> trash row
         own = self.ar_u < n_o
-        o_slot = torch.where(own, prev.slot[:u], trash)
-        scatter_add_rows(e.weight_full, o_slot, g[:u], -lr, backend=e.kernels)
-        e.version_full.index_add_(0, o_slot, torch.where(own, prev.cnt[:u], 0))
+        o_slot = prev.slot[:u]
+        scatter_add_rows(
+            e.weight_full, torch.where(own, o_slot, self.skip_s), g[:u], -lr, backend=e.kernels
+        )
+        o_cnt = torch.where(own, prev.cnt[:u], 0)
+        e.version_full.index_add_(0, torch.where(own, o_slot, self.spread_u), o_cnt)
         # prev's mirrors (entries n_o .. n_o + n_m): local step, accumulate, count
         i = (n_o + self.ar_wq).clamp(max=min(n, u) - 1)
         mir = self.ar_wq < n_m
-        ms = torch.where(mir, prev.slot.index_select(0, i), trash)
-        mi = torch.where(mir, ms - e.n_own, e.n_mir)
+        ms_all = prev.slot.index_select(0, i)
+        ms = torch.where(mir, ms_all, self.skip_s)
+        mi = torch.where(mir, ms_all - e.n_own, self.skip_m)
         gm = take_rows(g, i, backend=e.kernels)
         scatter_add_rows(e.weight_full, ms, gm, -lr, backend=e.kernels)
         scatter_add_rows(e.delta_acc_full, mi, gm, -lr, backend=e.kernels)
         scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=e.kernels)
-        e.pending_full.index_add_(0, mi, torch.where(mir, prev.cnt.index_select(0, i), 0))
+        m_cnt = torch.where(mir, prev.cnt.index_select(0, i), 0)
+        e.pending_full.index_add_(0, torch.where(mir, ms_all - e.n_own, self.spread_wq_m), m_cnt)
         # prev's rows not stored here: the push inputs of the next step
         r0 = n_o + n_m
         j = (r0 + self.ar_wq).clamp(max=min(n, u) - 1)
@@ -319,7 +338,8 @@ class StaticExchange:
         self.p_cnt.index_copy_(0, td, d_cnt)
         put_rows(self.p_grad, td, e.grad_acc.index_select(0, di), backend=e.kernels)
         # SGD: the mirror already holds what the owner will apply (exact_mirror)
-        e.version_full.index_add_(0, torch.where(vd, di + e.n_own, e.trash_slot), d_cnt)
+        sp = self.spread_wp[:kd]
+        e.version_full.index_add_(0, torch.where(vd, di + e.n_own, sp), torch.where(vd, d_cnt, 0))
         zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
         e.pending_full.index_fill_(0, zi, 0)
         e.grad_acc_full.index_fill_(0, zi, 0.0)
@@ -341,9 +361,10 @@ class StaticExchange:
         # -- pushes (SGD: every contribution added directly, padding into the trash row)
         pv = (self.ar_p[None, :] < np_in[:, None]).reshape(-1)
         ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
-        ps = torch.where(pv, ps, e.trash_slot)
-        scatter_add_rows(e.weight_full, ps, rp_grad, -e.opt.lr, backend=e.kernels)
-        e.version_full.index_add_(0, ps, torch.where(pv, rp_cnt, 0))
+        scatter_add_rows(
+            e.weight_full, torch.where(pv, ps, self.skip_s), rp_grad, -e.opt.lr, backend=e.kernels
+        )
+        e.version_full.index_add_(0, torch.where(pv, ps, self.spread_wp), torch.where(pv, rp_cnt, 0))
         # -- answers
         qv = (self.ar_q[None, :] < nq_in[:, None]).reshape(-1)
         qs = e.slot_of.index_select(0, rq_ids.clamp(0, e.num_rows - 1)).long()
@@ -379,16 +400,16 @@ class StaticExchange:
         ).clamp(0, self.cap.n)
         ms = self.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
         refresh = is_m & (r_lag > e.bound)
-        rs = torch.where(refresh, ms, e.trash_slot).reshape(-1)
+        rs = torch.where(refresh, ms, self.skip_s).reshape(-1)
         mi = torch.where(refresh, ms - e.n_own, e.n_mir).reshape(-1)
         new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
         put_rows(e.weight_full, rs, new, backend=e.kernels)
-        e.version_full.index_copy_(0, rs, r_ver.reshape(-1))
+        put_rows(e.version_full.view(-1, 1), rs, r_ver.reshape(-1, 1), backend=e.kernels)
         # values: owned + mirror rows from storage, rows not stored here from the reply
         n_om = self.sz_mine[0, e.NOWN_COL] + nqm.sum()
         src = torch.where(self.ar_u < n_om, self.slot[:u], e.trash_slot)
         take_rows(e.weight_full, src, out=self.values[:u], backend=e.kernels)
-        tv = torch.where(is_r, ipos, u).reshape(-1)
+        tv = torch.where(is_r, ipos, self.skip_u).reshape(-1)
         put_rows(self.values, tv, r_vals.reshape(-1, d), backend=e.kernels)
         torch.stack(
             [
