@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,33 @@ def _time(fns: dict, reps: int, dev: torch.device) -> dict[str, float]:
             f()
             clocks[k].tock(t0)
     return {k: 1e3 * median(c.seconds()) for k, c in clocks.items()}
+
+
+def _launch_overhead(dev: torch.device, calls: int = 2000) -> dict[str, float]:
+    """Host microseconds per call of each row op on a 64 x 8 table (the device work is
+    negligible, so this is what a host-bound step pays per launch)."""
+    table = torch.zeros(64, 8, device=dev)
+    idx = torch.arange(16, device=dev)
+    src = torch.ones(16, 8, device=dev)
+    ops = {
+        "torch index_select": lambda: table.index_select(0, idx),
+        "torch index_add_": lambda: table.index_add_(0, idx, src),
+        "triton take_rows": lambda: take_rows(table, idx, backend="triton"),
+        "triton scatter_add_rows": lambda: scatter_add_rows(table, idx, src, backend="triton"),
+    }
+    got = {}
+    for name, fn in ops.items():
+        for _ in range(20):
+            fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        got[name] = 1e6 * (time.perf_counter() - t0) / calls
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    return got
 
 
 def main() -> int:
@@ -116,11 +144,14 @@ def main() -> int:
         rec["gather_speedup"] = rec["gather_ms_torch"] / rec["gather_ms_triton"]
         recs.append(rec)
         print(json.dumps(rec), flush=True)
+    launch = _launch_overhead(dev, 2000 if dev.type == "cuda" else 20)
+    print(json.dumps({"host_us_per_call": launch}), flush=True)
     info = machine_info(dev)
     info.update(command="python " + " ".join(sys.argv), table_rows=rows)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels.json").write_text(json.dumps({"info": info, "results": recs}, indent=1))
+    payload = {"info": info, "results": recs, "host_us_per_call": launch}
+    (out / "kernels.json").write_text(json.dumps(payload, indent=1))
     lines = [
         "# Row kernels: torch vs hetgmp Triton (bench/gpu/bench_kernels.py)",
         "",
@@ -155,6 +186,14 @@ def main() -> int:
             f"{'yes' if r['gather_equal'] else 'NO'} |"
         )
     lines += ["", "*bytes of row read + output row written per row read, over the time."]
+    lines += [
+        "",
+        "## Host time per call (tiny tensors: launch overhead, no device wait)",
+        "",
+        "| call | host us |",
+        "|---|---|",
+        *(f"| {k} | {v:.1f} |" for k, v in launch.items()),
+    ]
     (out / "kernels.md").write_text("\n".join(lines) + "\n")
     return 0
 
