@@ -130,8 +130,11 @@ def _ckpt_state(ckdir: Path):
     return ck.dense()["model"], u["weight"][order], u["ids"][order]
 
 
-@pytest.mark.parametrize("nparts", [3])
-def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int) -> None:
+@pytest.mark.parametrize(
+    ("nparts", "sparse"), [(3, {}), (3, {"optimizer": "sgd", "replies": "all", "exchange": "padded"})]
+)
+def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int, sparse) -> None:
+    """Adagrad + the exact exchange, and SGD + the padded exchange (--exchange padded)."""
     plan_path = _uneven_plan(tiny_dataset, nparts, tmp_path / "part.npz")
     ck = tmp_path / "ck"
     cfg = _cfg(
@@ -142,6 +145,7 @@ def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int) -
         store_rate=1.0,
         bound=0,
         checkpoint_dir=ck,
+        **sparse,
     )
     res = spawn_ranks(_train_rank, nparts, cfg, timeout_s=180)
     assert res[0]["embedding"]["mirror_hit"] > 0  # mirrors were really used

@@ -73,7 +73,7 @@ def main() -> int:
     ap.add_argument("--contender", default="hetgmp-b100")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=40, help="steps before profiling (capacities and CUDA graphs settle)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: smoke test")
     a = ap.parse_args()

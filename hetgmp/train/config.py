@@ -149,6 +149,13 @@ class TrainConfig:
         help="embedding row-update kernels (auto: Triton on CUDA, torch otherwise)",
         choices=["auto", "torch", "triton"],
     )
+    exchange: str = option(
+        "auto",
+        help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
+        "so each step replays CUDA graphs; needs --optimizer sgd and --replies all); auto: padded "
+        "where it applies on CUDA",
+        choices=["auto", "exact", "padded"],
+    )
     eval_batch_size: int = option(
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
     )

@@ -131,6 +131,7 @@ def distributed_embedding(
         seed=cfg.seed,
         kernels=cfg.kernels,
         replies=cfg.replies,
+        exchange=cfg.exchange,
     )
 
 
@@ -166,7 +167,8 @@ def train(
         if hasattr(emb, "kernels") and hasattr(emb, "replies"):
             log.info(
                 f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
-                f"replies {emb.replies} (--replies {cfg.replies})"
+                f"replies {emb.replies} (--replies {cfg.replies}), exchange "
+                f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
             )
         model = build_model(
             cfg.model,
