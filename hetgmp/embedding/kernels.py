@@ -27,6 +27,7 @@ import contextlib
 import functools
 import os
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -39,7 +40,8 @@ KERNELS = ("auto", "torch", "triton")
 
 @functools.lru_cache(maxsize=1)
 def _triton() -> Any:
-    """The compiled Triton kernel, or the ImportError text if Triton is unusable."""
+    """The Triton kernels (a namespace: ``triton``, ``scatter``, ``take``, ``take_local``,
+    ``mark_local``, ``put``), or the ImportError text if Triton is unusable."""
     try:
         import triton
         import triton.language as tl
@@ -73,35 +75,8 @@ def _triton() -> Any:
             )
 
     @triton.jit
-    def take_rows_kernel(
-        table_ptr,
-        idx_ptr,
-        out_ptr,
-        n,
-        pos_ptr,
-        lead_ptr,
-        step_ptr,
-        total_ptr,
-        flag_ptr,
-        D: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        LEADS: tl.constexpr,
-    ):
-        # out[i] = table[idx[i]]; with LEADS also lead[i] = pos[idx[i]], the leaders
-        # (lead[i] == i) counted into *step and *total, and *flag cleared (see take_local)
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n
-        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        if LEADS:
-            lead = tl.load(pos_ptr + idx, mask=rmask, other=-1)
-            tl.store(lead_ptr + rows, lead, mask=rmask)
-            k = tl.sum((lead == rows).to(tl.int64), axis=0)
-            tl.atomic_add(step_ptr, k, sem="relaxed")
-            tl.atomic_add(total_ptr, k, sem="relaxed")
-            if pid == 0:
-                tl.store(flag_ptr, 0)
+    def _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D: tl.constexpr, BLOCK_D: tl.constexpr):
+        # out[rows] = table[idx], whole rows in column tiles (64-bit row offsets)
         src_row = idx * D
         dst_row = rows.to(tl.int64) * D
         for d0 in tl.static_range(0, D, BLOCK_D):
@@ -109,6 +84,40 @@ def _triton() -> Any:
             m = rmask[:, None] & (cols < D)[None, :]
             v = tl.load(table_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
             tl.store(out_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+
+    # Triton resolves a helper called from a kernel among the module's globals, not closures
+    globals()["_copy_rows"] = _copy_rows
+
+    @triton.jit
+    def take_rows_kernel(
+        table_ptr, idx_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # out[i] = table[idx[i]] (few arguments: Triton's launch cost grows with them)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n
+        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
+
+    @triton.jit
+    def take_local_kernel(
+        table_ptr, idx_ptr, out_ptr, n, pos_ptr, lead_ptr, step_ptr, total_ptr, flag_ptr,
+        D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):  # fmt: skip
+        # take_rows + lead[i] = pos[idx[i]], the leaders (lead[i] == i) counted into *step and
+        # *total, *flag cleared (see take_local)
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n
+        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        lead = tl.load(pos_ptr + idx, mask=rmask, other=-1)
+        tl.store(lead_ptr + rows, lead, mask=rmask)
+        k = tl.sum((lead == rows).to(tl.int64), axis=0)
+        tl.atomic_add(step_ptr, k, sem="relaxed")
+        tl.atomic_add(total_ptr, k, sem="relaxed")
+        if pid == 0:
+            tl.store(flag_ptr, 0)
+        _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
 
     @triton.jit
     def mark_local_kernel(
@@ -146,7 +155,10 @@ def _triton() -> Any:
             v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
             tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
 
-    return triton, scatter_add_rows_kernel, take_rows_kernel, mark_local_kernel, put_rows_kernel
+    return SimpleNamespace(
+        triton=triton, scatter=scatter_add_rows_kernel, take=take_rows_kernel,
+        take_local=take_local_kernel, mark_local=mark_local_kernel, put=put_rows_kernel,
+    )  # fmt: skip
 
 
 def triton_available() -> str | None:
@@ -218,10 +230,8 @@ def scatter_add_rows(
     the torch reference needs every index in range."""
     if backend == "torch" or idx.numel() == 0:
         return scatter_add_rows_reference(table, idx, src, alpha)
-    got = _triton()
-    if isinstance(got, str):
-        raise RuntimeError(f"Triton kernels unavailable: {got}")
-    triton, kernel = got[0], got[1]
+    k = _kernels()
+    triton, kernel = k.triton, k.scatter
     n, d = src.shape
     if table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32:
         raise ValueError(f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}")
@@ -244,7 +254,7 @@ def _on_device(t: torch.Tensor) -> Any:
     return contextlib.nullcontext()
 
 
-def _kernels() -> tuple[Any, ...]:
+def _kernels() -> Any:
     got = _triton()
     if isinstance(got, str):
         raise RuntimeError(f"Triton kernels unavailable: {got}")
@@ -280,7 +290,8 @@ def take_rows(
         if out is None:
             return take_rows_reference(table, idx)
         return torch.index_select(table, 0, idx, out=out)
-    triton, _, kernel, _, _ = _kernels()
+    k = _kernels()
+    triton, kernel = k.triton, k.take
     if out is None:
         out = torch.empty(n, d, dtype=table.dtype, device=table.device)
     elif out.shape != (n, d) or not out.is_contiguous() or out.dtype != table.dtype:
@@ -288,10 +299,7 @@ def take_rows(
     block_r, block_d = _row_tiles(triton, d)
     idx = idx.contiguous()
     with _on_device(table):
-        kernel[(triton.cdiv(n, block_r),)](
-            table, idx, out, n, table, table, table, table, table,
-            D=d, BLOCK_R=block_r, BLOCK_D=block_d, LEADS=False,
-        )  # fmt: skip
+        kernel[(triton.cdiv(n, block_r),)](table, idx, out, n, D=d, BLOCK_R=block_r, BLOCK_D=block_d)
     return out
 
 
@@ -314,7 +322,8 @@ def put_rows(
         or src.dtype != dst.dtype
     ):  # fmt: skip
         return put_rows_reference(dst, idx, src)
-    triton, _, _, _, kernel = _kernels()
+    k = _kernels()
+    triton, kernel = k.triton, k.put
     d = dst.shape[1]
     if src.shape != (n, d):
         raise ValueError(f"src {tuple(src.shape)} vs ({n}, {d})")
@@ -348,7 +357,8 @@ def mark_local(
         pos_map.index_copy_(0, slots, torch.arange(n, dtype=torch.int32, device=ids.device))
         step_count.zero_()
         return slots
-    triton, _, _, kernel, _ = _kernels()
+    k = _kernels()
+    triton, kernel = k.triton, k.mark_local
     slots = torch.empty_like(ids)
     block = 1024
     with _on_device(ids):
@@ -381,7 +391,8 @@ def take_local(
         total_count += k
         flag.zero_()
         return take_rows_reference(table, slots), lead
-    triton, _, kernel, _, _ = _kernels()
+    k = _kernels()
+    triton, kernel = k.triton, k.take_local
     d = table.shape[1]
     out = torch.empty(n, d, dtype=table.dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)
@@ -389,7 +400,7 @@ def take_local(
     with _on_device(table):
         kernel[(max(1, triton.cdiv(n, block_r)),)](
             table, slots, out, n, pos_map, lead, step_count, total_count, flag,
-            D=d, BLOCK_R=block_r, BLOCK_D=block_d, LEADS=True,
+            D=d, BLOCK_R=block_r, BLOCK_D=block_d,
         )  # fmt: skip
     return out, lead
 
