@@ -507,9 +507,9 @@ class DistributedEmbedding(nn.Module):
 
     def _prep_new(self, ids: torch.Tensor) -> _Prep:
         """:meth:`_prepare`, into a :class:`PrepRing` slot with the padded exchange (up to
-        four batch shapes; others are prepared plainly)."""
-        if self.exchange != "padded" or self._local or ids.dim() != 2:
-            return self._prepare(ids)
+        four batch shapes; others, and eval batches, are prepared plainly)."""
+        if self.exchange != "padded" or self._local or ids.dim() != 2 or not self.training:
+            return self._prepare(ids)  # (eval steps take the exact exchange)
         key = tuple(ids.shape)
         ring = self._rings.get(key)
         if ring is None:
@@ -847,7 +847,8 @@ class DistributedEmbedding(nn.Module):
             n_own=n_o,
             n_mir=sum(nqm),
             nqr=nqr,
-            nqr_dev=table[:, _NQR],
+            # (the pre-sync path's table is a reused buffer: this batch keeps its own copy)
+            nqr_dev=table[:, _NQR].clone() if staged is None else table[:, _NQR],
         )
         if padded and all(row[_PADDED] for row in theirs_l):
             values = self._step_padded(
@@ -1044,7 +1045,8 @@ class DistributedEmbedding(nn.Module):
             u=min(n, grow(old.u if old and old.n == n else 0, nu)),
             n=n,
         )
-        if cap != old:
+        if cap != old or self._static.frozen != (self.bound, self.opt.lr):
+            # (captured graphs hold the bound and the learning rate as constants)
             new = StaticExchange(self, cap, graphs=self._graphs)
             if loaded:  # the pre-sync segment wrote the inputs into the old buffers
                 assert self._static is not None

@@ -69,6 +69,7 @@ class StaticExchange:
 
     def __init__(self, emb: DistributedEmbedding, cap: Capacity, *, graphs: bool) -> None:
         self.emb, self.cap, self.graphs = emb, cap, graphs
+        self.frozen = (emb.bound, emb.opt.lr)  # constants inside the captured graphs
         w, d, dev = emb.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
