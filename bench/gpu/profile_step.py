@@ -5,7 +5,8 @@ contender under ``torch.profiler`` with CPU and CUDA activities, and prints per 
 summed kernel time, the share of the wall time the GPU is busy, the number of kernels and host
 syncs, the top kernels by device time and the top host ops by self CPU time. A step whose GPU is
 busy for a small share of its wall time is bound by the host (launches, syncs), not by HBM or
-NVLink. Writes ``profile_<contender>_b<batch>_w<world>.json`` (+ a Chrome trace) under ``--out``.
+NVLink. Writes ``profile_<contender>_b<batch>_w<world>.json`` (rank 0; ``..._rank<r>.json`` for the
+others) and rank 0's Chrome trace under ``--out``.
 
     torchrun --standalone --nproc_per_node 2 bench/gpu/profile_step.py \\
         --workload /tmp/hetgmp-gpu-bench/workload_w2 --contender hetgmp-b100 --out /tmp/prof
@@ -113,11 +114,14 @@ def main() -> int:
             contender=a.contender, batch=a.batch, dim=a.dim, world=env.world_size, rank=env.rank,
             gpu=torch.cuda.get_device_name(dev) if cuda else "cpu", torch=torch.__version__,
         )  # fmt: skip
+        # every rank's summary (a rank that waits in NCCL for a slower peer shows it), rank 0's
+        # trace; rank r > 0 writes ..._rank<r>.json
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"profile_{a.contender}_b{a.batch}_w{env.world_size}"
+        suffix = "" if env.rank == 0 else f"_rank{env.rank}"
+        (out / f"{stem}{suffix}.json").write_text(json.dumps(summary, indent=1))
         if env.rank == 0:
-            out = Path(a.out)
-            out.mkdir(parents=True, exist_ok=True)
-            stem = f"profile_{a.contender}_b{a.batch}_w{env.world_size}"
-            (out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
             prof.export_chrome_trace(str(out / f"{stem}.trace.json"))
             print(json.dumps(summary, indent=1), flush=True)
         barrier(env)
