@@ -75,15 +75,15 @@ def _triton() -> Any:
             )
 
     @triton.jit
-    def _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D: tl.constexpr, BLOCK_D: tl.constexpr):
-        # out[rows] = table[idx], whole rows in column tiles (64-bit row offsets)
-        src_row = idx * D
-        dst_row = rows.to(tl.int64) * D
+    def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: tl.constexpr):
+        # dst[dst_i] = src[src_i], whole rows in column tiles (64-bit row offsets)
+        src_row = src_i.to(tl.int64) * D
+        dst_row = dst_i.to(tl.int64) * D
         for d0 in tl.static_range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             m = rmask[:, None] & (cols < D)[None, :]
-            v = tl.load(table_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-            tl.store(out_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+            v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+            tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
 
     # Triton resolves a helper called from a kernel among the module's globals, not closures
     globals()["_copy_rows"] = _copy_rows
@@ -147,13 +147,7 @@ def _triton() -> Any:
         rmask = rows < n
         idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
         rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
-        src_row = rows.to(tl.int64) * D
-        dst_row = idx * D
-        for d0 in tl.static_range(0, D, BLOCK_D):
-            cols = d0 + tl.arange(0, BLOCK_D)
-            m = rmask[:, None] & (cols < D)[None, :]
-            v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-            tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+        _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)
 
     return SimpleNamespace(
         triton=triton, scatter=scatter_add_rows_kernel, take=take_rows_kernel,
