@@ -10,10 +10,16 @@ pushed rows per peer, ``u`` unique rows per batch. Counts live on the device (th
 rows past a count are padding. A padding entry's row write is skipped by the Triton kernels
 (negative index) or, with the torch backend, goes to a *trash row* (one extra row after the
 real ones in each state tensor, never read as data); a padding entry's count update adds 0 to
-some real row (spread over rows: thousands of atomics on one address serialise). With fixed shapes the
-three segments between the two payload exchanges are captured once as CUDA graphs and then
-replayed: one launch each instead of ~50 ops. The two payload all-to-alls stay outside the
-graphs (plain ``all_to_all_single`` calls with equal splits).
+some real row (spread over rows: thousands of atomics on one address serialise).
+
+With fixed shapes a step is five CUDA graphs, each captured once and then replayed: the ids'
+preprocessing (:class:`PrepRing`, on the prefetch stream), the part before the sizes exchange
+(:meth:`StaticExchange.presync`: the last batch's own rows, its mirrors' local step, the push
+inputs, the sizes table) and the three segments between the two payload exchanges (pack,
+answer, finish). Between them the host does the sizes all-to-all and its one device->host
+copy, and the two payload all-to-alls (plain ``all_to_all_single`` calls with equal splits,
+outside the graphs). Measured on 2x H200 at batch 8192 per GPU: 7 host launches per step
+instead of ~150, about 290 kernels inside the graphs (bench/results/gpu/profile_*pad*).
 
 Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
 the sizes table, every rank reads every rank's, and a capacity grows (never shrinks) when the
@@ -24,6 +30,7 @@ Scope: SGD (linear, so own rows may be applied before the pushes arrive), ``repl
 sizes are the query counts), training forward steps. Everything else (Adagrad, audit, eval,
 flush) takes the dynamic step; both read and write the same state, so they mix freely.
 Reads the same values and applies the same updates as the dynamic step (tests compare them).
+Bytes: the padding travels too (bench: 1,259 vs 830 B/sample at bound 100, batch 8192).
 """
 
 from __future__ import annotations
