@@ -41,6 +41,10 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
 4. stale mirrors are refreshed (owner value + own unpushed delta) and the batch's rows
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
+``exchange="padded"`` (SGD, ``replies="all"``, training steps) runs the same protocol on
+fixed-capacity buffers so that every part of the step is a replayed CUDA graph
+(:mod:`hetgmp.embedding.static_exchange`); the exact path above sizes every payload exactly.
+
 With ONE rank (and no audit) a fast path replaces all of this: every row is owned and stored
 at slot = id, so there is no unique at all. A step is the previous step's update and a lookup
 of the batch's ids (repeats included) in two fused kernels (clamp + range flag + leader map;
