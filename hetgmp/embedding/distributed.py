@@ -123,13 +123,12 @@ class _Prep:
     slot: torch.Tensor  # [N] int64, -1 = not stored
     inv: torch.Tensor  # [N] position in u of every input id (int32)
     blocks: torch.Tensor  # [3w] int64
-    kb: torch.Tensor  # [N] int32 block key of every entry of u (3w: padding)
     source: torch.Tensor | None  # the tensor given to prefetch (identity check in forward)
     ring: int = -1  # the PrepRing slot holding these arrays (-1: not from a ring)
     static: bool = False  # the arrays are a captured graph's outputs (fixed addresses)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks, self.kb]
+        return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks]
 
 
 @dataclasses.dataclass
@@ -532,8 +531,7 @@ class DistributedEmbedding(nn.Module):
             # Every row owned at slot == id: the step itself clamps the ids into slots and
             # checks them (two fused kernels, see _step_local); the other fields are unused.
             return _Prep(
-                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, kb=flat,
-                source=ids,
+                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, source=ids,
             )  # fmt: skip
         n = flat.numel()
         # Clamped so that a bad id cannot index out of range before the step reports it.
@@ -562,7 +560,6 @@ class DistributedEmbedding(nn.Module):
             slot=self.slot_of.index_select(0, clamped.index_select(0, order)).long(),
             inv=pos.index_select(0, lead),
             blocks=starts[1:] - starts[:-1],
-            kb=kb,
             source=ids,
         )
 
@@ -1066,7 +1063,7 @@ class DistributedEmbedding(nn.Module):
                 pb, pg = grads
                 r0 = pb.n_own + pb.n_mir
                 pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_dev)
-            st.load(prep.u, prep.slot, prep.kb, prep.blocks, table, theirs_dev, pushes)
+            st.load(prep.u, prep.slot, prep.blocks, table, theirs_dev, pushes)
         values = st.run()
         batch.prep, batch.static, batch.grad_buf = prep, st, st.grad
         self.timer.mark("exchange")

@@ -82,11 +82,12 @@ class StaticExchange:
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
         i64 = dict(dtype=torch.int64, device=dev)
         # inputs, written by load() before the segments run
-        self.u_ids = torch.zeros(n, **i64)  # batch unique ids in block order (+ padding)
+        # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
+        self.u_pad = torch.zeros(n + 1, **i64)
+        self.u_ids = self.u_pad[:n]
         # slots, plus one entry (n) pointing at the trash row, where padding entries look
         self.slot_pad = torch.full((n + 1,), emb.trash_slot, **i64)
         self.slot = self.slot_pad[:n]
-        self.kb = torch.full((n,), 3 * w, dtype=torch.int32, device=dev)  # block key per entry
         self.blocks = torch.zeros(3 * w, **i64)
         self.sz_mine = torch.zeros(w, emb.SIZE_COLS, **i64)
         self.sz_theirs = torch.zeros(w, emb.SIZE_COLS, **i64)
@@ -104,9 +105,7 @@ class StaticExchange:
         self.recv1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
         self.recv2 = torch.zeros(w, self.s2, device=dev)
-        # scratch written by scatters (index w*q / w*p: trash)
-        self.q_ids = torch.zeros(w * q + 1, **i64)
-        self.q_ver = torch.zeros(w * q + 1, **i64)
+        # push scratch written by scatters (index w*p: trash)
         self.p_ids = torch.zeros(w * p + 1, **i64)
         self.p_cnt = torch.zeros(w * p + 1, **i64)
         self.p_grad = torch.zeros(w * p + 1, d, device=dev)
@@ -115,7 +114,6 @@ class StaticExchange:
         self.rows_step = torch.zeros(5, **i64)
         self.deferred = torch.zeros((), **i64)
         # constants
-        self.ar_n = torch.arange(n, **i64)
         self.ar_u = torch.arange(u, **i64)
         self.ar_q = torch.arange(q, **i64)
         self.ar_p = torch.arange(p, **i64)
@@ -144,7 +142,6 @@ class StaticExchange:
         self,
         prep_u: torch.Tensor,
         prep_slot: torch.Tensor,
-        prep_kb: torch.Tensor,
         prep_blocks: torch.Tensor,
         sz_mine: torch.Tensor,
         sz_theirs: torch.Tensor,
@@ -154,7 +151,6 @@ class StaticExchange:
         stored here: ids, counts, gradients (host-known length) and per-owner counts)."""
         self.u_ids.copy_(prep_u)
         self.slot.copy_(prep_slot)
-        self.kb.copy_(prep_kb)
         self.blocks.copy_(prep_blocks)
         self.sz_mine.copy_(sz_mine)
         self.sz_theirs.copy_(sz_theirs)
@@ -195,7 +191,7 @@ class StaticExchange:
 
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
-        for name in ("u_ids", "slot", "kb", "blocks", "sz_mine", "sz_theirs", "pr_n"):
+        for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n"):
             getattr(self, name).copy_(getattr(old, name))
         k = min(old.pr_ids.numel(), self.pr_ids.numel())
         self.pr_ids[:k].copy_(old.pr_ids[:k])
@@ -264,7 +260,6 @@ class StaticExchange:
         # the next batch: inputs and sizes table
         self.u_ids.copy_(cur.u)
         self.slot.copy_(cur.slot)
-        self.kb.copy_(cur.kb)
         self.blocks.copy_(cur.blocks)
         bl = cur.blocks
         n_push = ndue + nqr
@@ -284,23 +279,15 @@ class StaticExchange:
         """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
         not stored here, then this rank's due mirrors, per owner) into ``send1``."""
         e, w, q, p, d = self.emb, self.w, self.cap.q, self.cap.p, self.d
-        nqm = self.sz_mine[:, _NQM]
         # (first: a pushed mirror's version moves, and the queries carry the new one)
         if e.n_mir:
             self._pack_due(e, w, p)
-        # -- queries: entry i of the block-ordered batch -> (peer, position)
-        k = self.kb.long()
-        valid = (k >= w) & (k < 3 * w)
-        is_r = k >= 2 * w
-        j = torch.where(is_r, k - 2 * w, k - w).clamp(0, w - 1)
-        st = torch.cumsum(self.blocks, 0) - self.blocks
-        pos = self.ar_n - st.index_select(0, k.clamp(max=3 * w - 1))
-        pos = pos + torch.where(is_r, nqm.index_select(0, j), 0)
-        t = torch.where(valid, j * q + pos, w * q)
-        self.q_ids.index_copy_(0, t, self.u_ids)
-        is_m = valid & ~is_r
-        ver = e.version_full.index_select(0, torch.where(is_m, self.slot, e.trash_slot))
-        self.q_ver.index_copy_(0, t, ver)
+        # -- queries: every (peer, slot) reads its batch entry (a gather over w*q slots, not
+        # a scatter of all n entries: most are owned rows, and their dummy writes collided)
+        is_m, _, ipos = self._query_slots()
+        q_ids = self.u_pad.index_select(0, ipos)
+        ms = torch.where(is_m, self.slot_pad.index_select(0, ipos), e.trash_slot)
+        q_ver = e.version_full.index_select(0, ms)
         # -- pushes: the last batch's rows not stored here (contiguous per owner)
         ends = torch.cumsum(self.pr_n, 0)
         jp = torch.searchsorted(ends, self.ar_wq, right=True).clamp(max=w - 1)
@@ -311,8 +298,8 @@ class StaticExchange:
         put_rows(self.p_grad, tp, self.pr_grad, backend=e.kernels)
         torch.cat(
             [
-                self.q_ids[: w * q].view(w, q).view(torch.float32),
-                self.q_ver[: w * q].view(w, q).view(torch.float32),
+                q_ids.view(w, q).view(torch.float32),
+                q_ver.view(w, q).view(torch.float32),
                 self.p_ids[: w * p].view(w, p).view(torch.float32),
                 self.p_cnt[: w * p].view(w, p).view(torch.float32),
                 self.p_grad[: w * p].view(w, p * d),
@@ -320,6 +307,24 @@ class StaticExchange:
             dim=1,
             out=self.send1,
         )
+
+    def _query_slots(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For every query slot (peer j, position e; flat ``[w * q]``): whether it is a mirror
+        query, whether it is a query of a row not stored here, and the batch entry it asks
+        for (mirrors of owner j, then rows not stored of owner j, in block order; the pad
+        entry ``n`` for empty slots)."""
+        w = self.w
+        nqm = self.sz_mine[:, _NQM]
+        nq = nqm + self.sz_mine[:, _NQR]
+        st = torch.cumsum(self.blocks, 0) - self.blocks
+        ar = self.ar_q[None, :]
+        is_m = ar < nqm[:, None]
+        is_r = ~is_m & (ar < nq[:, None])
+        ipos = torch.where(
+            is_m, st[w : 2 * w, None] + ar, st[2 * w : 3 * w, None] + ar - nqm[:, None]
+        )
+        ipos = torch.where(is_m | is_r, ipos, self.cap.n)
+        return is_m.reshape(-1), is_r.reshape(-1), ipos.reshape(-1)
 
     def _pack_due(self, e: DistributedEmbedding, w: int, p: int) -> None:
         """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
@@ -397,15 +402,8 @@ class StaticExchange:
         r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]
         r_vals = r[:, q : q + q * d].reshape(w, q, d)
         r_ver = r[:, q + q * d :].contiguous().view(torch.int64)  # [w, q]
-        nqm = self.sz_mine[:, _NQM]
-        nq = nqm + self.sz_mine[:, _NQR]
-        st = torch.cumsum(self.blocks, 0) - self.blocks
-        ar = self.ar_q[None, :]
-        is_m = ar < nqm[:, None]
-        is_r = ~is_m & (ar < nq[:, None])
-        ipos = torch.where(
-            is_m, st[w : 2 * w, None] + ar, st[2 * w : 3 * w, None] + ar - nqm[:, None]
-        ).clamp(0, self.cap.n)
+        is_m, is_r, ipos = self._query_slots()
+        is_m, is_r, ipos = is_m.view(w, q), is_r.view(w, q), ipos.view(w, q)
         ms = self.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
         refresh = is_m & (r_lag > e.bound)
         rs = torch.where(refresh, ms, self.skip_s).reshape(-1)
@@ -414,7 +412,7 @@ class StaticExchange:
         put_rows(e.weight_full, rs, new, backend=e.kernels)
         put_rows(e.version_full.view(-1, 1), rs, r_ver.reshape(-1, 1), backend=e.kernels)
         # values: owned + mirror rows from storage, rows not stored here from the reply
-        n_om = self.sz_mine[0, e.NOWN_COL] + nqm.sum()
+        n_om = self.sz_mine[0, e.NOWN_COL] + self.sz_mine[:, _NQM].sum()
         src = torch.where(self.ar_u < n_om, self.slot[:u], e.trash_slot)
         take_rows(e.weight_full, src, out=self.values[:u], backend=e.kernels)
         tv = torch.where(is_r, ipos, self.skip_u).reshape(-1)
