@@ -8,8 +8,7 @@ reload, prefetches) on every rank, once per exchange; the padded run also record
 step, whether the pre-sync segment ran (``padded_presyncs``) and whether the capacities grew
 in such a step (``padded_rebuilds``), so a test fails when the path it is about did not run.
 
-The last section holds the bugs these scenarios found: regression cases for the fixed one,
-a strict xfail for the open one (BUG2).
+The last section holds regression cases for the two bugs these scenarios found.
 """
 
 from __future__ import annotations
@@ -361,18 +360,17 @@ def test_padded_equals_exact(spawned: dict[int, list[list[dict]]], world: int, i
     check_case(WORLDS[world][i], [r[i] for r in spawned[world]])
 
 
-# ---------------------------------------------------------------- found bugs
-# Fixed (regression cases below): after a step whose pre-sync segment ran, the batch's
-# per-owner counts of rows not stored here (read by the NEXT step to push their gradients)
-# were a view of the reused sizes-table buffer ``StaticExchange.sz_mine``, overwritten by the
-# next padded step without a pre-sync: pushes went to the wrong owners / positions (wrong
-# weights, or an IndexError when a pushed row was not owned by its receiver).
-# Open, a known limitation (BUG 2, distributed.py _step): a step that fails (bad ids on one
-# rank: EmbeddingInputError there, PeerFailedError on the peers) has already consumed the last
-# batch's gradient and applied part of it (exact: the mirrors' local step only; padded: also
-# the own rows); the rest (exact: own rows and pushes; padded: pushes) is dropped. The
-# reference (and the one-rank path) keep the whole pending gradient for the next step.
-BUG2 = "a failed step drops part of the last batch's gradient (exact and padded differently)"
+# ---------------------------------------------------------------- found bugs (regressions)
+# 1. After a step whose pre-sync segment ran, the batch's per-owner counts of rows not stored
+#    here (read by the NEXT step to push their gradients) were a view of the reused sizes-table
+#    buffer ``StaticExchange.sz_mine``, overwritten by the next padded step without a
+#    pre-sync: pushes went to the wrong owners / positions (wrong weights, or an IndexError
+#    when a pushed row was not owned by its receiver). Fixed: the batch keeps a copy.
+# 2. A step that fails at the sizes exchange (bad ids on one rank: EmbeddingInputError there,
+#    PeerFailedError on the peers) had consumed the last batch's gradient and applied only
+#    part of it (exact: the mirrors' local step; padded: also the own rows), dropping the
+#    rest. Fixed: the unapplied part stays pending (DistributedEmbedding._keep_unapplied), as
+#    with one rank and the reference.
 BUG_CASES = [
     # an eval step between a step's forward and its backward (eval batches take no ring slot,
     # so the next training step still runs the pre-sync segment)
@@ -382,7 +380,7 @@ BUG_CASES = [
     {"name": "two-forwards-one-backward", "seed": 33, "presync": [1, 2, 4, 5],
      "script": [*train(2), {"op": "train_two"}, *train(3)]},
     # a failed step in the middle of training
-    {"name": "failed-step", "seed": 34, "bug": BUG2,
+    {"name": "failed-step", "seed": 34,
      "script": [*train(3), {"op": "bad"}, *train(3)]},
     # another batch shape with the same number of ids (48): same capacities, no pre-sync
     # (before the fix it ended in an IndexError on rank 0 with this seed)
@@ -410,17 +408,8 @@ def bug_results() -> list[list[dict]]:
     return spawn_ranks(run_cases_until_error, 2, BUG_CASES, timeout_s=120)
 
 
-@pytest.mark.parametrize(
-    "i",
-    [
-        pytest.param(
-            i, marks=[pytest.mark.xfail(strict=True, reason=c["bug"])] if "bug" in c else [],
-            id=c["name"],
-        )
-        for i, c in enumerate(BUG_CASES)
-    ],
-)
-def test_known_bugs(bug_results: list[list[dict]], i: int) -> None:
+@pytest.mark.parametrize("i", range(len(BUG_CASES)), ids=[c["name"] for c in BUG_CASES])
+def test_found_bugs_stay_fixed(bug_results: list[list[dict]], i: int) -> None:
     for rank, r in enumerate(bug_results):
         assert len(r) > i, f"rank {rank}: not run (an earlier case raised: {r[-1]})"
         assert "error" not in r[i], f"rank {rank}: {r[i]['error']}"

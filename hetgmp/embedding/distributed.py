@@ -806,6 +806,27 @@ class DistributedEmbedding(nn.Module):
         return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                  host, (due, ndue, deferred), own_done)  # fmt: skip
 
+    def _keep_unapplied(self, grads: tuple[_Batch, torch.Tensor] | None, own_done: bool) -> None:
+        """A step that stops at the sizes exchange (bad input here or on a peer) has staged
+        the last batch's mirrors (and, ``own_done``, applied its own rows); the rest, its own
+        rows and its rows not stored here (pushed at the next step), is kept as the pending
+        gradient, so a caught error loses nothing (as with one rank or the reference)."""
+        if grads is None:
+            return
+        pb, pg = grads
+        own, r0 = (0 if own_done else pb.n_own), pb.n_own + pb.n_mir
+        kept = _Batch(
+            u=torch.cat([pb.u[:own], pb.u[r0:]]),
+            cnt=torch.cat([pb.cnt[:own], pb.cnt[r0:]]),
+            slot=torch.cat([pb.slot[:own], pb.slot[r0:]]),
+            inv=pb.inv,
+            n_own=own,
+            n_mir=0,
+            nqr=pb.nqr,
+            nqr_dev=pb.nqr_dev.clone(),
+        )
+        self._grads = (kept, torch.cat([pg[:own], pg[r0:]]))
+
     def _after_sizes(
         self,
         prep: _Prep,
@@ -829,9 +850,13 @@ class DistributedEmbedding(nn.Module):
         mine_l, theirs_l = host[0].tolist(), host[1].tolist()
         if error is None and mine_l[0][_STATUS]:
             error = _range_error(prep.ids, self.num_rows)
-        if error:
-            raise EmbeddingInputError(f"rank {env.rank}: {error}")
-        self._check_peers(theirs_l, op)
+        try:
+            if error:
+                raise EmbeddingInputError(f"rank {env.rank}: {error}")
+            self._check_peers(theirs_l, op)
+        except (EmbeddingInputError, PeerFailedError):
+            self._keep_unapplied(grads, own_done)
+            raise
         nqm = [row[_NQM] for row in mine_l]
         nqr = [row[_NQR] for row in mine_l]
         npush = [row[_NP] for row in mine_l]
