@@ -344,8 +344,10 @@ class DistributedEmbedding(nn.Module):
         if _input_problem(ids) is not None:
             self._prefetched = None
             return
-        if self.device.type != "cuda":
-            self._prefetched = self._prep_new(ids.to(self.device))
+        if self.device.type != "cuda" or self._local:
+            # (one rank: preparing is a no-op, the step's own kernels clamp and check the ids;
+            # a side stream would only add stream waits and record_stream calls per step)
+            self._prefetched = self._prep_new(ids.to(self.device, non_blocking=True))
             return
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
