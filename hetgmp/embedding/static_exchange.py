@@ -127,7 +127,6 @@ class StaticExchange:
         self.skip_u = -1 if triton else u  # values
         s_rows = max(1, emb.trash_slot)
         self.spread_u = self.ar_u % s_rows
-        self.spread_wq = self.ar_wq % s_rows
         self.spread_wp = self.ar_wp % s_rows
         self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
         self.ar_w = torch.arange(w, **i64)
