@@ -76,6 +76,7 @@ from torch import nn
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import PeerFailedError
 from hetgmp.comm.exchange import exchange_fixed, exchange_payload, exchange_sizes
+from hetgmp.embedding import sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
@@ -94,13 +95,11 @@ from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.static_exchange import Capacity, PrepRing, StaticExchange, grow
 from hetgmp.partition.plan import Plan
 
-# Columns of the per-step sizes table 1 (row j: what this rank sends to rank j): mirror queries,
-# not-stored queries, pushes (of which due mirrors), status (bad input), bound, audit flag,
-# operation, and this rank's own-row count (same in every row; only its own copy is read);
-# then this rank's largest per-peer query and push counts and whether it asks for the padded
-# exchange (same in every row: every rank reads every rank's, see _step_padded).
-_NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN, _MAXQ, _MAXP, _PADDED = range(12)
-_SIZE_COLS = 12
+# columns of the sizes table (hetgmp.embedding.sizes)
+_NQM, _NQR, _NP, _NDUE, _STATUS, _BOUND, _SEND_ALL, _OP, _NOWN, _MAXQ, _MAXP, _PADDED = (
+    sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.STATUS, sizes.BOUND, sizes.SEND_ALL,
+    sizes.OP, sizes.NOWN, sizes.MAXQ, sizes.MAXP, sizes.PADDED,
+)  # fmt: skip
 _OP_FORWARD, _OP_FLUSH = 1, 2
 _OP_NAMES = {_OP_FORWARD: "forward", _OP_FLUSH: "flush"}
 REPLIES = ("stale", "all")
@@ -175,8 +174,6 @@ class DistributedEmbedding(nn.Module):
     training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA.
     """
 
-    SIZE_COLS = _SIZE_COLS
-    NOWN_COL = _NOWN
 
     def __init__(
         self,
@@ -224,10 +221,12 @@ class DistributedEmbedding(nn.Module):
         padded_ok = optimizer == "sgd" and replies == "all" and not audit
         if exchange == "padded" and not padded_ok:
             raise ValueError(
-                "exchange='padded' needs optimizer='sgd', replies='all' and audit off "
-                f"(got {optimizer!r}, {replies!r}, audit={audit})"
+                "exchange='padded' needs optimizer='sgd', replies='all' and audit off; got "
+                f"optimizer={optimizer!r}, replies={replies!r} (after 'auto': 'all' on NCCL, "
+                f"'stale' otherwise), audit={audit}"
             )
-        if exchange == "auto":
+        exchange_auto = exchange == "auto"
+        if exchange_auto:  # (one rank: decided below, the fast path uses neither)
             exchange = "padded" if padded_ok and env.device.type == "cuda" else "exact"
         self.exchange = exchange
         self._graphs = bool(cuda_graphs) and env.device.type == "cuda"
@@ -251,6 +250,8 @@ class DistributedEmbedding(nn.Module):
         # World-1 fast path (see the module docstring): needs slot == id, true when rank 0
         # owns every row (owned == arange(num_rows)) and mirrors nothing.
         self._local = w == 1 and not audit and self.n_own == self.num_rows and self.n_mir == 0
+        if self._local and exchange_auto:
+            self.exchange = "exact"  # (what the logs report; the one-rank path uses neither)
         # CUDA, world 1: pending bad-id checks (ring slot of the pinned flag and its copy's
         # event, the batch), oldest first; each is read once its copy is done (see
         # _drain_bad_checks). Flags and events come from a ring made once: a pinned allocation and
@@ -297,7 +298,8 @@ class DistributedEmbedding(nn.Module):
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
         self._size_cache: dict[tuple[str, int], torch.Tensor] = {}  # see _per_size
         self._pos_map32: torch.Tensor | None = None  # row -> leader occurrence (_leaders)
-        self._const_cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        self._const_cache: dict[tuple[int, int, bool], tuple[torch.Tensor, ...]] = {}
+        self._bound_cache: dict[tuple[int, int], torch.Tensor] = {}  # see _bound_cols
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: _Prep | None = None
@@ -324,7 +326,7 @@ class DistributedEmbedding(nn.Module):
     _PLAIN_ATTRS = frozenset(
         {"_prefetched", "_grads", "_bytes_step", "_rows_dev_step", "_rows_dev_total",
          "_rows_host_step", "_size_cache", "_pos_map32", "_pos_map", "_side", "_bad_ring",
-         "_bad_next"}
+         "_bad_next", "padded_presyncs", "_static"}
     )  # fmt: skip
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -548,8 +550,7 @@ class DistributedEmbedding(nn.Module):
         key = torch.where(lead == ar, self.block_of.index_select(0, clamped), 3 * w)
         order = torch.argsort(key, stable=True)
         # Block sizes by binary search in the sorted keys (a bincount would sync on CUDA).
-        kb = key.index_select(0, order)
-        starts = torch.searchsorted(kb, self._arange_3w1)
+        starts = torch.searchsorted(key.index_select(0, order), self._arange_3w1)
         pos = torch.empty(n, dtype=torch.int32, device=ids.device).scatter_(0, order, ar)
         cnt = torch.zeros(n, dtype=torch.int64, device=ids.device).index_add_(
             0, lead, self._per_size("ones", n)
@@ -624,10 +625,10 @@ class DistributedEmbedding(nn.Module):
 
     def _bound_cols(self, bound: int, op: int) -> torch.Tensor:
         """The four constant columns of :meth:`_const_cols` (padded) as one ``[w, 4]`` tensor."""
-        key = (bound, op, "stacked")
-        if key not in self._const_cache:
-            self._const_cache[key] = torch.stack(self._const_cols(bound, op, True), dim=1)
-        return self._const_cache[key]  # type: ignore[return-value]
+        key = (bound, op)
+        if key not in self._bound_cache:
+            self._bound_cache[key] = torch.stack(self._const_cols(bound, op, True), dim=1)
+        return self._bound_cache[key]
 
     def _const_cols(self, bound: int, op: int, padded: bool) -> tuple[torch.Tensor, ...]:
         """The bound / audit / operation / padded columns of sizes table 1, made once per value
@@ -755,7 +756,7 @@ class DistributedEmbedding(nn.Module):
         return values, batch
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
-        env, dev, w, r = self.env, self.device, self.env.world_size, self.env.rank
+        env, dev, r = self.env, self.device, self.env.rank
         evaluating = op == _OP_FLUSH or not self.training
         bound = 0 if evaluating else self.bound
         self.timer.mark("unique")
@@ -768,6 +769,7 @@ class DistributedEmbedding(nn.Module):
             and grads[0].prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
             and grads[0].prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
             and grads[1].data_ptr() == st.grad.data_ptr()
+            and st.frozen == (self.bound, self.opt.lr)  # (its graphs hold both as constants)
         )  # fmt: skip
         if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
             assert st is not None and grads is not None and grads[0].prep is not None
@@ -797,13 +799,7 @@ class DistributedEmbedding(nn.Module):
         bl = prep.blocks
         n_push = ndue + (grads[0].nqr_dev if grads is not None else 0)
         status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
-        c_bound, c_all, c_op, c_pad = self._const_cols(bound, op, padded)
-        nq = bl[w : 2 * w] + bl[2 * w : 3 * w]
-        cols = [
-            bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, status.expand(w), c_bound, c_all,
-            c_op, bl[r].expand(w), nq.max().expand(w), n_push.max().expand(w), c_pad,
-        ]  # fmt: skip
-        table = torch.stack(cols, dim=1)  # every column is int64 already
+        table = sizes.sizes_table(bl, n_push, ndue, status, self._const_cols(bound, op, padded), r)
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
         return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                  host, (due, ndue, deferred), own_done)  # fmt: skip
@@ -1081,9 +1077,8 @@ class DistributedEmbedding(nn.Module):
                 new.adopt(self._static)
             self._static = new
             self.padded_rebuilds.append(cap)
-        elif not loaded:
-            assert self._static is not None
         st = self._static
+        assert st is not None
         if not loaded:
             pushes = None
             if grads is not None:

@@ -353,6 +353,7 @@ def mark_local(
         return slots
     k = _kernels()
     triton, kernel = k.triton, k.mark_local
+    ids = ids.contiguous()  # (the kernel reads it as a flat array)
     slots = torch.empty_like(ids)
     block = 1024
     with _on_device(ids):

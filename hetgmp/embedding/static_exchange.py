@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetgmp.comm.exchange import exchange_fixed
+from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.distributed import DistributedEmbedding
 
-# sizes-table columns read here (same numbering as distributed.py)
-_NQM, _NQR, _NP, _NDUE = 0, 1, 2, 3
+_NQM, _NQR, _NP, _NDUE, _NOWN = sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.NOWN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +89,8 @@ class StaticExchange:
         self.slot_pad = torch.full((n + 1,), emb.trash_slot, **i64)
         self.slot = self.slot_pad[:n]
         self.blocks = torch.zeros(3 * w, **i64)
-        self.sz_mine = torch.zeros(w, emb.SIZE_COLS, **i64)
-        self.sz_theirs = torch.zeros(w, emb.SIZE_COLS, **i64)
+        self.sz_mine = torch.zeros(w, sizes.COLS, **i64)
+        self.sz_theirs = torch.zeros(w, sizes.COLS, **i64)
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
         # they were queries of the last batch
         self.pr_ids = torch.zeros(w * q, **i64)
@@ -183,7 +183,7 @@ class StaticExchange:
         graph per ring slot of ``cur`` (see :class:`PrepRing`) once both are at fixed
         addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns."""
         self._segment(
-            ("presync", cur.ring),
+            ("presync", tuple(cur.ids.shape), cur.ring),  # (shapes with one numel share self)
             lambda: self._presync(prev, cur, bound_cols),
             capturable=prev.static and cur.static,
         )
@@ -215,10 +215,10 @@ class StaticExchange:
 
     # ------------------------------------------------------------------ segments (fixed shapes)
     def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
-        e, w, n = self.emb, self.w, self.cap.n
+        e, n = self.emb, self.cap.n
         u, lr = self.cap.u, e.opt.lr
         sz = self.sz_mine  # still the table of ``prev`` (rewritten last)
-        n_o = sz[0, e.NOWN_COL]
+        n_o = sz[0, _NOWN]
         n_m = sz[:, _NQM].sum()
         nqr = sz[:, _NQR]
         g = self.grad
@@ -260,18 +260,9 @@ class StaticExchange:
         self.u_ids.copy_(cur.u)
         self.slot.copy_(cur.slot)
         self.blocks.copy_(cur.blocks)
-        bl = cur.blocks
-        n_push = ndue + nqr
-        nq = bl[w : 2 * w] + bl[2 * w : 3 * w]
-        r = e.env.rank
-        table = torch.stack(
-            [
-                bl[w : 2 * w], bl[2 * w : 3 * w], n_push, ndue, cur.bad.long().expand(w),
-                bound_cols[:, 0], bound_cols[:, 1], bound_cols[:, 2], bl[r].expand(w),
-                nq.max().expand(w), n_push.max().expand(w), bound_cols[:, 3],
-            ],
-            dim=1,
-        )  # fmt: skip
+        table = sizes.sizes_table(
+            cur.blocks, ndue + nqr, ndue, cur.bad.long(), bound_cols.unbind(1), e.env.rank
+        )
         self.sz_mine.copy_(table)
 
     def _pack(self) -> None:
@@ -411,7 +402,7 @@ class StaticExchange:
         put_rows(e.weight_full, rs, new, backend=e.kernels)
         put_rows(e.version_full.view(-1, 1), rs, r_ver.reshape(-1, 1), backend=e.kernels)
         # values: owned + mirror rows from storage, rows not stored here from the reply
-        n_om = self.sz_mine[0, e.NOWN_COL] + self.sz_mine[:, _NQM].sum()
+        n_om = self.sz_mine[0, _NOWN] + self.sz_mine[:, _NQM].sum()
         src = torch.where(self.ar_u < n_om, self.slot[:u], e.trash_slot)
         take_rows(e.weight_full, src, out=self.values[:u], backend=e.kernels)
         tv = torch.where(is_r, ipos, self.skip_u).reshape(-1)
