@@ -8,7 +8,8 @@ reload, prefetches) on every rank, once per exchange; the padded run also record
 step, whether the pre-sync segment ran (``padded_presyncs``) and whether the capacities grew
 in such a step (``padded_rebuilds``), so a test fails when the path it is about did not run.
 
-The last section holds regression cases for the two bugs these scenarios found.
+The last section holds regression cases for the bugs these scenarios found (three
+reproductions of one aliasing bug, and the failed step).
 """
 
 from __future__ import annotations

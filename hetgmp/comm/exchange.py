@@ -1,8 +1,10 @@
 """The variable-size all-to-all exchange: one code path for gloo CPU and NCCL GPU tensors.
 
-A step first exchanges a small ``[world, K]`` int64 table of counts (``exchange_counts``; the
-only host round trip), then the payload with ``all_to_all_single`` and per-peer split sizes
-(``exchange_payload``). Payloads are flat 1-D float32 buffers; int64 fields (ids, versions) are
+A step first exchanges a small ``[world, K]`` int64 table of counts (``exchange_sizes`` /
+``exchange_counts``; the only host round trip), then the payload with ``all_to_all_single`` and
+per-peer split sizes (``exchange_payload``), or, with fixed capacities, between preallocated
+``[world, S]`` buffers with equal splits and no sizes at all (``exchange_fixed``: what the
+padded embedding exchange uses, so the buffers stay at the addresses its CUDA graphs use). Payloads are flat 1-D float32 buffers; int64 fields (ids, versions) are
 bit-cast into pairs of float32 lanes with :func:`pack_i64` / :func:`unpack_i64` so ids,
 versions, values and gradients travel in one message. Collectives only copy bytes, so the
 bit patterns (even NaN-looking ones) arrive intact.

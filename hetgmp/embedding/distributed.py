@@ -42,7 +42,8 @@ exchanged sizes tables (sizes must be known to call ``all_to_all_single``):
    gathered: owned + mirror rows straight from storage, the rest from the reply.
 
 ``exchange="padded"`` (SGD, ``replies="all"``, training steps) runs the same protocol on
-fixed-capacity buffers so that every part of the step is a replayed CUDA graph
+fixed-capacity buffers so that its compute runs as five replayed CUDA graphs, the host only
+launching them, the three all-to-alls and the one device->host copy
 (:mod:`hetgmp.embedding.static_exchange`); the exact path above sizes every payload exactly.
 
 With ONE rank (and no audit) a fast path replaces all of this: every row is owned and stored
@@ -169,9 +170,14 @@ class DistributedEmbedding(nn.Module):
     NVLink, where a host round trip costs more than the bytes); ``"auto"``: ``"all"`` on NCCL,
     else ``"stale"``. Both read the same values. ``exchange``: ``"exact"`` (payloads sized
     exactly, ~150 small ops per multi-rank step) or ``"padded"`` (fixed-capacity payloads,
-    :mod:`hetgmp.embedding.static_exchange`; on CUDA its three segments run as CUDA graphs
-    when ``cuda_graphs``); padded needs SGD, ``replies="all"`` and no audit, and is used for
-    training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA.
+    :mod:`hetgmp.embedding.static_exchange`; on CUDA a step replays five CUDA graphs when
+    ``cuda_graphs``); padded needs SGD, ``replies="all"`` and no audit, and is used for
+    training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA
+    with several ranks (one rank takes its own fast path; ``exchange`` then says ``"exact"``).
+    Attributes the padded exchange works on: ``*_full`` (state tensors with the trash row;
+    ``weight``, ``version``... are views without it), ``trash_slot``, ``mir_owner``,
+    ``mir_arange``; diagnostics: ``padded_rebuilds`` (every capacity taken) and
+    ``padded_presyncs`` (steps whose pre-sync part ran in fixed shapes).
     """
 
 

@@ -1,5 +1,13 @@
 """Fused GPU kernels of the embedding runtime, each next to the plain-torch reference it must match.
 
+Row kernels (``table [R, D]`` contiguous; whole rows in tiles, one 64-bit offset per row):
+``scatter_add_rows`` (``index_add_``), ``take_rows`` (``index_select``), ``put_rows``
+(``index_copy_``); the one-rank lookup in two kernels, ``mark_local`` and ``take_local``
+(clamp + range flag + leader map; rows + leaders + distinct-row count); and ``gather_rows``, a
+differentiable ``values[inv]``. Measured on an H200 (``bench/gpu/bench_kernels.py``,
+``bench/results/gpu/kernels_H200.md``): update 2.6-2.7x ``index_add_``, gather 3.0-3.3x
+``index_select``; a launch costs ~21 us of host time vs ~7 us for a torch op.
+
 ``gather_rows(values, inv, backend)`` is ``values[inv]`` whose backward sums the gradient of
 repeated rows with :func:`scatter_add_rows` (atomics on the Triton backend) instead of torch's
 sort-based ``embedding_dense_backward`` (a radix sort, segment sums and about eight kernels).
@@ -17,8 +25,9 @@ non-deterministic on CUDA), so tests compare with a tolerance.
 Backends (``KERNELS``): ``"torch"`` (the reference, any device) and ``"triton"`` (CUDA tensors,
 needs the ``triton`` package that CUDA builds of torch ship with). ``"auto"`` picks ``triton``
 for CUDA tensors when it imports and ``torch`` otherwise (CPU included); :func:`resolve` says which one a run
-uses so callers can log it. ``"auto"`` also compiles and runs the kernel once on the device
-and falls back to torch with a warning if that fails; an explicit ``"triton"`` raises instead. Set ``TRITON_INTERPRET=1`` to run the Triton kernel on CPU tensors (slow; tests).
+uses so callers can log it. ``"auto"`` also compiles and runs every kernel once on the device
+and falls back to torch with a warning if that fails; an explicit ``"triton"`` raises instead.
+Set ``TRITON_INTERPRET=1`` to run the Triton kernels on CPU tensors (slow; tests).
 """
 
 from __future__ import annotations
@@ -187,14 +196,26 @@ def resolve(kernels: str, device: torch.device) -> str:
 
 @functools.cache
 def _trial_launch(device: torch.device) -> str | None:
-    """Compile and run the kernel once on a tiny table of ``device`` and check the result
+    """Compile and run every kernel once on a tiny table of ``device`` and check the results
     (Triton builds its launcher with a C compiler at the first launch, which can fail)."""
     try:
         t = torch.zeros(4, 8, device=device)
         idx = torch.tensor([1, 1, 3], device=device)
         scatter_add_rows(t, idx, torch.ones(3, 8, device=device), 2.0, backend="triton")
         want = torch.tensor([0.0, 4.0, 0.0, 2.0], device=device)[:, None].expand(4, 8)
-        if not torch.equal(t, want):
+        ok = torch.equal(t, want)
+        ok &= torch.equal(take_rows(t, idx, backend="triton"), t.index_select(0, idx))
+        dst = put_rows(torch.zeros(4, 8, device=device), idx[1:], t[:2], backend="triton")
+        ok &= torch.equal(dst, torch.zeros(4, 8, device=device).index_copy_(0, idx[1:], t[:2]))
+        pos = torch.zeros(4, dtype=torch.int32, device=device)
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
+        cnt = torch.zeros(2, dtype=torch.int64, device=device)
+        ids = torch.tensor([1, 3, 1, 9], device=device)  # 9: out of range, flagged
+        slots = mark_local(ids, pos, flag, cnt[:1], 4, backend="triton")
+        ok &= int(flag) > 0
+        rows, _ = take_local(t, slots, pos, flag, cnt[:1], cnt[1:], backend="triton")
+        ok &= torch.equal(rows, t.index_select(0, ids.clamp(0, 3))) and int(cnt[0]) == 2
+        if not ok:
             return "wrong result in a trial launch"
     except Exception as e:  # noqa: BLE001 - any failure means "do not use it"
         return f"{type(e).__name__}: {e}"
@@ -275,15 +296,17 @@ def take_rows(
 ) -> torch.Tensor:
     """``out[i] = table[idx[i]]`` (``table [R, D]`` contiguous, ``idx [n]`` int32/int64 in
     range; ``out [n, D]`` contiguous, allocated when not given). Why a kernel: torch's
-    ``index_select`` moved rows at ~1.5 TB/s on an H200 for a Criteo batch (1.2 ms for 1.7M
-    rows of 512 bytes), a third of the copy bandwidth; whole-row tiles with one 64-bit offset
-    per row need no per-element index math."""
+    ``index_select`` moved rows at ~1.7 TB/s on an H200 for a Criteo batch (1.03 ms for 1.7M
+    rows of 512 bytes, kernels_H200.md), well under the copy bandwidth; whole-row tiles with one
+    64-bit offset per row need no per-element index math (0.31 ms)."""
     n = idx.numel()
-    d = table.shape[1]
-    if backend == "torch" or n == 0 or table.dim() != 2 or not table.is_contiguous():
+    if backend == "torch" or n == 0:
         if out is None:
             return take_rows_reference(table, idx)
         return torch.index_select(table, 0, idx, out=out)
+    if table.dim() != 2 or not table.is_contiguous():
+        raise ValueError(f"take_rows needs a contiguous 2-D table, got {tuple(table.shape)}")
+    d = table.shape[1]
     k = _kernels()
     triton, kernel = k.triton, k.take
     if out is None:
@@ -308,14 +331,17 @@ def put_rows(
     """``dst[idx[i]] = src[i]`` (``dst [R, D]`` and ``src [n, D]`` contiguous, same dtype;
     ``idx [n]`` in range, or negative: skipped, Triton only; where ``idx`` repeats, each element
     gets one of the writers' values: on CUDA not necessarily all from one row). The inverse of
-    :func:`take_rows`, and why: torch's ``index_copy_`` took 0.12 ms for 31k rows of 128
-    floats on an H200 (per-element index math), a row-tile kernel a few microseconds."""
+    :func:`take_rows`, and why: in a profile of the padded 2-GPU step on an H200 torch's
+    ``index_copy_`` took 0.12 ms for 31k rows of 128 floats (per-element index math); the
+    row-tile kernel a few microseconds."""
     n = idx.numel()
-    if (
-        backend == "torch" or n == 0 or dst.dim() != 2 or not dst.is_contiguous()
-        or src.dtype != dst.dtype
-    ):  # fmt: skip
+    if backend == "torch" or n == 0:
         return put_rows_reference(dst, idx, src)
+    if dst.dim() != 2 or not dst.is_contiguous() or src.dtype != dst.dtype:
+        raise ValueError(
+            f"put_rows needs a contiguous 2-D dst and src of its dtype, got dst "
+            f"{tuple(dst.shape)} {dst.dtype}, src {src.dtype}"
+        )
     k = _kernels()
     triton, kernel = k.triton, k.put
     d = dst.shape[1]

@@ -152,8 +152,8 @@ class TrainConfig:
     exchange: str = option(
         "auto",
         help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
-        "so each step replays CUDA graphs; needs --optimizer sgd and --replies all); auto: padded "
-        "where it applies on CUDA",
+        "so each step replays CUDA graphs; needs --optimizer sgd and replies resolving to all: "
+        "--replies all, or auto on NCCL); auto: padded where it applies on CUDA",
         choices=["auto", "exact", "padded"],
     )
     eval_batch_size: int = option(
