@@ -254,8 +254,7 @@ def scatter_add_rows(
         raise ValueError("scatter_add_rows needs a contiguous table")
     src = src.to(torch.float32).contiguous()
     idx = idx.contiguous()
-    block_d = min(triton.next_power_of_2(d), 128)
-    block_r = max(1, 4096 // block_d)  # a 4096-element tile per program
+    block_r, block_d = _row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
     with _on_device(table):
         kernel[grid](table, idx, src, n, float(alpha), D=d, BLOCK_R=block_r, BLOCK_D=block_d)
