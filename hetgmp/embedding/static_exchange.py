@@ -76,7 +76,7 @@ class StaticExchange:
     """Buffers and segments for one :class:`Capacity` (see the module docstring)."""
 
     def __init__(self, emb: DistributedEmbedding, cap: Capacity, *, graphs: bool) -> None:
-        self.emb, self.cap, self.graphs = emb, cap, graphs
+        self.emb, self.cap = emb, cap
         self.frozen = (emb.bound, emb.opt.lr)  # constants inside the captured graphs
         w, d, dev = emb.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
@@ -134,8 +134,7 @@ class StaticExchange:
         # the gradient of this batch's values (the backward of gather_rows writes it here, so
         # the next step's pre-sync segment reads it at a fixed address)
         self.grad = torch.zeros(u + 1, d, device=dev)
-        self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
-        self._warm: set[object] = set()
+        self._graphs = GraphCache(graphs)
 
     # ------------------------------------------------------------------ host side
     def load(
@@ -199,20 +198,7 @@ class StaticExchange:
         self.pr_grad[:k].copy_(old.pr_grad[:k])
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
-        """Run ``fn`` eagerly (CPU; once on CUDA, which also compiles the Triton kernels; and
-        whenever its inputs are not at fixed addresses: ``capturable`` false), or capture it
-        as a CUDA graph at its second use and replay it from then on."""
-        graphs = self._graphs
-        if key in graphs and capturable:
-            graphs[key].replay()
-            return
-        if not (self.graphs and capturable) or key not in self._warm:
-            fn()
-            if capturable:
-                self._warm.add(key)
-            return
-        graphs[key] = capture(fn)
-        graphs[key].replay()
+        self._graphs.run(key, fn, capturable=capturable)
 
     # ------------------------------------------------------------------ segments (fixed shapes)
     def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
@@ -421,13 +407,40 @@ class StaticExchange:
         e._rows_dev_total.add_(self.rows_step)  # noqa: SLF001 - the owner's counter
 
 
-def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    """``fn``'s CUDA work as a graph (captured, not run). ``thread_local``: other threads
-    (NCCL's watchdog) may call CUDA while this one captures."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        fn()
-    return g
+class GraphCache:
+    """Per key: run a function eagerly the first time (and always when ``enabled`` is false:
+    CPU, or ``cuda_graphs`` off; and whenever the caller says its inputs are not at fixed
+    addresses: ``capturable`` false), capture it as a CUDA graph at its second use (the first
+    also compiled the Triton kernels) and replay it from then on. The captured call's return
+    value is kept: its tensors are the graph's outputs, rewritten in place by every replay."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
+        self._out: dict[object, Any] = {}
+        self._warm: set[object] = set()
+
+    def __len__(self) -> int:
+        """The number of captured graphs."""
+        return len(self._graphs)
+
+    def run(self, key: object, fn: Callable[[], Any], *, capturable: bool = True) -> tuple[Any, bool]:
+        """``(fn's result, whether it came from a replayed graph)``."""
+        if capturable and key in self._graphs:
+            self._graphs[key].replay()
+            return self._out[key], True
+        if not (self.enabled and capturable) or key not in self._warm:
+            if capturable:
+                self._warm.add(key)
+            return fn(), False
+        out: list[Any] = []
+        g = torch.cuda.CUDAGraph()
+        # thread_local: other threads (NCCL's watchdog) may call CUDA while this one captures
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            out.append(fn())
+        self._graphs[key], self._out[key] = g, out[0]
+        g.replay()
+        return out[0], True
 
 
 class PrepRing:
@@ -442,24 +455,13 @@ class PrepRing:
         *, graphs: bool,
     ) -> None:  # fmt: skip
         self.ids = [torch.zeros(shape, dtype=torch.int64, device=device) for _ in range(2)]
-        self.prepare, self.graphs = prepare, graphs
-        self._out: list[Any] = [None, None]
-        self._graphs: list[torch.cuda.CUDAGraph | None] = [None, None]
-        self._warm = [False, False]
+        self.prepare = prepare
+        self._graphs = GraphCache(graphs)  # one per slot
         self.last = 1  # the slot of the batch consumed last
 
     def fill(self, ids: torch.Tensor) -> tuple[Any, int, bool]:
         """Prepare ``ids`` into the free slot: ``(prep, slot, static)``."""
         s = self.last ^ 1
         self.ids[s].copy_(ids)
-        if self._graphs[s] is not None:
-            self._graphs[s].replay()
-            return self._out[s], s, True
-        if not self.graphs or not self._warm[s]:
-            self._warm[s] = True
-            return self.prepare(self.ids[s]), s, False
-        out: list[Any] = []
-        self._graphs[s] = capture(lambda: out.append(self.prepare(self.ids[s])))
-        self._out[s] = out[0]
-        self._graphs[s].replay()
-        return self._out[s], s, True
+        prep, static = self._graphs.run(s, lambda: self.prepare(self.ids[s]))
+        return prep, s, static
