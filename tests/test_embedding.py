@@ -144,6 +144,17 @@ def test_initial_rows_match_python_reference_and_ignore_placement() -> None:
     assert full.abs().max() < 0.5
 
 
+def test_stable_partition_and_compact() -> None:
+    from hetgmp.embedding.ops import compact, stable_partition
+
+    mask = torch.rand(50, generator=torch.Generator().manual_seed(3)) < 0.3
+    order, count = stable_partition(mask)
+    true, false = torch.nonzero(mask)[:, 0], torch.nonzero(~mask)[:, 0]
+    assert torch.equal(order, torch.cat([true, false])) and int(count) == true.numel()
+    assert torch.equal(compact(mask, true.numel()), true)
+    assert compact(mask, 0).numel() == 0
+
+
 def test_rowwise_adagrad_matches_numpy() -> None:
     opt = SparseOptimizer("adagrad", lr=0.1, eps=1e-8, init=0.2)
     w = torch.ones(5, 3)

@@ -595,11 +595,14 @@ class DistributedEmbedding(nn.Module):
         if self.n_mir == 0:
             return None, self._zeros_w, self._zeros_w[0]
         due = self.pending > (0 if push_all else self.bound)
-        # Mirrors are stored grouped by owner: due rows per owner are differences of a prefix sum.
-        c = torch.cat([self._zeros_w[:1], torch.cumsum(due, 0)])
-        ndue = c.index_select(0, self._mir_end) - c.index_select(0, self._mir_start)
         deferred = ((self.pending > 0) & ~due).sum()
-        return due, ndue, deferred
+        return due, self.due_per_owner(due), deferred
+
+    def due_per_owner(self, due: torch.Tensor) -> torch.Tensor:
+        """``[w]`` the number of due mirrors per owner (``due [n_mir]`` bool): mirrors are
+        stored grouped by owner, so these are differences of one prefix sum."""
+        c = torch.cat([self._zeros_w[:1], torch.cumsum(due, 0)])
+        return c.index_select(0, self._mir_end) - c.index_select(0, self._mir_start)
 
     def _per_size(self, kind: str, n: int) -> torch.Tensor:
         """``arange(n)`` int32 (``kind="arange"``: positions) or ``ones(n)`` int64 (``"ones"``:

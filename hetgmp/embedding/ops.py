@@ -24,16 +24,26 @@ def index_add_rows(
     return t.index_add_(0, idx, src, alpha=alpha)
 
 
+def stable_partition(
+    mask: torch.Tensor, ar: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order, count)``: the positions of the 1-D ``mask``'s true entries, in order, then those
+    of its false entries, in order (``[n]`` int64), and the number of true entries (``[1]``,
+    on the device: fixed shapes, no sync). ``ar``: ``arange(n)`` int64 if the caller keeps
+    one. One scatter, every target distinct (no write conflicts)."""
+    n = mask.numel()
+    if ar is None:
+        ar = torch.arange(n, device=mask.device)
+    c = torch.cumsum(mask, 0)
+    count = c[-1:]
+    dst = torch.where(mask, c - 1, count + ar - c)
+    return torch.empty(n, dtype=torch.int64, device=mask.device).scatter_(0, dst, ar), count
+
+
 def compact(mask: torch.Tensor, k: int) -> torch.Tensor:
     """Positions of the ``True`` entries of the 1-D ``mask``, in order; ``k`` is their count,
-    which the caller knows on the host (so, unlike ``nonzero``, no device sync).
-
-    A stable partition: true entries go to ``[0, k)``, false ones to ``[k, n)``, every target
-    distinct (one scatter, no write conflicts)."""
-    n = mask.numel()
-    if k == 0 or n == 0:
+    which the caller knows on the host (so, unlike ``nonzero``, no device sync): the first
+    ``k`` of :func:`stable_partition`."""
+    if k == 0 or mask.numel() == 0:
         return torch.zeros(0, dtype=torch.int64, device=mask.device)
-    ar = torch.arange(n, device=mask.device)
-    c = torch.cumsum(mask, 0)
-    dst = torch.where(mask, c - 1, k + ar - c)
-    return torch.empty(n, dtype=torch.int64, device=mask.device).scatter_(0, dst, ar)[:k]
+    return stable_partition(mask)[0][:k]

@@ -45,6 +45,7 @@ import torch
 from hetgmp.comm.exchange import exchange_fixed
 from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
+from hetgmp.embedding.ops import stable_partition
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.distributed import DistributedEmbedding
@@ -236,13 +237,8 @@ class StaticExchange:
         self.pr_cnt.copy_(prev.cnt.index_select(0, j))
         take_rows(g, j, out=self.pr_grad, backend=e.kernels)
         self.pr_n.copy_(nqr)
-        # mirrors due for a push, per owner (as DistributedEmbedding._stage_mirrors)
-        if e.n_mir:
-            due = e.pending > e.bound
-            c = torch.cat([self.ar_w[:1] * 0, torch.cumsum(due, 0)])
-            ndue = c.index_select(0, e._mir_end) - c.index_select(0, e._mir_start)  # noqa: SLF001
-        else:
-            ndue = self.ar_w * 0
+        # mirrors due for a push, per owner
+        ndue = e.due_per_owner(e.pending > e.bound) if e.n_mir else self.ar_w * 0
         # the next batch: inputs and sizes table
         self.u_ids.copy_(cur.u)
         self.slot.copy_(cur.slot)
@@ -309,12 +305,8 @@ class StaticExchange:
         ndue = self.sz_mine[:, _NDUE]
         due = e.pending > e.bound
         self.deferred.copy_(((e.pending > 0) & ~due).sum())
-        c = torch.cumsum(due, 0)
-        tot = c[-1:]
         n_mir = due.numel()
-        ar_m = e.mir_arange
-        dst = torch.where(due, c - 1, tot + ar_m - c)
-        perm = torch.empty_like(ar_m).scatter_(0, dst, ar_m)
+        perm, tot = stable_partition(due, e.mir_arange)
         kd = min(n_mir, w * p)
         di = perm[:kd]
         ev = self.ar_wp[:kd]
