@@ -121,6 +121,12 @@ class StaticExchange:
         self.ar_p = torch.arange(p, **i64)
         self.ar_wp = torch.arange(w * p, **i64)
         self.ar_wq = torch.arange(w * q, **i64)
+        # the query slots of the current step (see _query_slots)
+        self.q_slots = (
+            torch.zeros(w * q, dtype=torch.bool, device=dev),
+            torch.zeros(w * q, dtype=torch.bool, device=dev),
+            torch.zeros(w * q, **i64),
+        )
         # where padding entries go: row writes (skipped by Triton: -1; else the trash rows),
         # count adds of 0 (spread over real rows)
         triton = emb.kernels == "triton"
@@ -257,7 +263,7 @@ class StaticExchange:
             self._pack_due(e, w, p)
         # -- queries: every (peer, slot) reads its batch entry (a gather over w*q slots, not
         # a scatter of all n entries: most are owned rows, and their dummy writes collided)
-        is_m, _, ipos = self._query_slots()
+        is_m, _, ipos = self._query_slots()  # (kept in buffers for _finish)
         q_ids = self.u_pad.index_select(0, ipos)
         ms = torch.where(is_m, self.slot_pad.index_select(0, ipos), e.trash_slot)
         q_ver = e.version_full.index_select(0, ms)
@@ -285,7 +291,8 @@ class StaticExchange:
         """For every query slot (peer j, position e; flat ``[w * q]``): whether it is a mirror
         query, whether it is a query of a row not stored here, and the batch entry it asks
         for (mirrors of owner j, then rows not stored of owner j, in block order; the pad
-        entry ``n`` for empty slots)."""
+        entry ``n`` for empty slots). Written into :attr:`q_slots` (read again by
+        :meth:`_finish`, in the same step)."""
         w = self.w
         nqm = self.sz_mine[:, _NQM]
         nq = nqm + self.sz_mine[:, _NQR]
@@ -297,7 +304,11 @@ class StaticExchange:
             is_m, st[w : 2 * w, None] + ar, st[2 * w : 3 * w, None] + ar - nqm[:, None]
         )
         ipos = torch.where(is_m | is_r, ipos, self.cap.n)
-        return is_m.reshape(-1), is_r.reshape(-1), ipos.reshape(-1)
+        q_m, q_r, q_pos = self.q_slots
+        q_m.copy_(is_m.reshape(-1))
+        q_r.copy_(is_r.reshape(-1))
+        q_pos.copy_(ipos.reshape(-1))
+        return self.q_slots
 
     def _pack_due(self, e: DistributedEmbedding, w: int, p: int) -> None:
         """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
@@ -371,8 +382,7 @@ class StaticExchange:
         r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]
         r_vals = r[:, q : q + q * d].reshape(w, q, d)
         r_ver = r[:, q + q * d :].contiguous().view(torch.int64)  # [w, q]
-        is_m, is_r, ipos = self._query_slots()
-        is_m, is_r, ipos = is_m.view(w, q), is_r.view(w, q), ipos.view(w, q)
+        is_m, is_r, ipos = (t.view(w, q) for t in self.q_slots)  # (from _pack)
         ms = self.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
         refresh = is_m & (r_lag > e.bound)
         rs = torch.where(refresh, ms, self.skip_s).reshape(-1)
