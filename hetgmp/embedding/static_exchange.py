@@ -83,7 +83,7 @@ class StaticExchange:
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
         i64 = dict(dtype=torch.int64, device=dev)
-        # inputs, written by load() before the segments run
+        # inputs, written by load() or by the pre-sync segment before the others run
         # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
         self.u_pad = torch.zeros(n + 1, **i64)
         self.u_ids = self.u_pad[:n]
