@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetgmp.comm.exchange import exchange_fixed
-from hetgmp.embedding import sizes
+from hetgmp.embedding import padded_kernels, sizes
 from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
 from hetgmp.embedding.ops import stable_partition
 
@@ -82,6 +82,12 @@ class StaticExchange:
         w, d, dev = emb.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
+        # Triton: each segment is a few fused kernels (padded_kernels); torch: the reference
+        # op sequences below. The fused kernels read int64 fields as pairs of float32 at even
+        # offsets: even capacities (grow() gives multiples of 256).
+        self.fused = emb.kernels == "triton"
+        if self.fused and (q % 2 or p % 2):
+            raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
         i64 = dict(dtype=torch.int64, device=dev)
         # inputs, written by load() or by the pre-sync segment before the others run
         # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
@@ -99,6 +105,7 @@ class StaticExchange:
         self.pr_cnt = torch.zeros(w * q, **i64)
         self.pr_grad = torch.zeros(w * q, d, device=dev)
         self.pr_n = torch.zeros(w, **i64)  # ... per owner
+        self.ndue = torch.zeros(w, **i64)  # mirrors due per owner (fused pre-sync)
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
         self.s1 = 4 * q + 4 * p + p * d
@@ -209,6 +216,11 @@ class StaticExchange:
 
     # ------------------------------------------------------------------ segments (fixed shapes)
     def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+        if self.fused:
+            padded_kernels.presync_apply(self, prev, cur)
+            padded_kernels.count_due(self)
+            padded_kernels.presync_table(self, cur, bound_cols)
+            return
         e, n = self.emb, self.cap.n
         u, lr = self.cap.u, e.opt.lr
         sz = self.sz_mine  # still the table of ``prev`` (rewritten last)
@@ -257,6 +269,9 @@ class StaticExchange:
     def _pack(self) -> None:
         """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
         not stored here, then this rank's due mirrors, per owner) into ``send1``."""
+        if self.fused:
+            padded_kernels.pack(self)
+            return
         e, w, q, p, d = self.emb, self.w, self.cap.q, self.cap.p, self.d
         # (first: a pushed mirror's version moves, and the queries carry the new one)
         if e.n_mir:
@@ -340,6 +355,9 @@ class StaticExchange:
 
     def _answer(self) -> None:
         """Owners apply the pushed gradients, then answer every query: lag, value, version."""
+        if self.fused:
+            padded_kernels.answer(self)
+            return
         e, w, q, p, d = self.emb, self.w, self.cap.q, self.cap.p, self.d
         r = self.recv1
         rq_ids = r[:, : 2 * q].contiguous().view(torch.int64).reshape(-1)
@@ -377,6 +395,9 @@ class StaticExchange:
 
     def _finish(self) -> None:
         """Refresh the mirrors beyond the bound, then the batch's values in block order."""
+        if self.fused:
+            padded_kernels.finish(self)
+            return
         e, w, q, d, u = self.emb, self.w, self.cap.q, self.d, self.cap.u
         r = self.recv2
         r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]

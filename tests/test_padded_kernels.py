@@ -1,0 +1,85 @@
+"""The fused Triton kernels of the padded exchange (hetgmp/embedding/padded_kernels.py) against
+their reference, the torch op sequences of the same segments (static_exchange.StaticExchange).
+
+Both run on gloo CPU ranks; the Triton kernels in Triton's interpreter (``TRITON_INTERPRET=1``,
+which must be set before triton is imported: a subprocess). Every step's looked-up values, the
+state tensors before the final flush (weights, versions, pending counts, accumulators), the rows
+after the flush and the counters must match. The GPU run of the same comparison is
+tests/gpu_padded_check.py (``-m gpu``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+
+    def run(env, kernels, bound, steps, world):
+        from hetgmp.embedding import DistributedEmbedding
+        from hetgmp.partition.plan import Plan
+
+        rng = np.random.default_rng(world)
+        rows = 80
+        owner = rng.integers(0, world, rows).astype(np.int32)
+        mirrors = [np.flatnonzero(owner != w).astype(np.int64) for w in range(world)]
+        plan = Plan(np.zeros(world, np.int32), owner, mirrors, {})
+        emb = DistributedEmbedding(
+            rows, 6, env, plan, store_rate=0.25, bound=bound, optimizer="sgd", lr=0.1,
+            kernels=kernels, replies="all", exchange="padded",
+        )
+        g = torch.Generator().manual_seed(env.rank)
+        outs = []
+        for s in range(steps):
+            b = 12 if s % 5 == 4 else 16  # a shape change: buffers rebuilt, pre-sync skipped
+            ids = (torch.rand(b, 3, generator=g) ** 3 * rows).long()
+            emb.prefetch(ids)
+            out = emb(ids)
+            outs.append(out.detach().clone())
+            (out.pow(2).sum() * 0.5).backward()
+        state = [t.clone() for t in (emb.weight, emb.version, emb.pending, emb.grad_acc,
+                                     emb.delta_acc)]
+        counters = emb.counters()
+        return emb.state_dict(), outs, state, counters, emb.padded_presyncs
+
+    def check(world, bound, steps):
+        from hetgmp.comm.spawn import spawn_ranks
+
+        got = {k: spawn_ranks(run, world, k, bound, steps, world, timeout_s=600)
+               for k in ("torch", "triton")}
+        for ref, fused in zip(got["torch"], got["triton"]):
+            assert torch.equal(ref[0]["ids"], fused[0]["ids"])
+            torch.testing.assert_close(fused[0]["weight"], ref[0]["weight"], rtol=1e-5, atol=1e-6)
+            for a, b in zip(ref[1], fused[1]):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            for a, b in zip(ref[2], fused[2]):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+            assert ref[3] == fused[3], (ref[3], fused[3])
+            assert ref[4] == fused[4] > 0  # the pre-sync segment ran (fused and reference)
+        print("ok")
+
+    if __name__ == "__main__":
+        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    """
+)
+
+
+@pytest.mark.parametrize(("world", "bound", "steps"), [(2, 0, 10), (3, 3, 15)])
+def test_fused_padded_segments_match_reference(tmp_path, world: int, bound: int, steps: int) -> None:
+    script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
+    script.write_text(SCRIPT)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run(
+        [sys.executable, str(script), str(world), str(bound), str(steps)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr
