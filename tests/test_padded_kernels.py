@@ -74,7 +74,9 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.parametrize(("world", "bound", "steps"), [(2, 0, 10), (3, 3, 15)])
-def test_fused_padded_segments_match_reference(tmp_path, world: int, bound: int, steps: int) -> None:
+def test_fused_padded_segments_match_reference(
+    tmp_path, world: int, bound: int, steps: int
+) -> None:
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1")

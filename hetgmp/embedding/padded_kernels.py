@@ -130,7 +130,9 @@ def _ns() -> Any:
             tl.store(pr_grad_ptr + k_off[:, None] + c[None, :], g, mask=rem[:, None] & cmask)
 
     @triton.jit
-    def count_due_kernel(pend_ptr, owner_ptr, ndue_ptr, n_mir, bound, W: tl.constexpr, BLOCK: tl.constexpr):
+    def count_due_kernel(
+        pend_ptr, owner_ptr, ndue_ptr, n_mir, bound, W: tl.constexpr, BLOCK: tl.constexpr
+    ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n_mir
         due = m & (tl.load(pend_ptr + i, mask=m, other=0) > bound)
@@ -355,11 +357,15 @@ def _ns() -> Any:
         for d0 in tl.static_range(0, D, BD):
             c = d0 + tl.arange(0, BD)
             cm = (c < D)[None, :]
-            rv = tl.load(recv_ptr + r_off[:, None] + c[None, :], mask=from_reply[:, None] & cm, other=0.0)
+            rv = tl.load(
+                recv_ptr + r_off[:, None] + c[None, :], mask=from_reply[:, None] & cm, other=0.0
+            )
             fm = fresh[:, None] & cm
             new = rv + tl.load(dacc_ptr + m_off[:, None] + c[None, :], mask=fm, other=0.0)
             tl.store(w_ptr + s_off[:, None] + c[None, :], new, mask=fm)
-            old = tl.load(w_ptr + s_off[:, None] + c[None, :], mask=(stored & ~fresh)[:, None] & cm, other=0.0)
+            old = tl.load(
+                w_ptr + s_off[:, None] + c[None, :], mask=(stored & ~fresh)[:, None] & cm, other=0.0
+            )
             out = tl.where(fresh[:, None], new, tl.where(rem[:, None], rv, old))
             tl.store(values_ptr + v_off[:, None] + c[None, :], out, mask=live[:, None] & cm)
 
