@@ -71,12 +71,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import PeerFailedError
-from hetgmp.comm.exchange import exchange_fixed, exchange_payload, exchange_sizes
+from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding import sizes
 from hetgmp.embedding.counters import ROW_KINDS, zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
@@ -180,7 +181,6 @@ class DistributedEmbedding(nn.Module):
     ``padded_presyncs`` (steps whose pre-sync part ran in fixed shapes).
     """
 
-
     def __init__(
         self,
         num_rows: int,
@@ -202,6 +202,7 @@ class DistributedEmbedding(nn.Module):
         replies: str = "stale",
         exchange: str = "auto",
         cuda_graphs: bool = True,
+        graph_collectives: bool = True,
     ) -> None:
         super().__init__()
         if num_rows < 1 or dim < 1:
@@ -236,6 +237,8 @@ class DistributedEmbedding(nn.Module):
             exchange = "padded" if padded_ok and env.device.type == "cuda" else "exact"
         self.exchange = exchange
         self._graphs = bool(cuda_graphs) and env.device.type == "cuda"
+        self._graph_collectives = bool(graph_collectives)
+        self._comm_padded: DistEnv | None = None  # see _padded_comm
         self._static: StaticExchange | None = None  # buffers of the padded exchange (lazily)
         self.padded_rebuilds: list[Capacity] = []  # every capacity the padded exchange took
         self.padded_presyncs = 0  # steps whose pre-sync part ran in fixed shapes
@@ -782,12 +785,10 @@ class DistributedEmbedding(nn.Module):
         )  # fmt: skip
         if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
             assert st is not None and grads is not None and grads[0].prep is not None
-            st.presync(grads[0].prep, prep, self._bound_cols(bound, op))
+            host = st.presync(grads[0].prep, prep, self._bound_cols(bound, op))
             self.padded_presyncs += 1
             self.timer.mark("update")
             table, theirs_dev = st.sz_mine, st.sz_theirs
-            exchange_fixed(env, table, theirs_dev, "embedding size exchange 1")
-            host = torch.stack([table, theirs_dev]).cpu()
             return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                      host, None, True)  # fmt: skip
         due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
@@ -1080,7 +1081,7 @@ class DistributedEmbedding(nn.Module):
         )
         if cap != old or self._static.frozen != (self.bound, self.opt.lr):
             # (captured graphs hold the bound and the learning rate as constants)
-            new = StaticExchange(self, cap, graphs=self._graphs)
+            new = StaticExchange(self, cap, graphs=self._graphs, comm=self._padded_comm())
             if loaded:  # the pre-sync segment wrote the inputs into the old buffers
                 assert self._static is not None
                 new.adopt(self._static)
@@ -1115,6 +1116,27 @@ class DistributedEmbedding(nn.Module):
             self._rows_host_total[k] += v
         self._rows_dev_step = st.rows_step
         return values[:nu]
+
+    def _padded_comm(self) -> DistEnv:
+        """The env whose group the padded exchange's collectives use (every rank calls this at
+        its first padded step, together). With CUDA graphs on NCCL and ``graph_collectives``:
+        a process group of its own, so the all-to-alls can be captured inside the graphs
+        (replays bypass a process group's per-call host bookkeeping, so a captured collective
+        must never share its communicator with eager calls of the exact path); else the
+        embedding's env."""
+        if self._comm_padded is None:
+            env = self.env
+            if (
+                self._graphs
+                and self._graph_collectives
+                and env.backend == "nccl"
+                and env.group is not None
+            ):
+                group = dist.new_group(dist.get_process_group_ranks(env.group), backend="nccl")
+                self._comm_padded = dataclasses.replace(env, group=group)
+            else:
+                self._comm_padded = env
+        return self._comm_padded
 
     def _apply_owned(
         self,
@@ -1196,7 +1218,9 @@ class DistributedEmbedding(nn.Module):
                     st = torch.where(refresh, st, self.opt_state[rs])
                 self.opt_state.index_copy_(0, rs, st)
         values = torch.empty(batch.u.numel(), d, device=self.device)
-        take_rows(self.weight, batch.slot[: n_o + n_m], out=values[: n_o + n_m], backend=self.kernels)
+        take_rows(
+            self.weight, batch.slot[: n_o + n_m], out=values[: n_o + n_m], backend=self.kernels
+        )
         values[n_o + n_m :] = rem_vals
         self._rows_dev_step = torch.stack(
             [

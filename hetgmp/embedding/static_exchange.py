@@ -48,6 +48,7 @@ from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
 from hetgmp.embedding.ops import stable_partition
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.comm.env import DistEnv
     from hetgmp.embedding.distributed import DistributedEmbedding
 
 _NQM, _NQR, _NP, _NDUE, _NOWN = sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.NOWN
@@ -76,8 +77,15 @@ def grow(cap: int, need: int, *, quantum: int = 256) -> int:
 class StaticExchange:
     """Buffers and segments for one :class:`Capacity` (see the module docstring)."""
 
-    def __init__(self, emb: DistributedEmbedding, cap: Capacity, *, graphs: bool) -> None:
+    def __init__(
+        self, emb: DistributedEmbedding, cap: Capacity, *, graphs: bool, comm: DistEnv | None = None
+    ) -> None:
         self.emb, self.cap = emb, cap
+        # The collectives of the padded step run on ``comm`` (default: the embedding's env).
+        # A communicator of their own (see DistributedEmbedding._padded_comm) lets them be
+        # captured inside the graphs: a step is then two graph replays and one host wait.
+        self.comm = comm if comm is not None else emb.env
+        self.comm_in_graphs = graphs and self.comm is not emb.env
         self.frozen = (emb.bound, emb.opt.lr)  # constants inside the captured graphs
         w, d, dev = emb.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
@@ -99,6 +107,11 @@ class StaticExchange:
         self.blocks = torch.zeros(3 * w, **i64)
         self.sz_mine = torch.zeros(w, sizes.COLS, **i64)
         self.sz_theirs = torch.zeros(w, sizes.COLS, **i64)
+        # both tables for the host (pinned: the copy is a node of the pre-sync graph)
+        self.host_sizes = torch.zeros(
+            2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
+        )
+        self._sizes_ready = torch.cuda.Event() if dev.type == "cuda" else None
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
         # they were queries of the last batch
         self.pr_ids = torch.zeros(w * q, **i64)
@@ -181,26 +194,49 @@ class StaticExchange:
     def run(self) -> torch.Tensor:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
-        env = self.emb.env
+        if self.comm_in_graphs:
+            self._segment("step", self._whole_step)
+            return self.values
         self._segment("pack", self._pack)
-        exchange_fixed(env, self.send1, self.recv1, "embedding exchange 1 (static)")
+        exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
         self._segment("answer", self._answer)
-        exchange_fixed(env, self.send2, self.recv2, "embedding exchange 2 (static)")
+        exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         self._segment("finish", self._finish)
         return self.values
 
-    def presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+    def _whole_step(self) -> None:
+        self._pack()
+        exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
+        self._answer()
+        exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
+        self._finish()
+
+    def presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> torch.Tensor:
         """The part of a step before the sizes exchange, for the batch after this one's
         (``prev``: the batch this object ran, its gradient in :attr:`grad`; ``cur``: the
         next batch, preprocessed): SGD on ``prev``'s own rows, its mirrors' local step, the
         push inputs, the next batch's inputs and sizes table (into :attr:`sz_mine`). One
         graph per ring slot of ``cur`` (see :class:`PrepRing`) once both are at fixed
-        addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns."""
-        self._segment(
-            ("presync", tuple(cur.ids.shape), cur.ring),  # (shapes with one numel share self)
-            lambda: self._presync(prev, cur, bound_cols),
-            capturable=prev.static and cur.static,
-        )
+        addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns.
+        Then the sizes exchange; returns both tables on the CPU (``[2, w, COLS]``: sent,
+        received), the step's one wait for the device."""
+        key = ("presync", tuple(cur.ids.shape), cur.ring)  # (shapes with one numel share self)
+        capturable = prev.static and cur.static
+        if not self.comm_in_graphs:
+            self._segment(key, lambda: self._presync(prev, cur, bound_cols), capturable=capturable)
+            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+            return torch.stack([self.sz_mine, self.sz_theirs]).cpu()
+
+        def with_sizes() -> None:
+            self._presync(prev, cur, bound_cols)
+            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+            self.host_sizes.copy_(torch.stack([self.sz_mine, self.sz_theirs]), non_blocking=True)
+
+        self._segment(key, with_sizes, capturable=capturable)
+        assert self._sizes_ready is not None
+        self._sizes_ready.record()
+        self._sizes_ready.synchronize()
+        return self.host_sizes
 
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
@@ -375,7 +411,9 @@ class StaticExchange:
         scatter_add_rows(
             e.weight_full, torch.where(pv, ps, self.skip_s), rp_grad, -e.opt.lr, backend=e.kernels
         )
-        e.version_full.index_add_(0, torch.where(pv, ps, self.spread_wp), torch.where(pv, rp_cnt, 0))
+        e.version_full.index_add_(
+            0, torch.where(pv, ps, self.spread_wp), torch.where(pv, rp_cnt, 0)
+        )
         # -- answers
         qv = (self.ar_q[None, :] < nq_in[:, None]).reshape(-1)
         qs = e.slot_of.index_select(0, rq_ids.clamp(0, e.num_rows - 1)).long()
@@ -447,7 +485,9 @@ class GraphCache:
         """The number of captured graphs."""
         return len(self._graphs)
 
-    def run(self, key: object, fn: Callable[[], Any], *, capturable: bool = True) -> tuple[Any, bool]:
+    def run(
+        self, key: object, fn: Callable[[], Any], *, capturable: bool = True
+    ) -> tuple[Any, bool]:
         """``(fn's result, whether it came from a replayed graph)``."""
         if capturable and key in self._graphs:
             self._graphs[key].replay()
