@@ -59,3 +59,24 @@ def test_shutdown_joins_gloo_threads_even_when_torch_holds_the_group() -> None:
         assert r["gloo_before"] > 0, "no gloo worker threads seen while the group was alive"
         assert r["gloo_after"] == [], f"gloo threads outlive shutdown(): {r['gloo_after']}"
     assert res[0]["p"] == res[1]["p"]
+
+
+def closers_run_before_the_group_goes(env: DistEnv) -> list[str]:
+    seen: list[str] = []
+    env.closers.append(lambda: seen.append(f"first, group alive: {env.group is not None}"))
+    env.closers.append(lambda: seen.append(f"second, group alive: {env.group is not None}"))
+    shutdown(env)
+    seen.append(f"after: group alive: {env.group is not None}, closers left: {len(env.closers)}")
+    return seen
+
+
+def test_shutdown_runs_the_closers_first_newest_first() -> None:
+    # (CUDA graphs holding captured NCCL collectives must be dropped before the communicator:
+    # DistributedEmbedding registers such a closer for its padded exchange)
+    got = spawn_ranks(closers_run_before_the_group_goes, 2, timeout_s=120)
+    for seen in got:
+        assert seen == [
+            "second, group alive: True",
+            "first, group alive: True",
+            "after: group alive: False, closers left: 0",
+        ], seen

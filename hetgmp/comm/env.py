@@ -6,6 +6,7 @@ Distributed state is a value (:class:`DistEnv`) passed around explicitly, never 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +18,9 @@ class DistEnv:
 
     ``group`` is the torch.distributed process group for collectives (None for a single
     process). ``launcher`` says how we were started: ``mpirun``, ``torchrun`` or ``single``.
+    ``closers``: what must be released before the process groups are destroyed (called by
+    :func:`hetgmp.comm.launch.shutdown`, newest first): CUDA graphs that captured NCCL
+    collectives hold their communicator, whose destruction then waits for them forever.
     """
 
     rank: int = 0
@@ -26,6 +30,7 @@ class DistEnv:
     backend: str = "none"
     launcher: str = "single"
     group: Any = None
+    closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     @property
     def is_distributed(self) -> bool:

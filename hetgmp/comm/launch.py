@@ -264,6 +264,8 @@ def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
     So besides our own reference, the references torch modules imported after the group was
     created keep (see :func:`_drop_captured_references`) are dropped before we return.
     """
+    while env.closers:  # (before any group goes: see DistEnv.closers)
+        env.closers.pop()()
     if env.group is not None and dist.is_initialized():
         if wait_for_peers:
             dist.barrier(group=env.group)

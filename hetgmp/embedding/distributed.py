@@ -67,6 +67,7 @@ fresh / stale-ok / refreshed / deferred counts stay on the device until :meth:`c
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -1117,6 +1118,17 @@ class DistributedEmbedding(nn.Module):
         self._rows_dev_step = st.rows_step
         return values[:nu]
 
+    def release_graphs(self) -> None:
+        """Drop every CUDA graph this table captured (after the device is done with them);
+        later steps capture again. Called by :func:`hetgmp.comm.launch.shutdown` (through
+        ``env.closers``) before the process groups are destroyed."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self._static is not None:
+            self._static.release()
+        for ring in self._rings.values():
+            ring.release()
+
     def _padded_comm(self) -> DistEnv:
         """The env whose group the padded exchange's collectives use (every rank calls this at
         its first padded step, together). With CUDA graphs on NCCL and ``graph_collectives``:
@@ -1134,6 +1146,9 @@ class DistributedEmbedding(nn.Module):
             ):
                 group = dist.new_group(dist.get_process_group_ranks(env.group), backend="nccl")
                 self._comm_padded = dataclasses.replace(env, group=group)
+                # the graphs must go before the group does (hetgmp.comm.launch.shutdown)
+                me = weakref.ref(self)
+                env.closers.append(lambda: (e := me()) is not None and e.release_graphs())
             else:
                 self._comm_padded = env
         return self._comm_padded

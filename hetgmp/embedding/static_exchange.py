@@ -238,6 +238,10 @@ class StaticExchange:
         self._sizes_ready.synchronize()
         return self.host_sizes
 
+    def release(self) -> None:
+        """Drop the captured graphs (they hold the communicator, see DistEnv.closers)."""
+        self._graphs.clear()
+
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
         for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n"):
@@ -485,6 +489,12 @@ class GraphCache:
         """The number of captured graphs."""
         return len(self._graphs)
 
+    def clear(self) -> None:
+        """Drop every captured graph (and its outputs); the next use starts over (warm-up)."""
+        self._graphs.clear()
+        self._out.clear()
+        self._warm.clear()
+
     def run(
         self, key: object, fn: Callable[[], Any], *, capturable: bool = True
     ) -> tuple[Any, bool]:
@@ -521,6 +531,10 @@ class PrepRing:
         self.prepare = prepare
         self._graphs = GraphCache(graphs)  # one per slot
         self.last = 1  # the slot of the batch consumed last
+
+    def release(self) -> None:
+        """Drop the captured graphs."""
+        self._graphs.clear()
 
     def fill(self, ids: torch.Tensor) -> tuple[Any, int, bool]:
         """Prepare ``ids`` into the free slot: ``(prep, slot, static)``."""
