@@ -68,10 +68,9 @@ def _step_fn(cont: Any, ids_all: torch.Tensor, grad: torch.Tensor, batch: int) -
         return ids_all.index_select(0, batch_positions(k, batch, n, dev))
 
     def step(k: int) -> None:
-        pos = batch_positions(k, batch, n, dev)
         ids = ahead.pop(k, None)
         if ids is None:
-            ids = ids_all.index_select(0, pos)
+            ids = batch_ids(k)
         t = cont.timer
         out = cont(ids)
         if cont.prefetches:

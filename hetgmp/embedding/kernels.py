@@ -259,14 +259,25 @@ def scatter_add_rows(
     """``table[idx[i]] += alpha * src[i]`` (``table [R, D]`` float32 contiguous, ``idx [n]``
     int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`). The
     Triton kernel skips a negative index (padding entries: no atomics on a shared dummy row);
-    the torch reference needs every index in range."""
+    the torch reference needs every index in range. ``idx`` and ``src`` may also come in any
+    shapes ``[...]`` and ``[..., D]`` of ``n`` and ``n * D`` elements (the one-rank step passes
+    its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path)."""
     if backend == "torch" or idx.numel() == 0:
+        if idx.dim() != 1:
+            idx = idx.reshape(-1)
+        if src.dim() != 2:
+            src = src.reshape(-1, src.shape[-1])
         return scatter_add_rows_reference(table, idx, src, alpha)
     k = _kernels()
     triton, kernel = k.triton, k.scatter
-    n, d = src.shape
-    if table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32:
-        raise ValueError(f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}")
+    n, d = idx.numel(), src.shape[-1]
+    if (
+        table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32
+        or src.numel() != n * d
+    ):  # fmt: skip
+        raise ValueError(
+            f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}, idx {n}"
+        )
     if not table.is_contiguous():
         raise ValueError("scatter_add_rows needs a contiguous table")
     src = src.to(torch.float32).contiguous()
@@ -497,7 +508,8 @@ def mark_local(
     backend: str = "torch",
 ) -> torch.Tensor:
     """First half of a one-rank lookup (:class:`DistributedEmbedding`'s fast path), one kernel:
-    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64); ``pos_map[slots[i]] = i`` (int32
+    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64, the shape of ``ids``, which may
+    have any shape; ``i`` below is a position in the flattened ids); ``pos_map[slots[i]] = i`` (int32
     per-row map; when a row repeats, any one occurrence wins); ``flag`` (int32 ``[1]``, zero
     on entry) becomes > 0 if an id was out of range; ``step_count`` (int64 ``[1]``) is zeroed
     for :func:`take_local` to count into."""
@@ -505,7 +517,8 @@ def mark_local(
     if backend == "torch":
         slots = ids.clamp(0, num_rows - 1)
         flag.copy_(torch.maximum(flag, (slots != ids).any().to(flag.dtype)))
-        pos_map.index_copy_(0, slots, torch.arange(n, dtype=torch.int32, device=ids.device))
+        flat = slots.reshape(-1)
+        pos_map.index_copy_(0, flat, torch.arange(n, dtype=torch.int32, device=ids.device))
         step_count.zero_()
         return slots
     k = _kernels()
@@ -533,20 +546,28 @@ def take_local(
     kernel: returns ``(table[slots], lead)`` where ``lead[i] = pos_map[slots[i]]`` is the
     position of the occurrence that won row ``slots[i]`` (so ``lead[i] == i`` for exactly one
     occurrence per distinct row); adds the number of distinct rows to ``step_count`` and
-    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call."""
+    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call. ``slots`` may
+    have any shape ``[...]``: the rows come as ``[..., D]`` (a tensor of its own, not a view),
+    ``lead`` flat ``[n]`` over the flattened slots."""
     n = slots.numel()
+    d = table.shape[1]
     if backend == "torch":
-        lead = pos_map.index_select(0, slots)
+        flat = slots.reshape(-1)
+        lead = pos_map.index_select(0, flat)
         k = (lead == torch.arange(n, dtype=torch.int32, device=slots.device)).sum()
         step_count += k
         total_count += k
         flag.zero_()
-        return take_rows_reference(table, slots), lead
+        if slots.dim() == 1:
+            return take_rows_reference(table, flat), lead
+        out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
+        torch.index_select(table, 0, flat, out=out.view(n, d))
+        return out, lead
     k = _kernels()
     triton, kernel = k.triton, k.take_local
-    d = table.shape[1]
-    out = torch.empty(n, d, dtype=table.dtype, device=table.device)
+    out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)
+    slots = slots.contiguous()  # (the kernel reads it as a flat array)
     block_r, block_d = _row_tiles(triton, d)
     with _on_device(table):
         launch(
