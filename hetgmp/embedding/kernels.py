@@ -28,6 +28,11 @@ for CUDA tensors when it imports and ``torch`` otherwise (CPU included); :func:`
 uses so callers can log it. ``"auto"`` also compiles and runs every kernel once on the device
 and falls back to torch with a warning if that fails; an explicit ``"triton"`` raises instead.
 Set ``TRITON_INTERPRET=1`` to run the Triton kernels on CPU tensors (slow; tests).
+
+Every kernel is launched through :func:`launch`, which keeps the compiled kernel per
+specialization key and calls its launcher directly (Triton's ``kernel[grid](...)`` costs ~21 us
+of host time per launch on the H200 machine); ``HETGMP_FAST_LAUNCH=0`` or
+``FAST_LAUNCH = False`` turns that off. ``bench/gpu/host_overhead.py --launch`` measures both.
 """
 
 from __future__ import annotations
