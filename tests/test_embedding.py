@@ -604,3 +604,32 @@ def test_padded_exchange_equals_exact() -> None:
             assert any(r[i + 1]["counters"]["rows_mirror_stale_ok"] for r in results)
         # from the second step on, the part before the sizes exchange ran in fixed shapes too
         assert all(r[i + 1]["presyncs"] == STEPS - 1 for r in results), [r[i + 1] for r in results]
+
+
+def test_world1_autograd_node_hands_back_the_gradient() -> None:
+    """The one-rank step is one autograd node (no leaf, no hook, no ``.grad`` kept): the
+    output's gradient reaches the next step's update exactly as with the reference, for a
+    non-linear loss, an expanded (``.sum()``) gradient and eval steps in between; an
+    out-of-range batch still names the bad id and keeps the pending update."""
+    env = DistEnv.single()
+    for opt in ("sgd", "adagrad"):
+        emb = DistributedEmbedding(ROWS, DIM, env, optimizer=opt, lr=0.05)
+        ref = ReferenceEmbedding(ROWS, DIM, optimizer=opt, lr=0.05)
+        for t, ids in enumerate(make_batches(9)):
+            x = torch.from_numpy(ids)
+            out = emb(x)
+            assert out.shape == (BATCH, FIELDS, DIM) and not out.is_leaf
+            assert type(out.grad_fn).__name__ == "_LocalLookupBackward"
+            want = ref(x)
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-7)
+            for o in (out, want):
+                (o.sum() if t % 2 else (o.pow(2) * 3).sum()).backward()
+            assert emb._anchor.grad is None
+            with torch.no_grad():
+                torch.testing.assert_close(emb(x), ref(x), rtol=1e-6, atol=1e-7)
+            if t == 2:
+                with pytest.raises(EmbeddingInputError, match=f"id {-3} is outside"):
+                    emb(torch.full((2, FIELDS), -3, dtype=torch.int64))
+        assert_matches_reference(emb.state_dict(), ref.state_dict())
+        # an empty batch: [0, F, D], and a step that applies the pending gradient
+        assert emb(torch.zeros(0, FIELDS, dtype=torch.int64)).shape == (0, FIELDS, DIM)

@@ -128,6 +128,10 @@ CASES = textwrap.dedent(
         from hetgmp.embedding.kernels import _trial_launch
 
         assert _trial_launch(torch.device("cpu")) is None
+        # the interpreter always takes Triton's normal launch: nothing was cached
+        from hetgmp.embedding import kernels as K
+
+        assert not K._kernels().compiled and not K._launch_cache
 
     def check_runtime():
         # the runtime wired to the kernel: same rows as with the torch backend (1 rank, both
@@ -226,3 +230,106 @@ def test_torch_backend_is_index_add() -> None:
     scatter_add_rows(t, idx, src, 2.0, backend="torch")
     assert t[1].tolist() == [4.0] * 3 and t[3].tolist() == [2.0] * 3 and t[0].sum() == 0
     assert scatter_add_rows_reference(t, idx[:0], src[:0]) is t  # empty: untouched, no call
+
+
+# ---------------------------------------------------------------- the cached launcher
+class _FakeCompiled:
+    """Stands in for Triton's CompiledKernel: records the direct launches."""
+
+    def __init__(self, log: list) -> None:
+        self.function, self.packed_metadata, self.log = "fn", "meta", log
+
+    @property
+    def run(self):
+        return lambda *a: self.log.append(("fast", a))
+
+
+class _FakeKernel:
+    """Stands in for a JITFunction: ``kernel[grid](...)`` logs and returns a compiled kernel
+    per specialization (``variants``: how it maps the args to one)."""
+
+    arg_names = ["t", "n", "BLOCK"]
+    pre_run_hooks: list = []
+
+    def __init__(self, variants=lambda args: 0) -> None:
+        self.log: list = []
+        self.variants, self.compiled = variants, {}
+
+    def __getitem__(self, grid):
+        def run(*args, **consts):
+            self.log.append(("normal", grid, args, consts))
+            v = self.variants(args)
+            return self.compiled.setdefault(v, _FakeCompiled(self.log))
+
+        return run
+
+
+def _fake_triton(monkeypatch, compiled: bool = True):
+    from types import SimpleNamespace
+
+    from hetgmp.embedding import kernels as K
+
+    hooks = SimpleNamespace(
+        launch_enter_hook=SimpleNamespace(calls=[]), launch_exit_hook=SimpleNamespace(calls=[])
+    )
+    ns = SimpleNamespace(compiled=compiled, hooks=hooks, triton=SimpleNamespace(__version__="x"))
+    monkeypatch.setattr(K, "_kernels", lambda: ns)
+    monkeypatch.setattr(K, "_launch_cache", {})
+    monkeypatch.setattr(K, "_raw_stream", lambda dev: 77)
+    return K, ns
+
+
+def test_launch_caches_checks_then_launches_directly(monkeypatch) -> None:
+    K, _ = _fake_triton(monkeypatch)
+    monkeypatch.setattr(K, "VERIFY_EVERY", 3)
+    kern = _FakeKernel()
+    t = torch.zeros(8)
+    for _ in range(7):
+        K.launch(kern, (5,), (t, 32), {"BLOCK": 4})
+    kinds = [e[0] for e in kern.log]
+    # first: compile (normal), second: a check (normal), then VERIFY_EVERY direct launches,
+    # then a check again
+    assert kinds == ["normal", "normal", "fast", "fast", "fast", "normal", "fast"]
+    fast = kern.log[2][1]
+    assert fast == (5, 1, 1, 77, "fn", "meta", None, None, None, t, 32, 4)
+    # opt-out per call, and the interpreter (not compiled): always the normal path
+    K.launch(kern, (5,), (t, 32), {"BLOCK": 4}, fast=False)
+    assert kern.log[-1][0] == "normal"
+
+
+def test_launch_key_separates_specializations(monkeypatch) -> None:
+    """Arguments Triton specializes differently (alignment, int divisibility / == 1, dtype)
+    get different cache entries; a Triton variant the key did not separate raises."""
+    K, _ = _fake_triton(monkeypatch)
+    t = torch.zeros(16)
+    keys = {K._arg_key(x) for x in (t, t[1:], t.long(), 1, 16, 17, 2**40, 0.5)}
+    assert len(keys) == 8
+    assert K._arg_key(t[4:]) == K._arg_key(t) and K._arg_key(3) == K._arg_key(5)
+    # a kernel whose compiled variant depends on something the key ignores (here n's value)
+    kern = _FakeKernel(variants=lambda args: args[1])
+    K.launch(kern, (1,), (t, 3), {"BLOCK": 4})
+    with pytest.raises(RuntimeError, match="specialization key misses something"):
+        K.launch(kern, (1,), (t, 5), {"BLOCK": 4})  # same key, the check sees another kernel
+
+
+def test_launch_uses_normal_path_with_hooks_or_unusable_kernels(monkeypatch) -> None:
+    K, ns = _fake_triton(monkeypatch)
+    kern = _FakeKernel()
+    t = torch.zeros(4)
+    ns.hooks.launch_enter_hook.calls.append(print)  # a profiler's hook: never bypass it
+    for _ in range(4):
+        K.launch(kern, (1,), (t, 3), {"BLOCK": 4})
+    assert [e[0] for e in kern.log] == ["normal"] * 4
+    ns.hooks.launch_enter_hook.calls.clear()
+    odd = _FakeKernel()
+    odd.arg_names = ["t", "n", "X", "BLOCK"]  # parameters launch() cannot place: warned once
+    with pytest.warns(UserWarning, match="not a plain compiled kernel"):
+        K.launch(odd, (1,), (t, 3), {"BLOCK": 4})
+    for _ in range(3):
+        K.launch(odd, (1,), (t, 3), {"BLOCK": 4})
+    assert [e[0] for e in odd.log] == ["normal"] * 4
+    K2, _ = _fake_triton(monkeypatch, compiled=False)  # the interpreter
+    interp = _FakeKernel()
+    for _ in range(4):
+        K2.launch(interp, (1,), (t, 3), {"BLOCK": 4})
+    assert [e[0] for e in interp.log] == ["normal"] * 4 and not K2._launch_cache

@@ -209,12 +209,13 @@ class Runner:
             return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
 
         def step(k: int) -> None:
-            pos = batch_positions(k, batch, data.n, dev)
             ids = ahead.pop(k, None)
-            if ids is None:
-                ids = data.ids.index_select(0, pos)
             t = cont.timer
             if mode == "embedding":
+                # (the positions only to pick the ids: a contender that prefetched got them
+                # a step ahead, so it pays for that once per step, like any other)
+                if ids is None:
+                    ids = batch_ids(k)
                 out = cont(ids)
                 if cont.prefetches:  # the next batch's id preprocessing overlaps this step
                     ahead[k + 1] = batch_ids(k + 1)
@@ -224,6 +225,9 @@ class Runner:
                 t.mark("backward")
                 cont.after_backward()
                 return
+            pos = batch_positions(k, batch, data.n, dev)
+            if ids is None:
+                ids = data.ids.index_select(0, pos)
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=autocast):
                 logits = model(ids, data.dense.index_select(0, pos))
             # the MLP forward (after the embedding's own marks) is MLP time, not preprocessing

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -153,6 +153,39 @@ class _Batch:
     prep: _Prep | None = None
     static: StaticExchange | None = None
     grad_buf: torch.Tensor | None = None
+
+
+class _LocalBatch(NamedTuple):
+    """A one-rank step's occurrences (the fast path): kept until its gradient is applied at
+    the next step. (A tuple: built every step, cheaper than the :class:`_Batch` dataclass.)"""
+
+    slot: torch.Tensor  # [B, F] int64 row of every occurrence
+    lead: torch.Tensor | None  # [B * F] int32 leader occurrence (Adagrad), None: empty batch
+
+
+class _LocalLookup(torch.autograd.Function):
+    """The one-rank step as one autograd node: forward runs :meth:`DistributedEmbedding.
+    _step_local` and returns the ``[B, F, D]`` rows; backward hands their gradient to the
+    embedding (applied at its next step) and returns none. Replaces a leaf + tensor hook +
+    view (``register_hook`` costs Python work per step; the backward then ran ViewBackward and
+    AccumulateGrad, which stored a ``.grad`` nobody reads). Autograd only calls a backward
+    whose node has an input that requires grad: that is ``anchor``, a 0-d leaf of the module
+    that never gets a gradient (None is returned for it)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, anchor: torch.Tensor, emb: DistributedEmbedding, ids: torch.Tensor
+    ) -> torch.Tensor:
+        values, batch = emb._step_local(ids, op=_OP_FORWARD, error=None)
+        ctx.emb, ctx.batch = emb, batch
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        # (as the hook did: a later backward through the same output replaces the gradient;
+        # with create_graph the gradient has a graph, which the in-place update must not join)
+        ctx.emb._grads = (ctx.batch, grad.detach() if grad.requires_grad else grad)
+        return None, None, None
 
 
 class DistributedEmbedding(nn.Module):
@@ -327,6 +360,16 @@ class DistributedEmbedding(nn.Module):
         # to in place (views made once), and the out-of-range flag it sets (see mark_local).
         self._local_counts = (self._rows_dev_step[4:], self._rows_dev_total[4:])
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        # World-1 fast path: the leaf its autograd node hangs on (see _LocalLookup; a plain
+        # attribute, not a parameter: it never gets a gradient), the step's byte counters
+        # (constant: nothing is sent; one dict for every step, copied by step_counters) and
+        # the device ids need not be moved from (cuda without an index: the current one).
+        self._anchor = torch.zeros((), requires_grad=True)
+        self._local_bytes_step = zero_counters()
+        self._local_bytes_step["steps"] = 1
+        self._ids_device = dev
+        if dev.type == "cuda" and dev.index is None:
+            self._ids_device = torch.device("cuda", torch.cuda.current_device())
         self.last_audit: dict[str, torch.Tensor] | None = None
         self.timer = PhaseTimer(dev, enabled=False)  # bench/ turns it on: timer.enabled = True
 
@@ -336,7 +379,7 @@ class DistributedEmbedding(nn.Module):
     _PLAIN_ATTRS = frozenset(
         {"_prefetched", "_grads", "_bytes_step", "_rows_dev_step", "_rows_dev_total",
          "_rows_host_step", "_size_cache", "_pos_map32", "_pos_map", "_side", "_bad_ring",
-         "_bad_next", "padded_presyncs", "_static"}
+         "_bad_next", "padded_presyncs", "_static", "_anchor"}
     )  # fmt: skip
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -353,12 +396,12 @@ class DistributedEmbedding(nn.Module):
         On CUDA the work runs on a side stream, so it overlaps the current step (it needs no
         host sync: the unique rows come from :meth:`_leaders`); on CPU it runs at once.
         Input problems (dtype, shape) are left for ``forward`` to report collectively."""
-        if _input_problem(ids) is not None:
+        if self._local or _input_problem(ids) is not None:
+            # (one rank: nothing to prepare, the step's own kernels clamp and check the ids;
+            # a side stream would only add stream waits and record_stream calls per step)
             self._prefetched = None
             return
-        if self.device.type != "cuda" or self._local:
-            # (one rank: preparing is a no-op, the step's own kernels clamp and check the ids;
-            # a side stream would only add stream waits and record_stream calls per step)
+        if self.device.type != "cuda":
             self._prefetched = self._prep_new(ids.to(self.device, non_blocking=True))
             return
         if self._side is None:
@@ -373,6 +416,8 @@ class DistributedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step."""
+        if self._local:
+            return self._forward_local(ids)
         err = _input_problem(ids)
         prep = self._prefetched
         self._prefetched = None
@@ -391,8 +436,7 @@ class DistributedEmbedding(nn.Module):
             prep = self._prep_new(ids.to(self.device))
         prep.source = None
         b, f = prep.ids.shape
-        step = self._step_local if self._local else self._step
-        values, batch = step(prep, op=_OP_FORWARD, error=err)
+        values, batch = self._step(prep, op=_OP_FORWARD, error=err)
         if prep.ring >= 0:  # the ring's other slot is free for the next batch
             self._rings[tuple(prep.ids.shape)].last = prep.ring
         if self.training and torch.is_grad_enabled():
@@ -403,9 +447,7 @@ class DistributedEmbedding(nn.Module):
 
             leaf.register_hook(capture)
             values = leaf
-        if self._local:  # one value per occurrence already, in input order
-            out = values.view(b, f, self.dim)
-        elif batch.grad_buf is not None:  # padded: the gradient lands at a fixed address
+        if batch.grad_buf is not None:  # padded: the gradient lands at a fixed address
             out = gather_rows(values, batch.inv, self.kernels, grad_out=batch.grad_buf)
             out = out.view(b, f, self.dim)
         elif self.kernels == "triton":
@@ -420,11 +462,31 @@ class DistributedEmbedding(nn.Module):
         self.timer.mark("gather")
         return out
 
+    def _forward_local(self, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` on the one-rank fast path: the step (through :class:`_LocalLookup`
+        when training, so that the gradient comes back to it) returns ``[B, F, D]`` rows, one
+        per occurrence in input order; no preprocessing, no gather."""
+        err = _input_problem(ids)
+        self._prefetched = None
+        self.timer.start()
+        if err is not None:  # (raises, after reporting any earlier bad batch)
+            self._step_local(self._zeros_w[:0], op=_OP_FORWARD, error=err)
+        if ids.device != self._ids_device:
+            ids = ids.to(self.device)
+        if self.training and torch.is_grad_enabled():
+            out = _LocalLookup.apply(self._anchor, self, ids)
+        else:
+            out = self._step_local(ids, op=_OP_FORWARD, error=None)[0]
+        self.timer.mark("gather")
+        return out
+
     def flush(self) -> None:
         """(Collective) push every pending gradient and mirror delta so owners hold final values."""
         empty = torch.zeros(0, 1, dtype=torch.int64, device=self.device)
-        step = self._step_local if self._local else self._step
-        step(self._prepare(empty), op=_OP_FLUSH, error=None)
+        if self._local:
+            self._step_local(empty, op=_OP_FLUSH, error=None)
+            return
+        self._step(self._prepare(empty), op=_OP_FLUSH, error=None)
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
@@ -541,12 +603,6 @@ class DistributedEmbedding(nn.Module):
         """Unique ids in block order (see :class:`_Prep`); fixed-size ops only, no host sync."""
         w = self.env.world_size
         flat = ids.reshape(-1)
-        if self._local:
-            # Every row owned at slot == id: the step itself clamps the ids into slots and
-            # checks them (two fused kernels, see _step_local); the other fields are unused.
-            return _Prep(
-                ids=ids, bad=flat, u=flat, cnt=flat, slot=flat, inv=flat, blocks=flat, source=ids,
-            )  # fmt: skip
         n = flat.numel()
         # Clamped so that a bad id cannot index out of range before the step reports it.
         clamped = flat.clamp(0, self.num_rows - 1)
@@ -715,58 +771,62 @@ class DistributedEmbedding(nn.Module):
         self._bad_checks.append((slot, ids))
 
     def _step_local(
-        self, prep: _Prep, *, op: int, error: str | None
-    ) -> tuple[torch.Tensor, _Batch]:
+        self, ids: torch.Tensor, *, op: int, error: str | None
+    ) -> tuple[torch.Tensor, _LocalBatch]:
         """One step on one rank (the fast path; see the module docstring): apply the last
-        step's gradient (one row per occurrence), then gather this batch's rows. No host sync,
-        no sort; besides the update, two fused kernels (:func:`mark_local`: clamp, range
-        flag, leader map; :func:`take_local`: rows, leaders, distinct-row count)."""
+        step's gradient (one row per occurrence), then gather this batch's rows (``ids
+        [B, F]`` on the device -> ``[B, F, D]``). No host sync, no sort; besides the update,
+        two fused kernels (:func:`mark_local`: clamp, range flag, leader map;
+        :func:`take_local`: rows, leaders, distinct-row count). Written for the host: every
+        tensor op and attribute write here costs host time on each step."""
         self.timer.mark("unique")
-        if self.device.type == "cuda":
+        if self._bad_checks:
             self._drain_bad_checks(wait=op == _OP_FLUSH)
         if error:
             raise EmbeddingInputError(f"rank {self.env.rank}: {error}")
-        ids = prep.ids.reshape(-1)
         n = ids.numel()
         counts = self._local_counts
+        pos_map = self._pos_map32
         if n:
-            if self._pos_map32 is None:
-                self._pos_map32 = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+            if pos_map is None:
+                pos_map = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+                self._pos_map32 = pos_map
             slots = mark_local(
-                ids, self._pos_map32, self._bad_flag, counts[0], self.num_rows,
-                backend=self.kernels,
-            )  # fmt: skip
-            self._check_local(prep.ids)
+                ids, pos_map, self._bad_flag, counts[0], self.num_rows, backend=self.kernels
+            )
+            self._check_local(ids)
         else:
             slots = ids
             counts[0].zero_()
-        grads, self._grads = self._grads, None
-        if grads is not None and grads[0].lead is not None:  # (None: an empty batch)
+        grads = self._grads
+        if grads is not None:
+            self._grads = None
             pb, pg = grads
-            if self.opt.name == "sgd":  # linear: every occurrence's gradient added directly
+            if pb.lead is None:  # (an empty batch)
+                pass
+            elif self.opt.name == "sgd":  # linear: every occurrence's gradient added directly
                 self.opt.apply(self.weight, self.opt_state, pb.slot, pg)
             else:
                 # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the
                 # state once per row and a zero step at the non-leaders.
                 # (a fresh contiguous buffer: the captured gradient may be an expanded view)
-                gsum = torch.zeros(pg.shape, dtype=torch.float32, device=pg.device)
+                d = self.dim
+                gsum = torch.zeros(pb.lead.numel(), d, dtype=torch.float32, device=pg.device)
                 scatter_add_rows(gsum, pb.lead, pg, backend=self.kernels)
-                self.opt.apply(self.weight, self.opt_state, pb.slot, gsum, padded=True)
+                self.opt.apply(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, padded=True)
         self.timer.mark("update")
         if n:
             values, lead = take_local(
-                self.weight, slots, self._pos_map32, self._bad_flag, counts[0], counts[1],
+                self.weight, slots, pos_map, self._bad_flag, counts[0], counts[1],
                 backend=self.kernels,
             )  # fmt: skip
         else:
-            values, lead = self.weight.new_zeros(0, self.dim), None
-        batch = _Batch(
-            u=slots, cnt=slots, slot=slots, inv=slots, n_own=n, n_mir=0, nqr=[0],
-            nqr_dev=self._zeros_w, lead=lead,
-        )  # fmt: skip
-        self._count_bytes(sent={}, recv={}, reset=True)
-        self._bytes_step["pushes_sent"] = 0
-        return values, batch
+            values, lead = self.weight.new_zeros(*ids.shape, self.dim), None
+        # Counters: nothing is sent on one rank, so the step's byte counts are one constant
+        # dict (the distinct rows were counted on the device by take_local).
+        self._bytes_step = self._local_bytes_step
+        self._bytes_total["steps"] += 1
+        return values, _LocalBatch(slots, lead)
 
     def _step(self, prep: _Prep, *, op: int, error: str | None) -> tuple[torch.Tensor, _Batch]:
         env, dev, r = self.env, self.device, self.env.rank

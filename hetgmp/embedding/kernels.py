@@ -28,6 +28,11 @@ for CUDA tensors when it imports and ``torch`` otherwise (CPU included); :func:`
 uses so callers can log it. ``"auto"`` also compiles and runs every kernel once on the device
 and falls back to torch with a warning if that fails; an explicit ``"triton"`` raises instead.
 Set ``TRITON_INTERPRET=1`` to run the Triton kernels on CPU tensors (slow; tests).
+
+Every kernel is launched through :func:`launch`, which keeps the compiled kernel per
+specialization key and calls its launcher directly (Triton's ``kernel[grid](...)`` costs ~21 us
+of host time per launch on the H200 machine); ``HETGMP_FAST_LAUNCH=0`` or
+``FAST_LAUNCH = False`` turns that off. ``bench/gpu/host_overhead.py --launch`` measures both.
 """
 
 from __future__ import annotations
@@ -158,9 +163,22 @@ def _triton() -> Any:
         rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
         _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)
 
+    try:  # (launch()'s fast path; triton.knobs exists since Triton 3.3)
+        from triton import knobs
+        from triton.runtime.jit import JITFunction
+
+        compiled = isinstance(scatter_add_rows_kernel, JITFunction)
+        compiled = compiled and os.environ.get("TRITON_INTERPRET") != "1"
+        hooks = knobs.runtime
+    except ImportError:
+        compiled, hooks = False, None
+
     return SimpleNamespace(
         triton=triton, scatter=scatter_add_rows_kernel, take=take_rows_kernel,
         take_local=take_local_kernel, mark_local=mark_local_kernel, put=put_rows_kernel,
+        # compiled kernels (not the interpreter's): what launch()'s fast path handles
+        compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
+        hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
     )  # fmt: skip
 
 
@@ -196,27 +214,31 @@ def resolve(kernels: str, device: torch.device) -> str:
 
 @functools.cache
 def _trial_launch(device: torch.device) -> str | None:
-    """Compile and run every kernel once on a tiny table of ``device`` and check the results
-    (Triton builds its launcher with a C compiler at the first launch, which can fail)."""
+    """Compile and run every kernel on a tiny table of ``device`` and check the results
+    (Triton builds its launcher with a C compiler at the first launch, which can fail), three
+    times: through the normal launch, :func:`launch`'s check and its cached fast path."""
     try:
-        t = torch.zeros(4, 8, device=device)
-        idx = torch.tensor([1, 1, 3], device=device)
-        scatter_add_rows(t, idx, torch.ones(3, 8, device=device), 2.0, backend="triton")
-        want = torch.tensor([0.0, 4.0, 0.0, 2.0], device=device)[:, None].expand(4, 8)
-        ok = torch.equal(t, want)
-        ok &= torch.equal(take_rows(t, idx, backend="triton"), t.index_select(0, idx))
-        dst = put_rows(torch.zeros(4, 8, device=device), idx[1:], t[:2], backend="triton")
-        ok &= torch.equal(dst, torch.zeros(4, 8, device=device).index_copy_(0, idx[1:], t[:2]))
-        pos = torch.zeros(4, dtype=torch.int32, device=device)
-        flag = torch.zeros(1, dtype=torch.int32, device=device)
-        cnt = torch.zeros(2, dtype=torch.int64, device=device)
-        ids = torch.tensor([1, 3, 1, 9], device=device)  # 9: out of range, flagged
-        slots = mark_local(ids, pos, flag, cnt[:1], 4, backend="triton")
-        ok &= int(flag) > 0
-        rows, _ = take_local(t, slots, pos, flag, cnt[:1], cnt[1:], backend="triton")
-        ok &= torch.equal(rows, t.index_select(0, ids.clamp(0, 3))) and int(cnt[0]) == 2
-        if not ok:
-            return "wrong result in a trial launch"
+        # Three rounds: the first launch per kernel compiles, the second is launch()'s
+        # check, the third its direct (cached) launch: all three must give these results.
+        for _ in range(3):
+            t = torch.zeros(4, 8, device=device)
+            idx = torch.tensor([1, 1, 3], device=device)
+            scatter_add_rows(t, idx, torch.ones(3, 8, device=device), 2.0, backend="triton")
+            want = torch.tensor([0.0, 4.0, 0.0, 2.0], device=device)[:, None].expand(4, 8)
+            ok = torch.equal(t, want)
+            ok &= torch.equal(take_rows(t, idx, backend="triton"), t.index_select(0, idx))
+            dst = put_rows(torch.zeros(4, 8, device=device), idx[1:], t[:2], backend="triton")
+            ok &= torch.equal(dst, torch.zeros(4, 8, device=device).index_copy_(0, idx[1:], t[:2]))
+            pos = torch.zeros(4, dtype=torch.int32, device=device)
+            flag = torch.zeros(1, dtype=torch.int32, device=device)
+            cnt = torch.zeros(2, dtype=torch.int64, device=device)
+            ids = torch.tensor([1, 3, 1, 9], device=device)  # 9: out of range, flagged
+            slots = mark_local(ids, pos, flag, cnt[:1], 4, backend="triton")
+            ok &= int(flag) > 0
+            rows, _ = take_local(t, slots, pos, flag, cnt[:1], cnt[1:], backend="triton")
+            ok &= torch.equal(rows, t.index_select(0, ids.clamp(0, 3))) and int(cnt[0]) == 2
+            if not ok:
+                return "wrong result in a trial launch"
     except Exception as e:  # noqa: BLE001 - any failure means "do not use it"
         return f"{type(e).__name__}: {e}"
     return None
@@ -242,14 +264,25 @@ def scatter_add_rows(
     """``table[idx[i]] += alpha * src[i]`` (``table [R, D]`` float32 contiguous, ``idx [n]``
     int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`). The
     Triton kernel skips a negative index (padding entries: no atomics on a shared dummy row);
-    the torch reference needs every index in range."""
+    the torch reference needs every index in range. ``idx`` and ``src`` may also come in any
+    shapes ``[...]`` and ``[..., D]`` of ``n`` and ``n * D`` elements (the one-rank step passes
+    its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path)."""
     if backend == "torch" or idx.numel() == 0:
+        if idx.dim() != 1:
+            idx = idx.reshape(-1)
+        if src.dim() != 2:
+            src = src.reshape(-1, src.shape[-1])
         return scatter_add_rows_reference(table, idx, src, alpha)
     k = _kernels()
     triton, kernel = k.triton, k.scatter
-    n, d = src.shape
-    if table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32:
-        raise ValueError(f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}")
+    n, d = idx.numel(), src.shape[-1]
+    if (
+        table.dim() != 2 or table.shape[1] != d or table.dtype != torch.float32
+        or src.numel() != n * d
+    ):  # fmt: skip
+        raise ValueError(
+            f"table {tuple(table.shape)} {table.dtype} vs src {tuple(src.shape)}, idx {n}"
+        )
     if not table.is_contiguous():
         raise ValueError("scatter_add_rows needs a contiguous table")
     src = src.to(torch.float32).contiguous()
@@ -257,7 +290,8 @@ def scatter_add_rows(
     block_r, block_d = _row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
     with _on_device(table):
-        kernel[grid](table, idx, src, n, float(alpha), D=d, BLOCK_R=block_r, BLOCK_D=block_d)
+        consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d}
+        launch(kernel, grid, (table, idx, src, n, float(alpha)), consts)
     return table
 
 
@@ -273,6 +307,120 @@ def _kernels() -> Any:
     if isinstance(got, str):
         raise RuntimeError(f"Triton kernels unavailable: {got}")
     return got
+
+
+# ---------------------------------------------------------------- cached launcher
+# Triton's ``kernel[grid](...)`` (``JITFunction.run``) binds the arguments, computes their
+# specialization and the cache key, looks up device, stream and launch hooks on every call:
+# ~21 us of host time per launch on the H200 machine, 3x the ~7 us of a torch op, and the
+# one-rank step launches three kernels. :func:`launch` instead keeps the CompiledKernel that
+# the normal path returned, per key of what Triton specializes on (computed here in a few
+# Python operations), and calls its launcher directly.
+FAST_LAUNCH = os.environ.get("HETGMP_FAST_LAUNCH", "1") != "0"  # opt-out (also per call)
+# Every VERIFY_EVERY-th launch per key goes through the normal path again, which must return
+# the very CompiledKernel cached for the key (else this module's key misses something Triton
+# specializes on: it raises). The second launch per key is always such a check.
+VERIFY_EVERY = 1024
+_I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
+# key -> [CompiledKernel, fast launches since the last check, (its run, function, metadata)]
+_launch_cache: dict[tuple[Any, ...], list[Any]] = {}
+_refused: set[int] = set()  # id() of kernels the fast path does not handle (warned once)
+
+
+def _arg_key(a: Any) -> Any:
+    """What Triton specializes a non-constexpr argument on: a tensor's dtype and 16-byte
+    alignment; an int's width (i32 / i64 / u64), divisibility by 16 and being 1; a float:
+    nothing (fp32, never specialized)."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):  # (before int: bool is an int)
+        return ("u1", a)
+    if isinstance(a, int):
+        width = 0 if _I32_MIN <= a <= _I32_MAX else 1 if -_I64_MAX - 1 <= a <= _I64_MAX else 2
+        return (width, a % 16 == 0, a == 1)
+    if isinstance(a, float):
+        return "fp32"
+    raise TypeError(f"launch: unsupported kernel argument type {type(a).__name__}")
+
+
+def _raw_stream(index: int) -> int:
+    """The current CUDA stream of device ``index`` as an int (what Triton launches on)."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # what Triton's own driver calls: no
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811 - Stream object made
+
+
+def launch(
+    kernel: Any,
+    grid: tuple[int, ...],
+    args: tuple[Any, ...],
+    consts: dict[str, Any],
+    *,
+    fast: bool | None = None,
+) -> None:
+    """``kernel[grid](*args, **consts)`` (``args``: the kernel's non-constexpr parameters in
+    order, ``consts``: its trailing constexpr parameters in order), on the current device of
+    the first tensor argument, through the cached launcher when ``fast`` (default
+    :data:`FAST_LAUNCH`) and the kernel is a compiled ``JITFunction``; the interpreter
+    (``TRITON_INTERPRET=1``), launch hooks (profilers) and pre-run hooks take the normal path.
+    A fast-path failure raises; a kernel it cannot handle is launched normally with a warning.
+    """
+    if fast is None:
+        fast = FAST_LAUNCH
+    k = _kernels()
+    hooks = k.hooks
+    if not fast or not k.compiled or (
+        (hooks.launch_enter_hook is not None and getattr(hooks.launch_enter_hook, "calls", 1))
+        or (hooks.launch_exit_hook is not None and getattr(hooks.launch_exit_hook, "calls", 1))
+    ):  # fmt: skip
+        kernel[grid](*args, **consts)
+        return
+    dev = args[0].device.index
+    key = (id(kernel), dev, *[_arg_key(a) for a in args], *consts.values())
+    entry = _launch_cache.get(key)
+    if entry is not None and entry[1] < VERIFY_EVERY:
+        entry[1] += 1
+        run, function, packed = entry[2]
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        # CompiledKernel.run's signature in Triton 3.6 and 3.9 (what JITFunction.run calls):
+        # grid, stream, function, packed metadata, launch metadata + enter / exit hooks (None:
+        # no hooks, checked above), then every parameter in order, constexprs included.
+        run(grid[0], g1, g2, _raw_stream(dev), function, packed, None, None, None, *args,
+            *consts.values())  # fmt: skip
+        return
+    # First launch for the key, or a check: the normal path, which returns the kernel it ran.
+    got = kernel[grid](*args, **consts)
+    if entry is None:
+        names = list(getattr(kernel, "arg_names", ()))
+        usable = (
+            all(hasattr(got, a) for a in ("run", "function", "packed_metadata"))
+            and len(names) == len(args) + len(consts)
+            and names[len(args) :] == list(consts)
+            and not getattr(kernel, "pre_run_hooks", None)
+        )
+        if usable:  # (the next launch for the key is a check)
+            _launch_cache[key] = [got, VERIFY_EVERY, (got.run, got.function, got.packed_metadata)]
+        elif id(kernel) not in _refused:
+            _refused.add(id(kernel))
+            warnings.warn(
+                f"hetgmp fast Triton launch: {getattr(kernel, '__name__', kernel)} (Triton "
+                f"{k.triton.__version__}) is not a plain compiled kernel ({type(got).__name__} "
+                "returned, or unexpected parameters); it is launched through kernel[grid] (~3x "
+                "the host time)",
+                stacklevel=3,
+            )
+        return
+    if got is not entry[0]:
+        raise RuntimeError(
+            f"hetgmp fast Triton launch: Triton {k.triton.__version__} ran another compiled "
+            f"variant of {getattr(kernel, '__name__', kernel)} than the one cached for key "
+            f"{key[1:]}: the launcher's specialization key misses something; set "
+            "HETGMP_FAST_LAUNCH=0 (hetgmp.embedding.kernels.FAST_LAUNCH = False) and report it"
+        )
+    entry[1] = 0
 
 
 def _row_tiles(triton: Any, d: int) -> tuple[int, int]:
@@ -315,7 +463,8 @@ def take_rows(
     block_r, block_d = _row_tiles(triton, d)
     idx = idx.contiguous()
     with _on_device(table):
-        kernel[(triton.cdiv(n, block_r),)](table, idx, out, n, D=d, BLOCK_R=block_r, BLOCK_D=block_d)
+        launch(kernel, (triton.cdiv(n, block_r),), (table, idx, out, n),
+               {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
     return out
 
 
@@ -349,9 +498,8 @@ def put_rows(
     block_r, block_d = _row_tiles(triton, d)
     src, idx = src.contiguous(), idx.contiguous()
     with _on_device(dst):
-        kernel[(triton.cdiv(n, block_r),)](
-            dst, idx, src, n, D=d, BLOCK_R=block_r, BLOCK_D=block_d
-        )
+        launch(kernel, (triton.cdiv(n, block_r),), (dst, idx, src, n),
+               {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
     return dst
 
 
@@ -365,7 +513,8 @@ def mark_local(
     backend: str = "torch",
 ) -> torch.Tensor:
     """First half of a one-rank lookup (:class:`DistributedEmbedding`'s fast path), one kernel:
-    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64); ``pos_map[slots[i]] = i`` (int32
+    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64, the shape of ``ids``, which may
+    have any shape; ``i`` below is a position in the flattened ids); ``pos_map[slots[i]] = i`` (int32
     per-row map; when a row repeats, any one occurrence wins); ``flag`` (int32 ``[1]``, zero
     on entry) becomes > 0 if an id was out of range; ``step_count`` (int64 ``[1]``) is zeroed
     for :func:`take_local` to count into."""
@@ -373,7 +522,8 @@ def mark_local(
     if backend == "torch":
         slots = ids.clamp(0, num_rows - 1)
         flag.copy_(torch.maximum(flag, (slots != ids).any().to(flag.dtype)))
-        pos_map.index_copy_(0, slots, torch.arange(n, dtype=torch.int32, device=ids.device))
+        flat = slots.reshape(-1)
+        pos_map.index_copy_(0, flat, torch.arange(n, dtype=torch.int32, device=ids.device))
         step_count.zero_()
         return slots
     k = _kernels()
@@ -382,9 +532,8 @@ def mark_local(
     slots = torch.empty_like(ids)
     block = 1024
     with _on_device(ids):
-        kernel[(max(1, triton.cdiv(n, block)),)](
-            ids, slots, pos_map, flag, step_count, n, num_rows, BLOCK=block
-        )
+        launch(kernel, (max(1, triton.cdiv(n, block)),),
+               (ids, slots, pos_map, flag, step_count, n, num_rows), {"BLOCK": block})  # fmt: skip
     return slots
 
 
@@ -402,25 +551,34 @@ def take_local(
     kernel: returns ``(table[slots], lead)`` where ``lead[i] = pos_map[slots[i]]`` is the
     position of the occurrence that won row ``slots[i]`` (so ``lead[i] == i`` for exactly one
     occurrence per distinct row); adds the number of distinct rows to ``step_count`` and
-    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call."""
+    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call. ``slots`` may
+    have any shape ``[...]``: the rows come as ``[..., D]`` (a tensor of its own, not a view),
+    ``lead`` flat ``[n]`` over the flattened slots."""
     n = slots.numel()
+    d = table.shape[1]
     if backend == "torch":
-        lead = pos_map.index_select(0, slots)
+        flat = slots.reshape(-1)
+        lead = pos_map.index_select(0, flat)
         k = (lead == torch.arange(n, dtype=torch.int32, device=slots.device)).sum()
         step_count += k
         total_count += k
         flag.zero_()
-        return take_rows_reference(table, slots), lead
+        if slots.dim() == 1:
+            return take_rows_reference(table, flat), lead
+        out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
+        torch.index_select(table, 0, flat, out=out.view(n, d))
+        return out, lead
     k = _kernels()
     triton, kernel = k.triton, k.take_local
-    d = table.shape[1]
-    out = torch.empty(n, d, dtype=table.dtype, device=table.device)
+    out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)
+    slots = slots.contiguous()  # (the kernel reads it as a flat array)
     block_r, block_d = _row_tiles(triton, d)
     with _on_device(table):
-        kernel[(max(1, triton.cdiv(n, block_r)),)](
-            table, slots, out, n, pos_map, lead, step_count, total_count, flag,
-            D=d, BLOCK_R=block_r, BLOCK_D=block_d,
+        launch(
+            kernel, (max(1, triton.cdiv(n, block_r)),),
+            (table, slots, out, n, pos_map, lead, step_count, total_count, flag),
+            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d},
         )  # fmt: skip
     return out, lead
 
