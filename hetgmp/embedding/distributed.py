@@ -145,7 +145,9 @@ class _Batch:
     n_own: int
     n_mir: int
     nqr: list[int]  # rows not stored, per owner
-    nqr_dev: torch.Tensor  # the same on the device ([w] int64)
+    # the same on the device ([w] int64); None: made from ``nqr`` when needed (the pre-sync
+    # path reads the counts from its own table and needs it only when it falls back)
+    nqr_dev: torch.Tensor | None
     # world-1 fast path: every occurrence's leader occurrence (see DistributedEmbedding._leaders)
     lead: torch.Tensor | None = None
     # padded exchange: the preprocessed batch, the StaticExchange that ran it and the buffer
@@ -186,6 +188,40 @@ class _LocalLookup(torch.autograd.Function):
         # with create_graph the gradient has a graph, which the in-place update must not join)
         ctx.emb._grads = (ctx.batch, grad.detach() if grad.requires_grad else grad)
         return None, None, None
+
+
+class _Occurrences(NamedTuple):
+    """A padded step's gradient as it came back: one row per occurrence (``[n, D]`` float32
+    contiguous), not yet summed per unique row. The sum (a zero-fill and a scatter-add into
+    the StaticExchange's gradient buffer) runs inside the next step's pre-sync graph, or
+    eagerly (:meth:`DistributedEmbedding._summed`) where that graph does not run."""
+
+    grad: torch.Tensor
+
+
+class _PaddedLookup(torch.autograd.Function):
+    """A padded training step's lookup as one autograd node: forward gathers the occurrences'
+    rows from the step's unique values (``values[inv]``), backward hands their gradient to the
+    embedding unsummed and launches nothing (the sum is part of the next step's pre-sync
+    graph). Replaces a leaf + tensor hook + gather node + view (the backward then ran a
+    zero-fill and a scatter launch, ViewBackward and AccumulateGrad: ~0.25 ms of host time per
+    step on the H200 machine, bench/gpu/profile_host.py). ``anchor``: see :class:`_LocalLookup`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, anchor: torch.Tensor, emb: DistributedEmbedding, values: torch.Tensor,
+        batch: _Batch, shape: tuple[int, int, int],
+    ) -> torch.Tensor:  # fmt: skip
+        ctx.emb, ctx.batch = emb, batch
+        return take_rows(values, batch.inv, backend=emb.kernels).view(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
+        g = grad.detach().reshape(-1, grad.shape[-1])
+        if g.dtype != torch.float32 or not g.is_contiguous():
+            g = g.to(torch.float32).contiguous()  # (e.g. the expanded gradient of a sum())
+        ctx.emb._grads = (ctx.batch, _Occurrences(g))
+        return None, None, None, None, None
 
 
 class DistributedEmbedding(nn.Module):
@@ -428,8 +464,9 @@ class DistributedEmbedding(nn.Module):
             if self.device.type == "cuda" and self._side is not None:
                 main = torch.cuda.current_stream(self.device)
                 main.wait_stream(self._side)
-                for t in prep.tensors():  # allocated on the side stream, used on this one
-                    t.record_stream(main)
+                if not prep.static:  # (a captured graph's outputs live in its own pool)
+                    for t in prep.tensors():  # allocated on the side stream, used on this one
+                        t.record_stream(main)
         else:
             if self._side is not None:  # a discarded prefetch may still use the leader map
                 torch.cuda.current_stream(self.device).wait_stream(self._side)
@@ -439,6 +476,10 @@ class DistributedEmbedding(nn.Module):
         values, batch = self._step(prep, op=_OP_FORWARD, error=err)
         if prep.ring >= 0:  # the ring's other slot is free for the next batch
             self._rings[tuple(prep.ids.shape)].last = prep.ring
+        if batch.grad_buf is not None and self.training and torch.is_grad_enabled():
+            out = _PaddedLookup.apply(self._anchor, self, values, batch, (b, f, self.dim))
+            self.timer.mark("gather")
+            return out
         if self.training and torch.is_grad_enabled():
             leaf = values.requires_grad_()
 
@@ -447,10 +488,7 @@ class DistributedEmbedding(nn.Module):
 
             leaf.register_hook(capture)
             values = leaf
-        if batch.grad_buf is not None:  # padded: the gradient lands at a fixed address
-            out = gather_rows(values, batch.inv, self.kernels, grad_out=batch.grad_buf)
-            out = out.view(b, f, self.dim)
-        elif self.kernels == "triton":
+        if self.kernels == "triton":
             # backward: one zero-fill and one Triton scatter-add (relaxed atomics, row tiles)
             # instead of embedding_dense_backward's sort and segment sums
             out = gather_rows(values, batch.inv, "triton").view(b, f, self.dim)
@@ -597,6 +635,9 @@ class DistributedEmbedding(nn.Module):
             ring = PrepRing(key, self.device, self._prepare, graphs=self._graphs)
             self._rings[key] = ring
         prep, slot, static = ring.fill(ids)
+        if static:  # (a replay returns the captured call's own _Prep: the same every time)
+            prep.ring, prep.static, prep.source = slot, True, ids
+            return prep
         return dataclasses.replace(prep, ring=slot, static=static, source=ids)
 
     def _prepare(self, ids: torch.Tensor) -> _Prep:
@@ -841,17 +882,19 @@ class DistributedEmbedding(nn.Module):
             and grads[0].prep is not None and prep.ring >= 0
             and grads[0].prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
             and grads[0].prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
-            and grads[1].data_ptr() == st.grad.data_ptr()
+            and isinstance(grads[1], _Occurrences) and grads[1].grad.shape[0] == st.cap.n
             and st.frozen == (self.bound, self.opt.lr)  # (its graphs hold both as constants)
         )  # fmt: skip
         if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
             assert st is not None and grads is not None and grads[0].prep is not None
-            host = st.presync(grads[0].prep, prep, self._bound_cols(bound, op))
+            host = st.presync(grads[0].prep, prep, self._bound_cols(bound, op), grads[1].grad)
+            grads = (grads[0], st.grad[: grads[0].u.numel()])  # (summed by the segment)
             self.padded_presyncs += 1
             self.timer.mark("update")
             table, theirs_dev = st.sz_mine, st.sz_theirs
             return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                      host, None, True)  # fmt: skip
+        grads = self._summed(grads)
         due, ndue, deferred = self._stage_mirrors(grads, push_all=evaluating)
         own_done = False
         if padded and grads is not None and grads[0].n_own:
@@ -868,12 +911,30 @@ class DistributedEmbedding(nn.Module):
         # audit flag, operation, this rank's own block size, its largest per-peer query and
         # push counts and the padded-exchange flag; ONE device->host copy.
         bl = prep.blocks
-        n_push = ndue + (grads[0].nqr_dev if grads is not None else 0)
+        n_push = ndue + (self._nqr_dev(grads[0]) if grads is not None else 0)
         status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
         table = sizes.sizes_table(bl, n_push, ndue, status, self._const_cols(bound, op, padded), r)
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
         return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                  host, (due, ndue, deferred), own_done)  # fmt: skip
+
+    def _nqr_dev(self, batch: _Batch) -> torch.Tensor:
+        """``batch.nqr`` on the device."""
+        if batch.nqr_dev is None:
+            batch.nqr_dev = torch.tensor(batch.nqr, dtype=torch.int64, device=self.device)
+        return batch.nqr_dev
+
+    def _summed(self, grads: Any) -> tuple[_Batch, torch.Tensor] | None:
+        """``grads`` with a padded step's per-occurrence gradient (:class:`_Occurrences`)
+        summed per unique row into its buffer, eagerly (outside the pre-sync graph)."""
+        if grads is None or not isinstance(grads[1], _Occurrences):
+            return grads
+        pb, occ = grads[0], grads[1].grad
+        assert pb.grad_buf is not None
+        rows = pb.u.numel()
+        out = pb.grad_buf[:rows].zero_()
+        scatter_add_rows(out, pb.inv, occ, 1.0, backend=self.kernels)
+        return pb, out
 
     def _keep_unapplied(self, grads: tuple[_Batch, torch.Tensor] | None, own_done: bool) -> None:
         """A step that stops at the sizes exchange (bad input here or on a peer) has staged
@@ -892,7 +953,7 @@ class DistributedEmbedding(nn.Module):
             n_own=own,
             n_mir=0,
             nqr=pb.nqr,
-            nqr_dev=pb.nqr_dev.clone(),
+            nqr_dev=self._nqr_dev(pb).clone(),
         )
         self._grads = (kept, torch.cat([pg[:own], pg[r0:]]))
 
@@ -943,7 +1004,7 @@ class DistributedEmbedding(nn.Module):
             n_mir=sum(nqm),
             nqr=nqr,
             # (the pre-sync path's table is a reused buffer: this batch keeps its own copy)
-            nqr_dev=table[:, _NQR].clone() if staged is None else table[:, _NQR],
+            nqr_dev=None if staged is None else table[:, _NQR],
         )
         if padded and all(row[_PADDED] for row in theirs_l):
             values = self._step_padded(
@@ -1155,7 +1216,7 @@ class DistributedEmbedding(nn.Module):
             if grads is not None:
                 pb, pg = grads
                 r0 = pb.n_own + pb.n_mir
-                pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_dev)
+                pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], self._nqr_dev(pb))
             st.load(prep.u, prep.slot, prep.blocks, table, theirs_dev, pushes)
         values = st.run()
         batch.prep, batch.static, batch.grad_buf = prep, st, st.grad

@@ -211,7 +211,9 @@ class StaticExchange:
         exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         self._finish()
 
-    def presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> torch.Tensor:
+    def presync(
+        self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor
+    ) -> torch.Tensor:
         """The part of a step before the sizes exchange, for the batch after this one's
         (``prev``: the batch this object ran, its gradient in :attr:`grad`; ``cur``: the
         next batch, preprocessed): SGD on ``prev``'s own rows, its mirrors' local step, the
@@ -220,15 +222,23 @@ class StaticExchange:
         addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns.
         Then the sizes exchange; returns both tables on the CPU (``[2, w, COLS]``: sent,
         received), the step's one wait for the device."""
-        key = ("presync", tuple(cur.ids.shape), cur.ring)  # (shapes with one numel share self)
+        # (shapes with one numel share self; a graph per address of the incoming gradient,
+        # a training loop's allocator hands out one or two)
+        key = ("presync", tuple(cur.ids.shape), cur.ring, grad_occ.data_ptr())
         capturable = prev.static and cur.static
+
+        def summed() -> None:  # prev's gradient: one row per occurrence -> per unique row
+            self.grad.zero_()
+            scatter_add_rows(self.grad, prev.inv, grad_occ, 1.0, backend=self.emb.kernels)
+            self._presync(prev, cur, bound_cols)
+
         if not self.comm_in_graphs:
-            self._segment(key, lambda: self._presync(prev, cur, bound_cols), capturable=capturable)
+            self._segment(key, summed, capturable=capturable)
             exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
             return torch.stack([self.sz_mine, self.sz_theirs]).cpu()
 
         def with_sizes() -> None:
-            self._presync(prev, cur, bound_cols)
+            summed()
             exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
             self.host_sizes.copy_(torch.stack([self.sz_mine, self.sz_theirs]), non_blocking=True)
 
@@ -477,10 +487,12 @@ class GraphCache:
     CPU, or ``cuda_graphs`` off; and whenever the caller says its inputs are not at fixed
     addresses: ``capturable`` false), capture it as a CUDA graph at its second use (the first
     also compiled the Triton kernels) and replay it from then on. The captured call's return
-    value is kept: its tensors are the graph's outputs, rewritten in place by every replay."""
+    value is kept: its tensors are the graph's outputs, rewritten in place by every replay.
+    At most ``limit`` graphs are kept (keys that hold an address, e.g. of an incoming gradient,
+    could otherwise pile up graphs and their memory pools): the oldest goes first."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, enabled: bool, *, limit: int = 16) -> None:
+        self.enabled, self.limit = enabled, limit
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
         self._out: dict[object, Any] = {}
         self._warm: set[object] = set()
@@ -504,8 +516,15 @@ class GraphCache:
             return self._out[key], True
         if not (self.enabled and capturable) or key not in self._warm:
             if capturable:
+                if len(self._warm) >= 4 * self.limit:
+                    self._warm = set(self._graphs)
                 self._warm.add(key)
             return fn(), False
+        if len(self._graphs) >= self.limit:
+            # (the device may still run the oldest graph: its memory pool must outlive it)
+            torch.cuda.synchronize()
+            old = next(iter(self._graphs))
+            del self._graphs[old], self._out[old]
         out: list[Any] = []
         g = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog) may call CUDA while this one captures
