@@ -91,7 +91,7 @@ from hetgmp.embedding.kernels import (
     take_rows,
 )
 from hetgmp.embedding.kernels import resolve as resolve_kernels
-from hetgmp.embedding.ops import compact, index_add_rows
+from hetgmp.embedding.ops import compact, current_stream, index_add_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
@@ -442,7 +442,7 @@ class DistributedEmbedding(nn.Module):
             return
         if self._side is None:
             self._side = torch.cuda.Stream(device=self.device)
-        main = torch.cuda.current_stream(self.device)
+        main = current_stream(self.device)
         self._side.wait_stream(main)  # ids (and the tables) are written on the main stream
         with torch.cuda.stream(self._side):
             dev_ids = ids.to(self.device, non_blocking=True)
@@ -462,14 +462,14 @@ class DistributedEmbedding(nn.Module):
             prep = self._prepare(torch.zeros(0, 1, dtype=torch.int64, device=self.device))
         elif prep is not None and prep.source is ids:
             if self.device.type == "cuda" and self._side is not None:
-                main = torch.cuda.current_stream(self.device)
+                main = current_stream(self.device)
                 main.wait_stream(self._side)
                 if not prep.static:  # (a captured graph's outputs live in its own pool)
                     for t in prep.tensors():  # allocated on the side stream, used on this one
                         t.record_stream(main)
         else:
             if self._side is not None:  # a discarded prefetch may still use the leader map
-                torch.cuda.current_stream(self.device).wait_stream(self._side)
+                current_stream(self.device).wait_stream(self._side)
             prep = self._prep_new(ids.to(self.device))
         prep.source = None
         b, f = prep.ids.shape

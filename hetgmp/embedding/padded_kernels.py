@@ -7,9 +7,12 @@ GPU time (bench/results/gpu/profile_hetgmp-b100-pad_b8192_w2_H200.json). Here ea
 handful of kernels that read the counts from the device sizes tables and write the payloads in
 place:
 
-* pre-sync: :func:`presync_apply` (the last batch's own rows, its mirrors' local step, its rows
-  not stored here into the push inputs, the next batch's inputs copied in), :func:`count_due`
-  (mirrors due for a push, per owner), :func:`presync_table` (the next batch's sizes table);
+* pre-sync: :func:`presync_counts` (the last batch's counts: versions of its own rows, its
+  mirrors' pending counts, its rows not stored here into the push inputs; the next batch's
+  inputs copied in), :func:`count_due` (mirrors due for a push, per owner),
+  :func:`presync_table` (the next batch's sizes table), and after the sizes exchange (nothing
+  in it depends on gradient values) :func:`presync_values` (the gradient: own rows, the
+  mirrors' local step, the pushed gradients);
 * pack: :func:`pack_due` (due mirrors into the push payload, their state cleared) and
   :func:`pack_queries` (queries and the last batch's pushes into the payload);
 * answer: :func:`answer_pushes` (owners apply the pushed gradients) and :func:`answer_queries`
@@ -71,30 +74,40 @@ def _ns() -> Any:
 
     @triton.jit
     def presync_apply_kernel(
-        sz_ptr, p_slot_ptr, p_cnt_ptr, p_u_ptr, g_ptr, w_ptr, ver_ptr, dacc_ptr, gacc_ptr,
-        pend_ptr, pr_ids_ptr, pr_cnt_ptr, pr_grad_ptr, pr_n_ptr, ndue_ptr, c_u_ptr, c_slot_ptr,
-        u_ids_ptr, slot_ptr, n_own, u, n, neg_lr,
+        sz_ptr, meta_ptr, p_slot_ptr, p_cnt_ptr, p_u_ptr, g_ptr, w_ptr, ver_ptr, dacc_ptr,
+        gacc_ptr, pend_ptr, pr_ids_ptr, pr_cnt_ptr, pr_grad_ptr, pr_n_ptr, ndue_ptr, c_u_ptr,
+        c_slot_ptr, u_ids_ptr, slot_ptr, n_own, u, n, neg_lr,
         W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
         NQR: tl.constexpr, NOWN: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-        BD: tl.constexpr,
+        BD: tl.constexpr, COUNTS: tl.constexpr,
     ):  # fmt: skip
+        # COUNTS: the part the sizes table needs (counts, versions, push ids, the next batch's
+        # inputs), reading the last batch's table and keeping its block bounds in meta;
+        # else the gradient's part (values, accumulators, pushed gradients), from meta (the
+        # table holds the next batch's by then)
         pid = tl.program_id(0)
-        j = tl.arange(0, WP)
-        jm = j < W
-        nqm = tl.load(sz_ptr + j * COLS + NQM, mask=jm, other=0)
-        nqr = tl.load(sz_ptr + j * COLS + NQR, mask=jm, other=0)
-        n_o = tl.load(sz_ptr + NOWN)
-        n_m = tl.sum(nqm, 0)
-        r0 = n_o + n_m
-        r1 = r0 + tl.sum(nqr, 0)
-        if pid == 0:
-            tl.store(pr_n_ptr + j, nqr, mask=jm)
-            tl.store(ndue_ptr + j, nqr * 0, mask=jm)
         i = pid * BR + tl.arange(0, BR)
-        # the next batch's inputs
-        cm = i < n
-        tl.store(u_ids_ptr + i, tl.load(c_u_ptr + i, mask=cm), mask=cm)
-        tl.store(slot_ptr + i, tl.load(c_slot_ptr + i, mask=cm), mask=cm)
+        if COUNTS:
+            j = tl.arange(0, WP)
+            jm = j < W
+            nqm = tl.load(sz_ptr + j * COLS + NQM, mask=jm, other=0)
+            nqr = tl.load(sz_ptr + j * COLS + NQR, mask=jm, other=0)
+            n_o = tl.load(sz_ptr + NOWN)
+            r0 = n_o + tl.sum(nqm, 0)
+            r1 = r0 + tl.sum(nqr, 0)
+            if pid == 0:
+                tl.store(pr_n_ptr + j, nqr, mask=jm)
+                tl.store(ndue_ptr + j, nqr * 0, mask=jm)
+                tl.store(meta_ptr + 0, n_o)
+                tl.store(meta_ptr + 1, r0)
+                tl.store(meta_ptr + 2, r1)
+            cm = i < n  # the next batch's inputs
+            tl.store(u_ids_ptr + i, tl.load(c_u_ptr + i, mask=cm), mask=cm)
+            tl.store(slot_ptr + i, tl.load(c_slot_ptr + i, mask=cm), mask=cm)
+        else:
+            n_o = tl.load(meta_ptr + 0)
+            r0 = tl.load(meta_ptr + 1)
+            r1 = tl.load(meta_ptr + 2)
         # the last batch, entries in block order: own rows | mirrors | rows not stored here
         live = i < tl.minimum(u, r1)
         own = live & (i < n_o)
@@ -102,32 +115,34 @@ def _ns() -> Any:
         rem = live & (i >= r0)
         stored = own | mir
         s = tl.load(p_slot_ptr + i, mask=stored, other=0).to(tl.int64)
-        cnt = tl.load(p_cnt_ptr + i, mask=live, other=0)
-        # (a batch's rows are distinct: plain read-modify-writes, no atomics; a mirror's
-        # version moves when its pending count is pushed, not here)
-        tl.store(ver_ptr + s, tl.load(ver_ptr + s, mask=own) + cnt, mask=own)
         mi = tl.where(mir, s - n_own, 0)
-        tl.store(pend_ptr + mi, tl.load(pend_ptr + mi, mask=mir) + cnt, mask=mir)
         k = tl.where(rem, i - r0, 0)
-        tl.store(pr_ids_ptr + k, tl.load(p_u_ptr + i, mask=rem), mask=rem)
-        tl.store(pr_cnt_ptr + k, cnt, mask=rem)
-        gi = i.to(tl.int64) * D
-        s_off = s * D
-        m_off = mi.to(tl.int64) * D
-        k_off = k.to(tl.int64) * D
-        for d0 in tl.static_range(0, D, BD):
-            c = d0 + tl.arange(0, BD)
-            cmask = (c < D)[None, :]
-            g = tl.load(g_ptr + gi[:, None] + c[None, :], mask=live[:, None] & cmask, other=0.0)
-            ws = w_ptr + s_off[:, None] + c[None, :]
-            sm = stored[:, None] & cmask
-            tl.store(ws, tl.load(ws, mask=sm) + neg_lr * g, mask=sm)
-            mm = mir[:, None] & cmask
-            da = dacc_ptr + m_off[:, None] + c[None, :]
-            tl.store(da, tl.load(da, mask=mm) + neg_lr * g, mask=mm)
-            ga = gacc_ptr + m_off[:, None] + c[None, :]
-            tl.store(ga, tl.load(ga, mask=mm) + g, mask=mm)
-            tl.store(pr_grad_ptr + k_off[:, None] + c[None, :], g, mask=rem[:, None] & cmask)
+        if COUNTS:
+            cnt = tl.load(p_cnt_ptr + i, mask=live, other=0)
+            # (a batch's rows are distinct: plain read-modify-writes, no atomics; a mirror's
+            # version moves when its pending count is pushed, not here)
+            tl.store(ver_ptr + s, tl.load(ver_ptr + s, mask=own) + cnt, mask=own)
+            tl.store(pend_ptr + mi, tl.load(pend_ptr + mi, mask=mir) + cnt, mask=mir)
+            tl.store(pr_ids_ptr + k, tl.load(p_u_ptr + i, mask=rem), mask=rem)
+            tl.store(pr_cnt_ptr + k, cnt, mask=rem)
+        else:
+            gi = i.to(tl.int64) * D
+            s_off = s * D
+            m_off = mi.to(tl.int64) * D
+            k_off = k.to(tl.int64) * D
+            for d0 in tl.static_range(0, D, BD):
+                c = d0 + tl.arange(0, BD)
+                cmask = (c < D)[None, :]
+                g = tl.load(g_ptr + gi[:, None] + c[None, :], mask=live[:, None] & cmask, other=0.0)
+                ws = w_ptr + s_off[:, None] + c[None, :]
+                sm = stored[:, None] & cmask
+                tl.store(ws, tl.load(ws, mask=sm) + neg_lr * g, mask=sm)
+                mm = mir[:, None] & cmask
+                da = dacc_ptr + m_off[:, None] + c[None, :]
+                tl.store(da, tl.load(da, mask=mm) + neg_lr * g, mask=mm)
+                ga = gacc_ptr + m_off[:, None] + c[None, :]
+                tl.store(ga, tl.load(ga, mask=mm) + g, mask=mm)
+                tl.store(pr_grad_ptr + k_off[:, None] + c[None, :], g, mask=rem[:, None] & cmask)
 
     @triton.jit
     def count_due_kernel(
@@ -394,18 +409,32 @@ def _grid(n: int, block: int) -> tuple[int]:
     return (max(1, -(-int(n) // block)),)
 
 
-def presync_apply(st: Any, prev: Any, cur: Any) -> None:
-    """The last batch (``prev``, its gradient in ``st.grad``): SGD on its own rows, its
-    mirrors' local step (value, delta and gradient accumulators, pending counts), its rows not
-    stored here into the push inputs ``st.pr_*``; the next batch's (``cur``) ids and slots
-    into ``st.u_ids`` / ``st.slot``; ``st.ndue`` zeroed for :func:`count_due`."""
+def presync_counts(st: Any, prev: Any, cur: Any) -> None:
+    """The last batch (``prev``): what the next sizes table needs: its own rows' versions, its
+    mirrors' pending counts, its rows not stored here (ids, counts) into the push inputs
+    ``st.pr_*``; the next batch's (``cur``) ids and slots into ``st.u_ids`` / ``st.slot``;
+    ``st.ndue`` zeroed for :func:`count_due`; ``prev``'s block bounds kept for
+    :func:`presync_values`."""
+    _presync_apply(st, prev, cur, counts=True)
+
+
+def presync_values(st: Any, prev: Any) -> None:
+    """The last batch's gradient (summed per row in ``st.grad``): SGD on its own rows, its
+    mirrors' local step (value, delta and gradient accumulators), its pushed gradients into
+    ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
+    there depends on gradient values)."""
+    _presync_apply(st, prev, prev, counts=False)
+
+
+def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
     k, e, cap = _ns(), st.emb, st.cap
     br, bd = _tiles(st.d)
-    k.presync_apply[_grid(max(cap.u, cap.n), br)](
-        st.sz_mine, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full, e.version_full,
-        e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids, st.pr_cnt, st.pr_grad,
-        st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, e.n_own, cap.u, cap.n,
-        -float(e.opt.lr), W=st.w, WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, **_COLS,
+    k.presync_apply[_grid(max(cap.u, cap.n) if counts else cap.u, br)](
+        st.sz_mine, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
+        e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
+        st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, e.n_own,
+        cap.u, cap.n, -float(e.opt.lr), W=st.w, WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br,
+        BD=bd, COUNTS=counts, **_COLS,
     )  # fmt: skip
 
 

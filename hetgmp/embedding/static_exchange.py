@@ -45,7 +45,7 @@ import torch
 from hetgmp.comm.exchange import exchange_fixed
 from hetgmp.embedding import padded_kernels, sizes
 from hetgmp.embedding.kernels import put_rows, scatter_add_rows, take_rows
-from hetgmp.embedding.ops import stable_partition
+from hetgmp.embedding.ops import current_stream, stable_partition
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.comm.env import DistEnv
@@ -119,6 +119,7 @@ class StaticExchange:
         self.pr_grad = torch.zeros(w * q, d, device=dev)
         self.pr_n = torch.zeros(w, **i64)  # ... per owner
         self.ndue = torch.zeros(w, **i64)  # mirrors due per owner (fused pre-sync)
+        self.prev_meta = torch.zeros(4, **i64)  # the last batch's block bounds (fused pre-sync)
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
         self.s1 = 4 * q + 4 * p + p * d
@@ -222,29 +223,58 @@ class StaticExchange:
         addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns.
         Then the sizes exchange; returns both tables on the CPU (``[2, w, COLS]``: sent,
         received), the step's one wait for the device."""
-        # (shapes with one numel share self; a graph per address of the incoming gradient,
-        # a training loop's allocator hands out one or two)
-        key = ("presync", tuple(cur.ids.shape), cur.ring, grad_occ.data_ptr())
+        # (shapes with one numel share self; the gradient's part: a graph per address of the
+        # incoming gradient, a training loop's allocator hands out one or two)
+        key = ("presync", tuple(cur.ids.shape), cur.ring)
+        key_g = (*key, grad_occ.data_ptr())
         capturable = prev.static and cur.static
 
         def summed() -> None:  # prev's gradient: one row per occurrence -> per unique row
             self.grad.zero_()
             scatter_add_rows(self.grad, prev.inv, grad_occ, 1.0, backend=self.emb.kernels)
-            self._presync(prev, cur, bound_cols)
 
+        def sizes() -> None:
+            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+            if self.comm_in_graphs:
+                both = torch.stack([self.sz_mine, self.sz_theirs])
+                self.host_sizes.copy_(both, non_blocking=True)
+
+        if self.fused:
+            # The sizes table needs counts only: the gradient's part (the sum, the updates)
+            # runs after the exchange, while the host reads the sizes and launches the rest.
+            def counts() -> None:
+                padded_kernels.presync_counts(self, prev, cur)
+                padded_kernels.count_due(self)
+                padded_kernels.presync_table(self, cur, bound_cols)
+                if self.comm_in_graphs:
+                    sizes()
+
+            def values() -> None:
+                summed()
+                padded_kernels.presync_values(self, prev)
+
+            self._segment(key, counts, capturable=capturable)
+            if not self.comm_in_graphs:
+                sizes()
+            elif self._sizes_ready is not None:
+                self._sizes_ready.record(current_stream(self.emb.device))
+            self._segment(key_g, values, capturable=capturable)
+        else:
+
+            def whole() -> None:
+                summed()
+                self._presync(prev, cur, bound_cols)
+                if self.comm_in_graphs:
+                    sizes()
+
+            self._segment(key_g, whole, capturable=capturable)
+            if not self.comm_in_graphs:
+                sizes()
+            elif self._sizes_ready is not None:
+                self._sizes_ready.record(current_stream(self.emb.device))
         if not self.comm_in_graphs:
-            self._segment(key, summed, capturable=capturable)
-            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
             return torch.stack([self.sz_mine, self.sz_theirs]).cpu()
-
-        def with_sizes() -> None:
-            summed()
-            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
-            self.host_sizes.copy_(torch.stack([self.sz_mine, self.sz_theirs]), non_blocking=True)
-
-        self._segment(key, with_sizes, capturable=capturable)
         assert self._sizes_ready is not None
-        self._sizes_ready.record()
         self._sizes_ready.synchronize()
         return self.host_sizes
 
@@ -266,11 +296,7 @@ class StaticExchange:
 
     # ------------------------------------------------------------------ segments (fixed shapes)
     def _presync(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
-        if self.fused:
-            padded_kernels.presync_apply(self, prev, cur)
-            padded_kernels.count_due(self)
-            padded_kernels.presync_table(self, cur, bound_cols)
-            return
+        """The pre-sync segment with torch ops (the reference of the fused kernels)."""
         e, n = self.emb, self.cap.n
         u, lr = self.cap.u, e.opt.lr
         sz = self.sz_mine  # still the table of ``prev`` (rewritten last)
