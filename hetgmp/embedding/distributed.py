@@ -808,7 +808,7 @@ class DistributedEmbedding(nn.Module):
         slot = self._bad_next
         self._bad_next = (slot + 1) % _BAD_RING
         ring[0][slot : slot + 1].copy_(self._bad_flag, non_blocking=True)
-        ring[1][slot].record()
+        ring[1][slot].record(current_stream(self.device))
         self._bad_checks.append((slot, ids))
 
     def _step_local(
