@@ -18,7 +18,8 @@ class DistEnv:
 
     ``group`` is the torch.distributed process group for collectives (None for a single
     process). ``launcher`` says how we were started: ``mpirun``, ``torchrun`` or ``single``.
-    ``closers``: what must be released before the process groups are destroyed (called by
+    ``groups``: extra process groups by purpose (see the field). ``closers``: what must be
+    released before the process groups are destroyed (called by
     :func:`hetgmp.comm.launch.shutdown`, newest first): CUDA graphs that captured NCCL
     collectives hold their communicator, whose destruction then waits for them forever.
     """
@@ -31,6 +32,10 @@ class DistEnv:
     launcher: str = "single"
     group: Any = None
     closers: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    # process groups made for one purpose (e.g. the padded exchange's captured collectives),
+    # created collectively once and shared by everything using this env: every NCCL
+    # communicator alive keeps proxy threads and buffers, so one per table would pile up
+    groups: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def is_distributed(self) -> bool:

@@ -271,6 +271,7 @@ def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
             dist.barrier(group=env.group)
         pg = env.group
         env.group = None
+        env.groups.clear()  # (destroyed with the default group just below)
         dist.destroy_process_group()
         _drop_captured_references(pg)
         del pg  # the last reference: the destructor joins gloo's worker threads now

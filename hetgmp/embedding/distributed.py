@@ -1265,7 +1265,10 @@ class DistributedEmbedding(nn.Module):
                 and env.backend == "nccl"
                 and env.group is not None
             ):
-                group = dist.new_group(dist.get_process_group_ranks(env.group), backend="nccl")
+                group = env.groups.get("padded")
+                if group is None:  # (one for every table on this env: see DistEnv.groups)
+                    ranks = dist.get_process_group_ranks(env.group)
+                    group = env.groups["padded"] = dist.new_group(ranks, backend="nccl")
                 self._comm_padded = dataclasses.replace(env, group=group)
                 # the graphs must go before the group does (hetgmp.comm.launch.shutdown)
                 me = weakref.ref(self)
