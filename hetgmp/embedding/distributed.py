@@ -241,8 +241,9 @@ class DistributedEmbedding(nn.Module):
     NVLink, where a host round trip costs more than the bytes); ``"auto"``: ``"all"`` on NCCL,
     else ``"stale"``. Both read the same values. ``exchange``: ``"exact"`` (payloads sized
     exactly, ~150 small ops per multi-rank step) or ``"padded"`` (fixed-capacity payloads,
-    :mod:`hetgmp.embedding.static_exchange`; on CUDA a step replays five CUDA graphs when
-    ``cuda_graphs``); padded needs SGD, ``replies="all"`` and no audit, and is used for
+    :mod:`hetgmp.embedding.static_exchange`; on CUDA a step replays a few CUDA graphs when
+    ``cuda_graphs``, with its all-to-alls captured inside them on NCCL when
+    ``graph_collectives``: a process group of its own per env, ``env.groups``); padded needs SGD, ``replies="all"`` and no audit, and is used for
     training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA
     with several ranks (one rank takes its own fast path; ``exchange`` then says ``"exact"``).
     Attributes the padded exchange works on: ``*_full`` (state tensors with the trash row;

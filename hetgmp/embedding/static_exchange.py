@@ -13,14 +13,17 @@ rows past a count are padding. A padding entry's row write is skipped by the Tri
 real ones in each state tensor, never read as data); a padding entry's count update adds 0 to
 some real row (spread over rows: thousands of atomics on one address serialise).
 
-With fixed shapes a step is five CUDA graphs, each captured once and then replayed: the ids'
+With fixed shapes a step is a few CUDA graphs, each captured once and then replayed: the ids'
 preprocessing (:class:`PrepRing`, on the prefetch stream), the part before the sizes exchange
-(:meth:`StaticExchange.presync`: the last batch's own rows, its mirrors' local step, the push
-inputs, the sizes table) and the three segments between the two payload exchanges (pack,
-answer, finish). Between them the host does the sizes all-to-all and its one device->host
-copy, and the two payload all-to-alls (plain ``all_to_all_single`` calls with equal splits,
-outside the graphs). Measured on 2x H200 at batch 8192 per GPU: 7 host launches per step
-instead of ~150, about 290 kernels inside the graphs (bench/results/gpu/profile_*pad*).
+(:meth:`StaticExchange.presync`: the last batch's counts, the next batch's sizes table), the
+gradient's part (its per-row sum, own rows, the mirrors' local step, the push inputs: after the
+sizes exchange, nothing there depends on gradient values) and the step proper (pack, exchange,
+answer, exchange, finish). On NCCL with ``graph_collectives`` the all-to-alls (sizes included,
+with the device->host copy of the sizes into pinned memory) are captured too, on a process group
+of their own: the host replays the graphs and waits once, for the sizes. With the Triton backend
+each segment is a few fused kernels (:mod:`hetgmp.embedding.padded_kernels`; the torch ops below
+are their reference). Measured on 2x H200 at batch 8192 per GPU: 65 kernels per step (was ~290
+with torch ops), 17-24M samples/s (bench/results/gpu/results_2xH200.md).
 
 Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
 the sizes table, every rank reads every rank's, and a capacity grows (never shrinks) when the
