@@ -383,6 +383,40 @@ class Runner:
         return self.records
 
 
+def embedding_step(
+    env: DistEnv, workload: str, contender: str, *, batch: int, dim: int
+) -> tuple[C.Contender, Any]:
+    """``(contender, step)`` for tools that look at one contender's embedding-only step
+    (``profile_step.py``, ``profile_host.py``): ``step(k)`` is :meth:`Runner.measure`'s step
+    (the next batch's ids prefetched, the fixed gradient) on this rank's samples."""
+    cfg = RunConfig(workload=workload, contenders=[contender], dim=dim)
+    runner = Runner(env, cfg)
+    data = runner.data_for(contender)
+    cont = C.build(
+        contender, cards=runner.cards, dim=dim, env=env, lr=cfg.lr, seed=cfg.seed,
+        plan=runner.plan, store_rate=cfg.store_rate,
+    ).to(env.device)  # fmt: skip
+    dev = env.device
+    grad = fixed_grad(batch, runner.fields, dim, env.rank, cfg.seed, dev)
+    ahead: dict[int, torch.Tensor] = {}
+
+    def batch_ids(k: int) -> torch.Tensor:
+        return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
+
+    def step(k: int) -> None:
+        ids = ahead.pop(k, None)
+        if ids is None:
+            ids = batch_ids(k)
+        out = cont(ids)
+        if cont.prefetches:
+            ahead[k + 1] = batch_ids(k + 1)
+            cont.prefetch(ahead[k + 1])
+        out.backward(grad)
+        cont.after_backward()
+
+    return cont, step
+
+
 def run_rank(env: DistEnv, cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:
     """Run every configuration of ``cfg`` on this rank; returns ``{"machine", "results"}``."""
     if isinstance(cfg, dict):

@@ -27,8 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.gpu import contenders as C  # noqa: E402
-from bench.gpu.harness import RunConfig, Runner, batch_positions, fixed_grad  # noqa: E402
+from bench.gpu.harness import embedding_step  # noqa: E402
 from hetgmp.comm.collectives import barrier  # noqa: E402
 from hetgmp.comm.launch import init_distributed, shutdown  # noqa: E402
 
@@ -48,30 +47,10 @@ def main() -> int:
     a = ap.parse_args()
     env = init_distributed(device=a.device)
     try:
-        cfg = RunConfig(workload=a.workload, contenders=[a.contender], dim=a.dim)
-        runner = Runner(env, cfg)
-        data = runner.data_for(a.contender)
-        cont = C.build(
-            a.contender, cards=runner.cards, dim=a.dim, env=env, lr=0.01, seed=0,
-            plan=runner.plan, store_rate=cfg.store_rate,
-        ).to(env.device)  # fmt: skip
+        cont, step = embedding_step(
+            env, a.workload, a.contender, batch=a.batch, dim=a.dim
+        )  # (the harness's embedding step)
         dev = env.device
-        grad = fixed_grad(a.batch, runner.fields, a.dim, env.rank, 0, dev)
-        ahead: dict[int, torch.Tensor] = {}
-
-        def batch_ids(k: int) -> torch.Tensor:
-            return data.ids.index_select(0, batch_positions(k, a.batch, data.n, dev))
-
-        def step(k: int) -> None:  # (the harness's embedding step)
-            ids = ahead.pop(k, None)
-            if ids is None:
-                ids = batch_ids(k)
-            out = cont(ids)
-            if cont.prefetches:
-                ahead[k + 1] = batch_ids(k + 1)
-                cont.prefetch(ahead[k + 1])
-            out.backward(grad)
-            cont.after_backward()
 
         def sync() -> None:
             if dev.type == "cuda":

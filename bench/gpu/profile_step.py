@@ -26,8 +26,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from bench.gpu import contenders as C  # noqa: E402
-from bench.gpu.harness import RunConfig, Runner, batch_positions, fixed_grad  # noqa: E402
+from bench.gpu.harness import embedding_step  # noqa: E402
 from hetgmp.comm.collectives import barrier  # noqa: E402
 from hetgmp.comm.launch import init_distributed, shutdown  # noqa: E402
 
@@ -74,27 +73,20 @@ def main() -> int:
     ap.add_argument("--contender", default="hetgmp-b100")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--warmup", type=int, default=40, help="steps before profiling (capacities and CUDA graphs settle)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=40,
+        help="steps before profiling (capacities and CUDA graphs settle)",
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: smoke test")
     a = ap.parse_args()
     env = init_distributed(device=a.device)
     try:
-        cfg = RunConfig(workload=a.workload, contenders=[a.contender], dim=a.dim)
-        runner = Runner(env, cfg)
-        data = runner.data_for(a.contender)
-        cont = C.build(
-            a.contender, cards=runner.cards, dim=a.dim, env=env, lr=0.01, seed=0,
-            plan=runner.plan, store_rate=cfg.store_rate,
-        ).to(env.device)  # fmt: skip
+        # (the harness's embedding step: the next batch's ids prefetched, a fixed gradient)
+        cont, step = embedding_step(env, a.workload, a.contender, batch=a.batch, dim=a.dim)
         dev = env.device
-        grad = fixed_grad(a.batch, runner.fields, a.dim, env.rank, 0, dev)
-
-        def step(k: int) -> None:
-            ids = data.ids.index_select(0, batch_positions(k, a.batch, data.n, dev))
-            out = cont(ids)
-            out.backward(grad)
-            cont.after_backward()
 
         cuda = dev.type == "cuda"
         sync = torch.cuda.synchronize if cuda else (lambda _d: None)
