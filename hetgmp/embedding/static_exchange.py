@@ -219,15 +219,18 @@ class StaticExchange:
         self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor
     ) -> torch.Tensor:
         """The part of a step before the sizes exchange, for the batch after this one's
-        (``prev``: the batch this object ran, its gradient in :attr:`grad`; ``cur``: the
-        next batch, preprocessed): SGD on ``prev``'s own rows, its mirrors' local step, the
-        push inputs, the next batch's inputs and sizes table (into :attr:`sz_mine`). One
-        graph per ring slot of ``cur`` (see :class:`PrepRing`) once both are at fixed
-        addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded columns.
-        Then the sizes exchange; returns both tables on the CPU (``[2, w, COLS]``: sent,
-        received), the step's one wait for the device."""
-        # (shapes with one numel share self; the gradient's part: a graph per address of the
-        # incoming gradient, a training loop's allocator hands out one or two)
+        (``prev``: the batch this object ran, ``grad_occ`` its gradient, one row per
+        occurrence; ``cur``: the next batch, preprocessed): ``prev``'s gradient summed per row
+        into :attr:`grad`, SGD on its own rows, its mirrors' local step, the push inputs, the
+        next batch's inputs and sizes table (into :attr:`sz_mine`); then the sizes exchange.
+        Returns both tables on the CPU (``[2, w, COLS]``: sent, received), the step's one wait
+        for the device. Graphs per ring slot of ``cur`` (see :class:`PrepRing`) once both are
+        at fixed addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded
+        columns. With the fused kernels the sizes table needs counts only, so the gradient's
+        part (the sum, the updates) runs after the exchange, while the host reads the sizes
+        and launches the rest."""
+        # (shapes with one numel share self; what reads the gradient: a graph per address of
+        # the incoming gradient, a training loop's allocator hands out one or two)
         key = ("presync", tuple(cur.ids.shape), cur.ring)
         key_g = (*key, grad_occ.data_ptr())
         capturable = prev.static and cur.static
@@ -236,48 +239,34 @@ class StaticExchange:
             self.grad.zero_()
             scatter_add_rows(self.grad, prev.inv, grad_occ, 1.0, backend=self.emb.kernels)
 
-        def sizes() -> None:
-            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
-            if self.comm_in_graphs:
-                both = torch.stack([self.sz_mine, self.sz_theirs])
-                self.host_sizes.copy_(both, non_blocking=True)
-
-        if self.fused:
-            # The sizes table needs counts only: the gradient's part (the sum, the updates)
-            # runs after the exchange, while the host reads the sizes and launches the rest.
-            def counts() -> None:
+        def before() -> None:
+            if self.fused:
                 padded_kernels.presync_counts(self, prev, cur)
                 padded_kernels.count_due(self)
                 padded_kernels.presync_table(self, cur, bound_cols)
-                if self.comm_in_graphs:
-                    sizes()
-
-            def values() -> None:
-                summed()
-                padded_kernels.presync_values(self, prev)
-
-            self._segment(key, counts, capturable=capturable)
-            if not self.comm_in_graphs:
-                sizes()
-            elif self._sizes_ready is not None:
-                self._sizes_ready.record(current_stream(self.emb.device))
-            self._segment(key_g, values, capturable=capturable)
-        else:
-
-            def whole() -> None:
+            else:  # (the reference: all of it before the exchange)
                 summed()
                 self._presync(prev, cur, bound_cols)
-                if self.comm_in_graphs:
-                    sizes()
+            if self.comm_in_graphs:  # the exchange and the copy for the host: graph nodes
+                exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+                both = torch.stack([self.sz_mine, self.sz_theirs])
+                self.host_sizes.copy_(both, non_blocking=True)
 
-            self._segment(key_g, whole, capturable=capturable)
-            if not self.comm_in_graphs:
-                sizes()
-            elif self._sizes_ready is not None:
-                self._sizes_ready.record(current_stream(self.emb.device))
+        def after() -> None:
+            summed()
+            padded_kernels.presync_values(self, prev)
+
+        self._segment(key if self.fused else key_g, before, capturable=capturable)
         if not self.comm_in_graphs:
-            return torch.stack([self.sz_mine, self.sz_theirs]).cpu()
-        assert self._sizes_ready is not None
+            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+            host = torch.stack([self.sz_mine, self.sz_theirs]).cpu()
+            if self.fused:
+                self._segment(key_g, after, capturable=capturable)
+            return host
+        assert self._sizes_ready is not None  # (graphs: CUDA)
+        self._sizes_ready.record(current_stream(self.emb.device))
+        if self.fused:
+            self._segment(key_g, after, capturable=capturable)
         self._sizes_ready.synchronize()
         return self.host_sizes
 
