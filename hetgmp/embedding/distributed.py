@@ -243,8 +243,9 @@ class DistributedEmbedding(nn.Module):
     exactly, ~150 small ops per multi-rank step) or ``"padded"`` (fixed-capacity payloads,
     :mod:`hetgmp.embedding.static_exchange`; on CUDA a step replays a few CUDA graphs when
     ``cuda_graphs``, with its all-to-alls captured inside them on NCCL when
-    ``graph_collectives``: a process group of its own per env, ``env.groups``); padded needs SGD, ``replies="all"`` and no audit, and is used for
-    training steps (eval and flush stay exact). ``"auto"``: padded where it applies on CUDA
+    ``graph_collectives``: a process group of its own per env, ``env.groups``); padded needs
+    SGD, ``replies="all"`` and no audit, and is used for training steps (eval and flush stay
+    exact). ``"auto"``: padded where it applies on CUDA
     with several ranks (one rank takes its own fast path; ``exchange`` then says ``"exact"``).
     Attributes the padded exchange works on: ``*_full`` (state tensors with the trash row;
     ``weight``, ``version``... are views without it), ``trash_slot``, ``mir_owner``,
@@ -884,7 +885,7 @@ class DistributedEmbedding(nn.Module):
             and grads[0].prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
             and grads[0].prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
             and isinstance(grads[1], _Occurrences) and grads[1].grad.shape[0] == st.cap.n
-            and st.frozen == (self.bound, self.opt.lr)  # (its graphs hold both as constants)
+            and st.current  # (its graphs hold the bound and the learning rate)
         )  # fmt: skip
         if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
             assert st is not None and grads is not None and grads[0].prep is not None
@@ -1202,8 +1203,7 @@ class DistributedEmbedding(nn.Module):
             u=min(n, grow(old.u if old and old.n == n else 0, nu)),
             n=n,
         )
-        if cap != old or self._static.frozen != (self.bound, self.opt.lr):
-            # (captured graphs hold the bound and the learning rate as constants)
+        if cap != old or not self._static.current:
             new = StaticExchange(self, cap, graphs=self._graphs, comm=self._padded_comm())
             if loaded:  # the pre-sync segment wrote the inputs into the old buffers
                 assert self._static is not None

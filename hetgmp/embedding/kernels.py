@@ -588,34 +588,24 @@ class _GatherRows(torch.autograd.Function):
     + scatter-add."""
 
     @staticmethod
-    def forward(
-        ctx: Any, values: torch.Tensor, inv: torch.Tensor, backend: str, grad_out: Any
-    ) -> torch.Tensor:
+    def forward(ctx: Any, values: torch.Tensor, inv: torch.Tensor, backend: str) -> torch.Tensor:
         ctx.save_for_backward(inv)
-        ctx.rows, ctx.backend, ctx.grad_out = values.shape[0], backend, grad_out
+        ctx.rows, ctx.backend = values.shape[0], backend
         return take_rows(values, inv, backend=backend)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (inv,) = ctx.saved_tensors
         d = grad.shape[-1]
-        if ctx.grad_out is not None:
-            out = ctx.grad_out[: ctx.rows].zero_()
-        else:
-            out = grad.new_zeros(ctx.rows, d, dtype=torch.float32)
+        out = grad.new_zeros(ctx.rows, d, dtype=torch.float32)
         scatter_add_rows(out, inv, grad.reshape(-1, d), 1.0, backend=ctx.backend)
-        return out, None, None, None
+        return out, None, None
 
 
-def gather_rows(
-    values: torch.Tensor,
-    inv: torch.Tensor,
-    backend: str = "torch",
-    *,
-    grad_out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def gather_rows(values: torch.Tensor, inv: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """``values [U, D]`` rows ``inv [n]`` -> ``[n, D]``, differentiable in ``values``; the
-    backward adds the gradient of every occurrence into its row with the given backend, in
-    ``grad_out[:U]`` when given (a buffer at a fixed address, contiguous float32)."""
-    return _GatherRows.apply(values, inv, backend, grad_out)
+    backward adds the gradient of every occurrence into its row with the given backend. (The
+    padded exchange has its own node, ``distributed._PaddedLookup``, whose gradient is summed
+    inside the next step's CUDA graph.)"""
+    return _GatherRows.apply(values, inv, backend)

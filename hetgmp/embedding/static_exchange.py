@@ -89,7 +89,7 @@ class StaticExchange:
         # captured inside the graphs: a step is then two graph replays and one host wait.
         self.comm = comm if comm is not None else emb.env
         self.comm_in_graphs = graphs and self.comm is not emb.env
-        self.frozen = (emb.bound, emb.opt.lr)  # constants inside the captured graphs
+        self._frozen = (emb.bound, emb.opt.lr)  # constants inside the captured graphs
         w, d, dev = emb.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
@@ -269,6 +269,12 @@ class StaticExchange:
             self._segment(key_g, after, capturable=capturable)
         self._sizes_ready.synchronize()
         return self.host_sizes
+
+    @property
+    def current(self) -> bool:
+        """Whether the constants its graphs hold (the bound and the learning rate) are still
+        the embedding's (else it must be rebuilt before its graphs run again)."""
+        return self._frozen == (self.emb.bound, self.emb.opt.lr)
 
     def release(self) -> None:
         """Drop the captured graphs (they hold the communicator, see DistEnv.closers)."""
