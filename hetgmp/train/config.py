@@ -11,6 +11,8 @@ from pathlib import Path
 
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
+from hetgmp.embedding.distributed import EXCHANGES, REPLIES
+from hetgmp.embedding.kernels import KERNELS
 from hetgmp.models import MODELS
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
@@ -142,19 +144,19 @@ class TrainConfig:
         help="owners answer mirror queries with values for the stale ones only (stale: fewest "
         "bytes, two host syncs per step) or for all (all: more bytes, one sync; for NVLink); "
         "auto: all on NCCL, stale otherwise",
-        choices=["auto", "stale", "all"],
+        choices=["auto", *REPLIES],
     )
     kernels: str = option(
         "auto",
         help="embedding row-update kernels (auto: Triton on CUDA, torch otherwise)",
-        choices=["auto", "torch", "triton"],
+        choices=list(KERNELS),
     )
     exchange: str = option(
         "auto",
         help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
         "so each step replays CUDA graphs; needs --optimizer sgd and replies resolving to all: "
         "--replies all, or auto on NCCL); auto: padded where it applies on CUDA",
-        choices=["auto", "exact", "padded"],
+        choices=["auto", *EXCHANGES],
     )
     eval_batch_size: int = option(
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
