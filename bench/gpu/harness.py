@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,38 @@ def fixed_grad(batch: int, fields: int, dim: int, rank: int, seed: int, device: 
 def batch_positions(step: int, batch: int, n: int, device: torch.device) -> torch.Tensor:
     """Positions (into the rank's sample list) of ``step``'s batch: consecutive, wrapping."""
     return (torch.arange(batch, dtype=torch.int64, device=device) + step * batch) % n
+
+
+def embedding_step_fn(
+    cont: C.Contender, ids_all: torch.Tensor, grad: torch.Tensor, batch: int
+) -> Callable[[int], None]:
+    """The embedding-only step, identical for every contender: ``step(k)`` picks batch ``k``
+    of ``ids_all`` (unless it was prefetched), looks it up, hands the next batch to the
+    contender's prefetch, runs the backward of the fixed gradient ``grad`` and the contender's
+    update. (The positions are computed only to pick ids: a contender that prefetched got
+    them a step ahead, so it pays for that once per step, like any other.) Used by
+    :meth:`Runner.measure` and the profiling tools."""
+    dev, n = ids_all.device, ids_all.shape[0]
+    ahead: dict[int, torch.Tensor] = {}  # step -> its ids, already handed to prefetch
+
+    def batch_ids(k: int) -> torch.Tensor:
+        return ids_all.index_select(0, batch_positions(k, batch, n, dev))
+
+    def step(k: int) -> None:
+        ids = ahead.pop(k, None)
+        if ids is None:
+            ids = batch_ids(k)
+        t = cont.timer
+        out = cont(ids)
+        if cont.prefetches:  # the next batch's id preprocessing overlaps this step
+            ahead[k + 1] = batch_ids(k + 1)
+            cont.prefetch(ahead[k + 1])
+            t.mark("preprocess")  # launching the next batch's preprocessing
+        out.backward(grad)
+        t.mark("backward")
+        cont.after_backward()
+
+    return step
 
 
 @dataclasses.dataclass
@@ -208,23 +241,9 @@ class Runner:
         def batch_ids(k: int) -> torch.Tensor:
             return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
 
-        def step(k: int) -> None:
+        def train_step(k: int) -> None:
             ids = ahead.pop(k, None)
             t = cont.timer
-            if mode == "embedding":
-                # (the positions only to pick the ids: a contender that prefetched got them
-                # a step ahead, so it pays for that once per step, like any other)
-                if ids is None:
-                    ids = batch_ids(k)
-                out = cont(ids)
-                if cont.prefetches:  # the next batch's id preprocessing overlaps this step
-                    ahead[k + 1] = batch_ids(k + 1)
-                    cont.prefetch(ahead[k + 1])
-                    t.mark("preprocess")  # launching the next batch's preprocessing
-                out.backward(grad)
-                t.mark("backward")
-                cont.after_backward()
-                return
             pos = batch_positions(k, batch, data.n, dev)
             if ids is None:
                 ids = data.ids.index_select(0, pos)
@@ -251,6 +270,10 @@ class Runner:
             opt.zero_grad(set_to_none=True)
             t.mark("mlp")
 
+        if mode == "embedding":
+            step = embedding_step_fn(cont, data.ids, grad, batch)
+        else:
+            step = train_step
         k = 0
         for _ in range(cfg.warmup):
             step(k)
@@ -398,23 +421,7 @@ def embedding_step(
     ).to(env.device)  # fmt: skip
     dev = env.device
     grad = fixed_grad(batch, runner.fields, dim, env.rank, cfg.seed, dev)
-    ahead: dict[int, torch.Tensor] = {}
-
-    def batch_ids(k: int) -> torch.Tensor:
-        return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
-
-    def step(k: int) -> None:
-        ids = ahead.pop(k, None)
-        if ids is None:
-            ids = batch_ids(k)
-        out = cont(ids)
-        if cont.prefetches:
-            ahead[k + 1] = batch_ids(k + 1)
-            cont.prefetch(ahead[k + 1])
-        out.backward(grad)
-        cont.after_backward()
-
-    return cont, step
+    return cont, embedding_step_fn(cont, data.ids, grad, batch)
 
 
 def run_rank(env: DistEnv, cfg: RunConfig | dict[str, Any]) -> dict[str, Any]:

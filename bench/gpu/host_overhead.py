@@ -55,35 +55,6 @@ if __name__ == "__main__" and "HOST_OVERHEAD_KEEP_PATH" not in os.environ:
 import torch  # noqa: E402
 
 
-def _step_fn(cont: Any, ids_all: torch.Tensor, grad: torch.Tensor, batch: int) -> Any:
-    """The harness's embedding-mode step (``Runner.measure``'s ``step``), as a closure over a
-    step counter; identical for every contender."""
-    from bench.gpu.harness import batch_positions
-
-    dev = ids_all.device
-    n = ids_all.shape[0]
-    ahead: dict[int, torch.Tensor] = {}
-
-    def batch_ids(k: int) -> torch.Tensor:
-        return ids_all.index_select(0, batch_positions(k, batch, n, dev))
-
-    def step(k: int) -> None:
-        ids = ahead.pop(k, None)
-        if ids is None:
-            ids = batch_ids(k)
-        t = cont.timer
-        out = cont(ids)
-        if cont.prefetches:
-            ahead[k + 1] = batch_ids(k + 1)
-            cont.prefetch(ahead[k + 1])
-            t.mark("preprocess")
-        out.backward(grad)
-        t.mark("backward")
-        cont.after_backward()
-
-    return step
-
-
 def _build(name: str, args: argparse.Namespace, dev: torch.device) -> Any:
     import numpy as np
 
@@ -103,13 +74,15 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Rounds of ``args.steps`` steps of every contender in ``names``, the contenders taking
     turns round by round (so that load from other processes hits them alike): per-round host
     and wall us/step, medians and minima; then (``args.profile``) a cProfile of each."""
-    from bench.gpu.harness import fixed_grad
+    from bench.gpu.harness import embedding_step_fn, fixed_grad
 
     dev = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
     ids_all = torch.randint(args.rows, (args.samples, args.fields), generator=g).to(dev)
     grad = fixed_grad(args.batch, args.fields, args.dim, 0, 0, dev)
-    steps = [_step_fn(_build(name, args, dev), ids_all, grad, args.batch) for name in names]
+    steps = [
+        embedding_step_fn(_build(name, args, dev), ids_all, grad, args.batch) for name in names
+    ]
     k = [0] * len(names)
     for i, step in enumerate(steps):
         for _ in range(args.warmup):
