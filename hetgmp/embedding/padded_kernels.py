@@ -393,6 +393,10 @@ def _ns() -> Any:
 
 
 _COLS = dict(COLS=sizes.COLS, NQM=sizes.NQM, NQR=sizes.NQR)
+_TABLE_COLS = {
+    c: getattr(sizes, c)
+    for c in ("NP", "NDUE", "STATUS", "BOUND", "SEND_ALL", "OP", "NOWN", "MAXQ", "MAXP", "PADDED")
+}  # the other columns presync_table writes
 
 
 def _p2(x: int) -> int:
@@ -452,11 +456,9 @@ def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     """The next batch's sizes table into ``st.sz_mine`` (and its block sizes into
     ``st.blocks``), from its blocks, ``st.ndue`` and ``st.pr_n`` (the pushes of this step)."""
     st.blocks.copy_(cur.blocks)
-    cols = {c: getattr(sizes, c) for c in ("NP", "NDUE", "STATUS", "BOUND", "SEND_ALL", "OP",
-                                           "NOWN", "MAXQ", "MAXP", "PADDED")}  # fmt: skip
     _ns().presync_table[(1,)](
         st.sz_mine, cur.blocks, st.ndue, st.pr_n, cur.bad, bound_cols.contiguous(),
-        st.emb.env.rank, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **cols,
+        st.emb.env.rank, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS,
     )  # fmt: skip
 
 
