@@ -80,3 +80,29 @@ def test_shutdown_runs_the_closers_first_newest_first() -> None:
             "first, group alive: True",
             "after: group alive: False, closers left: 0",
         ], seen
+
+
+def test_graph_releasers_of_dropped_tables_do_not_pile_up() -> None:
+    import gc
+
+    from hetgmp.embedding.distributed import _GraphReleaser
+
+    class Table:  # stands in for a DistributedEmbedding: release_graphs() is all it needs
+        released = 0
+
+        def release_graphs(self) -> None:
+            Table.released += 1
+
+    env = DistEnv()
+    other = []
+    env.closers.append(lambda: other.append("ran"))  # not a releaser: always kept
+    kept = Table()
+    _GraphReleaser.register(env, Table())  # dropped at once
+    gc.collect()
+    _GraphReleaser.register(env, kept)
+    _GraphReleaser.register(env, Table())  # dropped at once
+    gc.collect()
+    _GraphReleaser.register(env, kept)  # (a second table would prune the dead one)
+    assert len(env.closers) == 3  # the lambda, and two for kept (the dead ones pruned)
+    shutdown(env)  # runs them all
+    assert Table.released == 2 and other == ["ran"] and env.closers == []

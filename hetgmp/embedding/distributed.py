@@ -224,6 +224,29 @@ class _PaddedLookup(torch.autograd.Function):
         return None, None, None, None, None
 
 
+class _GraphReleaser:
+    """An ``env.closers`` entry: releases a table's CUDA graphs, if the table still lives."""
+
+    def __init__(self, emb: Any) -> None:
+        self._emb = weakref.ref(emb)
+
+    @classmethod
+    def register(cls, env: DistEnv, emb: Any) -> None:
+        """Add one for ``emb`` to ``env.closers``, dropping those of tables gone meanwhile (a
+        bench builds many tables on one env)."""
+        env.closers[:] = [c for c in env.closers if not isinstance(c, cls) or c.alive]
+        env.closers.append(cls(emb))
+
+    @property
+    def alive(self) -> bool:
+        return self._emb() is not None
+
+    def __call__(self) -> None:
+        emb = self._emb()
+        if emb is not None:
+            emb.release_graphs()
+
+
 class DistributedEmbedding(nn.Module):
     """An embedding table spread over the ranks of ``env`` (see the module docstring).
 
@@ -1272,8 +1295,7 @@ class DistributedEmbedding(nn.Module):
                     group = env.groups["padded"] = dist.new_group(ranks, backend="nccl")
                 self._comm_padded = dataclasses.replace(env, group=group)
                 # the graphs must go before the group does (hetgmp.comm.launch.shutdown)
-                me = weakref.ref(self)
-                env.closers.append(lambda: (e := me()) is not None and e.release_graphs())
+                _GraphReleaser.register(env, self)
             else:
                 self._comm_padded = env
         return self._comm_padded

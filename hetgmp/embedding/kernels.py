@@ -176,7 +176,6 @@ def _triton() -> Any:
     return SimpleNamespace(
         triton=triton, scatter=scatter_add_rows_kernel, take=take_rows_kernel,
         take_local=take_local_kernel, mark_local=mark_local_kernel, put=put_rows_kernel,
-        # compiled kernels (not the interpreter's): what launch()'s fast path handles
         compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
         hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
     )  # fmt: skip
