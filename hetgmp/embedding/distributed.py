@@ -150,11 +150,10 @@ class _Batch:
     nqr_dev: torch.Tensor | None
     # world-1 fast path: every occurrence's leader occurrence (see DistributedEmbedding._leaders)
     lead: torch.Tensor | None = None
-    # padded exchange: the preprocessed batch, the StaticExchange that ran it and the buffer
-    # its values' gradient is written to
+    # padded exchange: the preprocessed batch and the StaticExchange that ran it (its
+    # gradient is summed into that one's buffer, see StaticExchange.sum_grad)
     prep: _Prep | None = None
     static: StaticExchange | None = None
-    grad_buf: torch.Tensor | None = None
 
 
 class _LocalBatch(NamedTuple):
@@ -501,7 +500,7 @@ class DistributedEmbedding(nn.Module):
         values, batch = self._step(prep, op=_OP_FORWARD, error=err)
         if prep.ring >= 0:  # the ring's other slot is free for the next batch
             self._rings[tuple(prep.ids.shape)].last = prep.ring
-        if batch.grad_buf is not None and self.training and torch.is_grad_enabled():
+        if batch.static is not None and self.training and torch.is_grad_enabled():
             out = _PaddedLookup.apply(self._anchor, self, values, batch, (b, f, self.dim))
             self.timer.mark("gather")
             return out
@@ -954,12 +953,9 @@ class DistributedEmbedding(nn.Module):
         summed per unique row into its buffer, eagerly (outside the pre-sync graph)."""
         if grads is None or not isinstance(grads[1], _Occurrences):
             return grads
-        pb, occ = grads[0], grads[1].grad
-        assert pb.grad_buf is not None
-        rows = pb.u.numel()
-        out = pb.grad_buf[:rows].zero_()
-        scatter_add_rows(out, pb.inv, occ, 1.0, backend=self.kernels)
-        return pb, out
+        pb = grads[0]
+        assert pb.static is not None
+        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel())
 
     def _keep_unapplied(self, grads: tuple[_Batch, torch.Tensor] | None, own_done: bool) -> None:
         """A step that stops at the sizes exchange (bad input here or on a peer) has staged
@@ -1217,7 +1213,6 @@ class DistributedEmbedding(nn.Module):
         """The rest of a training step with fixed-capacity payloads (see
         :mod:`hetgmp.embedding.static_exchange`); every rank takes it together (the
         ``_PADDED`` column) with the same capacities (from every rank's maxima)."""
-        w, d = self.env.world_size, self.dim
         n, nu = prep.u.numel(), batch.u.numel()
         old = self._static.cap if self._static is not None else None
         cap = Capacity(
@@ -1243,17 +1238,10 @@ class DistributedEmbedding(nn.Module):
                 pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], self._nqr_dev(pb))
             st.load(prep.u, prep.slot, prep.blocks, table, theirs_dev, pushes)
         values = st.run()
-        batch.prep, batch.static, batch.grad_buf = prep, st, st.grad
+        batch.prep, batch.static = prep, st
         self.timer.mark("exchange")
         # Bytes actually sent: the padded buffers, to every other rank.
-        q, p, o = cap.q, cap.p, w - 1
-        padded_bytes = {
-            "ids": o * 8 * (q + p),
-            "versions": o * (8 * q + 8 * p + 8 * q + 4 * q),
-            "gradients": o * 4 * d * p,
-            "values": o * 4 * d * q,
-        }
-        self._count_bytes(sent=padded_bytes, recv=padded_bytes, reset=True)
+        self._count_bytes(sent=st.bytes_per_step, recv=st.bytes_per_step, reset=True)
         n_p = sum(row[_NP] for row in mine_l)
         self._bytes_step["pushes_sent"] = n_p
         self._bytes_total["pushes_sent"] += n_p

@@ -108,9 +108,11 @@ class StaticExchange:
         self.slot_pad = torch.full((n + 1,), emb.trash_slot, **i64)
         self.slot = self.slot_pad[:n]
         self.blocks = torch.zeros(3 * w, **i64)
-        self.sz_mine = torch.zeros(w, sizes.COLS, **i64)
-        self.sz_theirs = torch.zeros(w, sizes.COLS, **i64)
-        # both tables for the host (pinned: the copy is a node of the pre-sync graph)
+        # the sizes table sent (row 0) and received (row 1): one buffer, so the host's copy
+        # is one copy without a stack
+        self.sz_both = torch.zeros(2, w, sizes.COLS, **i64)
+        self.sz_mine, self.sz_theirs = self.sz_both[0], self.sz_both[1]
+        # both tables for the host (pinned: the copy can be a node of the pre-sync graph)
         self.host_sizes = torch.zeros(
             2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
         )
@@ -127,18 +129,40 @@ class StaticExchange:
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
         self.s1 = 4 * q + 4 * p + p * d
         self.s2 = q + q * d + 2 * q
+        # what a step sends to (and receives from) the other ranks, by kind: the whole
+        # padded buffers (DistributedEmbedding's byte counters)
+        o = w - 1
+        self.bytes_per_step = {
+            "ids": o * 8 * (q + p),
+            "versions": o * (8 * q + 8 * p + 8 * q + 4 * q),
+            "gradients": o * 4 * d * p,
+            "values": o * 4 * d * q,
+        }
+        assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
         self.send1 = torch.zeros(w, self.s1, device=dev)
         self.recv1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
         self.recv2 = torch.zeros(w, self.s2, device=dev)
-        # push scratch written by scatters (index w*p: trash)
-        self.p_ids = torch.zeros(w * p + 1, **i64)
-        self.p_cnt = torch.zeros(w * p + 1, **i64)
-        self.p_grad = torch.zeros(w * p + 1, d, device=dev)
         # outputs
         self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
         self.rows_step = torch.zeros(5, **i64)
         self.deferred = torch.zeros((), **i64)
+        # the gradient of this batch's values, summed per row (see sum_grad; at a fixed
+        # address for the next step's pre-sync graph)
+        self.grad = torch.zeros(u + 1, d, device=dev)
+        self._graphs = GraphCache(graphs)
+        if not self.fused:
+            self._reference_buffers(emb, w, q, p, u, d, i64)
+
+    def _reference_buffers(
+        self, emb: DistributedEmbedding, w: int, q: int, p: int, u: int, d: int, i64: Any
+    ) -> None:
+        """Scratch and constants of the torch segments only (the fused kernels need none)."""
+        dev = emb.device
+        # push scratch written by scatters (index w*p: trash)
+        self.p_ids = torch.zeros(w * p + 1, **i64)
+        self.p_cnt = torch.zeros(w * p + 1, **i64)
+        self.p_grad = torch.zeros(w * p + 1, d, device=dev)
         # constants
         self.ar_u = torch.arange(u, **i64)
         self.ar_q = torch.arange(q, **i64)
@@ -151,21 +175,15 @@ class StaticExchange:
             torch.zeros(w * q, dtype=torch.bool, device=dev),
             torch.zeros(w * q, **i64),
         )
-        # where padding entries go: row writes (skipped by Triton: -1; else the trash rows),
-        # count adds of 0 (spread over real rows)
-        triton = emb.kernels == "triton"
-        self.skip_s = -1 if triton else emb.trash_slot  # weight / version rows
-        self.skip_m = -1 if triton else emb.n_mir  # mirror buffers
-        self.skip_u = -1 if triton else u  # values
+        # where padding entries go: row writes to the trash rows, count adds of 0 spread
+        # over real rows
+        self.skip_s = emb.trash_slot  # weight / version rows
+        self.skip_m = emb.n_mir  # mirror buffers
+        self.skip_u = u  # values
         s_rows = max(1, emb.trash_slot)
         self.spread_u = self.ar_u % s_rows
         self.spread_wp = self.ar_wp % s_rows
         self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
-        self.ar_w = torch.arange(w, **i64)
-        # the gradient of this batch's values (the backward of gather_rows writes it here, so
-        # the next step's pre-sync segment reads it at a fixed address)
-        self.grad = torch.zeros(u + 1, d, device=dev)
-        self._graphs = GraphCache(graphs)
 
     # ------------------------------------------------------------------ host side
     def load(
@@ -198,22 +216,18 @@ class StaticExchange:
     def run(self) -> torch.Tensor:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
-        if self.comm_in_graphs:
-            self._segment("step", self._whole_step)
-            return self.values
-        self._segment("pack", self._pack)
-        exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
-        self._segment("answer", self._answer)
-        exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
-        self._segment("finish", self._finish)
+        if self.comm_in_graphs:  # one graph, the exchanges inside
+            self._segment("step", lambda: self._step(lambda _key, fn: fn()))
+        else:  # a graph per segment, the exchanges between them
+            self._step(self._segment)
         return self.values
 
-    def _whole_step(self) -> None:
-        self._pack()
+    def _step(self, segment: Callable[[str, Callable[[], None]], Any]) -> None:
+        segment("pack", self._pack)
         exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
-        self._answer()
+        segment("answer", self._answer)
         exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
-        self._finish()
+        segment("finish", self._finish)
 
     def presync(
         self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor
@@ -235,9 +249,8 @@ class StaticExchange:
         key_g = (*key, grad_occ.data_ptr())
         capturable = prev.static and cur.static
 
-        def summed() -> None:  # prev's gradient: one row per occurrence -> per unique row
-            self.grad.zero_()
-            scatter_add_rows(self.grad, prev.inv, grad_occ, 1.0, backend=self.emb.kernels)
+        def summed() -> None:
+            self.sum_grad(prev.inv, grad_occ)
 
         def before() -> None:
             if self.fused:
@@ -248,9 +261,7 @@ class StaticExchange:
                 summed()
                 self._presync(prev, cur, bound_cols)
             if self.comm_in_graphs:  # the exchange and the copy for the host: graph nodes
-                exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
-                both = torch.stack([self.sz_mine, self.sz_theirs])
-                self.host_sizes.copy_(both, non_blocking=True)
+                self._sizes_exchange()
 
         def after() -> None:
             summed()
@@ -258,17 +269,31 @@ class StaticExchange:
 
         self._segment(key if self.fused else key_g, before, capturable=capturable)
         if not self.comm_in_graphs:
-            exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
-            host = torch.stack([self.sz_mine, self.sz_theirs]).cpu()
-            if self.fused:
-                self._segment(key_g, after, capturable=capturable)
-            return host
-        assert self._sizes_ready is not None  # (graphs: CUDA)
-        self._sizes_ready.record(current_stream(self.emb.device))
+            self._sizes_exchange()
+        if self._sizes_ready is not None:
+            self._sizes_ready.record(current_stream(self.emb.device))
         if self.fused:
             self._segment(key_g, after, capturable=capturable)
-        self._sizes_ready.synchronize()
+        if self._sizes_ready is not None:
+            self._sizes_ready.synchronize()
         return self.host_sizes
+
+    def _sizes_exchange(self) -> None:
+        """Sizes exchange 1 and the copy of both tables into :attr:`host_sizes` (read by the
+        host once :attr:`_sizes_ready` has passed; on CPU the copy is synchronous)."""
+        exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+        self.host_sizes.copy_(self.sz_both, non_blocking=self._sizes_ready is not None)
+
+    def sum_grad(
+        self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None
+    ) -> torch.Tensor:
+        """A batch's gradient, one row per occurrence (``grad_occ [n, D]``, occurrence ``i``
+        of unique row ``inv[i]``), summed per unique row into :attr:`grad` (its first
+        ``rows`` rows, default all: a fixed shape for the graphs); returns that part."""
+        out = self.grad if rows is None else self.grad[:rows]
+        out.zero_()
+        scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.emb.kernels)
+        return out
 
     @property
     def current(self) -> bool:
@@ -330,7 +355,7 @@ class StaticExchange:
         take_rows(g, j, out=self.pr_grad, backend=e.kernels)
         self.pr_n.copy_(nqr)
         # mirrors due for a push, per owner
-        ndue = e.due_per_owner(e.pending > e.bound) if e.n_mir else self.ar_w * 0
+        ndue = e.due_per_owner(e.pending > e.bound) if e.n_mir else e._zeros_w  # noqa: SLF001
         # the next batch: inputs and sizes table
         self.u_ids.copy_(cur.u)
         self.slot.copy_(cur.slot)
