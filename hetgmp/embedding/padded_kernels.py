@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from hetgmp.embedding import sizes
+from hetgmp.embedding.kernels import _row_tiles
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,13 +62,14 @@ def _ns() -> Any:
         return tl.sum(tl.where(t[None, :] == k[:, None], vec[None, :], 0), axis=1)
 
     @triton.jit
-    def _rows(src_ptr, dst_ptr, src_off, dst_off, rmask, scale, D: tl.constexpr, BD: tl.constexpr):
-        # dst[dst_off + c] = scale * src[src_off + c] for whole rows (int64 element offsets)
+    def _rows(src_ptr, dst_ptr, src_off, dst_off, rmask, D: tl.constexpr, BD: tl.constexpr):
+        # dst[dst_off + c] = src[src_off + c] for whole rows at int64 element offsets (not row
+        # indices, as kernels._copy_rows: payload rows sit at offsets inside a peer's row)
         for d0 in tl.static_range(0, D, BD):
             c = d0 + tl.arange(0, BD)
             m = rmask[:, None] & (c < D)[None, :]
             v = tl.load(src_ptr + src_off[:, None] + c[None, :], mask=m, other=0.0)
-            tl.store(dst_ptr + dst_off[:, None] + c[None, :], v * scale, mask=m)
+            tl.store(dst_ptr + dst_off[:, None] + c[None, :], v, mask=m)
 
     for f in (_block_starts, _pick, _rows):  # helpers are resolved among module globals
         globals()[f.__name__] = f
@@ -271,7 +273,7 @@ def _ns() -> Any:
         tl.store(send64_ptr + hp + 2 * q + p + pos, tl.load(pr_cnt_ptr + s, mask=pv), mask=pv)
         src = s.to(tl.int64) * D
         dst = jp.to(tl.int64) * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
-        _rows(pr_grad_ptr, send_ptr, src, dst, pv, 1.0, D, BD)
+        _rows(pr_grad_ptr, send_ptr, src, dst, pv, D, BD)
 
     @triton.jit
     def answer_pushes_kernel(
@@ -326,7 +328,7 @@ def _ns() -> Any:
         o = j.to(tl.int64) * s2
         tl.store(send32_ptr + o + e, lag, mask=v)
         tl.store(send64_ptr + (o + q + q * D) // 2 + e, ver, mask=v)
-        _rows(w_ptr, send_ptr, slot * D, o + q + e.to(tl.int64) * D, ok, 1.0, D, BD)
+        _rows(w_ptr, send_ptr, slot * D, o + q + e.to(tl.int64) * D, ok, D, BD)
 
     @triton.jit
     def finish_values_kernel(
@@ -400,17 +402,16 @@ _TABLE_COLS = {
 
 
 def _p2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
+    return _ns().triton.next_power_of_2(x)
 
 
 def _tiles(d: int) -> tuple[int, int]:
-    """(rows, columns) per program: 4096 elements, whole rows up to 128 wide."""
-    bd = min(_p2(d), 128)
-    return max(1, 4096 // bd), bd
+    """(rows, columns) per program: the row kernels' tile rule (kernels._row_tiles)."""
+    return _row_tiles(_ns().triton, d)
 
 
 def _grid(n: int, block: int) -> tuple[int]:
-    return (max(1, -(-int(n) // block)),)
+    return (max(1, _ns().triton.cdiv(n, block)),)
 
 
 def presync_counts(st: Any, prev: Any, cur: Any) -> None:
