@@ -401,8 +401,7 @@ class DistributedEmbedding(nn.Module):
         self._arange_3w1 = torch.arange(3 * w + 1, dtype=torch.int32, device=dev)
         self._size_cache: dict[tuple[str, int], torch.Tensor] = {}  # see _per_size
         self._pos_map32: torch.Tensor | None = None  # row -> leader occurrence (_leaders)
-        self._const_cache: dict[tuple[int, int, bool], tuple[torch.Tensor, ...]] = {}
-        self._bound_cache: dict[tuple[int, int], torch.Tensor] = {}  # see _bound_cols
+        self._const_cache: dict[tuple[int, int, bool], torch.Tensor] = {}  # see _const_cols
         self._pos_map: torch.Tensor | None = None  # Adagrad merge scratch ([n_own], lazily)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: _Prep | None = None
@@ -757,24 +756,17 @@ class DistributedEmbedding(nn.Module):
         self._pos_map32.index_copy_(0, slots, ar)
         return self._pos_map32.index_select(0, slots)
 
-    def _bound_cols(self, bound: int, op: int) -> torch.Tensor:
-        """The four constant columns of :meth:`_const_cols` (padded) as one ``[w, 4]`` tensor."""
-        key = (bound, op)
-        if key not in self._bound_cache:
-            self._bound_cache[key] = torch.stack(self._const_cols(bound, op, True), dim=1)
-        return self._bound_cache[key]
-
-    def _const_cols(self, bound: int, op: int, padded: bool) -> tuple[torch.Tensor, ...]:
-        """The bound / audit / operation / padded columns of sizes table 1, made once per value
-        (fill kernels per step saved)."""
+    def _const_cols(self, bound: int, op: int, padded: bool) -> torch.Tensor:
+        """The bound / audit / operation / padded columns of sizes table 1 as one ``[w, 4]``
+        tensor (``unbind(1)`` gives the columns), made once per value (fill kernels per step
+        saved)."""
         key = (bound, op, padded)
-        if key not in self._const_cache:
-            w, dev = self.env.world_size, self.device
-            self._const_cache[key] = tuple(
-                torch.full((w,), v, dtype=torch.int64, device=dev)
-                for v in (bound, int(self._send_all), op, int(padded))
-            )
-        return self._const_cache[key]
+        cols = self._const_cache.get(key)
+        if cols is None:
+            row = [bound, int(self._send_all), op, int(padded)]
+            cols = torch.tensor([row] * self.env.world_size, dtype=torch.int64)
+            cols = self._const_cache[key] = cols.to(self.device)
+        return cols
 
     def _check_peers(self, theirs: list[list[int]], op: int) -> None:
         bad = [i for i, row in enumerate(theirs) if row[_STATUS] != 0]
@@ -911,7 +903,7 @@ class DistributedEmbedding(nn.Module):
         )  # fmt: skip
         if presync:  # the step up to the sizes exchange in fixed shapes (a graph on CUDA)
             assert st is not None and grads is not None and grads[0].prep is not None
-            host = st.presync(grads[0].prep, prep, self._bound_cols(bound, op), grads[1].grad)
+            host = st.presync(grads[0].prep, prep, self._const_cols(bound, op, True), grads[1].grad)
             grads = (grads[0], st.grad[: grads[0].u.numel()])  # (summed by the segment)
             self.padded_presyncs += 1
             self.timer.mark("update")
@@ -937,7 +929,7 @@ class DistributedEmbedding(nn.Module):
         bl = prep.blocks
         n_push = ndue + (self._nqr_dev(grads[0]) if grads is not None else 0)
         status = prep.bad.long() if error is None else torch.ones((), dtype=torch.int64, device=dev)
-        table = sizes.sizes_table(bl, n_push, ndue, status, self._const_cols(bound, op, padded), r)
+        table = sizes.sizes_table(bl, n_push, ndue, status, self._const_cols(bound, op, padded).unbind(1), r)
         theirs_dev, host = exchange_sizes(env, table, "embedding size exchange 1")
         return self._after_sizes(prep, grads, op, error, evaluating, padded, table, theirs_dev,
                                  host, (due, ndue, deferred), own_done)  # fmt: skip
