@@ -129,7 +129,7 @@ CASES = textwrap.dedent(
 
         assert _trial_launch(torch.device("cpu")) is None
         # the interpreter always takes Triton's normal launch: nothing was cached
-        from hetgmp.embedding import kernels as K
+        from hetgmp.embedding.kernels import launcher as K
 
         assert not K._kernels().compiled and not K._launch_cache
 
@@ -267,7 +267,7 @@ class _FakeKernel:
 def _fake_triton(monkeypatch, compiled: bool = True):
     from types import SimpleNamespace
 
-    from hetgmp.embedding import kernels as K
+    from hetgmp.embedding.kernels import launcher as K
 
     hooks = SimpleNamespace(
         launch_enter_hook=SimpleNamespace(calls=[]), launch_exit_hook=SimpleNamespace(calls=[])

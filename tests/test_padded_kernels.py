@@ -1,5 +1,5 @@
-"""The fused Triton kernels of the padded exchange (hetgmp/embedding/padded_kernels.py) against
-their reference, the torch op sequences of the same segments (static_exchange.StaticExchange).
+"""The fused Triton kernels of the padded exchange (hetgmp/embedding/kernels/padded.py) against
+their reference, the torch op sequences of the same segments (hetgmp/embedding/kernels/padded_reference.py).
 
 Both run on gloo CPU ranks; the Triton kernels in Triton's interpreter (``TRITON_INTERPRET=1``,
 which must be set before triton is imported: a subprocess). Every step's looked-up values, the

@@ -138,7 +138,7 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
 def launch_costs(args: argparse.Namespace) -> dict[str, float]:
     """CUDA: host us per launch of the row-gather kernel through ``kernel[grid](...)`` and
     through the cached launcher (when this version of hetgmp has one)."""
-    from hetgmp.embedding import kernels as K
+    from hetgmp.embedding.kernels import launcher as K
 
     dev = torch.device(args.device)
     table = torch.randn(args.rows, args.dim, device=dev)

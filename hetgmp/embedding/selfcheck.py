@@ -16,7 +16,7 @@ import torch
 
 from hetgmp.comm import collectives
 from hetgmp.comm.launch import init_distributed, shutdown
-from hetgmp.embedding.distributed import DistributedEmbedding
+from hetgmp.embedding.module import DistributedEmbedding
 from hetgmp.embedding.reference import ReferenceEmbedding
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
-from hetgmp.embedding.distributed import EXCHANGES, REPLIES
+from hetgmp.embedding import EXCHANGES, REPLIES
 from hetgmp.embedding.kernels import KERNELS
 from hetgmp.models import MODELS
 

@@ -37,154 +37,24 @@ of host time per launch on the H200 machine); ``HETGMP_FAST_LAUNCH=0`` or
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import warnings
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from hetgmp.embedding.kernels.launcher import (
+    _kernels,
+    launch,
+    on_device,
+    row_tiles,
+    triton_available,
+)
 from hetgmp.embedding.ops import index_add_rows
 
 KERNELS = ("auto", "torch", "triton")
-
-
-@functools.lru_cache(maxsize=1)
-def _triton() -> Any:
-    """The Triton kernels (a namespace: ``triton``, ``scatter``, ``take``, ``take_local``,
-    ``mark_local``, ``put``), or the ImportError text if Triton is unusable."""
-    try:
-        import triton
-        import triton.language as tl
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
-        return f"{type(e).__name__}: {e}"
-
-    @triton.jit
-    def scatter_add_rows_kernel(
-        table_ptr,
-        idx_ptr,
-        src_ptr,
-        n,
-        alpha,
-        D: tl.constexpr,
-        BLOCK_R: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n
-        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
-        src_row = rows.to(tl.int64) * D
-        dst_row = idx * D
-        for d0 in tl.static_range(0, D, BLOCK_D):
-            cols = d0 + tl.arange(0, BLOCK_D)
-            m = rmask[:, None] & (cols < D)[None, :]
-            g = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-            tl.atomic_add(
-                table_ptr + dst_row[:, None] + cols[None, :], g * alpha, mask=m, sem="relaxed"
-            )
-
-    @triton.jit
-    def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: tl.constexpr):
-        # dst[dst_i] = src[src_i], whole rows in column tiles (64-bit row offsets)
-        src_row = src_i.to(tl.int64) * D
-        dst_row = dst_i.to(tl.int64) * D
-        for d0 in tl.static_range(0, D, BLOCK_D):
-            cols = d0 + tl.arange(0, BLOCK_D)
-            m = rmask[:, None] & (cols < D)[None, :]
-            v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-            tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
-
-    # Triton resolves a helper called from a kernel among the module's globals, not closures
-    globals()["_copy_rows"] = _copy_rows
-
-    @triton.jit
-    def take_rows_kernel(
-        table_ptr, idx_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
-        # out[i] = table[idx[i]] (few arguments: Triton's launch cost grows with them)
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n
-        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
-
-    @triton.jit
-    def take_local_kernel(
-        table_ptr, idx_ptr, out_ptr, n, pos_ptr, lead_ptr, step_ptr, total_ptr, flag_ptr,
-        D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
-        # take_rows + lead[i] = pos[idx[i]], the leaders (lead[i] == i) counted into *step and
-        # *total, *flag cleared (see take_local)
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n
-        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        lead = tl.load(pos_ptr + idx, mask=rmask, other=-1)
-        tl.store(lead_ptr + rows, lead, mask=rmask)
-        k = tl.sum((lead == rows).to(tl.int64), axis=0)
-        tl.atomic_add(step_ptr, k, sem="relaxed")
-        tl.atomic_add(total_ptr, k, sem="relaxed")
-        if pid == 0:
-            tl.store(flag_ptr, 0)
-        _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
-
-    @triton.jit
-    def mark_local_kernel(
-        ids_ptr, slots_ptr, pos_ptr, flag_ptr, step_ptr, n, num_rows, BLOCK: tl.constexpr
-    ):
-        # slots = clamp(ids), pos[slots[i]] = i (any writer may win), *flag = max(#bad ids)
-        pid = tl.program_id(0)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        m = offs < n
-        x = tl.load(ids_ptr + offs, mask=m, other=0)
-        c = tl.minimum(tl.maximum(x, 0), num_rows - 1)
-        tl.store(slots_ptr + offs, c, mask=m)
-        tl.store(pos_ptr + c, offs, mask=m)
-        nbad = tl.sum(((x != c) & m).to(tl.int32), axis=0)
-        tl.atomic_max(flag_ptr, nbad, sem="relaxed")
-        if pid == 0:
-            tl.store(step_ptr, 0)
-
-    @triton.jit
-    def put_rows_kernel(
-        dst_ptr, idx_ptr, src_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-    ):  # fmt: skip
-        # dst[idx[i]] = src[i] (a repeated target: any one writer wins)
-        pid = tl.program_id(0)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n
-        idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-        rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
-        _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)
-
-    try:  # (launch()'s fast path; triton.knobs exists since Triton 3.3)
-        from triton import knobs
-        from triton.runtime.jit import JITFunction
-
-        compiled = isinstance(scatter_add_rows_kernel, JITFunction)
-        compiled = compiled and os.environ.get("TRITON_INTERPRET") != "1"
-        hooks = knobs.runtime
-    except ImportError:
-        compiled, hooks = False, None
-
-    return SimpleNamespace(
-        triton=triton, scatter=scatter_add_rows_kernel, take=take_rows_kernel,
-        take_local=take_local_kernel, mark_local=mark_local_kernel, put=put_rows_kernel,
-        compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
-        hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
-    )  # fmt: skip
-
-
-def triton_available() -> str | None:
-    """``None`` if the Triton kernels can run, else why not."""
-    got = _triton()
-    return got if isinstance(got, str) else None
 
 
 def resolve(kernels: str, device: torch.device) -> str:
@@ -286,146 +156,12 @@ def scatter_add_rows(
         raise ValueError("scatter_add_rows needs a contiguous table")
     src = src.to(torch.float32).contiguous()
     idx = idx.contiguous()
-    block_r, block_d = _row_tiles(triton, d)
+    block_r, block_d = row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
-    with _on_device(table):
+    with on_device(table):
         consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d}
         launch(kernel, grid, (table, idx, src, n, float(alpha)), consts)
     return table
-
-
-def _on_device(t: torch.Tensor) -> Any:
-    """Triton launches on torch's current device: make it ``t``'s."""
-    if t.is_cuda and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
-
-
-def _kernels() -> Any:
-    got = _triton()
-    if isinstance(got, str):
-        raise RuntimeError(f"Triton kernels unavailable: {got}")
-    return got
-
-
-# ---------------------------------------------------------------- cached launcher
-# Triton's ``kernel[grid](...)`` (``JITFunction.run``) binds the arguments, computes their
-# specialization and the cache key, looks up device, stream and launch hooks on every call:
-# ~21 us of host time per launch on the H200 machine, 3x the ~7 us of a torch op, and the
-# one-rank step launches three kernels. :func:`launch` instead keeps the CompiledKernel that
-# the normal path returned, per key of what Triton specializes on (computed here in a few
-# Python operations), and calls its launcher directly.
-FAST_LAUNCH = os.environ.get("HETGMP_FAST_LAUNCH", "1") != "0"  # opt-out (also per call)
-# Every VERIFY_EVERY-th launch per key goes through the normal path again, which must return
-# the very CompiledKernel cached for the key (else this module's key misses something Triton
-# specializes on: it raises). The second launch per key is always such a check.
-VERIFY_EVERY = 1024
-_I32_MIN, _I32_MAX, _I64_MAX = -(2**31), 2**31 - 1, 2**63 - 1
-# key -> [CompiledKernel, fast launches since the last check, (its run, function, metadata)]
-_launch_cache: dict[tuple[Any, ...], list[Any]] = {}
-_refused: set[int] = set()  # id() of kernels the fast path does not handle (warned once)
-
-
-def _arg_key(a: Any) -> Any:
-    """What Triton specializes a non-constexpr argument on: a tensor's dtype and 16-byte
-    alignment; an int's width (i32 / i64 / u64), divisibility by 16 and being 1; a float:
-    nothing (fp32, never specialized)."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
-    if isinstance(a, bool):  # (before int: bool is an int)
-        return ("u1", a)
-    if isinstance(a, int):
-        width = 0 if _I32_MIN <= a <= _I32_MAX else 1 if -_I64_MAX - 1 <= a <= _I64_MAX else 2
-        return (width, a % 16 == 0, a == 1)
-    if isinstance(a, float):
-        return "fp32"
-    raise TypeError(f"launch: unsupported kernel argument type {type(a).__name__}")
-
-
-def _raw_stream(index: int) -> int:
-    """The current CUDA stream of device ``index`` as an int (what Triton launches on)."""
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # what Triton's own driver calls: no
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811 - Stream object made
-
-
-def launch(
-    kernel: Any,
-    grid: tuple[int, ...],
-    args: tuple[Any, ...],
-    consts: dict[str, Any],
-    *,
-    fast: bool | None = None,
-) -> None:
-    """``kernel[grid](*args, **consts)`` (``args``: the kernel's non-constexpr parameters in
-    order, ``consts``: its trailing constexpr parameters in order), on the current device of
-    the first tensor argument, through the cached launcher when ``fast`` (default
-    :data:`FAST_LAUNCH`) and the kernel is a compiled ``JITFunction``; the interpreter
-    (``TRITON_INTERPRET=1``), launch hooks (profilers) and pre-run hooks take the normal path.
-    A fast-path failure raises; a kernel it cannot handle is launched normally with a warning.
-    """
-    if fast is None:
-        fast = FAST_LAUNCH
-    k = _kernels()
-    hooks = k.hooks
-    if not fast or not k.compiled or (
-        (hooks.launch_enter_hook is not None and getattr(hooks.launch_enter_hook, "calls", 1))
-        or (hooks.launch_exit_hook is not None and getattr(hooks.launch_exit_hook, "calls", 1))
-    ):  # fmt: skip
-        kernel[grid](*args, **consts)
-        return
-    dev = args[0].device.index
-    key = (id(kernel), dev, *[_arg_key(a) for a in args], *consts.values())
-    entry = _launch_cache.get(key)
-    if entry is not None and entry[1] < VERIFY_EVERY:
-        entry[1] += 1
-        run, function, packed = entry[2]
-        g1 = grid[1] if len(grid) > 1 else 1
-        g2 = grid[2] if len(grid) > 2 else 1
-        # CompiledKernel.run's signature in Triton 3.6 and 3.9 (what JITFunction.run calls):
-        # grid, stream, function, packed metadata, launch metadata + enter / exit hooks (None:
-        # no hooks, checked above), then every parameter in order, constexprs included.
-        run(grid[0], g1, g2, _raw_stream(dev), function, packed, None, None, None, *args,
-            *consts.values())  # fmt: skip
-        return
-    # First launch for the key, or a check: the normal path, which returns the kernel it ran.
-    got = kernel[grid](*args, **consts)
-    if entry is None:
-        names = list(getattr(kernel, "arg_names", ()))
-        usable = (
-            all(hasattr(got, a) for a in ("run", "function", "packed_metadata"))
-            and len(names) == len(args) + len(consts)
-            and names[len(args) :] == list(consts)
-            and not getattr(kernel, "pre_run_hooks", None)
-        )
-        if usable:  # (the next launch for the key is a check)
-            _launch_cache[key] = [got, VERIFY_EVERY, (got.run, got.function, got.packed_metadata)]
-        elif id(kernel) not in _refused:
-            _refused.add(id(kernel))
-            warnings.warn(
-                f"hetgmp fast Triton launch: {getattr(kernel, '__name__', kernel)} (Triton "
-                f"{k.triton.__version__}) is not a plain compiled kernel ({type(got).__name__} "
-                "returned, or unexpected parameters); it is launched through kernel[grid] (~3x "
-                "the host time)",
-                stacklevel=3,
-            )
-        return
-    if got is not entry[0]:
-        raise RuntimeError(
-            f"hetgmp fast Triton launch: Triton {k.triton.__version__} ran another compiled "
-            f"variant of {getattr(kernel, '__name__', kernel)} than the one cached for key "
-            f"{key[1:]}: the launcher's specialization key misses something; set "
-            "HETGMP_FAST_LAUNCH=0 (hetgmp.embedding.kernels.FAST_LAUNCH = False) and report it"
-        )
-    entry[1] = 0
-
-
-def _row_tiles(triton: Any, d: int) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_D): a tile of 4096 elements per program, whole rows up to 128 wide."""
-    block_d = min(triton.next_power_of_2(d), 128)
-    return max(1, 4096 // block_d), block_d
 
 
 def take_rows_reference(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -459,9 +195,9 @@ def take_rows(
         out = torch.empty(n, d, dtype=table.dtype, device=table.device)
     elif out.shape != (n, d) or not out.is_contiguous() or out.dtype != table.dtype:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} vs ({n}, {d}) {table.dtype}")
-    block_r, block_d = _row_tiles(triton, d)
+    block_r, block_d = row_tiles(triton, d)
     idx = idx.contiguous()
-    with _on_device(table):
+    with on_device(table):
         launch(kernel, (triton.cdiv(n, block_r),), (table, idx, out, n),
                {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
     return out
@@ -494,9 +230,9 @@ def put_rows(
     d = dst.shape[1]
     if src.shape != (n, d):
         raise ValueError(f"src {tuple(src.shape)} vs ({n}, {d})")
-    block_r, block_d = _row_tiles(triton, d)
+    block_r, block_d = row_tiles(triton, d)
     src, idx = src.contiguous(), idx.contiguous()
-    with _on_device(dst):
+    with on_device(dst):
         launch(kernel, (triton.cdiv(n, block_r),), (dst, idx, src, n),
                {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
     return dst
@@ -530,7 +266,7 @@ def mark_local(
     ids = ids.contiguous()  # (the kernel reads it as a flat array)
     slots = torch.empty_like(ids)
     block = 1024
-    with _on_device(ids):
+    with on_device(ids):
         launch(kernel, (max(1, triton.cdiv(n, block)),),
                (ids, slots, pos_map, flag, step_count, n, num_rows), {"BLOCK": block})  # fmt: skip
     return slots
@@ -572,8 +308,8 @@ def take_local(
     out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)
     slots = slots.contiguous()  # (the kernel reads it as a flat array)
-    block_r, block_d = _row_tiles(triton, d)
-    with _on_device(table):
+    block_r, block_d = row_tiles(triton, d)
+    with on_device(table):
         launch(
             kernel, (max(1, triton.cdiv(n, block_r)),),
             (table, slots, out, n, pos_map, lead, step_count, total_count, flag),

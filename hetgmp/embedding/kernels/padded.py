@@ -1,0 +1,180 @@
+"""Fused Triton kernels for the padded exchange's segments (:mod:`hetgmp.embedding.transport.static`).
+
+Why: on 2x H200 at batch 8192 per GPU the padded step replayed ~290 small kernels inside its
+CUDA graphs (torch's ``where`` / ``index_select`` / ``cumsum`` / ``cat``... each a few
+microseconds, most of them on a few thousand elements); their sum, not the bytes, was the step's
+GPU time (bench/results/gpu/profile_hetgmp-b100-pad_b8192_w2_H200.json). Here each segment is a
+handful of kernels that read the counts from the device sizes tables and write the payloads in
+place:
+
+* pre-sync: :func:`presync_counts` (the last batch's counts: versions of its own rows, its
+  mirrors' pending counts, its rows not stored here into the push inputs; the next batch's
+  inputs copied in), :func:`count_due` (mirrors due for a push, per owner),
+  :func:`presync_table` (the next batch's sizes table), and after the sizes exchange (nothing
+  in it depends on gradient values) :func:`presync_values` (the gradient: own rows, the
+  mirrors' local step, the pushed gradients);
+* pack: :func:`pack_due` (due mirrors into the push payload, their state cleared) and
+  :func:`pack_queries` (queries and the last batch's pushes into the payload);
+* answer: :func:`answer_pushes` (owners apply the pushed gradients) and :func:`answer_queries`
+  (lag, value and version of every query);
+* finish: :func:`finish_values` (refresh mirrors beyond the bound, the batch's values).
+
+The reference each must match is the torch code of the same segment in
+:mod:`.padded_reference` (the ``torch`` backend runs it); tests
+run both (Triton's interpreter on CPU ranks, and on GPUs) and compare every state tensor.
+
+Payload layouts (per peer row, float32 units; int64 fields are pairs of float32, so every
+capacity must be even, which :func:`hetgmp.embedding.transport.static.grow` guarantees):
+exchange 1 ``[query ids 2q | query versions 2q | push ids 2p | push counts 2p | gradients p*D]``,
+exchange 2 ``[lags q (int32) | values q*D | versions 2q]``. Entries past a peer's count are
+never written nor read.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from hetgmp.embedding import sizes
+from hetgmp.embedding.kernels.launcher import row_tiles
+
+
+@functools.lru_cache(maxsize=1)
+def _ns() -> Any:
+    """The kernels (imported at the first fused segment: triton is needed only then)."""
+    import triton
+
+    k = importlib.import_module("hetgmp.embedding.kernels.padded_triton")
+    return SimpleNamespace(
+        triton=triton, presync_apply=k.presync_apply_kernel, count_due=k.count_due_kernel,
+        presync_table=k.presync_table_kernel, pack_due=k.pack_due_kernel,
+        pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
+        answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
+    )  # fmt: skip
+
+
+_COLS = dict(COLS=sizes.COLS, NQM=sizes.NQM, NQR=sizes.NQR)
+_TABLE_COLS = {
+    c: getattr(sizes, c)
+    for c in ("NP", "NDUE", "STATUS", "BOUND", "SEND_ALL", "OP", "NOWN", "MAXQ", "MAXP", "PADDED")
+}  # the other columns presync_table writes
+
+
+def _p2(x: int) -> int:
+    return _ns().triton.next_power_of_2(x)
+
+
+def _tiles(d: int) -> tuple[int, int]:
+    """(rows, columns) per program: the row kernels' tile rule (kernels._row_tiles)."""
+    return row_tiles(_ns().triton, d)
+
+
+def _grid(n: int, block: int) -> tuple[int]:
+    return (max(1, _ns().triton.cdiv(n, block)),)
+
+
+def presync_counts(st: Any, prev: Any, cur: Any) -> None:
+    """The last batch (``prev``): what the next sizes table needs: its own rows' versions, its
+    mirrors' pending counts, its rows not stored here (ids, counts) into the push inputs
+    ``st.pr_*``; the next batch's (``cur``) ids and slots into ``st.u_ids`` / ``st.slot``;
+    ``st.ndue`` zeroed for :func:`count_due`; ``prev``'s block bounds kept for
+    :func:`presync_values`."""
+    _presync_apply(st, prev, cur, counts=True)
+
+
+def presync_values(st: Any, prev: Any) -> None:
+    """The last batch's gradient (summed per row in ``st.grad``): SGD on its own rows, its
+    mirrors' local step (value, delta and gradient accumulators), its pushed gradients into
+    ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
+    there depends on gradient values)."""
+    _presync_apply(st, prev, prev, counts=False)
+
+
+def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
+    k, e, cap = _ns(), st.store, st.cap
+    br, bd = _tiles(st.d)
+    k.presync_apply[_grid(max(cap.u, cap.n) if counts else cap.u, br)](
+        st.sz_mine, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
+        e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
+        st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, e.n_own,
+        cap.u, cap.n, -float(st.lr), W=st.w, WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br,
+        BD=bd, COUNTS=counts, **_COLS,
+    )  # fmt: skip
+
+
+def count_due(st: Any) -> None:
+    """``st.ndue[j]`` += the number of mirrors of owner ``j`` with ``pending > bound``."""
+    e = st.store
+    if e.n_mir == 0:
+        return
+    _ns().count_due[_grid(e.n_mir, 1024)](
+        e.pending, e.mir_owner, st.ndue, e.n_mir, int(st.bound), W=st.w, BLOCK=1024
+    )
+
+
+def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+    """The next batch's sizes table into ``st.sz_mine`` (and its block sizes into
+    ``st.blocks``), from its blocks, ``st.ndue`` and ``st.pr_n`` (the pushes of this step)."""
+    st.blocks.copy_(cur.blocks)
+    _ns().presync_table[(1,)](
+        st.sz_mine, cur.blocks, st.ndue, st.pr_n, cur.bad, bound_cols.contiguous(),
+        st.rank, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS,
+    )  # fmt: skip
+
+
+def pack(st: Any) -> None:
+    """Exchange 1's payload into ``st.send1``: due mirrors (cleared here), queries, the last
+    batch's pushes; zeroes the row counters :func:`finish_values` adds to."""
+    k, e, cap = _ns(), st.store, st.cap
+    br, bd = _tiles(st.d)
+    st.deferred.zero_()
+    s64 = st.send1.view(torch.int64)
+    if e.n_mir:
+        due = e.pending > st.bound
+        csum = torch.cumsum(due, 0)
+        k.pack_due[_grid(e.n_mir, br)](
+            e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, e.stored_ids,
+            e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,
+            e.n_own, int(st.bound), cap.q, cap.p, st.s1, D=st.d, BR=br, BD=bd,
+        )  # fmt: skip
+    k.pack_queries[_grid(st.w * cap.q, br)](
+        st.sz_mine, st.blocks, st.u_ids, st.slot, e.version_full, st.pr_n, st.pr_ids,
+        st.pr_cnt, st.pr_grad, st.send1, s64, st.rows_step, cap.q, cap.p, st.s1,
+        W=st.w, WP=_p2(st.w), B3=_p2(3 * st.w), D=st.d, BR=br, BD=bd, **_COLS,
+    )  # fmt: skip
+
+
+def answer(st: Any) -> None:
+    """Owners apply the pushed gradients, then answer every query into ``st.send2``."""
+    k, e, cap = _ns(), st.store, st.cap
+    br, bd = _tiles(st.d)
+    r64 = st.recv1.view(torch.int64)
+    k.answer_pushes[_grid(st.w * cap.p, br)](
+        st.sz_theirs, st.recv1, r64, e.slot_of, e.weight_full, e.version_full, e.num_rows,
+        cap.q, cap.p, st.s1, -float(st.lr), W=st.w, COLS=sizes.COLS, NP=sizes.NP, D=st.d,
+        BR=br, BD=bd,
+    )  # fmt: skip
+    k.answer_queries[_grid(st.w * cap.q, br)](
+        st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, st.send2,
+        st.send2.view(torch.int32), st.send2.view(torch.int64), e.num_rows, cap.q, st.s1,
+        st.s2, W=st.w, D=st.d, BR=br, BD=bd, **_COLS,
+    )  # fmt: skip
+
+
+def finish(st: Any) -> None:
+    """Refresh the mirrors beyond the bound and write the batch's values into ``st.values``;
+    the step's row counters into ``st.rows_step`` (and the owner's total)."""
+    k, e, cap = _ns(), st.store, st.cap
+    br, bd = _tiles(st.d)
+    r = st.recv2
+    k.finish_values[_grid(cap.u, br)](
+        st.sz_mine, st.blocks, st.slot, r, r.view(torch.int32), r.view(torch.int64),
+        e.weight_full, e.version_full, e.delta_acc_full, st.values, st.rows_step, st.deferred,
+        cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w), COLS=sizes.COLS,
+        NQM=sizes.NQM, D=st.d, BR=br, BD=bd,
+    )  # fmt: skip
+    st.ctx.counters.rows_dev_total.add_(st.rows_step)

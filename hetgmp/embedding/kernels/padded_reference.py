@@ -1,0 +1,230 @@
+"""The padded exchange's segments in torch ops: the reference the fused Triton kernels of
+:mod:`.padded` are tested against (the ``torch`` backend runs these), on the buffers of a
+:class:`~hetgmp.embedding.transport.static.StaticExchange` ``st``. Where a padding entry must
+write somewhere, its row write goes to a *trash row* (one extra row after the real ones in each
+state tensor, never read as data) and its count update adds 0 to some real row (spread over
+rows: thousands of atomics on one address serialise).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hetgmp.embedding import sizes
+from hetgmp.embedding.kernels.rows import put_rows, scatter_add_rows, take_rows
+from hetgmp.embedding.ops import stable_partition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.embedding.store import RowStore
+    from hetgmp.embedding.transport.static import StaticExchange
+
+_NQM, _NQR, _NP, _NDUE, _NOWN = sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.NOWN
+
+
+def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+    """The pre-sync segment with torch ops (the reference of the fused kernels)."""
+    e, n = st.store, st.cap.n
+    u, lr = st.cap.u, st.lr
+    sz = st.sz_mine  # still the table of ``prev`` (rewritten last)
+    n_o = sz[0, _NOWN]
+    n_m = sz[:, _NQM].sum()
+    nqr = sz[:, _NQR]
+    g = st.grad
+    # SGD on prev's own rows (block order: first n_o entries); padding skipped
+    own = st.ar_u < n_o
+    o_slot = prev.slot[:u]
+    scatter_add_rows(
+        e.weight_full, torch.where(own, o_slot, st.skip_s), g[:u], -lr, backend=st.kernels
+    )
+    o_cnt = torch.where(own, prev.cnt[:u], 0)
+    e.version_full.index_add_(0, torch.where(own, o_slot, st.spread_u), o_cnt)
+    # prev's mirrors (entries n_o .. n_o + n_m): local step, accumulate, count
+    i = (n_o + st.ar_wq).clamp(max=min(n, u) - 1)
+    mir = st.ar_wq < n_m
+    ms_all = prev.slot.index_select(0, i)
+    ms = torch.where(mir, ms_all, st.skip_s)
+    mi = torch.where(mir, ms_all - e.n_own, st.skip_m)
+    gm = take_rows(g, i, backend=st.kernels)
+    scatter_add_rows(e.weight_full, ms, gm, -lr, backend=st.kernels)
+    scatter_add_rows(e.delta_acc_full, mi, gm, -lr, backend=st.kernels)
+    scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=st.kernels)
+    m_cnt = torch.where(mir, prev.cnt.index_select(0, i), 0)
+    e.pending_full.index_add_(0, torch.where(mir, ms_all - e.n_own, st.spread_wq_m), m_cnt)
+    # prev's rows not stored here: the push inputs of the next step
+    r0 = n_o + n_m
+    j = (r0 + st.ar_wq).clamp(max=min(n, u) - 1)
+    st.pr_ids.copy_(prev.u.index_select(0, j))
+    st.pr_cnt.copy_(prev.cnt.index_select(0, j))
+    take_rows(g, j, out=st.pr_grad, backend=st.kernels)
+    st.pr_n.copy_(nqr)
+    # mirrors due for a push, per owner
+    ndue = e.due_per_owner(e.pending > st.bound) if e.n_mir else e.zeros_w
+    # the next batch: inputs and sizes table
+    st.u_ids.copy_(cur.u)
+    st.slot.copy_(cur.slot)
+    st.blocks.copy_(cur.blocks)
+    table = sizes.sizes_table(
+        cur.blocks, ndue + nqr, ndue, cur.bad.long(), bound_cols.unbind(1), st.rank
+    )
+    st.sz_mine.copy_(table)
+
+
+def pack(st: StaticExchange) -> None:
+    """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
+    not stored here, then this rank's due mirrors, per owner) into ``send1``."""
+    e, w, q, p, d = st.store, st.w, st.cap.q, st.cap.p, st.d
+    # (first: a pushed mirror's version moves, and the queries carry the new one)
+    if e.n_mir:
+        _pack_due(st, e, w, p)
+    # -- queries: every (peer, slot) reads its batch entry (a gather over w*q slots, not
+    # a scatter of all n entries: most are owned rows, and their dummy writes collided)
+    is_m, _, ipos = query_slots(st)  # (kept in buffers for _finish)
+    q_ids = st.u_pad.index_select(0, ipos)
+    ms = torch.where(is_m, st.slot_pad.index_select(0, ipos), e.trash_slot)
+    q_ver = e.version_full.index_select(0, ms)
+    # -- pushes: the last batch's rows not stored here (contiguous per owner)
+    ends = torch.cumsum(st.pr_n, 0)
+    jp = torch.searchsorted(ends, st.ar_wq, right=True).clamp(max=w - 1)
+    posp = st.ar_wq - (ends - st.pr_n).index_select(0, jp)
+    tp = torch.where(st.ar_wq < ends[-1:], jp * p + posp, w * p)
+    st.p_ids.index_copy_(0, tp, st.pr_ids)
+    st.p_cnt.index_copy_(0, tp, st.pr_cnt)
+    put_rows(st.p_grad, tp, st.pr_grad, backend=st.kernels)
+    torch.cat(
+        [
+            q_ids.view(w, q).view(torch.float32),
+            q_ver.view(w, q).view(torch.float32),
+            st.p_ids[: w * p].view(w, p).view(torch.float32),
+            st.p_cnt[: w * p].view(w, p).view(torch.float32),
+            st.p_grad[: w * p].view(w, p * d),
+        ],
+        dim=1,
+        out=st.send1,
+    )
+
+
+def query_slots(st: StaticExchange) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For every query slot (peer j, position e; flat ``[w * q]``): whether it is a mirror
+    query, whether it is a query of a row not stored here, and the batch entry it asks
+    for (mirrors of owner j, then rows not stored of owner j, in block order; the pad
+    entry ``n`` for empty slots). Written into :attr:`q_slots` (read again by
+    :meth:`_finish`, in the same step)."""
+    w = st.w
+    nqm = st.sz_mine[:, _NQM]
+    nq = nqm + st.sz_mine[:, _NQR]
+    starts = torch.cumsum(st.blocks, 0) - st.blocks
+    ar = st.ar_q[None, :]
+    is_m = ar < nqm[:, None]
+    is_r = ~is_m & (ar < nq[:, None])
+    ipos = torch.where(
+        is_m, starts[w : 2 * w, None] + ar, starts[2 * w : 3 * w, None] + ar - nqm[:, None]
+    )
+    ipos = torch.where(is_m | is_r, ipos, st.cap.n)
+    q_m, q_r, q_pos = st.q_slots
+    q_m.copy_(is_m.reshape(-1))
+    q_r.copy_(is_r.reshape(-1))
+    q_pos.copy_(ipos.reshape(-1))
+    return st.q_slots
+
+
+def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
+    """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
+    owner (as mirrors are stored); their pending state is cleared."""
+    ndue = st.sz_mine[:, _NDUE]
+    due = e.pending > st.bound
+    st.deferred.copy_(((e.pending > 0) & ~due).sum())
+    n_mir = due.numel()
+    perm, tot = stable_partition(due, e.mir_arange)
+    kd = min(n_mir, w * p)
+    di = perm[:kd]
+    ev = st.ar_wp[:kd]
+    vd = ev < tot
+    jd = e.mir_owner.index_select(0, di)
+    before = torch.cumsum(ndue, 0) - ndue
+    posd = st.pr_n.index_select(0, jd) + ev - before.index_select(0, jd)
+    td = torch.where(vd, jd * p + posd, w * p)
+    d_cnt = e.pending.index_select(0, di)
+    st.p_ids.index_copy_(0, td, e.stored_ids.index_select(0, di + e.n_own))
+    st.p_cnt.index_copy_(0, td, d_cnt)
+    put_rows(st.p_grad, td, e.grad_acc.index_select(0, di), backend=st.kernels)
+    # SGD: the mirror already holds what the owner will apply (exact_mirror)
+    sp = st.spread_wp[:kd]
+    e.version_full.index_add_(0, torch.where(vd, di + e.n_own, sp), torch.where(vd, d_cnt, 0))
+    zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
+    e.pending_full.index_fill_(0, zi, 0)
+    e.grad_acc_full.index_fill_(0, zi, 0.0)
+    e.delta_acc_full.index_fill_(0, zi, 0.0)
+
+
+def answer(st: StaticExchange) -> None:
+    """Owners apply the pushed gradients, then answer every query: lag, value, version."""
+    e, w, q, p, d = st.store, st.w, st.cap.q, st.cap.p, st.d
+    r = st.recv1
+    rq_ids = r[:, : 2 * q].contiguous().view(torch.int64).reshape(-1)
+    rq_ver = r[:, 2 * q : 4 * q].contiguous().view(torch.int64).reshape(-1)
+    o = 4 * q
+    rp_ids = r[:, o : o + 2 * p].contiguous().view(torch.int64).reshape(-1)
+    rp_cnt = r[:, o + 2 * p : o + 4 * p].contiguous().view(torch.int64).reshape(-1)
+    rp_grad = r[:, o + 4 * p :].reshape(-1, d)
+    nqm_in = st.sz_theirs[:, _NQM]
+    nq_in = nqm_in + st.sz_theirs[:, _NQR]
+    np_in = st.sz_theirs[:, _NP]
+    # -- pushes (SGD: every contribution added directly, padding into the trash row)
+    pv = (st.ar_p[None, :] < np_in[:, None]).reshape(-1)
+    ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
+    scatter_add_rows(
+        e.weight_full, torch.where(pv, ps, st.skip_s), rp_grad, -st.lr, backend=st.kernels
+    )
+    e.version_full.index_add_(0, torch.where(pv, ps, st.spread_wp), torch.where(pv, rp_cnt, 0))
+    # -- answers
+    qv = (st.ar_q[None, :] < nq_in[:, None]).reshape(-1)
+    qs = e.slot_of.index_select(0, rq_ids.clamp(0, e.num_rows - 1)).long()
+    qs = torch.where(qv & (qs >= 0), qs, e.trash_slot)
+    ver = e.version_full.index_select(0, qs)
+    lag = (ver - rq_ver).clamp(-(2**31 - 1), 2**31 - 1).to(torch.int32)
+    vals = take_rows(e.weight_full, qs, backend=st.kernels)
+    torch.cat(
+        [
+            lag.view(w, q).view(torch.float32),
+            vals.view(w, q * d),
+            ver.view(w, q).view(torch.float32),
+        ],
+        dim=1,
+        out=st.send2,
+    )
+
+
+def finish(st: StaticExchange) -> None:
+    """Refresh the mirrors beyond the bound, then the batch's values in block order."""
+    e, w, q, d, u = st.store, st.w, st.cap.q, st.d, st.cap.u
+    r = st.recv2
+    r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]
+    r_vals = r[:, q : q + q * d].reshape(w, q, d)
+    r_ver = r[:, q + q * d :].contiguous().view(torch.int64)  # [w, q]
+    is_m, is_r, ipos = (t.view(w, q) for t in st.q_slots)  # (from _pack)
+    ms = st.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
+    refresh = is_m & (r_lag > st.bound)
+    rs = torch.where(refresh, ms, st.skip_s).reshape(-1)
+    mi = torch.where(refresh, ms - e.n_own, e.n_mir).reshape(-1)
+    new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
+    put_rows(e.weight_full, rs, new, backend=st.kernels)
+    put_rows(e.version_full.view(-1, 1), rs, r_ver.reshape(-1, 1), backend=st.kernels)
+    # values: owned + mirror rows from storage, rows not stored here from the reply
+    n_om = st.sz_mine[0, _NOWN] + st.sz_mine[:, _NQM].sum()
+    src = torch.where(st.ar_u < n_om, st.slot[:u], e.trash_slot)
+    take_rows(e.weight_full, src, out=st.values[:u], backend=st.kernels)
+    tv = torch.where(is_r, ipos, st.skip_u).reshape(-1)
+    put_rows(st.values, tv, r_vals.reshape(-1, d), backend=st.kernels)
+    torch.stack(
+        [
+            (is_m & (r_lag == 0)).sum(),
+            (is_m & (r_lag > 0) & (r_lag <= st.bound)).sum(),
+            refresh.sum(),
+            st.deferred,
+            st.deferred * 0,
+        ],
+        out=st.rows_step,
+    )
+    st.ctx.counters.rows_dev_total.add_(st.rows_step)

@@ -1,0 +1,118 @@
+"""The Triton row kernels (module-level ``@triton.jit`` functions; this module imports triton,
+so it is imported only by :func:`hetgmp.embedding.kernels.launcher._triton`).
+
+``scatter_add_rows_kernel`` (relaxed atomic adds of row tiles), ``take_rows_kernel``
+(gather), ``put_rows_kernel`` (scatter copy), and the one-rank lookup's ``mark_local_kernel``
+(clamp + range flag + leader map) and ``take_local_kernel`` (rows + leaders + distinct count).
+Their torch references and the dispatching wrappers are in :mod:`.rows`.
+"""
+# ruff: noqa: N803 - Triton's constexpr parameters are upper case by convention
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scatter_add_rows_kernel(
+    table_ptr,
+    idx_ptr,
+    src_ptr,
+    n,
+    alpha,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
+    src_row = rows.to(tl.int64) * D
+    dst_row = idx * D
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        g = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+        tl.atomic_add(
+            table_ptr + dst_row[:, None] + cols[None, :], g * alpha, mask=m, sem="relaxed"
+        )
+
+
+@triton.jit
+def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    # dst[dst_i] = src[src_i], whole rows in column tiles (64-bit row offsets)
+    src_row = src_i.to(tl.int64) * D
+    dst_row = dst_i.to(tl.int64) * D
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+        tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
+
+
+@triton.jit
+def take_rows_kernel(
+    table_ptr, idx_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # out[i] = table[idx[i]] (few arguments: Triton's launch cost grows with them)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
+
+
+@triton.jit
+def take_local_kernel(
+    table_ptr, idx_ptr, out_ptr, n, pos_ptr, lead_ptr, step_ptr, total_ptr, flag_ptr,
+    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # take_rows + lead[i] = pos[idx[i]], the leaders (lead[i] == i) counted into *step and
+    # *total, *flag cleared (see take_local)
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    lead = tl.load(pos_ptr + idx, mask=rmask, other=-1)
+    tl.store(lead_ptr + rows, lead, mask=rmask)
+    k = tl.sum((lead == rows).to(tl.int64), axis=0)
+    tl.atomic_add(step_ptr, k, sem="relaxed")
+    tl.atomic_add(total_ptr, k, sem="relaxed")
+    if pid == 0:
+        tl.store(flag_ptr, 0)
+    _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
+
+
+@triton.jit
+def mark_local_kernel(
+    ids_ptr, slots_ptr, pos_ptr, flag_ptr, step_ptr, n, num_rows, BLOCK: tl.constexpr
+):
+    # slots = clamp(ids), pos[slots[i]] = i (any writer may win), *flag = max(#bad ids)
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(ids_ptr + offs, mask=m, other=0)
+    c = tl.minimum(tl.maximum(x, 0), num_rows - 1)
+    tl.store(slots_ptr + offs, c, mask=m)
+    tl.store(pos_ptr + c, offs, mask=m)
+    nbad = tl.sum(((x != c) & m).to(tl.int32), axis=0)
+    tl.atomic_max(flag_ptr, nbad, sem="relaxed")
+    if pid == 0:
+        tl.store(step_ptr, 0)
+
+
+@triton.jit
+def put_rows_kernel(
+    dst_ptr, idx_ptr, src_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # dst[idx[i]] = src[i] (a repeated target: any one writer wins)
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
+    _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)

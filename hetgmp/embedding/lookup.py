@@ -1,0 +1,63 @@
+"""The lookup as one autograd node per step: forward runs (or finishes) the step and returns
+the ``[B, F, D]`` rows; backward hands their gradient to the step engine, to be applied at the
+next step, and returns none.
+
+Why a node of our own: a leaf + tensor hook + view (``register_hook`` costs Python work per
+step; the backward then ran ViewBackward and AccumulateGrad, which stored a ``.grad`` nobody
+reads) cost ~0.25 ms of host time per padded step on the H200 machine
+(bench/gpu/profile_host.py). Autograd only calls a backward whose node has an input that
+requires grad: that is ``anchor``, a 0-d leaf of the module that never gets a gradient (None is
+returned for it). The exact transport keeps the leaf + hook (its gather's backward sums
+repeated rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hetgmp.embedding.batch import Batch, Occurrences
+from hetgmp.embedding.kernels import take_rows
+from hetgmp.embedding.transport.base import OP_FORWARD
+from hetgmp.embedding.transport.local import LocalStep
+from hetgmp.embedding.transport.step import Stepper
+
+
+class _LocalLookup(torch.autograd.Function):
+    """The one-rank step (:class:`LocalStep`): forward is the whole step."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: torch.Tensor, step: LocalStep, ids: torch.Tensor) -> torch.Tensor:
+        values, batch = step.step(ids, op=OP_FORWARD, error=None)
+        ctx.step, ctx.batch = step, batch
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        # (a later backward through the same output replaces the gradient; with create_graph
+        # the gradient has a graph, which the in-place update must not join)
+        ctx.step.grads = (ctx.batch, grad.detach() if grad.requires_grad else grad)
+        return None, None, None
+
+
+class _PaddedLookup(torch.autograd.Function):
+    """A padded training step's lookup: forward gathers the occurrences' rows from the step's
+    unique values (``values[inv]``); backward hands their gradient to the stepper unsummed
+    and launches nothing (the sum is part of the next step's pre-sync graph)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, anchor: torch.Tensor, stepper: Stepper, values: torch.Tensor, batch: Batch,
+        shape: tuple[int, int, int],
+    ) -> torch.Tensor:  # fmt: skip
+        ctx.stepper, ctx.batch = stepper, batch
+        return take_rows(values, batch.inv, backend=stepper.ctx.kernels).view(shape)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
+        g = grad.detach().reshape(-1, grad.shape[-1])
+        if g.dtype != torch.float32 or not g.is_contiguous():
+            g = g.to(torch.float32).contiguous()  # (e.g. the expanded gradient of a sum())
+        ctx.stepper.grads = (ctx.batch, Occurrences(g))
+        return None, None, None, None, None

@@ -1,0 +1,39 @@
+"""What every transport works on: the table's rows, protocol settings, optimizer and counters
+(:class:`StepContext`), and the operation codes a step carries in its sizes table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.embedding.counters import StepCounters
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.profile import PhaseTimer
+from hetgmp.embedding.store import RowStore
+
+OP_FORWARD, OP_FLUSH = 1, 2
+OP_NAMES = {OP_FORWARD: "forward", OP_FLUSH: "flush"}
+
+
+@dataclasses.dataclass(eq=False)
+class StepContext:
+    """A table as the transports see it. ``bound``: the staleness bound (owner updates);
+    ``send_all``: this rank asks owners for a value for every mirror query (``replies="all"``
+    or audit); ``audit``: check and record every read's lag (tests)."""
+
+    env: DistEnv
+    store: RowStore
+    opt: SparseOptimizer
+    counters: StepCounters
+    timer: PhaseTimer
+    bound: int
+    send_all: bool
+    audit: bool
+    last_audit: dict[str, torch.Tensor] | None = None  # the last audited step's record
+
+    @property
+    def kernels(self) -> str:
+        """The row kernels' backend (``"torch"`` / ``"triton"``)."""
+        return self.opt.kernels

@@ -1,0 +1,91 @@
+"""CUDA graphs of the padded transport: :class:`GraphCache` (run eagerly, capture at the second
+use, replay from then on) and :class:`PrepRing` (a batch's preprocessing into one of two fixed
+slots, so its outputs keep their addresses and later graphs can read them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class GraphCache:
+    """Per key: run a function eagerly the first time (and always when ``enabled`` is false:
+    CPU, or ``cuda_graphs`` off; and whenever the caller says its inputs are not at fixed
+    addresses: ``capturable`` false), capture it as a CUDA graph at its second use (the first
+    also compiled the Triton kernels) and replay it from then on. The captured call's return
+    value is kept: its tensors are the graph's outputs, rewritten in place by every replay.
+    At most ``limit`` graphs are kept (keys that hold an address, e.g. of an incoming gradient,
+    could otherwise pile up graphs and their memory pools): the oldest goes first."""
+
+    def __init__(self, enabled: bool, *, limit: int = 16) -> None:
+        self.enabled, self.limit = enabled, limit
+        self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
+        self._out: dict[object, Any] = {}
+        self._warm: set[object] = set()
+
+    def __len__(self) -> int:
+        """The number of captured graphs."""
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        """Drop every captured graph (and its outputs); the next use starts over (warm-up)."""
+        self._graphs.clear()
+        self._out.clear()
+        self._warm.clear()
+
+    def run(
+        self, key: object, fn: Callable[[], Any], *, capturable: bool = True
+    ) -> tuple[Any, bool]:
+        """``(fn's result, whether it came from a replayed graph)``."""
+        if capturable and key in self._graphs:
+            self._graphs[key].replay()
+            return self._out[key], True
+        if not (self.enabled and capturable) or key not in self._warm:
+            if capturable:
+                if len(self._warm) >= 4 * self.limit:
+                    self._warm = set(self._graphs)
+                self._warm.add(key)
+            return fn(), False
+        if len(self._graphs) >= self.limit:
+            # (the device may still run the oldest graph: its memory pool must outlive it)
+            torch.cuda.synchronize()
+            old = next(iter(self._graphs))
+            del self._graphs[old], self._out[old]
+        out: list[Any] = []
+        g = torch.cuda.CUDAGraph()
+        # thread_local: other threads (NCCL's watchdog) may call CUDA while this one captures
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            out.append(fn())
+        self._graphs[key], self._out[key] = g, out[0]
+        g.replay()
+        return out[0], True
+
+
+class PrepRing:
+    """Two fixed slots for a batch's preprocessed ids (``prepare(ids) -> prep``): the batch
+    being trained reads one (its arrays live until the next step has staged its gradient),
+    the next batch is prepared into the other. On CUDA with ``graphs`` each slot's
+    preprocessing is captured at its second use; from then on the slot's outputs stay at fixed
+    addresses (``static``), which is what lets the pre-sync segment be captured too."""
+
+    def __init__(
+        self, shape: tuple[int, int], device: torch.device, prepare: Callable[[torch.Tensor], Any],
+        *, graphs: bool,
+    ) -> None:  # fmt: skip
+        self.ids = [torch.zeros(shape, dtype=torch.int64, device=device) for _ in range(2)]
+        self.prepare = prepare
+        self._graphs = GraphCache(graphs)  # one per slot
+        self.last = 1  # the slot of the batch consumed last
+
+    def release(self) -> None:
+        """Drop the captured graphs."""
+        self._graphs.clear()
+
+    def fill(self, ids: torch.Tensor) -> tuple[Any, int, bool]:
+        """Prepare ``ids`` into the free slot: ``(prep, slot, static)``."""
+        s = self.last ^ 1
+        self.ids[s].copy_(ids)
+        prep, static = self._graphs.run(s, lambda: self.prepare(self.ids[s]))
+        return prep, s, static

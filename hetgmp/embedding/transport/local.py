@@ -1,0 +1,146 @@
+"""World 1, the degenerate transport: no peers, every row owned and stored at slot = id.
+
+A step is the previous step's update and a lookup of the batch's ids (repeats included) in two
+fused kernels (:func:`~hetgmp.embedding.kernels.mark_local`: clamp + range flag + leader map;
+:func:`~hetgmp.embedding.kernels.take_local`: rows + leaders + distinct count), with **no**
+host sync, no sort and no unique. SGD adds every occurrence's gradient straight into the table
+(linear, so equal to adding the row sums); Adagrad first sums a row's occurrences into one
+leader occurrence chosen through a per-row position map (one scatter: any occurrence may win,
+all read the same winner), then updates at every occurrence with a zero step at the
+non-leaders. Row versions are not kept: they exist for mirrors' staleness, and one rank has no
+mirrors. Bad ids are reported from a device flag; on CUDA it is read at a later step
+(:meth:`LocalStep.drain_bad_checks`), so the host never waits for the device.
+
+Written for the host: every tensor op and attribute write here costs host time on each step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hetgmp.embedding.batch import LocalBatch, range_error
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.kernels import mark_local, scatter_add_rows, take_local
+from hetgmp.embedding.ops import current_stream
+from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
+
+BAD_RING = 16  # CUDA bad-id checks in flight at most (then the oldest is waited for)
+
+
+class LocalStep:
+    """The one-rank step (see the module docstring). ``grads``: the last training step's
+    ``(LocalBatch, gradient [B, F, D])``, applied at the next step."""
+
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
+        store = ctx.store
+        self.weight, self.opt_state, self.num_rows = store.weight, store.opt_state, store.num_rows
+        self.device = dev = store.device
+        self.grads: tuple[LocalBatch, torch.Tensor] | None = None
+        self._pos_map: torch.Tensor | None = None  # row -> leader occurrence
+        self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        # CUDA: pending bad-id checks (ring slot of the pinned flag and its copy's event, the
+        # batch), oldest first. Flags and events come from a ring made once: a pinned
+        # allocation and a new event per step cost host time on every step.
+        self._bad_checks: list[tuple[int, torch.Tensor]] = []
+        self._bad_ring: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
+        self._bad_next = 0
+
+    def step(
+        self, ids: torch.Tensor, *, op: int, error: str | None
+    ) -> tuple[torch.Tensor, LocalBatch]:
+        """Apply the last step's gradient, then gather this batch's rows (``ids [B, F]`` on
+        the device -> ``[B, F, D]``)."""
+        ctx = self.ctx
+        ctx.timer.mark("unique")
+        if self._bad_checks:
+            self.drain_bad_checks(wait=op == OP_FLUSH)
+        if error:
+            raise EmbeddingInputError(f"rank {ctx.env.rank}: {error}")
+        n = ids.numel()
+        counts = ctx.counters.local_counts
+        pos_map = self._pos_map
+        if n:
+            if pos_map is None:
+                pos_map = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+                self._pos_map = pos_map
+            slots = mark_local(
+                ids, pos_map, self._bad_flag, counts[0], self.num_rows, backend=ctx.kernels
+            )
+            self._check(ids)
+        else:
+            slots = ids
+            counts[0].zero_()
+        if self.grads is not None:
+            self._apply(*self.grads)
+            self.grads = None
+        ctx.timer.mark("update")
+        if n:
+            values, lead = take_local(
+                self.weight, slots, pos_map, self._bad_flag, counts[0], counts[1],
+                backend=ctx.kernels,
+            )  # fmt: skip
+        else:
+            values, lead = self.weight.new_zeros(*ids.shape, ctx.store.dim), None
+        ctx.counters.count_local_step()
+        return values, LocalBatch(slots, lead)
+
+    def _apply(self, pb: LocalBatch, pg: torch.Tensor) -> None:
+        """The last batch's gradient (one row per occurrence)."""
+        opt = self.ctx.opt
+        if pb.lead is None:  # (an empty batch)
+            return
+        if opt.name == "sgd":  # linear: every occurrence's gradient added directly
+            opt.apply(self.weight, self.opt_state, pb.slot, pg)
+            return
+        # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the state
+        # once per row and a zero step at the non-leaders. (A fresh contiguous buffer: the
+        # captured gradient may be an expanded view.)
+        gsum = torch.zeros(pb.lead.numel(), pg.shape[-1], dtype=torch.float32, device=pg.device)
+        scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels)
+        opt.apply(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, padded=True)
+
+    def _check(self, ids: torch.Tensor) -> None:
+        """This batch's out-of-range flag (set by :func:`mark_local`). On CPU it is read at
+        once (cleared before raising: the step stops before :func:`take_local` would clear
+        it). On CUDA it is copied to pinned memory and read by a later
+        :meth:`drain_bad_checks`."""
+        if self.device.type != "cuda":
+            if int(self._bad_flag):
+                self._bad_flag.zero_()
+                raise EmbeddingInputError(
+                    f"rank {self.ctx.env.rank}: {range_error(ids, self.num_rows)}"
+                )
+            return
+        ring = self._bad_ring
+        if ring is None:
+            ring = (
+                torch.zeros(BAD_RING, dtype=torch.int32, pin_memory=True),
+                [torch.cuda.Event() for _ in range(BAD_RING)],
+            )
+            self._bad_ring = ring
+        slot = self._bad_next
+        self._bad_next = (slot + 1) % BAD_RING
+        ring[0][slot : slot + 1].copy_(self._bad_flag, non_blocking=True)
+        ring[1][slot].record(current_stream(self.device))
+        self._bad_checks.append((slot, ids))
+
+    def drain_bad_checks(self, *, wait: bool) -> None:
+        """CUDA: read the out-of-range flags of earlier batches whose device->host copy is
+        done (all of them with ``wait``, at flush; the oldest when the ring is full); the
+        steps in between ran with the bad ids clamped into range, and the error names the
+        batch it was."""
+        ring = self._bad_ring
+        assert ring is not None
+        while self._bad_checks and (
+            wait
+            or len(self._bad_checks) == BAD_RING  # the ring is full: wait for the oldest
+            or ring[1][self._bad_checks[0][0]].query()
+        ):
+            slot, ids = self._bad_checks.pop(0)
+            ring[1][slot].synchronize()
+            if bool(ring[0][slot]):
+                self._bad_checks.clear()
+                raise EmbeddingInputError(
+                    f"rank {self.ctx.env.rank}: an earlier batch: {range_error(ids, self.num_rows)}"
+                )

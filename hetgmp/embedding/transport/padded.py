@@ -1,0 +1,202 @@
+"""The padded transport: fixed-capacity payloads, so that a training step replays as CUDA
+graphs (the buffers and segments are :class:`~.static.StaticExchange`'s).
+
+It owns: the capacities every rank agrees on (grown, never shrunk, rebuilding the buffers), the
+preprocessing rings that keep a batch's arrays at fixed addresses (:class:`~.graphs.PrepRing`),
+the pre-sync segment that runs stages 1-2 of the next step in fixed shapes, and the process
+group its captured collectives use. Scope: SGD, ``replies="all"``, no audit, training forward
+steps on which every rank takes it (the sizes table's padded column); evaluation and flush take
+the exact transport, and both read and write the same state, so they mix freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.embedding import sizes
+from hetgmp.embedding.batch import Batch, Occurrences, Prep
+from hetgmp.embedding.transport.base import StepContext
+from hetgmp.embedding.transport.exact import SizedStep
+from hetgmp.embedding.transport.graphs import PrepRing
+from hetgmp.embedding.transport.static import Capacity, StaticExchange, grow
+
+
+class PaddedExchange:
+    """Stage 3 with fixed capacities, and the pre-sync segment (see the module docstring).
+    ``graphs``: capture CUDA graphs; ``graph_collectives``: capture the all-to-alls too (NCCL,
+    on a process group of their own). Diagnostics: ``rebuilds`` (every capacity taken) and
+    ``presyncs`` (steps whose pre-sync part ran in fixed shapes)."""
+
+    def __init__(self, ctx: StepContext, *, graphs: bool, graph_collectives: bool) -> None:
+        self.ctx = ctx
+        self.graphs, self.graph_collectives = graphs, graph_collectives
+        self.static: StaticExchange | None = None  # buffers (lazily, at the first step)
+        self.rebuilds: list[Capacity] = []
+        self.presyncs = 0
+        self._rings: dict[tuple[int, ...], PrepRing] = {}  # per batch shape
+        self._comm: DistEnv | None = None
+
+    # ---------------------------------------------------------------- preprocessing
+    def prepare(self, ids: torch.Tensor, plain: Callable[[torch.Tensor], Prep]) -> Prep:
+        """``plain(ids)`` into a :class:`PrepRing` slot (up to four batch shapes; others are
+        prepared plainly)."""
+        if ids.dim() != 2:
+            return plain(ids)
+        key = tuple(ids.shape)
+        ring = self._rings.get(key)
+        if ring is None:
+            if len(self._rings) >= 4:
+                return plain(ids)
+            ring = PrepRing(key, self.ctx.store.device, plain, graphs=self.graphs)
+            self._rings[key] = ring
+        prep, slot, static = ring.fill(ids)
+        if static:  # (a replay returns the captured call's own Prep: the same every time)
+            prep.ring, prep.static, prep.source = slot, True, ids
+            return prep
+        return dataclasses.replace(prep, ring=slot, static=static, source=ids)
+
+    def consumed(self, prep: Prep) -> None:
+        """``prep``'s step is done with its ring slot's ids: the other slot is free."""
+        if prep.ring >= 0:
+            self._rings[tuple(prep.ids.shape)].last = prep.ring
+
+    # ---------------------------------------------------------------- stages 1-2, fixed shapes
+    def can_presync(self, grads: tuple[Batch, Any] | None, prep: Prep) -> bool:
+        """Whether the last step (``grads``) and this batch fit the buffers' graphs: the same
+        StaticExchange, the two ring slots in turn, the same shape, capacities and constants."""
+        st = self.static
+        if st is None or grads is None or prep.ring < 0 or not isinstance(grads[1], Occurrences):
+            return False
+        pb = grads[0]
+        return (
+            pb.static is st and pb.prep is not None and pb.prep.ring == prep.ring ^ 1
+            and min(st.cap.u, st.cap.n) > 0 and pb.prep.ids.shape == prep.ids.shape
+            and prep.u.numel() == st.cap.n and grads[1].grad.shape[0] == st.cap.n
+            and st.current  # (its graphs hold the bound and the learning rate)
+        )  # fmt: skip
+
+    def presync(
+        self, grads: tuple[Batch, Any], prep: Prep, consts: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[Batch, torch.Tensor]]:
+        """Stages 1-2 in the pre-sync segment: ``(both sizes tables on the host, the last
+        batch with its gradient summed per row)``."""
+        st, pb = self.static, grads[0]
+        assert st is not None and pb.prep is not None
+        host = st.presync(pb.prep, prep, consts, grads[1].grad)
+        self.presyncs += 1
+        return host, (pb, st.grad[: pb.u.numel()])
+
+    # ---------------------------------------------------------------- stage 3
+    def run(self, s: SizedStep, batch: Batch) -> torch.Tensor:
+        """The rest of a training step on the static buffers (every rank takes it together,
+        with the same capacities from every rank's maxima); the batch's values."""
+        st = self._buffers(s, batch)
+        if s.staged is not None:  # (else the pre-sync segment wrote the inputs)
+            pushes = None
+            if s.grads is not None:
+                pb, pg = s.grads
+                r0 = pb.n_own + pb.n_mir
+                pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_device(st.store.device))
+            p = s.prep
+            st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes)
+        values = st.run()
+        batch.prep, batch.static = s.prep, st
+        self._count(s, batch, st)
+        return values[: batch.u.numel()]
+
+    def _buffers(self, s: SizedStep, batch: Batch) -> StaticExchange:
+        """The StaticExchange for this step's capacities (rebuilt when they grow)."""
+        old = self.static.cap if self.static is not None else None
+        n, theirs = s.prep.u.numel(), s.theirs
+        cap = Capacity(
+            q=grow(old.q if old else 0, max(row[sizes.MAXQ] for row in theirs)),
+            p=grow(old.p if old else 0, max(row[sizes.MAXP] for row in theirs)),
+            u=min(n, grow(old.u if old and old.n == n else 0, batch.u.numel())),
+            n=n,
+        )
+        if cap != old or not self.static.current:
+            new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
+            if s.staged is None:  # the pre-sync segment wrote the inputs into the old buffers
+                assert self.static is not None
+                new.adopt(self.static)
+            self.static = new
+            self.rebuilds.append(cap)
+        return self.static
+
+    def _count(self, s: SizedStep, batch: Batch, st: StaticExchange) -> None:
+        """Bytes actually sent (the padded buffers, to every other rank), pushes and rows."""
+        c = self.ctx.counters
+        self.ctx.timer.mark("exchange")
+        c.count_bytes(sent=st.bytes_per_step, recv=st.bytes_per_step, reset=True)
+        c.count_pushes(sum(s.col(sizes.NP)))
+        c.set_rows_host(batch.n_own, sum(batch.nqr))
+        c.rows_dev_step = st.rows_step
+        c.accumulate_rows(device_part=False)  # (the device counts were added in-graph)
+
+    # ---------------------------------------------------------------- graphs and groups
+    def release_graphs(self) -> None:
+        """Drop every captured graph, after the device is done with them (later steps
+        capture again)."""
+        if self.ctx.store.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.store.device)
+        if self.static is not None:
+            self.static.release()
+        for ring in self._rings.values():
+            ring.release()
+
+    def comm(self) -> DistEnv:
+        """The env whose group the captured collectives use (every rank calls this at its
+        first padded step, together). With CUDA graphs on NCCL and ``graph_collectives``: a
+        process group of its own, so the all-to-alls can be captured inside the graphs
+        (replays bypass a process group's per-call host bookkeeping, so a captured collective
+        must never share its communicator with eager calls of the exact path); else the
+        table's env."""
+        if self._comm is None:
+            env = self.ctx.env
+            if (
+                self.graphs
+                and self.graph_collectives
+                and env.backend == "nccl"
+                and env.group is not None
+            ):
+                group = env.groups.get("padded")
+                if group is None:  # (one for every table on this env: see DistEnv.groups)
+                    ranks = dist.get_process_group_ranks(env.group)
+                    group = env.groups["padded"] = dist.new_group(ranks, backend="nccl")
+                self._comm = dataclasses.replace(env, group=group)
+                # the graphs must go before the group does (hetgmp.comm.launch.shutdown)
+                GraphReleaser.register(env, self)
+            else:
+                self._comm = env
+        return self._comm
+
+
+class GraphReleaser:
+    """An ``env.closers`` entry: releases a padded transport's CUDA graphs (its
+    ``release_graphs()``), if it still lives."""
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = weakref.ref(owner)
+
+    @classmethod
+    def register(cls, env: DistEnv, owner: Any) -> None:
+        """Add one for ``owner`` to ``env.closers``, dropping those of owners gone meanwhile
+        (a bench builds many tables on one env)."""
+        env.closers[:] = [c for c in env.closers if not isinstance(c, cls) or c.alive]
+        env.closers.append(cls(owner))
+
+    @property
+    def alive(self) -> bool:
+        return self._owner() is not None
+
+    def __call__(self) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner.release_graphs()

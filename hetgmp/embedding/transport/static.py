@@ -1,0 +1,330 @@
+"""The buffers and segments of the padded transport: a multi-rank step with fixed-size
+("padded") payloads, for CUDA graphs (:mod:`.padded` drives it).
+
+The exact transport (:mod:`.exact`) sizes every payload exactly:
+after the sizes exchange (the step's one host sync) it slices, splits and concatenates with the
+host-known counts, about 150 small ops per step launched one by one from Python. On a GPU that
+launch work, not the bytes, was the step's cost (2x H200, batch 8192, session 2's profiles at
+commit 71a5f07: GPU busy 21-53 %, ~195 kernels and ~153 launches per step).
+
+Here the same arithmetic runs on buffers of fixed *capacities*: ``q`` query rows and ``p``
+pushed rows per peer, ``u`` unique rows per batch. Counts live on the device (the sizes tables),
+rows past a count are padding. A padding entry's row write is skipped by the Triton kernels
+(negative index) or, with the torch backend, goes to a *trash row* (one extra row after the
+real ones in each state tensor, never read as data); a padding entry's count update adds 0 to
+some real row (spread over rows: thousands of atomics on one address serialise).
+
+With fixed shapes a step is a few CUDA graphs, each captured once and then replayed: the ids'
+preprocessing (:class:`PrepRing`, on the prefetch stream), the part before the sizes exchange
+(:meth:`StaticExchange.presync`: the last batch's counts, the next batch's sizes table), the
+gradient's part (its per-row sum, own rows, the mirrors' local step, the push inputs: after the
+sizes exchange, nothing there depends on gradient values) and the step proper (pack, exchange,
+answer, exchange, finish). On NCCL with ``graph_collectives`` the all-to-alls (sizes included,
+with the device->host copy of the sizes into pinned memory) are captured too, on a process group
+of their own: the host replays the graphs and waits once, for the sizes. With the Triton backend
+each segment is a few fused kernels (:mod:`hetgmp.embedding.kernels.padded`; the torch ops of
+:mod:`hetgmp.embedding.kernels.padded_reference` are their reference). Measured on 2x H200 at batch 8192 per GPU: 65 kernels per step (was ~290
+with torch ops), 17-24M samples/s (bench/results/gpu/results_2xH200.md).
+
+Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
+the sizes table, every rank reads every rank's, and a capacity grows (never shrinks) when the
+global maximum exceeds it, by the same rule everywhere. A growth rebuilds the buffers and
+graphs (warm-up, then capture at the next use).
+
+Scope: SGD (linear, so own rows may be applied before the pushes arrive), ``replies="all"`` (reply
+sizes are the query counts), training forward steps. Everything else (Adagrad, audit, eval,
+flush) takes the dynamic step; both read and write the same state, so they mix freely.
+Reads the same values and applies the same updates as the dynamic step (tests compare them).
+Bytes: the padding travels too (bench: 1,259 vs 830 B/sample at bound 100, batch 8192).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hetgmp.comm.exchange import exchange_fixed
+from hetgmp.embedding import sizes
+from hetgmp.embedding.kernels import padded as fused_segments
+from hetgmp.embedding.kernels import padded_reference as torch_segments
+from hetgmp.embedding.kernels import scatter_add_rows
+from hetgmp.embedding.ops import current_stream
+from hetgmp.embedding.transport.base import StepContext
+from hetgmp.embedding.transport.graphs import GraphCache
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.embedding.store import RowStore
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """Fixed sizes of one set of static buffers."""
+
+    q: int  # query rows per peer (each way)
+    p: int  # pushed rows per peer (each way)
+    u: int  # unique rows of this rank's batch
+    n: int  # occurrences per batch (batch x fields)
+
+
+def grow(cap: int, need: int, *, quantum: int = 256) -> int:
+    """The capacity after seeing ``need`` (the same on every rank for the same inputs):
+    unchanged while it fits, else ``need`` plus a half, rounded up to ``quantum`` (each growth
+    rebuilds buffers and recaptures graphs: generous headroom keeps that to the first steps)."""
+    if need <= cap and cap > 0:
+        return cap
+    want = need + need // 2 + 1
+    return -(-want // quantum) * quantum
+
+
+class StaticExchange:
+    """Buffers and segments for one :class:`Capacity` (see the module docstring)."""
+
+    def __init__(
+        self, ctx: StepContext, cap: Capacity, *, graphs: bool, comm: DistEnv | None = None
+    ) -> None:
+        self.ctx, self.store, self.cap = ctx, ctx.store, cap
+        emb = ctx.store
+        # The collectives of the padded step run on ``comm`` (default: the table's env). A
+        # communicator of their own (see PaddedExchange.comm) lets them be captured inside
+        # the graphs: a step is then two graph replays and one host wait.
+        self.comm = comm if comm is not None else ctx.env
+        self.comm_in_graphs = graphs and self.comm is not ctx.env
+        # constants inside the captured graphs
+        self.bound, self.lr, self.rank, self.kernels = (
+            ctx.bound,
+            ctx.opt.lr,
+            ctx.env.rank,
+            ctx.kernels,
+        )
+        w, d, dev = ctx.env.world_size, emb.dim, emb.device
+        self.w, self.d = w, d
+        q, p, u, n = cap.q, cap.p, cap.u, cap.n
+        # Triton: each segment is a few fused kernels (kernels.padded); torch: the reference
+        # op sequences (kernels.padded_reference). The fused kernels read int64 fields as
+        # pairs of float32 at even offsets: even capacities (grow() gives multiples of 256).
+        self.fused = ctx.kernels == "triton"
+        self.seg = fused_segments if self.fused else torch_segments
+        if self.fused and (q % 2 or p % 2):
+            raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
+        i64 = dict(dtype=torch.int64, device=dev)
+        # inputs, written by load() or by the pre-sync segment before the others run
+        # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
+        self.u_pad = torch.zeros(n + 1, **i64)
+        self.u_ids = self.u_pad[:n]
+        # slots, plus one entry (n) pointing at the trash row, where padding entries look
+        self.slot_pad = torch.full((n + 1,), emb.trash_slot, **i64)
+        self.slot = self.slot_pad[:n]
+        self.blocks = torch.zeros(3 * w, **i64)
+        # the sizes table sent (row 0) and received (row 1): one buffer, so the host's copy
+        # is one copy without a stack
+        self.sz_both = torch.zeros(2, w, sizes.COLS, **i64)
+        self.sz_mine, self.sz_theirs = self.sz_both[0], self.sz_both[1]
+        # both tables for the host (pinned: the copy can be a node of the pre-sync graph)
+        self.host_sizes = torch.zeros(
+            2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
+        )
+        self._sizes_ready = torch.cuda.Event() if dev.type == "cuda" else None
+        # the last batch's rows not stored here (pushed this step): at most q per owner, as
+        # they were queries of the last batch
+        self.pr_ids = torch.zeros(w * q, **i64)
+        self.pr_cnt = torch.zeros(w * q, **i64)
+        self.pr_grad = torch.zeros(w * q, d, device=dev)
+        self.pr_n = torch.zeros(w, **i64)  # ... per owner
+        self.ndue = torch.zeros(w, **i64)  # mirrors due per owner (fused pre-sync)
+        self.prev_meta = torch.zeros(4, **i64)  # the last batch's block bounds (fused pre-sync)
+        # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
+        # pairs of float32, then the pushed gradients; reply: [lag | values | version]
+        self.s1 = 4 * q + 4 * p + p * d
+        self.s2 = q + q * d + 2 * q
+        # what a step sends to (and receives from) the other ranks, by kind: the whole
+        # padded buffers (DistributedEmbedding's byte counters)
+        o = w - 1
+        self.bytes_per_step = {
+            "ids": o * 8 * (q + p),
+            "versions": o * (8 * q + 8 * p + 8 * q + 4 * q),
+            "gradients": o * 4 * d * p,
+            "values": o * 4 * d * q,
+        }
+        assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
+        self.send1 = torch.zeros(w, self.s1, device=dev)
+        self.recv1 = torch.zeros(w, self.s1, device=dev)
+        self.send2 = torch.zeros(w, self.s2, device=dev)
+        self.recv2 = torch.zeros(w, self.s2, device=dev)
+        # outputs
+        self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
+        self.rows_step = torch.zeros(5, **i64)
+        self.deferred = torch.zeros((), **i64)
+        # the gradient of this batch's values, summed per row (see sum_grad; at a fixed
+        # address for the next step's pre-sync graph)
+        self.grad = torch.zeros(u + 1, d, device=dev)
+        self._graphs = GraphCache(graphs)
+        if not self.fused:
+            self._reference_buffers(emb, w, q, p, u, d, i64)
+
+    def _reference_buffers(
+        self, emb: RowStore, w: int, q: int, p: int, u: int, d: int, i64: Any
+    ) -> None:
+        """Scratch and constants of the torch segments only (the fused kernels need none)."""
+        dev = emb.device
+        # push scratch written by scatters (index w*p: trash)
+        self.p_ids = torch.zeros(w * p + 1, **i64)
+        self.p_cnt = torch.zeros(w * p + 1, **i64)
+        self.p_grad = torch.zeros(w * p + 1, d, device=dev)
+        # constants
+        self.ar_u = torch.arange(u, **i64)
+        self.ar_q = torch.arange(q, **i64)
+        self.ar_p = torch.arange(p, **i64)
+        self.ar_wp = torch.arange(w * p, **i64)
+        self.ar_wq = torch.arange(w * q, **i64)
+        # the query slots of the current step (see _query_slots)
+        self.q_slots = (
+            torch.zeros(w * q, dtype=torch.bool, device=dev),
+            torch.zeros(w * q, dtype=torch.bool, device=dev),
+            torch.zeros(w * q, **i64),
+        )
+        # where padding entries go: row writes to the trash rows, count adds of 0 spread
+        # over real rows
+        self.skip_s = emb.trash_slot  # weight / version rows
+        self.skip_m = emb.n_mir  # mirror buffers
+        self.skip_u = u  # values
+        s_rows = max(1, emb.trash_slot)
+        self.spread_u = self.ar_u % s_rows
+        self.spread_wp = self.ar_wp % s_rows
+        self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
+
+    # ------------------------------------------------------------------ host side
+    def load(
+        self,
+        prep_u: torch.Tensor,
+        prep_slot: torch.Tensor,
+        prep_blocks: torch.Tensor,
+        sz_mine: torch.Tensor,
+        sz_theirs: torch.Tensor,
+        pushes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> None:
+        """Copy a step's inputs into the fixed buffers (``pushes``: the last batch's rows not
+        stored here: ids, counts, gradients (host-known length) and per-owner counts)."""
+        self.u_ids.copy_(prep_u)
+        self.slot.copy_(prep_slot)
+        self.blocks.copy_(prep_blocks)
+        self.sz_mine.copy_(sz_mine)
+        self.sz_theirs.copy_(sz_theirs)
+        if pushes is None:
+            self.pr_n.zero_()
+            return
+        ids, cnt, grad, per_owner = pushes
+        k = ids.numel()
+        if k:
+            self.pr_ids[:k].copy_(ids)
+            self.pr_cnt[:k].copy_(cnt)
+            self.pr_grad[:k].copy_(grad)
+        self.pr_n.copy_(per_owner)
+
+    def run(self) -> torch.Tensor:
+        """The three segments and the two payload exchanges; returns the values buffer
+        (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
+        if self.comm_in_graphs:  # one graph, the exchanges inside
+            self._segment("step", lambda: self._step(lambda _key, fn: fn()))
+        else:  # a graph per segment, the exchanges between them
+            self._step(self._segment)
+        return self.values
+
+    def _step(self, segment: Callable[[str, Callable[[], None]], Any]) -> None:
+        seg = self.seg
+        segment("pack", lambda: seg.pack(self))
+        exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
+        segment("answer", lambda: seg.answer(self))
+        exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
+        segment("finish", lambda: seg.finish(self))
+
+    def presync(
+        self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor
+    ) -> torch.Tensor:
+        """The part of a step before the sizes exchange, for the batch after this one's
+        (``prev``: the batch this object ran, ``grad_occ`` its gradient, one row per
+        occurrence; ``cur``: the next batch, preprocessed): ``prev``'s gradient summed per row
+        into :attr:`grad`, SGD on its own rows, its mirrors' local step, the push inputs, the
+        next batch's inputs and sizes table (into :attr:`sz_mine`); then the sizes exchange.
+        Returns both tables on the CPU (``[2, w, COLS]``: sent, received), the step's one wait
+        for the device. Graphs per ring slot of ``cur`` (see :class:`PrepRing`) once both are
+        at fixed addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded
+        columns. With the fused kernels the sizes table needs counts only, so the gradient's
+        part (the sum, the updates) runs after the exchange, while the host reads the sizes
+        and launches the rest."""
+        # (shapes with one numel share self; what reads the gradient: a graph per address of
+        # the incoming gradient, a training loop's allocator hands out one or two)
+        key = ("presync", tuple(cur.ids.shape), cur.ring)
+        key_g = (*key, grad_occ.data_ptr())
+        capturable = prev.static and cur.static
+
+        def summed() -> None:
+            self.sum_grad(prev.inv, grad_occ)
+
+        def before() -> None:
+            if self.fused:
+                fused_segments.presync_counts(self, prev, cur)
+                fused_segments.count_due(self)
+                fused_segments.presync_table(self, cur, bound_cols)
+            else:  # (the reference: all of it before the exchange)
+                summed()
+                torch_segments.presync(self, prev, cur, bound_cols)
+            if self.comm_in_graphs:  # the exchange and the copy for the host: graph nodes
+                self._sizes_exchange()
+
+        def after() -> None:
+            summed()
+            fused_segments.presync_values(self, prev)
+
+        self._segment(key if self.fused else key_g, before, capturable=capturable)
+        if not self.comm_in_graphs:
+            self._sizes_exchange()
+        if self._sizes_ready is not None:
+            self._sizes_ready.record(current_stream(self.store.device))
+        if self.fused:
+            self._segment(key_g, after, capturable=capturable)
+        if self._sizes_ready is not None:
+            self._sizes_ready.synchronize()
+        return self.host_sizes
+
+    def _sizes_exchange(self) -> None:
+        """Sizes exchange 1 and the copy of both tables into :attr:`host_sizes` (read by the
+        host once :attr:`_sizes_ready` has passed; on CPU the copy is synchronous)."""
+        exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
+        self.host_sizes.copy_(self.sz_both, non_blocking=self._sizes_ready is not None)
+
+    def sum_grad(
+        self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None
+    ) -> torch.Tensor:
+        """A batch's gradient, one row per occurrence (``grad_occ [n, D]``, occurrence ``i``
+        of unique row ``inv[i]``), summed per unique row into :attr:`grad` (its first
+        ``rows`` rows, default all: a fixed shape for the graphs); returns that part."""
+        out = self.grad if rows is None else self.grad[:rows]
+        out.zero_()
+        scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels)
+        return out
+
+    @property
+    def current(self) -> bool:
+        """Whether the constants its graphs hold (the bound and the learning rate) are still
+        the table's (else it must be rebuilt before its graphs run again)."""
+        return (self.bound, self.lr) == (self.ctx.bound, self.ctx.opt.lr)
+
+    def release(self) -> None:
+        """Drop the captured graphs (they hold the communicator, see DistEnv.closers)."""
+        self._graphs.clear()
+
+    def adopt(self, old: StaticExchange) -> None:
+        """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
+        for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n"):
+            getattr(self, name).copy_(getattr(old, name))
+        k = min(old.pr_ids.numel(), self.pr_ids.numel())
+        self.pr_ids[:k].copy_(old.pr_ids[:k])
+        self.pr_cnt[:k].copy_(old.pr_cnt[:k])
+        self.pr_grad[:k].copy_(old.pr_grad[:k])
+
+    def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
+        self._graphs.run(key, fn, capturable=capturable)

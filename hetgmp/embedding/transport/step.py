@@ -1,0 +1,185 @@
+"""A multi-rank step as one sequence of stages, whatever the transport:
+
+1. **stage** the previous step's gradient (write rule, :mod:`hetgmp.embedding.protocol`): its
+   mirrors apply it locally and become due once ``pending > bound``; its owned rows and its rows
+   not stored here wait for the exchange;
+2. **sizes exchange** (the step's one host wait): per-peer query / push counts, status (a bad
+   id here: a device flag), bound, audit flag, operation, own-row count, largest per-peer
+   counts and the padded flag (:mod:`hetgmp.embedding.sizes`); a rank with bad input makes its
+   peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout;
+3. the **transport** moves queries and pushes, owners apply and answer, replies come back and
+   the batch's rows are gathered: :class:`~.exact.ExactExchange` (payloads sized exactly) or
+   :class:`~.padded.PaddedExchange` (fixed capacities, CUDA graphs; training steps where every
+   rank takes it).
+
+The padded transport can also run stages 1-2 for the next batch in fixed shapes (its
+pre-sync segment, a CUDA graph); the step then starts at stage 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from hetgmp.comm.errors import PeerFailedError
+from hetgmp.comm.exchange import exchange_sizes
+from hetgmp.embedding import protocol, sizes
+from hetgmp.embedding.batch import Batch, Occurrences, Prep, range_error
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.ops import index_add_rows
+from hetgmp.embedding.transport.base import OP_FLUSH, OP_NAMES, StepContext
+from hetgmp.embedding.transport.exact import ExactExchange, SizedStep, Staged
+
+Grads = tuple[Batch, Any]  # (batch, gradient [n, D] per unique row, or Occurrences)
+
+
+class Stepper:
+    """Runs multi-rank steps (see the module docstring). ``padded``: the padded transport, or
+    None. ``grads``: the last training step's gradient, staged at the next step."""
+
+    def __init__(self, ctx: StepContext, padded: Any | None) -> None:
+        self.ctx, self.padded = ctx, padded
+        self.exact = ExactExchange(ctx)
+        self.grads: Grads | None = None
+        self._const_cache: dict[tuple[int, int, bool], torch.Tensor] = {}
+
+    def step(
+        self, prep: Prep, *, op: int, error: str | None, training: bool
+    ) -> tuple[torch.Tensor, Batch]:
+        """One step (``op``: forward or flush) on a prepared batch; returns its unique rows'
+        values in block order and the batch record."""
+        ctx = self.ctx
+        evaluating = op == OP_FLUSH or not training
+        bound = 0 if evaluating else ctx.bound
+        ctx.timer.mark("unique")
+        grads, self.grads = self.grads, None
+        padded = self.padded is not None and not evaluating and error is None
+        if padded and self.padded.can_presync(grads, prep):
+            # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
+            host, grads = self.padded.presync(grads, prep, self.const_cols(bound, op, True))
+            ctx.timer.mark("update")
+            st = self.padded.static
+            s = SizedStep(prep, grads, op, False, st.sz_mine, st.sz_theirs, host, None, True)
+            return self._after_sizes(s, error, padded)
+        grads = self._summed(grads)
+        staged = self._stage(grads, evaluating)
+        own_done = padded and self._apply_own_early(grads)
+        ctx.timer.mark("update")
+        table, theirs, host = self._exchange_sizes(prep, grads, staged, error, bound, op, padded)
+        s = SizedStep(prep, grads, op, evaluating, table, theirs, host, staged, own_done)
+        return self._after_sizes(s, error, padded)
+
+    # ---------------------------------------------------------------- stage 1
+    def _stage(self, grads: Grads | None, evaluating: bool) -> Staged:
+        """Write rule for the last batch's mirrors; ``(due mask or None, due per owner,
+        deferred)``."""
+        ctx, store = self.ctx, self.ctx.store
+        if grads is not None and grads[0].n_mir:
+            batch, grad = grads
+            m0, m1 = batch.n_own, batch.n_own + batch.n_mir
+            protocol.stage_mirror_updates(
+                store, ctx.opt, batch.slot[m0:m1], grad[m0:m1], batch.cnt[m0:m1]
+            )
+        return protocol.due_state(store, ctx.bound, push_all=evaluating)
+
+    def _apply_own_early(self, grads: Grads | None) -> bool:
+        """Padded steps (SGD, linear): the last batch's own rows are applied now, before the
+        pushes (the padded segments apply only those; the exact path then skips them)."""
+        if grads is None or not grads[0].n_own:
+            return False
+        ctx, (pb, pg) = self.ctx, grads
+        o_slot = pb.slot[: pb.n_own]
+        ctx.opt.apply(ctx.store.weight, ctx.store.opt_state, o_slot, pg[: pb.n_own])
+        index_add_rows(ctx.store.version, o_slot, pb.cnt[: pb.n_own])
+        return True
+
+    def _summed(self, grads: Grads | None) -> Grads | None:
+        """A padded step's per-occurrence gradient summed per unique row, eagerly (outside
+        the pre-sync graph)."""
+        if grads is None or not isinstance(grads[1], Occurrences):
+            return grads
+        pb = grads[0]
+        assert pb.static is not None
+        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel())
+
+    # ---------------------------------------------------------------- stage 2
+    def _exchange_sizes(
+        self, prep: Prep, grads: Grads | None, staged: Staged, error: str | None, bound: int,
+        op: int, padded: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Sizes table 1 (one device->host copy): ``(sent, received, both on the host)``."""
+        ctx = self.ctx
+        n_push = staged[1] + (grads[0].nqr_device(ctx.store.device) if grads is not None else 0)
+        if error is None:
+            status = prep.bad.long()
+        else:
+            status = torch.ones((), dtype=torch.int64, device=ctx.store.device)
+        consts = self.const_cols(bound, op, padded).unbind(1)
+        table = sizes.sizes_table(prep.blocks, n_push, staged[1], status, consts, ctx.env.rank)
+        theirs, host = exchange_sizes(ctx.env, table, "embedding size exchange 1")
+        return table, theirs, host
+
+    def const_cols(self, bound: int, op: int, padded: bool) -> torch.Tensor:
+        """The bound / audit / operation / padded columns of sizes table 1 as one ``[w, 4]``
+        tensor, made once per value (fill kernels per step saved)."""
+        key = (bound, op, padded)
+        cols = self._const_cache.get(key)
+        if cols is None:
+            row = [bound, int(self.ctx.send_all), op, int(padded)]
+            cols = torch.tensor([row] * self.ctx.env.world_size, dtype=torch.int64)
+            cols = self._const_cache[key] = cols.to(self.ctx.store.device)
+        return cols
+
+    # ---------------------------------------------------------------- stage 3
+    def _after_sizes(
+        self, s: SizedStep, error: str | None, padded: bool
+    ) -> tuple[torch.Tensor, Batch]:
+        """Check every rank's status, then hand the step to its transport."""
+        mine, theirs = s.mine, s.theirs
+        if error is None and mine[0][sizes.STATUS]:
+            error = range_error(s.prep.ids, self.ctx.store.num_rows)
+        try:
+            if error:
+                raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {error}")
+            self._check_peers(theirs, s.op)
+        except (EmbeddingInputError, PeerFailedError):
+            self._keep_unapplied(s.grads, s.own_done)
+            raise
+        batch = s.make_batch()
+        if padded and all(row[sizes.PADDED] for row in theirs):
+            return self.padded.run(s, batch), batch
+        return self.exact.run(s, batch), batch
+
+    def _check_peers(self, theirs: list[list[int]], op: int) -> None:
+        r = self.ctx.env.rank
+        bad = [i for i, row in enumerate(theirs) if row[sizes.STATUS] != 0]
+        if bad:
+            raise PeerFailedError(
+                f"rank {r}: rank(s) {bad} reported bad input to the embedding lookup; "
+                "aborting this step (see their error)"
+            )
+        ops = [row[sizes.OP] for row in theirs]
+        if any(o != op for o in ops):
+            names = {i: OP_NAMES.get(o, str(o)) for i, o in enumerate(ops)}
+            raise PeerFailedError(
+                f"rank {r}: ranks disagree on the collective call ({names}); every rank must "
+                "call forward (an empty batch when it has none left) or flush together"
+            )
+
+    def _keep_unapplied(self, grads: Grads | None, own_done: bool) -> None:
+        """A step that stops at the sizes exchange (bad input here or on a peer) has staged
+        the last batch's mirrors (and, ``own_done``, applied its own rows); the rest, its own
+        rows and its rows not stored here (pushed at the next step), is kept as the pending
+        gradient, so a caught error loses nothing (as with one rank or the reference)."""
+        if grads is None:
+            return
+        pb, pg = grads
+        own, r0 = (0 if own_done else pb.n_own), pb.n_own + pb.n_mir
+        kept = dataclasses.replace(
+            pb, u=torch.cat([pb.u[:own], pb.u[r0:]]), cnt=torch.cat([pb.cnt[:own], pb.cnt[r0:]]),
+            slot=torch.cat([pb.slot[:own], pb.slot[r0:]]), n_own=own, n_mir=0,
+            nqr_dev=pb.nqr_device(self.ctx.store.device).clone(), prep=None, static=None,
+        )  # fmt: skip
+        self.grads = (kept, torch.cat([pg[:own], pg[r0:]]))
