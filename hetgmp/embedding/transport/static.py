@@ -94,12 +94,8 @@ class StaticExchange:
         self.comm = comm if comm is not None else ctx.env
         self.comm_in_graphs = graphs and self.comm is not ctx.env
         # constants inside the captured graphs
-        self.bound, self.lr, self.rank, self.kernels = (
-            ctx.bound,
-            ctx.opt.lr,
-            ctx.env.rank,
-            ctx.kernels,
-        )
+        self.bound, self.lr, self.rank = ctx.bound, ctx.opt.lr, ctx.env.rank
+        self.kernels = ctx.kernels
         w, d, dev = ctx.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
@@ -111,7 +107,24 @@ class StaticExchange:
         if self.fused and (q % 2 or p % 2):
             raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
         i64 = dict(dtype=torch.int64, device=dev)
-        # inputs, written by load() or by the pre-sync segment before the others run
+        self._input_buffers(emb, w, q, n, d, i64)
+        self._payload_buffers(w, q, p, d, dev)
+        # outputs
+        self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
+        self.rows_step = torch.zeros(5, **i64)
+        self.deferred = torch.zeros((), **i64)
+        # the gradient of this batch's values, summed per row (see sum_grad; at a fixed
+        # address for the next step's pre-sync graph)
+        self.grad = torch.zeros(u + 1, d, device=dev)
+        self._graphs = GraphCache(graphs)
+        if not self.fused:
+            self._reference_buffers(emb, w, q, p, u, d, i64)
+
+    def _input_buffers(
+        self, emb: RowStore, w: int, q: int, n: int, d: int, i64: dict[str, Any]
+    ) -> None:
+        """Inputs, written by load() or by the pre-sync segment before the others run."""
+        dev = emb.device
         # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
         self.u_pad = torch.zeros(n + 1, **i64)
         self.u_ids = self.u_pad[:n]
@@ -136,12 +149,15 @@ class StaticExchange:
         self.pr_n = torch.zeros(w, **i64)  # ... per owner
         self.ndue = torch.zeros(w, **i64)  # mirrors due per owner (fused pre-sync)
         self.prev_meta = torch.zeros(4, **i64)  # the last batch's block bounds (fused pre-sync)
+
+    def _payload_buffers(self, w: int, q: int, p: int, d: int, dev: torch.device) -> None:
+        """The payloads, both ways, and what they weigh."""
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
         self.s1 = 4 * q + 4 * p + p * d
         self.s2 = q + q * d + 2 * q
         # what a step sends to (and receives from) the other ranks, by kind: the whole
-        # padded buffers (DistributedEmbedding's byte counters)
+        # padded buffers (the table's byte counters)
         o = w - 1
         self.bytes_per_step = {
             "ids": o * 8 * (q + p),
@@ -154,16 +170,6 @@ class StaticExchange:
         self.recv1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
         self.recv2 = torch.zeros(w, self.s2, device=dev)
-        # outputs
-        self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
-        self.rows_step = torch.zeros(5, **i64)
-        self.deferred = torch.zeros((), **i64)
-        # the gradient of this batch's values, summed per row (see sum_grad; at a fixed
-        # address for the next step's pre-sync graph)
-        self.grad = torch.zeros(u + 1, d, device=dev)
-        self._graphs = GraphCache(graphs)
-        if not self.fused:
-            self._reference_buffers(emb, w, q, p, u, d, i64)
 
     def _reference_buffers(
         self, emb: RowStore, w: int, q: int, p: int, u: int, d: int, i64: Any
