@@ -311,6 +311,19 @@ def run_variant(args: argparse.Namespace, v: Variant, data: tuple[Split, Split, 
     return rec
 
 
+def summary(rec: dict[str, Any]) -> str:
+    """The one line the shell script shows per variant (the record itself goes to --output)."""
+    head = f"PLAIN {rec['model']} b{rec['batch']} {rec['variant']}: "
+    sps, auc = rec.get("samples_per_s"), rec.get("val_auc")
+    if not sps or auc is None:
+        return head + str(rec.get("status", "no step timed"))
+    graph = "" if not rec.get("cuda_graph_error") else " (CUDA graph failed: eager)"
+    return (
+        head
+        + f"{sps / 1e6:.3f}M samples/s, {rec['ms_per_step']:.3f} ms/step, val_auc {auc:.4f}{graph}"
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, required=True, help="dataset directory (meta.json...)")
@@ -371,12 +384,17 @@ def main(argv: list[str] | None = None) -> int:
             rec = run_variant(args, v, data, device)
         except Exception as err:  # noqa: BLE001 - one failing variant must not stop the others
             status = 1
-            print(f"[plain_ctr] {args.model} b{args.batch} {v.name} FAILED: "
-                  f"{type(err).__name__}: {err}", file=sys.stderr)  # fmt: skip
+            msg = f"{type(err).__name__}: {err}"[:300]
+            print(f"[plain_ctr] {args.model} b{args.batch} {v.name} FAILED: {msg}", file=sys.stderr)
+            rec = {"contender": CONTENDER, "variant": v.name, "model": args.model, "gpus": 1,
+                   "batch": args.batch, "iters": args.iters, "samples_per_s": None,
+                   "val_auc": None, "status": f"failed: {msg}", "machine": machine(),
+                   "command": args.command}  # fmt: skip
             gc.collect()
-            continue
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         line = json.dumps(rec, sort_keys=True)
-        print(f"RESULT {line}", flush=True)
+        print(summary(rec), flush=True)
         if args.output is not None:
             args.output.parent.mkdir(parents=True, exist_ok=True)
             with open(args.output, "a") as f:

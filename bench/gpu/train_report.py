@@ -184,23 +184,27 @@ def headline_lines(records: list[dict[str, Any]]) -> list[str]:
             r["gpus"]: r for r in records
             if r["contender"] == CLI and (r["model"], r["batch"]) == (model, batch) and ok(r)
         }  # fmt: skip
-        head = f"- {model}, batch {batch}/GPU:"
-        if best:
-            head += f" plain best {rate(best['samples_per_s'])}/s ({best.get('variant')})"
+        parts = [
+            f"plain best {rate(best['samples_per_s'])}/s ({best.get('variant')}, "
+            f"AUC {fmt(best.get('val_auc'), '.4f')})"
+            if best
+            else "no plain run trained"
+        ]
         for g in sorted(cli):
             r = cli[g]
-            part = f"; CLI {g} GPU(s) {rate(r['samples_per_s'])}/s"
+            part = f"CLI {g} GPU{'s' if g > 1 else ''} {rate(r['samples_per_s'])}/s"
             if best:
-                part += (f" = **{r['samples_per_s'] / best['samples_per_s']:.2f}x** plain, "
-                         f"AUC {fmt(r.get('val_auc'), '.4f')} vs {fmt(best.get('val_auc'), '.4f')}")  # fmt: skip
-            head += part
+                part += f" = **{r['samples_per_s'] / best['samples_per_s']:.2f}x** plain best"
+            parts.append(part + f", AUC {fmt(r.get('val_auc'), '.4f')}")
         same = best_plain(records, model, batch, CLI_OPT)
         if same and same is not best:  # like for like: the CLI's own table optimizer
-            head += (f"; plain with {CLI_OPT} (the CLI's table optimizer) "
-                     f"{rate(same['samples_per_s'])}/s, AUC {fmt(same.get('val_auc'), '.4f')}")  # fmt: skip
+            parts.append(f"plain with {CLI_OPT} (the CLI's table optimizer) "
+                         f"{rate(same['samples_per_s'])}/s, AUC {fmt(same.get('val_auc'), '.4f')}")  # fmt: skip
         if 1 in cli and 2 in cli:
-            head += f"; CLI 2 GPUs / 1 GPU = **{cli[2]['samples_per_s'] / cli[1]['samples_per_s']:.2f}x**"
-        out.append(head)
+            parts.append(
+                f"CLI 2 GPUs / 1 GPU = **{cli[2]['samples_per_s'] / cli[1]['samples_per_s']:.2f}x**"
+            )
+        out.append(f"- {model}, batch {batch}/GPU: " + "; ".join(parts))
     return out
 
 
