@@ -273,12 +273,12 @@ def run_variant(args: argparse.Namespace, v: Variant, data: tuple[Split, Split, 
     """Train one variant from scratch and return its record."""
     train, test, meta = data
     t0 = time.perf_counter()
+    if device.type == "cuda":  # the peak then includes the data, the table and its optimizer
+        torch.cuda.reset_peak_memory_stats(device)
     tr = PlainTrainer(args, v, train, meta, device)
     # graph capture needs a few eager steps first (lazy optimizer state, compile, allocator)
     warmup = min(args.iters, max(args.warmup, 3 if tr.use_graph else 0))
     setup_s = time.perf_counter() - t0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     timing = tr.run(args.iters, warmup)
     metrics = evaluate(tr.model, test, args.eval_batch, v.amp)
     secs, steps = timing["timed_s"], int(timing["timed_steps"])

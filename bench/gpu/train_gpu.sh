@@ -141,7 +141,7 @@ run_plain() {  # model batch iters
 }
 
 run_cli() {  # model batch iters gpus
-  local variant="whole table" extra=()
+  local variant="whole table on the GPU" extra=()
   if [ "$4" = 2 ]; then
     variant="$METHOD plan, store_rate 0.01, bound 100"
     extra=(--partition "$PLAN" --store_rate 0.01 --bound 100)

@@ -72,7 +72,7 @@ def now() -> str:
 
 def cli_record(result: dict[str, Any] | None, a: argparse.Namespace) -> dict[str, Any]:
     """One record from the CLI's results JSON (None: the run left none, so it failed)."""
-    variant = "whole table on the GPU" if a.gpus == 1 else a.variant
+    variant = a.variant or ("whole table on the GPU" if a.gpus == 1 else "")
     rec: dict[str, Any] = {
         "contender": CLI, "variant": variant, "model": a.model, "gpus": a.gpus,
         "batch": a.batch, "global_batch": a.batch * a.gpus, "iters": a.iters,
