@@ -1,56 +1,179 @@
 #!/usr/bin/env bash
-# End-to-end training on GPUs (issue 5's GPU figure): the real CLI under torchrun, 1 and 2 GPUs.
+# Training speed on GPUs, one command: the real CLI (examples/hetuctr.py) on 1 and 2 GPUs against
+# plain PyTorch (bench/gpu/plain_ctr.py) on the same generated data, same GPUs, same step counts.
 #
-#   bash bench/gpu/train_gpu.sh            # in the repo root of a GPU machine
+#   bash bench/gpu/train_gpu.sh            # in the repo root of a 2x H200 machine, <= 10 minutes
 #
-# Generates a Criteo-shaped criteo-like data set (SAMPLES, scale 1: 33.8M rows), partitions it
-# for 2 GPUs (metis+refine), then trains WDL (dim EMBED_DIM, batch BATCH per GPU, ITER steps) on
-# 1 GPU (hash placement, i.e. the whole table on the GPU) and on 2 GPUs (plan, store_rate 0.01,
-# bound 100). Results JSON (global samples/s, AUC, bytes/sample) go to ${OUT:-bench/results}/train_gpu.
+# For each model (WDL, DCN; dim 128) and batch per GPU (8192, 65536), in this priority order:
+#   1. plain PyTorch on 1 GPU, variants fp32 eager / bf16 + CUDA graph / bf16 + adagrad /
+#      bf16 + compile + CUDA graph (one process, one record per variant; compile last: slowest),
+#   2. the CLI on 1 GPU (whole table on the GPU; default flags, --device cuda),
+#   3. the CLI on 2 GPUs (metis+refine plan, --store_rate 0.01 --bound 100).
+# Every run of a batch size takes the same number of steps (ITERS), so AUCs compare after the same
+# steps; the data set is sized so that the largest run (2 GPUs x batch x steps) stays inside ONE
+# epoch with 20 % slack for an unbalanced plan. Default steps: 150 at 8192 (10 warm-up + 140
+# timed), 24 at 65536 (10 + 14): 2 x 65536 x 24 = 3.15M samples, the largest run -> 4.2M samples
+# generated (~40 s on the 32-core host; 65536 x 60 steps would need 10.5M, ~100 s).
+# Output, in ${OUT:-bench/results}/gpu: train_cli.json (a list of records), train_cli.md (made by
+# bench/gpu/train_report.py), train_records.jsonl (raw, written as runs finish), train_logs.txt.
+# A time guard (BUDGET_S, 570 s) skips what no longer fits so the report always lands; a failing
+# run is recorded and the others go on.
+#
+# Knobs (environment): MODELS ("wdl dcn"), BATCHES ("8192 65536"), ITERS ("150 24", one per
+# batch), EMBED_DIM (128), PLAIN_VARIANTS, SAMPLES (derived), CARD_SCALE (1: 33.8M rows), METHOD
+# (metis+refine), PROFILE_STEPS (10: passed as --profile-steps when the CLI has it), BUDGET_S,
+# WORK (/tmp/hetgmp-train-gpu), PYTHON (python3), SKIP_BUILD=1. CPU smoke test (2 gloo ranks
+# stand in for 2 GPUs), see bench/gpu/README.md: DEVICE=cpu SKIP_BUILD=1 SAMPLES=20000 ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+T0=$(date +%s)
 PY=${PYTHON:-python3}
-RES="${OUT:-bench/results}/train_gpu"
+RES="${OUT:-bench/results}/gpu"
 WORK=${WORK:-/tmp/hetgmp-train-gpu}
-BATCH=${BATCH:-8192}
+BUDGET_S=${BUDGET_S:-570}
+DEVICE=${DEVICE:-cuda}
+MODELS=(${MODELS:-wdl dcn})
+BATCHES=(${BATCHES:-8192 65536})
+ITERS=(${ITERS:-150 24})
 EMBED_DIM=${EMBED_DIM:-128}
-ITER=${ITER:-150}
-# Enough samples that the 2-GPU run (2 x BATCH per step) stays inside ONE epoch of the 90 %
-# training split, with 20 % slack for an unbalanced plan: with 2M samples it ran 1.36 epochs,
-# and its second pass (TRAIN loss on seen samples 0.439, val_auc 0.750) was misread as worse
-# than 1 GPU (val_auc 0.768, 0.68 epochs). 150 steps x 8192: 3.3M samples.
-SAMPLES=${SAMPLES:-$(( (2 * ITER * BATCH * 12 / 9 + 99999) / 100000 * 100000 ))}
-mkdir -p "$RES" "$WORK"
+PLAIN_VARIANTS=${PLAIN_VARIANTS:-fp32,bf16+graph,bf16+adagrad,bf16+compile+graph}
+RECORDS="$RES/train_records.jsonl"
+LOGF="$RES/train_logs.txt"
+mkdir -p "$RES" "$WORK/results"
+rm -f "$RECORDS" "$LOGF" "$RES/train_cli.json" "$RES/train_cli.md"
+log() { echo "[train_gpu +$(($(date +%s) - T0))s] $*" | tee -a "$LOGF"; }
+left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
+[ ${#ITERS[@]} = ${#BATCHES[@]} ] || { echo "ITERS needs one value per batch in BATCHES"; exit 2; }
+
+# Mandatory on the multi-GPU machine (NVLink multicast / NVLS off), also for torchrun's children.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 if compgen -G ".whl/*.whl" > /dev/null && ! $PY -c "import pymetis" 2> /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >> "$LOGF" 2>&1 \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    || log "WARNING: the carried wheels do not install here; going on without them"
 fi
-$PY -c "from hetgmp.native import native; native()" 2> /dev/null \
-  || $PY -m pip install -q --no-build-isolation --no-deps -e . > "$RES/build.log" 2>&1 \
-  || { echo "native build failed (see $RES/build.log)"; exit 1; }
-NGPU=$($PY -c "import torch; print(torch.cuda.device_count())")
-[ "$NGPU" -ge 1 ] || { echo "no CUDA GPU visible"; exit 1; }
-DS="$WORK/criteo-like-$SAMPLES"
-[ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
-  --scale 1 --overwrite --no-progress 2>&1 | tail -2
-common=(examples/hetuctr.py --dataset "$DS" --device cuda --model wdl --batch_size "$BATCH"
-        --embed_dim "$EMBED_DIM" --iter "$ITER" --log_every 50 --no-progress)
-echo "== 1 GPU (whole table on the GPU)"
-$PY -m torch.distributed.run --standalone --nproc_per_node 1 "${common[@]}" \
-  --output "$RES/train_w1.json" 2>&1 | grep -E "^(TRAIN|EVAL|RESULT|plan|launcher)|Error" | cut -c1-400
-if [ "$NGPU" -ge 2 ]; then
-  [ -f "$WORK/part2-$SAMPLES.npz" ] || $PY -m hetgmp partition -n 2 --data "$DS" -o "$WORK/part2-$SAMPLES.npz" \
-    --rounds 2 --batch-size "$BATCH" --no-progress 2>&1 | tail -3
-  echo "== 2 GPUs (plan, store_rate 0.01, bound 100)"
-  $PY -m torch.distributed.run --standalone --nproc_per_node 2 "${common[@]}" \
-    --partition "$WORK/part2-$SAMPLES.npz" --store_rate 0.01 --bound 100 \
-    --output "$RES/train_w2.json" 2>&1 | grep -E "^(TRAIN|EVAL|RESULT|plan|launcher)|Error" | cut -c1-400
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ "${SKIP_BUILD:-0}" != 1 ] && ! $PY -c "from hetgmp.native import native; native()" 2> /dev/null; then
+  log "building hetgmp's native extension"
+  $PY -m pip install -q --no-build-isolation --no-deps -e . >> "$LOGF" 2>&1 \
+    || $PY setup.py build_ext --inplace >> "$LOGF" 2>&1
 fi
-$PY - "$RES" <<'PYEOF'
-import json, sys, pathlib
-for p in sorted(pathlib.Path(sys.argv[1]).glob("train_w*.json")):
-    r = json.loads(p.read_text())
-    print(p.name, "speed", r.get("speed"), "val_auc", r.get("val_auc"),
-          "bytes/sample", (r.get("embedding_train") or {}).get("bytes_per_sample"))
-PYEOF
+$PY -c "from hetgmp.native import native; native()" || { log "FAILED: hetgmp._native does not import (see $LOGF)"; exit 1; }
+
+if [ "$DEVICE" = cpu ]; then NGPU=2; else
+  NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+fi
+[ "${NGPU:-0}" -ge 1 ] || { log "FAILED: no CUDA GPU visible (DEVICE=cpu for a smoke test)"; exit 1; }
+WORLD=$((NGPU >= 2 ? 2 : 1))
+MACHINE=$($PY -c "import platform, os, torch; g = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU'; print(f'{platform.node()} {os.cpu_count()} cpus, {torch.cuda.device_count()} x {g}, torch {torch.__version__}')")
+METHOD=${METHOD:-metis+refine}
+if [[ "$METHOD" == metis* ]] && ! $PY -c "import pymetis" 2> /dev/null; then
+  log "pymetis is not importable (no .whl/ carried?): partitioning with 'refine' instead of $METHOD"
+  METHOD=refine
+fi
+log "$MACHINE; runs on 1$([ $WORLD = 2 ] && echo ' and 2') GPU(s)"
+
+# The data: the largest run (WORLD x batch x steps) inside one epoch of the 90 % training split,
+# +20 % for an unbalanced plan, rounded up to 100k samples.
+need=0
+for i in "${!BATCHES[@]}"; do
+  n=$((WORLD * BATCHES[i] * ITERS[i])); [ $n -gt $need ] && need=$n
+done
+SAMPLES=${SAMPLES:-$(( (need * 12 / 9 + 99999) / 100000 * 100000 ))}
+CARD_SCALE=${CARD_SCALE:-1}
+DS="$WORK/criteo-like-$SAMPLES-s$CARD_SCALE"
+GEN_WORKERS=$(( $(nproc) < 16 ? $(nproc) : 16 ))
+if [ ! -f "$DS/meta.json" ]; then
+  log "generating $SAMPLES samples (scale $CARD_SCALE) into $DS"
+  $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" --scale "$CARD_SCALE" \
+    --workers "$GEN_WORKERS" --overwrite --no-progress >> "$LOGF" 2>&1 || { log "FAILED: generate"; exit 1; }
+fi
+PLAN="$WORK/part2-$(basename "$DS")-$METHOD.npz"
+if [ $WORLD = 2 ] && [ ! -f "$PLAN" ]; then
+  log "partitioning for 2 GPUs ($METHOD, 2 rounds)"
+  $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method "$METHOD" --rounds 2 \
+    --batch-size "${BATCHES[0]}" --no-progress >> "$LOGF" 2>&1 || log "partition FAILED: no 2-GPU runs"
+fi
+PROFILE=()
+if $PY examples/hetuctr.py --help 2> /dev/null | grep -q -- "--profile-steps"; then
+  PROFILE=(--profile-steps "${PROFILE_STEPS:-10}")
+fi
+log "data ready; the CLI $([ ${#PROFILE[@]} -gt 0 ] && echo 'has' || echo 'has no') --profile-steps"
+
+# run_logged CAP NAME CMD...: runs CMD under a time limit, output to the log (RUN_RC, RUN_S).
+run_logged() {
+  local cap=$1 name=$2; shift 2
+  local t=$(date +%s)
+  echo "==== $name: $*" >> "$LOGF"
+  timeout --signal=TERM --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOGF" \
+    | grep -E "^(PLAIN|EVAL)|Error|error:|FAILED" | cut -c1-200
+  RUN_RC=${PIPESTATUS[0]}
+  RUN_S=$(($(date +%s) - t))
+  log "$name: exit $RUN_RC after ${RUN_S}s$([ "$RUN_RC" = 124 ] && echo ' (cut at its time limit)')"
+}
+
+# cap MAX: seconds a run may take (at most MAX, keeping 25 s for the report), 0 when none left.
+cap() { local c=$(( $(left) - 25 )); [ $c -gt "$1" ] && c=$1; [ $c -lt 30 ] && c=0; echo $c; }
+
+skipped() {  # model batch gpus contender variant
+  $PY bench/gpu/train_report.py add-failed --records "$RECORDS" --model "$1" --batch "$2" \
+    --gpus "$3" --contender "$4" --variant "$5" --status "skipped: out of time" --machine "$MACHINE"
+}
+
+run_plain() {  # model batch iters
+  local c; c=$(cap "${PLAIN_MAX_S:-200}")
+  [ "$c" = 0 ] && { skipped "$1" "$2" 1 plain-pytorch "$PLAIN_VARIANTS"; return; }
+  local cmd=($PY bench/gpu/plain_ctr.py --dataset "$DS" --model "$1" --batch "$2" --iters "$3"
+             --warmup 10 --embed-dim "$EMBED_DIM" --variants "$PLAIN_VARIANTS" --device "$DEVICE"
+             --output "$RECORDS")
+  local before; before=$(wc -l < "$RECORDS" 2> /dev/null || echo 0)
+  CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} run_logged "$c" "plain $1 b$2" "${cmd[@]}" \
+    --command "bash bench/gpu/train_gpu.sh # ${cmd[*]}"
+  # plain_ctr.py records its own failed variants; a crash or the time limit leaves the rest unsaid
+  local after; after=$(wc -l < "$RECORDS" 2> /dev/null || echo 0)
+  if [ "$RUN_RC" = 124 ] || [ "$RUN_RC" = 137 ] || [ "$after" = "$before" ]; then
+    $PY bench/gpu/train_report.py add-failed --records "$RECORDS" --model "$1" --batch "$2" \
+      --contender plain-pytorch --variant "not run of: $PLAIN_VARIANTS" --rc "$RUN_RC" \
+      --wall-s "$RUN_S" --status "failed (exit $RUN_RC; 124 = time limit)" --machine "$MACHINE" \
+      --command "${cmd[*]}"
+  fi
+}
+
+run_cli() {  # model batch iters gpus
+  local variant="whole table on the GPU" extra=()
+  if [ "$4" = 2 ]; then
+    variant="$METHOD plan, store_rate 0.01, bound 100"
+    extra=(--partition "$PLAN" --store_rate 0.01 --bound 100)
+  fi
+  local c; c=$(cap "${CLI_MAX_S:-180}")
+  if [ "$c" = 0 ] || { [ "$4" = 2 ] && [ ! -f "$PLAN" ]; }; then
+    skipped "$1" "$2" "$4" hetgmp-cli "$variant"; return
+  fi
+  local out="$WORK/results/cli_$1_b$2_w$4.json"
+  rm -f "$out"
+  local cmd=($PY -m torch.distributed.run --standalone --nproc_per_node "$4" examples/hetuctr.py
+             --dataset "$DS" --device "$DEVICE" --model "$1" --batch_size "$2"
+             --embed_dim "$EMBED_DIM" --iter "$3" --log_every 50 --no-progress "${extra[@]}"
+             "${PROFILE[@]}" --output "$out")
+  run_logged "$c" "cli $1 b$2 w$4" "${cmd[@]}"
+  $PY bench/gpu/train_report.py add-cli --records "$RECORDS" --result "$out" --model "$1" \
+    --batch "$2" --gpus "$4" --iters "$3" --wall-s "$RUN_S" --rc "$RUN_RC" --variant "$variant" \
+    --machine "$MACHINE" --command "bash bench/gpu/train_gpu.sh # ${cmd[*]}"
+}
+
+for model in "${MODELS[@]}"; do
+  for i in "${!BATCHES[@]}"; do
+    b=${BATCHES[i]} it=${ITERS[i]}
+    run_plain "$model" "$b" "$it"
+    run_cli "$model" "$b" "$it" 1
+    [ $WORLD = 2 ] && run_cli "$model" "$b" "$it" 2
+  done
+done
+
+log "writing the report"
+$PY bench/gpu/train_report.py report --records "$RECORDS" --dataset "$DS" --out "$RES" \
+  --steps "$(for i in "${!BATCHES[@]}"; do printf '%s at %s; ' "${ITERS[i]}" "${BATCHES[i]}"; done)" \
+  --command "bash bench/gpu/train_gpu.sh (MODELS='${MODELS[*]}' BATCHES='${BATCHES[*]}' ITERS='${ITERS[*]}' EMBED_DIM=$EMBED_DIM)" \
+  2>&1 | tee -a "$LOGF"
+log "done in $(($(date +%s) - T0)) s; results in $RES/train_cli.md"
