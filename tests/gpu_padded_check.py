@@ -29,10 +29,12 @@ def plan_for(world: int) -> Plan:
     return Plan(np.zeros(world * BATCH, np.int32), owner, mirrors, {})
 
 
-def train(env, bound: int, exchange: str) -> tuple[dict, dict, DistributedEmbedding]:
+def train(
+    env, bound: int, exchange: str, optimizer: str = "sgd"
+) -> tuple[dict, dict, DistributedEmbedding]:
     emb = DistributedEmbedding(
         ROWS, DIM, env, plan_for(env.world_size), store_rate=0.1, bound=bound,
-        optimizer="sgd", lr=0.05, seed=3, replies="all", exchange=exchange,
+        optimizer=optimizer, lr=0.05, seed=3, replies="all", exchange=exchange,
     )  # fmt: skip
     rng = np.random.default_rng(100 + env.rank)
     for _ in range(STEPS):
@@ -47,9 +49,9 @@ def main() -> int:
     device = sys.argv[1] if len(sys.argv) > 1 else "cuda"
     env = init_distributed(device=device)
     assert env.device.type == device and env.world_size >= 2, env
-    for bound in (0, 5):
-        sd_e, c_e, _ = train(env, bound, "exact")
-        sd_p, c_p, emb = train(env, bound, "padded")
+    for bound, optimizer in ((0, "sgd"), (5, "sgd"), (0, "adagrad"), (5, "adagrad")):
+        sd_e, c_e, _ = train(env, bound, "exact", optimizer)
+        sd_p, c_p, emb = train(env, bound, "padded", optimizer)
         st = emb._static  # noqa: SLF001 - the check is about these internals
         assert st is not None and emb.padded_presyncs > STEPS // 2, emb.padded_presyncs
         if device == "cuda":  # the pre-sync segment, pack, answer, finish: captured
@@ -64,8 +66,13 @@ def main() -> int:
         for k in ("rows_owned", "rows_mirror_fresh", "rows_mirror_stale_ok",
                   "rows_mirror_refreshed", "rows_remote", "pushes_sent"):  # fmt: skip
             assert c_p[k] == c_e[k], (bound, k, c_p[k], c_e[k])
-        print(f"rank {env.rank} bound {bound}: padded == exact ({c_p['rows_requested']} rows read,"
-              f" capacity {st.cap})", flush=True)
+        if optimizer != "sgd":
+            torch.testing.assert_close(sd_p["opt_state"], sd_e["opt_state"], rtol=1e-4, atol=1e-6)
+        print(
+            f"rank {env.rank} {optimizer} bound {bound}: padded == exact ({c_p['rows_requested']} rows read,"
+            f" capacity {st.cap})",
+            flush=True,
+        )
     shutdown(env)  # (the last table and its graphs are still alive: must not hang)
     if env.rank == 0:
         print("PADDED CHECK OK", flush=True)

@@ -70,8 +70,9 @@ def make_emb(env: DistEnv, case: dict, exchange: str) -> DistributedEmbedding:
     rate = case.get("store_rate", 0.3)
     plan = plan_for(env.world_size, rows, case["seed"]) if case.get("plan", True) else None
     return DistributedEmbedding(
-        rows, DIM, env, plan, store_rate=rate, bound=case.get("bound", 0), optimizer="sgd",
-        lr=LR, seed=case["seed"], replies="all", exchange=exchange,
+        rows, DIM, env, plan, store_rate=rate, bound=case.get("bound", 0),
+        optimizer=case.get("optimizer", "sgd"), lr=LR, seed=case["seed"], replies="all",
+        exchange=exchange,
     )  # fmt: skip
 
 
@@ -167,7 +168,10 @@ def run_cases(env: DistEnv, cases: list[dict]) -> list[dict]:
 
 def reference_rows(case: dict, world: int) -> dict[str, torch.Tensor]:
     """The single-process table fed every rank's share of each training step (rank order)."""
-    ref = ReferenceEmbedding(case.get("rows", ROWS), DIM, optimizer="sgd", lr=LR, seed=case["seed"])
+    ref = ReferenceEmbedding(
+        case.get("rows", ROWS), DIM, optimizer=case.get("optimizer", "sgd"), lr=LR,
+        seed=case["seed"],
+    )  # fmt: skip
     for t, spec in enumerate(case["script"]):
         if spec["op"] not in ("train", "train_nograd", "train_late", "train_two"):
             continue  # eval / flush / state_dict / reload / a failed step change no value
@@ -332,9 +336,27 @@ CASES_W2 = [
      "script": SCRIPT_GROWTH, "presync": [1, 2, 3, 4, 5]},
     {"name": "growth-b3", "seed": 8, "rows": ROWS_BIG, "store_rate": 0.2, "bound": 3,
      "adopt": True, "script": SCRIPT_GROWTH, "presync": [1, 2, 3, 4, 5]},
+    # row-wise Adagrad (the CLI's default): own rows staged and merged with the pushes at the
+    # owner, the optimizer state in the replies, pushed mirrors refetched
+    {"name": "adagrad-mixed-b0", "seed": 31, "optimizer": "adagrad", "script": SCRIPT_MIXED,
+     "presync": PRESYNC_MIXED},
+    {"name": "adagrad-prefetch-b1", "seed": 32, "optimizer": "adagrad", "bound": 1,
+     "script": SCRIPT_PREFETCH, "presync": PRESYNC_PREFETCH},
+    {"name": "adagrad-shapes-b0", "seed": 33, "optimizer": "adagrad", "script": SCRIPT_SHAPES,
+     "presync": PRESYNC_SHAPES},
+    {"name": "adagrad-growth-b3", "seed": 34, "optimizer": "adagrad", "rows": ROWS_BIG,
+     "store_rate": 0.2, "bound": 3, "adopt": True, "script": SCRIPT_GROWTH,
+     "presync": [1, 2, 3, 4, 5]},
 ]  # fmt: skip
 CASES_W3 = [
     {"name": "empty-b0", "seed": 11, "script": SCRIPT_EMPTY, "presync": PRESYNC_EMPTY},
+    {
+        "name": "adagrad-empty-b0",
+        "seed": 14,
+        "optimizer": "adagrad",
+        "script": SCRIPT_EMPTY,
+        "presync": PRESYNC_EMPTY,
+    },
     {"name": "empty-b2", "seed": 12, "bound": 2, "script": SCRIPT_EMPTY, "presync": PRESYNC_EMPTY},
     {"name": "mixed-b0", "seed": 13, "script": SCRIPT_MIXED, "presync": PRESYNC_MIXED},
 ]

@@ -55,8 +55,9 @@ class DistributedEmbedding(nn.Module):
     NCCL, else ``"stale"``. Both read the same values. ``exchange``: ``"exact"`` (payloads sized
     exactly) or ``"padded"`` (fixed capacities; on CUDA a step replays a few CUDA graphs when
     ``cuda_graphs``, its all-to-alls captured inside them on NCCL when ``graph_collectives``);
-    padded needs SGD, ``replies="all"`` and no audit, and is used for training steps (eval and
-    flush stay exact). ``"auto"``: padded where it applies on CUDA with several ranks (one rank
+    padded needs ``replies="all"`` and no audit, and is used for training steps (eval and flush
+    stay exact); its segments are fused Triton kernels with SGD, torch ops (also captured as
+    graphs) with Adagrad. ``"auto"``: padded where it applies on CUDA with several ranks (one rank
     takes its own step; ``exchange`` then says ``"exact"``). Diagnostics: ``padded_rebuilds``
     (every capacity taken) and ``padded_presyncs`` (steps whose pre-sync part ran in fixed
     shapes).
@@ -349,12 +350,12 @@ def _resolve_exchange(
 ) -> str:
     if exchange not in (*EXCHANGES, "auto"):
         raise ValueError(f"exchange must be 'auto' or one of {EXCHANGES}, got {exchange!r}")
-    padded_ok = opt.name == "sgd" and replies == "all" and not audit
+    padded_ok = replies == "all" and not audit
     if exchange == "padded" and not padded_ok:
         raise ValueError(
-            "exchange='padded' needs optimizer='sgd', replies='all' and audit off; got "
-            f"optimizer={opt.name!r}, replies={replies!r} (after 'auto': 'all' on NCCL, "
-            f"'stale' otherwise), audit={audit}"
+            "exchange='padded' needs replies='all' and audit off; got "
+            f"replies={replies!r} (after 'auto': 'all' on NCCL, 'stale' otherwise), "
+            f"audit={audit}"
         )
     if exchange == "auto":  # (one rank: its own step uses neither)
         return "padded" if padded_ok and env.device.type == "cuda" else "exact"

@@ -59,7 +59,8 @@ class RowStore:
         self.delta_acc_full = torch.zeros(self.n_mir + extra, dim, device=dev)
         self.weight = self.weight_full[:s_rows] if extra else self.weight_full
         self.version = self.version_full[:s_rows]
-        self.opt_state = opt.new_state(s_rows, dev)
+        self.opt_state_full = opt.new_state(s_rows + extra, dev)
+        self.opt_state = self.opt_state_full[:s_rows] if opt.state_width else self.opt_state_full
         self.pending = self.pending_full[: self.n_mir]
         self.grad_acc = self.grad_acc_full[: self.n_mir]
         self.delta_acc = self.delta_acc_full[: self.n_mir]

@@ -32,14 +32,18 @@ def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     n_m = sz[:, _NQM].sum()
     nqr = sz[:, _NQR]
     g = st.grad
-    # SGD on prev's own rows (block order: first n_o entries); padding skipped
+    # prev's own rows (block order: first n_o entries; padding skipped): SGD applies them
+    # now, other optimizers stage them for the owner's merged update in ``answer``
     own = st.ar_u < n_o
     o_slot = prev.slot[:u]
-    scatter_add_rows(
-        e.weight_full, torch.where(own, o_slot, st.skip_s), g[:u], -lr, backend=st.kernels
-    )
     o_cnt = torch.where(own, prev.cnt[:u], 0)
-    e.version_full.index_add_(0, torch.where(own, o_slot, st.spread_u), o_cnt)
+    if st.sw:
+        _stage_own(st, torch.where(own, o_slot, e.trash_slot), o_cnt, g[:u])
+    else:
+        scatter_add_rows(
+            e.weight_full, torch.where(own, o_slot, st.skip_s), g[:u], -lr, backend=st.kernels
+        )
+        e.version_full.index_add_(0, torch.where(own, o_slot, st.spread_u), o_cnt)
     # prev's mirrors (entries n_o .. n_o + n_m): local step, accumulate, count
     i = (n_o + st.ar_wq).clamp(max=min(n, u) - 1)
     mir = st.ar_wq < n_m
@@ -47,9 +51,7 @@ def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     ms = torch.where(mir, ms_all, st.skip_s)
     mi = torch.where(mir, ms_all - e.n_own, st.skip_m)
     gm = take_rows(g, i, backend=st.kernels)
-    scatter_add_rows(e.weight_full, ms, gm, -lr, backend=st.kernels)
-    scatter_add_rows(e.delta_acc_full, mi, gm, -lr, backend=st.kernels)
-    scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=st.kernels)
+    _mirror_local_step(st, e, ms, mi, gm)
     m_cnt = torch.where(mir, prev.cnt.index_select(0, i), 0)
     e.pending_full.index_add_(0, torch.where(mir, ms_all - e.n_own, st.spread_wq_m), m_cnt)
     # prev's rows not stored here: the push inputs of the next step
@@ -69,6 +71,33 @@ def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -
         cur.blocks, ndue + nqr, ndue, cur.bad.long(), bound_cols.unbind(1), st.rank
     )
     st.sz_mine.copy_(table)
+
+
+def _stage_own(st: StaticExchange, slots: torch.Tensor, cnt: torch.Tensor, g: torch.Tensor) -> None:
+    """The last batch's own rows (``slots``: trash where not own) for ``answer``'s merged
+    update; entries past them unused."""
+    k = slots.numel()
+    st.own_slot[:k].copy_(slots)
+    st.own_slot[k:].fill_(st.store.trash_slot)
+    st.own_cnt[:k].copy_(cnt)
+    st.own_grad[:k].copy_(g)
+
+
+def _mirror_local_step(
+    st: StaticExchange, e: RowStore, ms: torch.Tensor, mi: torch.Tensor, gm: torch.Tensor
+) -> None:
+    """Write rule for the last batch's mirrors (slots ``ms``, mirror rows ``mi``; padding:
+    the trash rows): the optimizer's local step, the applied delta and the raw gradient
+    accumulated (:func:`hetgmp.embedding.protocol.stage_mirror_updates` on fixed shapes)."""
+    if st.sw:
+        delta, state = st.opt.local_step(e.opt_state_full.index_select(0, ms), gm)
+        e.opt_state_full.index_copy_(0, ms, state)  # (real mirrors are distinct)
+        scatter_add_rows(e.weight_full, ms, delta, 1.0, backend=st.kernels)
+        scatter_add_rows(e.delta_acc_full, mi, delta, 1.0, backend=st.kernels)
+    else:
+        scatter_add_rows(e.weight_full, ms, gm, -st.lr, backend=st.kernels)
+        scatter_add_rows(e.delta_acc_full, mi, gm, -st.lr, backend=st.kernels)
+    scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=st.kernels)
 
 
 def pack(st: StaticExchange) -> None:
@@ -149,9 +178,9 @@ def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
     st.p_ids.index_copy_(0, td, e.stored_ids.index_select(0, di + e.n_own))
     st.p_cnt.index_copy_(0, td, d_cnt)
     put_rows(st.p_grad, td, e.grad_acc.index_select(0, di), backend=st.kernels)
-    # SGD: the mirror already holds what the owner will apply (exact_mirror)
-    sp = st.spread_wp[:kd]
-    e.version_full.index_add_(0, torch.where(vd, di + e.n_own, sp), torch.where(vd, d_cnt, 0))
+    if st.opt.exact_mirror:  # SGD: the mirror already holds what the owner will apply
+        sp = st.spread_wp[:kd]
+        e.version_full.index_add_(0, torch.where(vd, di + e.n_own, sp), torch.where(vd, d_cnt, 0))
     zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
     e.pending_full.index_fill_(0, zi, 0)
     e.grad_acc_full.index_fill_(0, zi, 0.0)
@@ -171,13 +200,17 @@ def answer(st: StaticExchange) -> None:
     nqm_in = st.sz_theirs[:, _NQM]
     nq_in = nqm_in + st.sz_theirs[:, _NQR]
     np_in = st.sz_theirs[:, _NP]
-    # -- pushes (SGD: every contribution added directly, padding into the trash row)
+    # -- pushes (SGD: every contribution added directly, padding into the trash row; other
+    # optimizers: one update per row of the own and pushed gradients summed)
     pv = (st.ar_p[None, :] < np_in[:, None]).reshape(-1)
     ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
-    scatter_add_rows(
-        e.weight_full, torch.where(pv, ps, st.skip_s), rp_grad, -st.lr, backend=st.kernels
-    )
-    e.version_full.index_add_(0, torch.where(pv, ps, st.spread_wp), torch.where(pv, rp_cnt, 0))
+    if st.sw:
+        _owner_update(st, e, torch.where(pv, ps, e.trash_slot), rp_grad, torch.where(pv, rp_cnt, 0))
+    else:
+        scatter_add_rows(
+            e.weight_full, torch.where(pv, ps, st.skip_s), rp_grad, -st.lr, backend=st.kernels
+        )
+        e.version_full.index_add_(0, torch.where(pv, ps, st.spread_wp), torch.where(pv, rp_cnt, 0))
     # -- answers
     qv = (st.ar_q[None, :] < nq_in[:, None]).reshape(-1)
     qs = e.slot_of.index_select(0, rq_ids.clamp(0, e.num_rows - 1)).long()
@@ -185,15 +218,39 @@ def answer(st: StaticExchange) -> None:
     ver = e.version_full.index_select(0, qs)
     lag = (ver - rq_ver).clamp(-(2**31 - 1), 2**31 - 1).to(torch.int32)
     vals = take_rows(e.weight_full, qs, backend=st.kernels)
-    torch.cat(
-        [
-            lag.view(w, q).view(torch.float32),
-            vals.view(w, q * d),
-            ver.view(w, q).view(torch.float32),
-        ],
-        dim=1,
-        out=st.send2,
-    )
+    parts = [
+        lag.view(w, q).view(torch.float32),
+        vals.view(w, q * d),
+        ver.view(w, q).view(torch.float32),
+    ]
+    if st.sw:
+        parts.append(e.opt_state_full.index_select(0, qs).view(w, q))
+    torch.cat(parts, dim=1, out=st.send2)
+
+
+def _owner_update(
+    st: StaticExchange, e: RowStore, ps: torch.Tensor, pg: torch.Tensor, pc: torch.Tensor
+) -> None:
+    """One optimizer update per row of the staged own rows and the pushed ones (slots
+    ``ps``, trash for padding; gradients ``pg``; counts ``pc``), as
+    :func:`hetgmp.embedding.protocol.apply_at_owner`: every entry of a row finds the row's
+    leader entry through a per-slot position map, the leader gets the row's sums, every
+    entry writes the same new state and only the leader adds a step."""
+    slots = torch.cat([st.own_slot, ps])
+    valid = slots != e.trash_slot
+    ar = st.ar_own
+    st.pos_map.index_copy_(0, slots, ar)
+    lead = st.pos_map.index_select(0, slots)
+    grads = torch.cat([st.own_grad, pg]) * valid[:, None]
+    gsum = torch.zeros_like(grads).index_add_(0, lead, grads)
+    csum = torch.zeros_like(ar).index_add_(0, lead, torch.cat([st.own_cnt, pc]))
+    is_lead = (lead == ar) & valid
+    g_row = gsum.index_select(0, lead)
+    state = e.opt_state_full.index_select(0, slots) + g_row.pow(2).mean(dim=1)
+    e.opt_state_full.index_copy_(0, slots, state)  # (repeats write the same value)
+    step = g_row * (st.lr / (state.sqrt() + st.opt.eps) * is_lead)[:, None]
+    scatter_add_rows(e.weight_full, slots, step, -1.0, backend=st.kernels)
+    e.version_full.index_add_(0, slots, csum.index_select(0, lead) * is_lead)
 
 
 def finish(st: StaticExchange) -> None:
@@ -202,7 +259,7 @@ def finish(st: StaticExchange) -> None:
     r = st.recv2
     r_lag = r[:, :q].contiguous().view(torch.int32).long()  # [w, q]
     r_vals = r[:, q : q + q * d].reshape(w, q, d)
-    r_ver = r[:, q + q * d :].contiguous().view(torch.int64)  # [w, q]
+    r_ver = r[:, q + q * d : 3 * q + q * d].contiguous().view(torch.int64)  # [w, q]
     is_m, is_r, ipos = (t.view(w, q) for t in st.q_slots)  # (from _pack)
     ms = st.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
     refresh = is_m & (r_lag > st.bound)
@@ -211,6 +268,9 @@ def finish(st: StaticExchange) -> None:
     new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
     put_rows(e.weight_full, rs, new, backend=st.kernels)
     put_rows(e.version_full.view(-1, 1), rs, r_ver.reshape(-1, 1), backend=st.kernels)
+    if st.sw:  # the owner's optimizer state, as the exact transport's refresh
+        r_state = r[:, 3 * q + q * d :].reshape(-1, 1)
+        put_rows(e.opt_state_full.view(-1, 1), rs, r_state, backend=st.kernels)
     # values: owned + mirror rows from storage, rows not stored here from the reply
     n_om = st.sz_mine[0, _NOWN] + st.sz_mine[:, _NQM].sum()
     src = torch.where(st.ar_u < n_om, st.slot[:u], e.trash_slot)

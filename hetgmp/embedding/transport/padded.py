@@ -4,8 +4,8 @@ graphs (the buffers and segments are :class:`~.static.StaticExchange`'s).
 It owns: the capacities every rank agrees on (grown, never shrunk, rebuilding the buffers), the
 preprocessing rings that keep a batch's arrays at fixed addresses (:class:`~.graphs.PrepRing`),
 the pre-sync segment that runs stages 1-2 of the next step in fixed shapes, and the process
-group its captured collectives use. Scope: SGD, ``replies="all"``, no audit, training forward
-steps on which every rank takes it (the sizes table's padded column); evaluation and flush take
+group its captured collectives use. Scope: any sparse optimizer, ``replies="all"``, no audit,
+training forward steps on which every rank takes it (the sizes table's padded column); evaluation and flush take
 the exact transport, and both read and write the same state, so they mix freely.
 """
 
@@ -99,13 +99,15 @@ class PaddedExchange:
         with the same capacities from every rank's maxima); the batch's values."""
         st = self._buffers(s, batch)
         if s.staged is not None:  # (else the pre-sync segment wrote the inputs)
-            pushes = None
+            pushes = own = None
             if s.grads is not None:
                 pb, pg = s.grads
                 r0 = pb.n_own + pb.n_mir
                 pushes = (pb.u[r0:], pb.cnt[r0:], pg[r0:], pb.nqr_device(st.store.device))
+                if not s.own_done:
+                    own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
             p = s.prep
-            st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes)
+            st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes, own)
         values = st.run()
         batch.prep, batch.static = s.prep, st
         self._count(s, batch, st)
@@ -120,6 +122,7 @@ class PaddedExchange:
             p=grow(old.p if old else 0, max(row[sizes.MAXP] for row in theirs)),
             u=min(n, grow(old.u if old and old.n == n else 0, batch.u.numel())),
             n=n,
+            o=self._own_capacity(old, s, batch),
         )
         if cap != old or not self.static.current:
             new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
@@ -129,6 +132,16 @@ class PaddedExchange:
             self.static = new
             self.rebuilds.append(cap)
         return self.static
+
+    def _own_capacity(self, old: Capacity | None, s: SizedStep, batch: Batch) -> int:
+        """Room for the last batch's own rows staged for the owner's update (optimizers
+        other than SGD): at least this batch's unique rows (the pre-sync segment stages up
+        to those) and the last batch's own rows (loaded when no pre-sync ran)."""
+        if not self.ctx.opt.state_width:
+            return 0
+        last = s.grads[0].n_own if s.grads is not None else 0
+        need = max(last, min(s.prep.u.numel(), batch.u.numel()))
+        return grow(old.o if old else 0, max(need, 1))
 
     def _count(self, s: SizedStep, batch: Batch, st: StaticExchange) -> None:
         """Bytes actually sent (the padded buffers, to every other rank), pushes and rows."""

@@ -31,10 +31,14 @@ the sizes table, every rank reads every rank's, and a capacity grows (never shri
 global maximum exceeds it, by the same rule everywhere. A growth rebuilds the buffers and
 graphs (warm-up, then capture at the next use).
 
-Scope: SGD (linear, so own rows may be applied before the pushes arrive), ``replies="all"`` (reply
-sizes are the query counts), training forward steps. Everything else (Adagrad, audit, eval,
-flush) takes the dynamic step; both read and write the same state, so they mix freely.
-Reads the same values and applies the same updates as the dynamic step (tests compare them).
+Scope: ``replies="all"`` (reply sizes are the query counts), training forward steps; any
+sparse optimizer. SGD is linear, so own rows are applied before the pushes arrive; other
+optimizers (row-wise Adagrad) stage the last batch's own rows and apply one update per row of
+the own and pushed gradients summed (``answer``), the replies carry the optimizer state, and a
+pushed mirror is refetched (as in the exact transport). Audit, eval and flush take the exact
+transport; both read and write the same state, so they mix freely. The fused kernels cover SGD;
+with Adagrad the torch segments run (captured as graphs too).
+Reads the same values and applies the same updates as the exact transport (tests compare them).
 Bytes: the padding travels too (bench: 1,259 vs 830 B/sample at bound 100, batch 8192).
 """
 
@@ -68,6 +72,7 @@ class Capacity:
     p: int  # pushed rows per peer (each way)
     u: int  # unique rows of this rank's batch
     n: int  # occurrences per batch (batch x fields)
+    o: int = 0  # the last batch's own rows, staged for the owner's merged update (Adagrad)
 
 
 def grow(cap: int, need: int, *, quantum: int = 256) -> int:
@@ -102,7 +107,10 @@ class StaticExchange:
         # Triton: each segment is a few fused kernels (kernels.padded); torch: the reference
         # op sequences (kernels.padded_reference). The fused kernels read int64 fields as
         # pairs of float32 at even offsets: even capacities (grow() gives multiples of 256).
-        self.fused = ctx.kernels == "triton"
+        # (fused kernels: SGD only so far; other optimizers run the torch segments, also
+        # captured as CUDA graphs)
+        self.opt, self.sw = ctx.opt, ctx.opt.state_width
+        self.fused = ctx.kernels == "triton" and self.sw == 0
         self.seg = fused_segments if self.fused else torch_segments
         if self.fused and (q % 2 or p % 2):
             raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
@@ -119,6 +127,8 @@ class StaticExchange:
         self._graphs = GraphCache(graphs)
         if not self.fused:
             self._reference_buffers(emb, w, q, p, u, d, i64)
+        if self.sw:
+            self._own_buffers(emb, cap.o, w * p, d, i64)
 
     def _input_buffers(
         self, emb: RowStore, w: int, q: int, n: int, d: int, i64: dict[str, Any]
@@ -155,7 +165,8 @@ class StaticExchange:
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
         self.s1 = 4 * q + 4 * p + p * d
-        self.s2 = q + q * d + 2 * q
+        # (+ the optimizer state of every answered row, last: the fused layout is unchanged)
+        self.s2 = q + q * d + 2 * q + self.sw * q
         # what a step sends to (and receives from) the other ranks, by kind: the whole
         # padded buffers (the table's byte counters)
         o = w - 1
@@ -163,7 +174,7 @@ class StaticExchange:
             "ids": o * 8 * (q + p),
             "versions": o * (8 * q + 8 * p + 8 * q + 4 * q),
             "gradients": o * 4 * d * p,
-            "values": o * 4 * d * q,
+            "values": o * 4 * (d + self.sw) * q,
         }
         assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
         self.send1 = torch.zeros(w, self.s1, device=dev)
@@ -202,6 +213,16 @@ class StaticExchange:
         self.spread_wp = self.ar_wp % s_rows
         self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
 
+    def _own_buffers(self, emb: RowStore, o: int, wp: int, d: int, i64: dict[str, Any]) -> None:
+        """Optimizers other than SGD are not linear: the owner applies one update per row of
+        the summed gradient (its own rows' and every push), so the last batch's own rows are
+        staged here (slot: trash where unused) and merged with the pushes in ``answer``."""
+        self.own_slot = torch.full((o,), emb.trash_slot, **i64)
+        self.own_cnt = torch.zeros(o, **i64)
+        self.own_grad = torch.zeros(o, d, device=emb.device)
+        self.pos_map = torch.zeros(emb.trash_slot + 1, **i64)  # slot -> leader entry
+        self.ar_own = torch.arange(o + wp, **i64)
+
     # ------------------------------------------------------------------ host side
     def load(
         self,
@@ -211,9 +232,13 @@ class StaticExchange:
         sz_mine: torch.Tensor,
         sz_theirs: torch.Tensor,
         pushes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+        own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Copy a step's inputs into the fixed buffers (``pushes``: the last batch's rows not
-        stored here: ids, counts, gradients (host-known length) and per-owner counts)."""
+        stored here: ids, counts, gradients (host-known length) and per-owner counts;
+        ``own``: its own rows' slots, counts and gradients, not applied yet (Adagrad))."""
+        if self.sw:
+            self._load_own(own)
         self.u_ids.copy_(prep_u)
         self.slot.copy_(prep_slot)
         self.blocks.copy_(prep_blocks)
@@ -229,6 +254,15 @@ class StaticExchange:
             self.pr_cnt[:k].copy_(cnt)
             self.pr_grad[:k].copy_(grad)
         self.pr_n.copy_(per_owner)
+
+    def _load_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+        self.own_slot.fill_(self.store.trash_slot)
+        self.own_cnt.zero_()
+        if own is not None and own[0].numel():
+            k = own[0].numel()
+            self.own_slot[:k].copy_(own[0])
+            self.own_cnt[:k].copy_(own[1])
+            self.own_grad[:k].copy_(own[2])
 
     def run(self) -> torch.Tensor:
         """The three segments and the two payload exchanges; returns the values buffer
@@ -331,6 +365,11 @@ class StaticExchange:
         self.pr_ids[:k].copy_(old.pr_ids[:k])
         self.pr_cnt[:k].copy_(old.pr_cnt[:k])
         self.pr_grad[:k].copy_(old.pr_grad[:k])
+        if self.sw:
+            k = old.cap.o
+            self.own_slot[:k].copy_(old.own_slot)
+            self.own_cnt[:k].copy_(old.own_cnt)
+            self.own_grad[:k].copy_(old.own_grad)
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
         self._graphs.run(key, fn, capturable=capturable)

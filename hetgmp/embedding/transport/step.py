@@ -61,11 +61,13 @@ class Stepper:
             host, grads = self.padded.presync(grads, prep, self.const_cols(bound, op, True))
             ctx.timer.mark("update")
             st = self.padded.static
-            s = SizedStep(prep, grads, op, False, st.sz_mine, st.sz_theirs, host, None, True)
+            # (SGD applied the last batch's own rows there; other optimizers staged them)
+            linear = ctx.opt.exact_mirror
+            s = SizedStep(prep, grads, op, False, st.sz_mine, st.sz_theirs, host, None, linear)
             return self._after_sizes(s, error, padded)
         grads = self._summed(grads)
         staged = self._stage(grads, evaluating)
-        own_done = padded and self._apply_own_early(grads)
+        own_done = padded and ctx.opt.exact_mirror and self._apply_own_early(grads)
         ctx.timer.mark("update")
         table, theirs, host = self._exchange_sizes(prep, grads, staged, error, bound, op, padded)
         s = SizedStep(prep, grads, op, evaluating, table, theirs, host, staged, own_done)
@@ -85,8 +87,8 @@ class Stepper:
         return protocol.due_state(store, ctx.bound, push_all=evaluating)
 
     def _apply_own_early(self, grads: Grads | None) -> bool:
-        """Padded steps (SGD, linear): the last batch's own rows are applied now, before the
-        pushes (the padded segments apply only those; the exact path then skips them)."""
+        """Padded steps with SGD (linear): the last batch's own rows are applied now, before
+        the pushes (the padded segments apply only those; the exact path then skips them)."""
         if grads is None or not grads[0].n_own:
             return False
         ctx, (pb, pg) = self.ctx, grads
