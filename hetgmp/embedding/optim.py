@@ -36,7 +36,7 @@ import dataclasses
 import torch
 
 from hetgmp.embedding.kernels import scatter_add_rows
-from hetgmp.embedding.ops import index_add_rows
+from hetgmp.embedding.kernels.adagrad import adagrad_rows
 
 OPTIMIZERS = ("sgd", "adagrad")
 
@@ -74,32 +74,28 @@ class SparseOptimizer:
         )
 
     def apply(
-        self,
-        weight: torch.Tensor,
-        state: torch.Tensor,
-        slots: torch.Tensor,
-        grad: torch.Tensor,
-        *,
-        padded: bool = False,
+        self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor, grad: torch.Tensor
     ) -> None:
-        """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``.
-
-        ``padded``: ``slots`` may also repeat rows with an all-zero ``grad`` (padding of a
-        fixed-size unique); the Adagrad state is then added in place, so a repeat adds 0
-        instead of racing to write a stale copy (an ``index_copy_`` with repeated targets)."""
+        """Update rows ``slots`` (unique) of ``weight`` with summed gradients ``grad``."""
         if slots.numel() == 0:
             return
         if self.name == "sgd":
             scatter_add_rows(weight, slots, grad, -self.lr, backend=self.kernels)
             return
-        if padded:
-            index_add_rows(state, slots, grad.pow(2).mean(dim=1))
-            s = state.index_select(0, slots)
-        else:
-            s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
-            state.index_copy_(0, slots, s)
-        step = grad * (self.lr / (s.sqrt() + self.eps))[:, None]
-        scatter_add_rows(weight, slots, step, -1.0, backend=self.kernels)
+        adagrad_rows(weight, state, slots, grad, self.lr, self.eps, backend=self.kernels)
+
+    def apply_leaders(
+        self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
+        grad: torch.Tensor, lead: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Like :meth:`apply` for ``slots`` that repeat: ``grad`` holds each row's summed
+        gradient at its leader entry (``lead[i] == i``), and only leaders update."""
+        if self.name == "sgd":
+            keep = lead.reshape(-1).long() == torch.arange(lead.numel(), device=lead.device)
+            g = grad.reshape(-1, grad.shape[-1]) * keep[:, None]
+            scatter_add_rows(weight, slots.reshape(-1), g, -self.lr, backend=self.kernels)
+            return
+        adagrad_rows(weight, state, slots, grad, self.lr, self.eps, lead=lead, backend=self.kernels)
 
     def apply_merged(
         self,
@@ -116,6 +112,11 @@ class SparseOptimizer:
             return
         if self.name == "sgd":
             scatter_add_rows(weight, slots, grad * keep[:, None], -self.lr, backend=self.kernels)
+            return
+        if self.kernels != "torch":  # (one kernel; only the kept entries write)
+            adagrad_rows(
+                weight, state, slots, grad, self.lr, self.eps, keep=keep, backend=self.kernels
+            )
             return
         s = state.index_select(0, slots) + grad.pow(2).mean(dim=1)
         state.index_copy_(0, slots, s)

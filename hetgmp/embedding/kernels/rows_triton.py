@@ -116,3 +116,38 @@ def put_rows_kernel(
     idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
     rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
     _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)
+
+
+@triton.jit
+def adagrad_rows_kernel(
+    w_ptr, state_ptr, idx_ptr, g_ptr, sel_ptr, n, lr, eps,
+    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SEL: tl.constexpr,
+):  # fmt: skip
+    # row-wise Adagrad on rows idx[i] with gradient g[i]: s += mean(g^2), w -= lr g / (sqrt s
+    # + eps); SEL 1: only entries with sel[i] != 0 (bool mask), SEL 2: only entries with
+    # sel[i] == i (int32 leader positions); a negative idx: skipped
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    idx = tl.load(idx_ptr + rows, mask=rmask, other=-1).to(tl.int64)
+    rmask = rmask & (idx >= 0)
+    if SEL == 1:
+        rmask = rmask & (tl.load(sel_ptr + rows, mask=rmask, other=0) != 0)
+    if SEL == 2:
+        rmask = rmask & (tl.load(sel_ptr + rows, mask=rmask, other=-1) == rows)
+    g_row = rows.to(tl.int64) * D
+    ss = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        g = tl.load(g_ptr + g_row[:, None] + cols[None, :], mask=m, other=0.0)
+        ss += tl.sum(g * g, axis=1)
+    s = tl.load(state_ptr + idx, mask=rmask, other=0.0) + ss / D
+    tl.store(state_ptr + idx, s, mask=rmask)
+    scale = lr / (tl.sqrt(s) + eps)
+    w_row = idx * D
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        m = rmask[:, None] & (cols < D)[None, :]
+        g = tl.load(g_ptr + g_row[:, None] + cols[None, :], mask=m, other=0.0)
+        ws = w_ptr + w_row[:, None] + cols[None, :]
+        tl.store(ws, tl.load(ws, mask=m) - g * scale[:, None], mask=m)

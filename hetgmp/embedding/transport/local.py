@@ -93,12 +93,11 @@ class LocalStep:
         if opt.name == "sgd":  # linear: every occurrence's gradient added directly
             opt.apply(self.weight, self.opt_state, pb.slot, pg)
             return
-        # Row sums at the leader occurrence, zeros elsewhere: ``padded`` then adds the state
-        # once per row and a zero step at the non-leaders. (A fresh contiguous buffer: the
-        # captured gradient may be an expanded view.)
+        # Row sums at the leader occurrence, then one update per row at its leader. (A fresh
+        # contiguous buffer: the captured gradient may be an expanded view.)
         gsum = torch.zeros(pb.lead.numel(), pg.shape[-1], dtype=torch.float32, device=pg.device)
         scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels)
-        opt.apply(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, padded=True)
+        opt.apply_leaders(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead)
 
     def _check(self, ids: torch.Tensor) -> None:
         """This batch's out-of-range flag (set by :func:`mark_local`). On CPU it is read at
