@@ -1,24 +1,28 @@
-"""Exact evaluation over the whole test split, across all ranks.
+"""Exact evaluation over the whole test split, across all ranks, on the device.
 
-Every rank scores a contiguous shard of the test split; the scores and labels of all shards are
-gathered and the metrics are computed on the complete arrays (:mod:`hetgmp.metrics`), so the
-result is the same for 1, 2 or 8 ranks on the same model state -- unlike HET-GMP, which averages
-per-batch AUCs. Ranks whose shard runs out keep calling the embedding with empty batches until
-every rank is done, because the distributed table needs every rank at every exchange.
+Every rank scores a contiguous shard of the test split; the scores and labels stay device
+tensors and are gathered once per evaluation with one tensor collective (padded to the longest
+shard, plus the shard lengths -- nothing is pickled), and the metrics are computed on the complete
+arrays with torch ops (:func:`hetgmp.metrics.roc_auc_tensor` and friends, equal to the numpy
+functions), so the result is the same for 1, 2 or 8 ranks on the same model state -- unlike
+HET-GMP, which averages per-batch AUCs. Ranks whose shard runs out keep calling the embedding
+with empty batches until every rank is done, because the distributed table needs every rank at
+every exchange.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
+import torch.distributed as dist
 
-from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.collectives import all_gather_object, guarded
 from hetgmp.comm.env import DistEnv
+from hetgmp.data.device_batches import host_to_device
 from hetgmp.data.format import SplitArrays
 from hetgmp.data.loader import BatchLoader, rank_sample_indices
-from hetgmp.metrics import accuracy, log_loss, roc_auc
+from hetgmp.metrics import accuracy_tensor, log_loss_tensor, roc_auc_tensor
 from hetgmp.models import CTRModel
 
 
@@ -42,8 +46,9 @@ def score_split(
     *,
     batch_size: int,
     amp: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's (probabilities, labels) for its contiguous shard of ``split``.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (probabilities, labels) for its contiguous shard of ``split``: float32 1-D
+    tensors on the rank's device.
 
     Collective: all ranks must call it. The shard boundaries are those of
     :func:`rank_sample_indices` without a plan, so concatenating the ranks' outputs in rank order
@@ -53,9 +58,9 @@ def score_split(
     loader = BatchLoader(split, batch_size, indices=idx)
     steps = max(all_gather_object(env, len(loader)))
     device = env.device
-    num_fields = split.sparse.shape[1]
-    probs: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
+    empty_ids = torch.zeros((0, split.sparse.shape[1]), dtype=torch.long, device=device)
+    probs: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
     it = iter(loader)
@@ -63,18 +68,37 @@ def score_split(
         for _ in range(steps):
             batch = next(it, None)
             if batch is None:
-                # keep answering the other ranks' lookups
-                model.embedding(torch.zeros((0, num_fields), dtype=torch.long, device=device))
+                model.embedding(empty_ids)  # keep answering the other ranks' lookups
                 continue
-            sparse = torch.from_numpy(batch.sparse).to(device)
-            dense = None if batch.dense is None else torch.from_numpy(batch.dense).to(device)
+            db = host_to_device(batch, device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                logits = model(sparse, dense)
-            probs.append(torch.sigmoid(logits.float()).cpu().numpy().ravel())
-            labels.append(batch.labels.ravel())
+                logits = model(db.sparse, db.dense)
+            probs.append(torch.sigmoid(logits.float()).reshape(-1))
+            labels.append(db.labels.reshape(-1))
     model.train(was_training)
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.float32)  # noqa: E731
-    return cat(probs).astype(np.float32), cat(labels).astype(np.float32)
+    empty = torch.zeros(0, dtype=torch.float32, device=device)
+    cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
+    return cat(probs), cat(labels)
+
+
+def gather_rows(env: DistEnv, rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``rows`` ([k, n_rank] on the device) joined along dim 1 in rank order.
+
+    Two tensor collectives: the lengths, then the rows padded to the longest (collective)."""
+    if env.group is None or env.world_size <= 1:
+        return rows
+    n = torch.tensor([rows.shape[1]], dtype=torch.int64, device=rows.device)
+    counts = [torch.zeros_like(n) for _ in range(env.world_size)]
+    with guarded(env, "gather_rows (lengths)"):
+        dist.all_gather(counts, n, group=env.group)
+    lengths = torch.cat(counts).tolist()
+    longest = max(lengths)
+    padded = rows.new_zeros((rows.shape[0], longest))
+    padded[:, : rows.shape[1]] = rows
+    parts = [torch.empty_like(padded) for _ in range(env.world_size)]
+    with guarded(env, "gather_rows"):
+        dist.all_gather(parts, padded, group=env.group)
+    return torch.cat([p[:, :m] for p, m in zip(parts, lengths, strict=True)], dim=1)
 
 
 def evaluate(
@@ -87,12 +111,10 @@ def evaluate(
 ) -> EvalResult:
     """Exact global logloss / accuracy / AUC of ``model`` on all of ``split`` (collective)."""
     probs, labels = score_split(model, split, env, batch_size=batch_size, amp=amp)
-    parts = all_gather_object(env, (probs, labels))
-    all_p = np.concatenate([p for p, _ in parts])
-    all_y = np.concatenate([y for _, y in parts])
-    return EvalResult(
-        val_loss=log_loss(all_y, all_p),
-        val_acc=accuracy(all_y, all_p),
-        val_auc=roc_auc(all_y, all_p),
-        samples=int(all_y.size),
+    both = gather_rows(env, torch.stack([probs, labels]))
+    all_p, all_y = both[0], both[1]
+    metrics = torch.stack(
+        [log_loss_tensor(all_y, all_p), accuracy_tensor(all_y, all_p), roc_auc_tensor(all_y, all_p)]
     )
+    loss, acc, auc = metrics.tolist()  # the evaluation's one read of device values
+    return EvalResult(val_loss=loss, val_acc=acc, val_auc=auc, samples=int(all_y.numel()))
