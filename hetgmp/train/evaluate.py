@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 from hetgmp.comm.collectives import all_gather_object, guarded
 from hetgmp.comm.env import DistEnv
-from hetgmp.data.device_batches import host_to_device
+from hetgmp.data.device_batches import DeviceBatch, EpochPlan, step_slots
 from hetgmp.data.format import SplitArrays
-from hetgmp.data.loader import BatchLoader, rank_sample_indices
+from hetgmp.data.loader import rank_sample_indices
+from hetgmp.data.pipeline import PipelineOptions, open_source
 from hetgmp.metrics import accuracy_tensor, log_loss_tensor, roc_auc_tensor
 from hetgmp.models import CTRModel
 
@@ -46,39 +47,52 @@ def score_split(
     *,
     batch_size: int,
     amp: bool = False,
+    prefetch: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's (probabilities, labels) for its contiguous shard of ``split``: float32 1-D
-    tensors on the rank's device.
+    tensors on the rank's device. ``prefetch`` > 0: a background thread reads that many
+    batches ahead (:class:`~hetgmp.data.prefetch.ThreadSource`).
 
     Collective: all ranks must call it. The shard boundaries are those of
     :func:`rank_sample_indices` without a plan, so concatenating the ranks' outputs in rank order
     gives the split in its stored order.
     """
     idx = rank_sample_indices(len(split), env.rank, env.world_size, None)
-    loader = BatchLoader(split, batch_size, indices=idx)
-    steps = max(all_gather_object(env, len(loader)))
-    device = env.device
-    empty_ids = torch.zeros((0, split.sparse.shape[1]), dtype=torch.long, device=device)
+    plan = EpochPlan(split, idx, batch_size, shuffle=False, seed=0)
+    steps = max(all_gather_object(env, plan.local_batches))
+    slots = step_slots(plan, step=0, epoch=0, batch=0, steps_per_epoch=steps, total_steps=steps)
+    opts = PipelineOptions(data_on_device="off", prefetch_batches=prefetch)
+    source, _ = open_source(plan, slots, env.device, opts, num_rows=0)  # rows: resident only
     probs: list[torch.Tensor] = []
     labels: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
-    it = iter(loader)
-    with torch.no_grad():
-        for _ in range(steps):
-            batch = next(it, None)
-            if batch is None:
-                model.embedding(empty_ids)  # keep answering the other ranks' lookups
-                continue
-            db = host_to_device(batch, device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                logits = model(db.sparse, db.dense)
-            probs.append(torch.sigmoid(logits.float()).reshape(-1))
-            labels.append(db.labels.reshape(-1))
-    model.train(was_training)
-    empty = torch.zeros(0, dtype=torch.float32, device=device)
+    try:
+        with torch.no_grad():
+            for _ in range(steps):
+                probs_b, labels_b = _score_batch(model, source.next()[1], env.device, amp)
+                probs += probs_b
+                labels += labels_b
+    finally:
+        source.close()
+        model.train(was_training)
+    empty = torch.zeros(0, dtype=torch.float32, device=env.device)
     cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
     return cat(probs), cat(labels)
+
+
+def _score_batch(
+    model: CTRModel, batch: DeviceBatch | None, device: torch.device, amp: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """([probabilities], [labels]) of one batch; none for an empty slot, whose lookup still
+    runs because the distributed table needs every rank at every exchange."""
+    if batch is None:
+        fields = model.num_fields
+        model.embedding(torch.zeros((0, fields), dtype=torch.long, device=device))
+        return [], []
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = model(batch.sparse, batch.dense)
+    return [torch.sigmoid(logits.float()).reshape(-1)], [batch.labels.reshape(-1)]
 
 
 def gather_rows(env: DistEnv, rows: torch.Tensor) -> torch.Tensor:
@@ -108,9 +122,12 @@ def evaluate(
     *,
     batch_size: int,
     amp: bool = False,
+    prefetch: int = 0,
 ) -> EvalResult:
     """Exact global logloss / accuracy / AUC of ``model`` on all of ``split`` (collective)."""
-    probs, labels = score_split(model, split, env, batch_size=batch_size, amp=amp)
+    probs, labels = score_split(
+        model, split, env, batch_size=batch_size, amp=amp, prefetch=prefetch
+    )
     both = gather_rows(env, torch.stack([probs, labels]))
     all_p, all_y = both[0], both[1]
     metrics = torch.stack(

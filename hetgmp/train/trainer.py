@@ -259,6 +259,7 @@ class Trainer:
             self.env,
             batch_size=self.cfg.eval_batch_size,
             amp=self.cfg.amp,
+            prefetch=self.cfg.prefetch_batches,
         )
         for k, v in local_counters(self.model.embedding).items():
             self.eval_counters[k] = self.eval_counters.get(k, 0.0) + v - before.get(k, 0.0)
