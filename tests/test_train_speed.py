@@ -34,7 +34,7 @@ from hetgmp.metrics import (
     roc_auc_tensor,
 )
 from hetgmp.models import build_model
-from hetgmp.train.accounting import global_batch_sizes
+from hetgmp.train.accounting import TrainClock, global_batch_sizes
 from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.dense_sync import GradBucket, sum_dense_grads
@@ -246,3 +246,24 @@ def test_profile_and_data_wait_are_reported(tiny_dataset, tmp_path, capsys) -> N
     assert "TRAIN 3: loss" in text and " data_wait " in text
     no_prof = train(_cfg(tiny_dataset.root, val=False), DistEnv.single())
     assert "step_ms" not in no_prof
+
+
+def test_clock_books_segments_to_warmup_and_steady() -> None:
+    """Samples land in the right bucket; segments are cut at warm-up; empty ones book nothing."""
+    clock = TrainClock(torch.device("cpu"), warmup_steps=3)
+    clock.resume()
+    clock.pause()  # no step ran: nothing booked
+    assert clock.speeds()["warmup_speed"] is None and clock.timing["warmup_s"] == 0.0
+    clock.resume()
+    for i in range(7):
+        clock.count(10 + i, data_wait_s=0.001)
+        if i == 4:
+            with clock.paused():  # a TRAIN line / evaluation: not training time
+                pass
+    clock.pause()
+    assert clock.timing["warmup_samples"] == 10 + 11 + 12
+    assert clock.timing["steady_samples"] == 13 + 14 + 15 + 16
+    assert clock.timing["steady_s"] > 0 and clock.timing["warmup_s"] > 0
+    assert clock.speeds()["data_wait_ms"] == pytest.approx(1.0)
+    assert clock.take_interval() == pytest.approx(clock.speeds()["train_seconds"])
+    assert clock.take_interval() == 0.0

@@ -59,6 +59,7 @@ class TrainClock:
         self.interval_s = 0.0  # seconds since the last take_interval()
         self._t0: float | None = None
         self._samples = 0  # global samples of the running segment
+        self._steps = 0  # steps of the running segment
 
     @property
     def in_warmup(self) -> bool:
@@ -70,6 +71,7 @@ class TrainClock:
             synchronize(self.device)
             self._t0 = time.perf_counter()
             self._samples = 0
+            self._steps = 0
 
     def pause(self) -> None:
         """End the running segment: synchronize, then book its time to warm-up or steady."""
@@ -78,6 +80,8 @@ class TrainClock:
         synchronize(self.device)
         dt = time.perf_counter() - self._t0
         self._t0 = None
+        if self._steps == 0:  # nothing trained in it (e.g. a run resumed at its last step)
+            return
         # A segment never straddles the end of warm-up (count() cuts it there).
         key = "warmup" if self.steps_run <= self.warmup_steps else "steady"
         self.timing[f"{key}_s"] += dt
@@ -98,6 +102,7 @@ class TrainClock:
         if not self.in_warmup:
             self.steady_data_wait_s += data_wait_s
         self.steps_run += 1
+        self._steps += 1
         self._samples += global_samples
         if self.steps_run == self.warmup_steps:
             self.pause()

@@ -33,6 +33,7 @@ class TrainStep:
         self.bucket = GradBucket(env, self.dense_params)
         self.optimizer = make_dense_optimizer(optimizer, self.dense_params, lr, env.device)
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+        self._checked = False  # the bucket's views are verified after the first step
 
     def __call__(
         self,
@@ -55,6 +56,9 @@ class TrainStep:
         self.optimizer.step()
         self.bucket.zero_()
         marks.mark("opt")
+        if not self._checked:  # a replaced .grad would silently miss the all-reduce
+            self.bucket.check_views()
+            self._checked = True
         with torch.no_grad():
             correct = ((logits > 0).float() == batch.labels).sum()
             return torch.stack([loss_sum.detach(), correct])
