@@ -100,7 +100,8 @@ class ThreadSource:
         loader: BatchLoader | None = None
         pinned = stream = None
         if self.cuda:
-            torch.cuda.set_device(self.device)  # the current device is per thread
+            if self.device.index is not None:
+                torch.cuda.set_device(self.device)  # the current device is per thread
             pinned, stream = _Pinned(self.plan), torch.cuda.Stream(self.device)
         for slot in slots:
             if self._stop.is_set():
