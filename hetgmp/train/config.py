@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
+from hetgmp.data.pipeline import DATA_ON_DEVICE
 from hetgmp.embedding import EXCHANGES, REPLIES
 from hetgmp.embedding.kernels import KERNELS
 from hetgmp.models import MODELS
@@ -164,6 +165,32 @@ class TrainConfig:
     warmup_steps: int = option(
         10,
         help="first steps timed separately (warm-up) from the throughput",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    data_on_device: str = option(
+        "auto",
+        help="hold this rank's training samples in device memory, each batch an index_select "
+        "there (auto: on CUDA when they fit --device-data-budget-gb; on: also on CPU, in RAM)",
+        choices=list(DATA_ON_DEVICE),
+    )
+    device_data_budget_gb: float = option(
+        0.0,
+        help="device memory (GiB) resident samples may take under --data-on-device auto (0: a "
+        "quarter of the device's free memory)",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    prefetch_batches: int = option(
+        4,
+        help="when the samples are not on the device: batches a background thread gathers ahead "
+        "(into pinned buffers, copied on a side stream on CUDA); 0: gather in the training thread",
+        check=_non_negative,
+        check_msg="must be >= 0",
+    )
+    profile_steps: int = option(
+        0,
+        help="time the phases of this many steps after warm-up (CUDA events; results step_ms)",
         check=_non_negative,
         check_msg="must be >= 0",
     )

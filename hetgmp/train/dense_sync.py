@@ -27,3 +27,47 @@ def sum_dense_grads(env: DistEnv, params: list[nn.Parameter]) -> None:
         n = p.numel()
         p.grad = flat[offset : offset + n].view_as(p).clone()
         offset += n
+
+
+class GradBucket:
+    """The dense parameters' gradients as views into one persistent flat buffer.
+
+    Backward accumulates into the views in place (autograd adds into an existing ``.grad``), so
+    the per-step sum over ranks is one in-place all-reduce of the buffer -- no ``torch.cat``, no
+    copies back -- and zeroing is one fill. The optimizer must keep the views: zero with
+    :meth:`zero_`, never ``zero_grad(set_to_none=True)``.
+    """
+
+    def __init__(self, env: DistEnv, params: list[nn.Parameter]) -> None:
+        self.env = env
+        self.params = params
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise ValueError(f"dense parameters of several dtypes cannot share a bucket: {dtypes}")
+        device = params[0].device if params else env.device
+        dtype = params[0].dtype if params else torch.float32
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = self.flat[offset : offset + n].view_as(p)
+            offset += n
+
+    def all_reduce(self) -> None:
+        """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
+        if self.env.world_size > 1 and self.flat.numel():
+            all_reduce_sum(self.env, self.flat)
+
+    def zero_(self) -> None:
+        """Zero every gradient (one fill of the buffer)."""
+        self.flat.zero_()
+
+    def check_views(self) -> None:
+        """Raise if some code replaced a ``.grad`` (then the all-reduce would miss it)."""
+        for p in self.params:
+            g = p.grad
+            if (
+                g is None
+                or g.untyped_storage().data_ptr() != self.flat.untyped_storage().data_ptr()
+            ):
+                raise RuntimeError("a dense .grad is no longer a view of the gradient bucket")

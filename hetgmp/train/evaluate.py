@@ -1,24 +1,29 @@
-"""Exact evaluation over the whole test split, across all ranks.
+"""Exact evaluation over the whole test split, across all ranks, on the device.
 
-Every rank scores a contiguous shard of the test split; the scores and labels of all shards are
-gathered and the metrics are computed on the complete arrays (:mod:`hetgmp.metrics`), so the
-result is the same for 1, 2 or 8 ranks on the same model state -- unlike HET-GMP, which averages
-per-batch AUCs. Ranks whose shard runs out keep calling the embedding with empty batches until
-every rank is done, because the distributed table needs every rank at every exchange.
+Every rank scores a contiguous shard of the test split; the scores and labels stay device
+tensors and are gathered once per evaluation with one tensor collective (padded to the longest
+shard, plus the shard lengths -- nothing is pickled), and the metrics are computed on the complete
+arrays with torch ops (:func:`hetgmp.metrics.roc_auc_tensor` and friends, equal to the numpy
+functions), so the result is the same for 1, 2 or 8 ranks on the same model state -- unlike
+HET-GMP, which averages per-batch AUCs. Ranks whose shard runs out keep calling the embedding
+with empty batches until every rank is done, because the distributed table needs every rank at
+every exchange.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
+import torch.distributed as dist
 
-from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.collectives import all_gather_object, guarded
 from hetgmp.comm.env import DistEnv
+from hetgmp.data.device_batches import DeviceBatch, EpochPlan, step_slots
 from hetgmp.data.format import SplitArrays
-from hetgmp.data.loader import BatchLoader, rank_sample_indices
-from hetgmp.metrics import accuracy, log_loss, roc_auc
+from hetgmp.data.loader import rank_sample_indices
+from hetgmp.data.pipeline import PipelineOptions, open_source
+from hetgmp.metrics import accuracy_tensor, log_loss_tensor, roc_auc_tensor
 from hetgmp.models import CTRModel
 
 
@@ -42,39 +47,72 @@ def score_split(
     *,
     batch_size: int,
     amp: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """This rank's (probabilities, labels) for its contiguous shard of ``split``.
+    prefetch: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's (probabilities, labels) for its contiguous shard of ``split``: float32 1-D
+    tensors on the rank's device. ``prefetch`` > 0: a background thread reads that many
+    batches ahead (:class:`~hetgmp.data.prefetch.ThreadSource`).
 
     Collective: all ranks must call it. The shard boundaries are those of
     :func:`rank_sample_indices` without a plan, so concatenating the ranks' outputs in rank order
     gives the split in its stored order.
     """
     idx = rank_sample_indices(len(split), env.rank, env.world_size, None)
-    loader = BatchLoader(split, batch_size, indices=idx)
-    steps = max(all_gather_object(env, len(loader)))
-    device = env.device
-    num_fields = split.sparse.shape[1]
-    probs: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
+    plan = EpochPlan(split, idx, batch_size, shuffle=False, seed=0)
+    steps = max(all_gather_object(env, plan.local_batches))
+    slots = step_slots(plan, step=0, epoch=0, batch=0, steps_per_epoch=steps, total_steps=steps)
+    opts = PipelineOptions(data_on_device="off", prefetch_batches=prefetch)
+    source, _ = open_source(plan, slots, env.device, opts, num_rows=0)  # rows: resident only
+    probs: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
-    it = iter(loader)
-    with torch.no_grad():
-        for _ in range(steps):
-            batch = next(it, None)
-            if batch is None:
-                # keep answering the other ranks' lookups
-                model.embedding(torch.zeros((0, num_fields), dtype=torch.long, device=device))
-                continue
-            sparse = torch.from_numpy(batch.sparse).to(device)
-            dense = None if batch.dense is None else torch.from_numpy(batch.dense).to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                logits = model(sparse, dense)
-            probs.append(torch.sigmoid(logits.float()).cpu().numpy().ravel())
-            labels.append(batch.labels.ravel())
-    model.train(was_training)
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.float32)  # noqa: E731
-    return cat(probs).astype(np.float32), cat(labels).astype(np.float32)
+    try:
+        with torch.no_grad():
+            for _ in range(steps):
+                probs_b, labels_b = _score_batch(model, source.next()[1], env.device, amp)
+                probs += probs_b
+                labels += labels_b
+    finally:
+        source.close()
+        model.train(was_training)
+    empty = torch.zeros(0, dtype=torch.float32, device=env.device)
+    cat = lambda xs: torch.cat(xs) if xs else empty  # noqa: E731
+    return cat(probs), cat(labels)
+
+
+def _score_batch(
+    model: CTRModel, batch: DeviceBatch | None, device: torch.device, amp: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """([probabilities], [labels]) of one batch; none for an empty slot, whose lookup still
+    runs because the distributed table needs every rank at every exchange."""
+    if batch is None:
+        fields = model.num_fields
+        model.embedding(torch.zeros((0, fields), dtype=torch.long, device=device))
+        return [], []
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = model(batch.sparse, batch.dense)
+    return [torch.sigmoid(logits.float()).reshape(-1)], [batch.labels.reshape(-1)]
+
+
+def gather_rows(env: DistEnv, rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``rows`` ([k, n_rank] on the device) joined along dim 1 in rank order.
+
+    Two tensor collectives: the lengths, then the rows padded to the longest (collective)."""
+    if env.group is None or env.world_size <= 1:
+        return rows
+    n = torch.tensor([rows.shape[1]], dtype=torch.int64, device=rows.device)
+    counts = [torch.zeros_like(n) for _ in range(env.world_size)]
+    with guarded(env, "gather_rows (lengths)"):
+        dist.all_gather(counts, n, group=env.group)
+    lengths = torch.cat(counts).tolist()
+    longest = max(lengths)
+    padded = rows.new_zeros((rows.shape[0], longest))
+    padded[:, : rows.shape[1]] = rows
+    parts = [torch.empty_like(padded) for _ in range(env.world_size)]
+    with guarded(env, "gather_rows"):
+        dist.all_gather(parts, padded, group=env.group)
+    return torch.cat([p[:, :m] for p, m in zip(parts, lengths, strict=True)], dim=1)
 
 
 def evaluate(
@@ -84,15 +122,16 @@ def evaluate(
     *,
     batch_size: int,
     amp: bool = False,
+    prefetch: int = 0,
 ) -> EvalResult:
     """Exact global logloss / accuracy / AUC of ``model`` on all of ``split`` (collective)."""
-    probs, labels = score_split(model, split, env, batch_size=batch_size, amp=amp)
-    parts = all_gather_object(env, (probs, labels))
-    all_p = np.concatenate([p for p, _ in parts])
-    all_y = np.concatenate([y for _, y in parts])
-    return EvalResult(
-        val_loss=log_loss(all_y, all_p),
-        val_acc=accuracy(all_y, all_p),
-        val_auc=roc_auc(all_y, all_p),
-        samples=int(all_y.size),
+    probs, labels = score_split(
+        model, split, env, batch_size=batch_size, amp=amp, prefetch=prefetch
     )
+    both = gather_rows(env, torch.stack([probs, labels]))
+    all_p, all_y = both[0], both[1]
+    metrics = torch.stack(
+        [log_loss_tensor(all_y, all_p), accuracy_tensor(all_y, all_p), roc_auc_tensor(all_y, all_p)]
+    )
+    loss, acc, auc = metrics.tolist()  # the evaluation's one read of device values
+    return EvalResult(val_loss=loss, val_acc=acc, val_auc=auc, samples=int(all_y.numel()))

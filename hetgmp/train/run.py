@@ -142,6 +142,53 @@ def set_threads(cfg: TrainConfig, env: DistEnv) -> None:
     torch.set_num_threads(n)
 
 
+def build_trainer(
+    cfg: TrainConfig, env: DistEnv, log: RunLog, embedding_factory: EmbeddingFactory
+) -> Trainer:
+    """Open the data set and plan, build the table and the model, wrap them in a trainer."""
+    ds = resolve_dataset(cfg, env, log)
+    plan = load_checked_plan(cfg, env, ds, log)
+    table_dim = model_class(cfg.model).table_dim(cfg.embed_dim)
+    torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+    emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
+    if hasattr(emb, "kernels") and hasattr(emb, "replies"):
+        log.info(
+            f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
+            f"replies {emb.replies} (--replies {cfg.replies}), exchange "
+            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
+        )
+    model = build_model(
+        cfg.model,
+        emb,
+        num_fields=ds.meta.num_fields,
+        num_dense=ds.meta.num_dense,
+        embed_dim=cfg.embed_dim,
+    )
+    indices = rank_sample_indices(len(ds.train), env.rank, env.world_size, plan)
+    info = {
+        "model": cfg.model,
+        "embed_dim": cfg.embed_dim,
+        "table_dim": table_dim,
+        "num_rows": ds.meta.num_embeddings,
+        "dataset_fingerprint": ds.fingerprint,
+        "plan_fingerprint": plan_fingerprint(cfg.partition) if cfg.partition else None,
+    }
+    return Trainer(cfg, env, ds, model, log, indices=indices, info=info)
+
+
+def maybe_resume(cfg: TrainConfig, env: DistEnv, trainer: Trainer, log: RunLog) -> None:
+    """``--resume``: continue from the latest checkpoint, or start fresh when there is none."""
+    if not cfg.resume:
+        return
+    assert cfg.checkpoint_dir is not None
+    try:
+        find_checkpoint(cfg.checkpoint_dir)
+    except CheckpointError:
+        log.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting fresh")
+        return
+    trainer.restore(open_checkpoint(cfg.checkpoint_dir, verify=env.is_main))
+
+
 def train(
     cfg: TrainConfig,
     env: DistEnv,
@@ -158,46 +205,8 @@ def train(
             f"launcher {env.launcher}, {env.world_size} rank(s), device {env.device}, "
             f"backend {env.backend}"
         )
-        ds = resolve_dataset(cfg, env, log)
-        plan = load_checked_plan(cfg, env, ds, log)
-        cls = model_class(cfg.model)
-        table_dim = cls.table_dim(cfg.embed_dim)
-        torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
-        emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
-        if hasattr(emb, "kernels") and hasattr(emb, "replies"):
-            log.info(
-                f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
-                f"replies {emb.replies} (--replies {cfg.replies}), exchange "
-                f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
-            )
-        model = build_model(
-            cfg.model,
-            emb,
-            num_fields=ds.meta.num_fields,
-            num_dense=ds.meta.num_dense,
-            embed_dim=cfg.embed_dim,
-        )
-        indices = rank_sample_indices(len(ds.train), env.rank, env.world_size, plan)
-        info = {
-            "model": cfg.model,
-            "embed_dim": cfg.embed_dim,
-            "table_dim": table_dim,
-            "num_rows": ds.meta.num_embeddings,
-            "dataset_fingerprint": ds.fingerprint,
-            "plan_fingerprint": plan_fingerprint(cfg.partition) if cfg.partition else None,
-        }
-        trainer = Trainer(cfg, env, ds, model, log, indices=indices, info=info)
-        if cfg.resume:
-            assert cfg.checkpoint_dir is not None
-            try:
-                find_checkpoint(cfg.checkpoint_dir)
-                has_ckpt = True
-            except CheckpointError:
-                has_ckpt = False
-            if has_ckpt:
-                trainer.restore(open_checkpoint(cfg.checkpoint_dir, verify=env.is_main))
-            else:
-                log.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting fresh")
+        trainer = build_trainer(cfg, env, log, embedding_factory)
+        maybe_resume(cfg, env, trainer, log)
         results = trainer.fit()
         results["config"] = to_dict(cfg)
         log.result({k: v for k, v in results.items() if k not in ("config", "embedding_counters")})

@@ -3,69 +3,52 @@
 One *global step* = every rank takes its next batch (or an empty one when it has run out: the
 distributed table needs every rank at every exchange), computes ``sum of losses / global batch
 size``, back-propagates (the embedding captures its row gradients), sums dense gradients over
-ranks and steps the dense optimizer. Per-rank batch counts are exchanged once at start, so every
-rank knows each step's global batch size and the number of steps without a per-step collective.
+ranks and steps the dense optimizer (:mod:`hetgmp.train.step`). Per-rank batch counts are
+exchanged once at start, so every rank knows each step's global batch size and the number of
+steps without a per-step collective.
+
+Batches come from :mod:`hetgmp.data.pipeline` (on the device, or prefetched by a thread) in
+:class:`~hetgmp.data.loader.BatchLoader`'s order. In steady state the loop never waits for the
+device: losses and counts are summed on it and read at TRAIN lines, and time is measured
+between synchronized boundaries (:mod:`hetgmp.train.accounting`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import resource
 import time
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from hetgmp.comm.collectives import all_gather_object, all_reduce_sum
 from hetgmp.comm.env import DistEnv
-from hetgmp.config import to_dict
-from hetgmp.data.format import Dataset
-from hetgmp.data.loader import Batch, BatchLoader
-from hetgmp.models import CTRModel
-from hetgmp.train.checkpoint import (
-    LoadedCheckpoint,
-    Position,
-    check_compatible,
-    save_checkpoint,
-    set_rng_state,
+from hetgmp.data.device_batches import (
+    DeviceBatch,
+    EpochPlan,
+    Slot,
+    empty_batch,
+    host_to_device,
+    step_slots,
 )
+from hetgmp.data.format import Dataset
+from hetgmp.data.loader import Batch
+from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
+from hetgmp.models import CTRModel
+from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes
+from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
-from hetgmp.train.dense_sync import sum_dense_grads
 from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
+from hetgmp.train.optim import make_dense_optimizer
+from hetgmp.train.profile import NoMarks, PhaseProfiler
+from hetgmp.train.report import global_counters, local_counters, results
+from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
+from hetgmp.train.step import TrainStep
 
-
-def make_dense_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The dense optimizer for ``--dense-optimizer``."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise ValueError(f"--dense-optimizer {name!r}: expected sgd, adagrad or adam")
-
-
-def global_batch_sizes(counts: list[int], batch_size: int, step_in_epoch: int) -> int:
-    """Samples all ranks together process at ``step_in_epoch`` (ranks hold ``counts`` samples)."""
-    return sum(min(batch_size, max(0, c - step_in_epoch * batch_size)) for c in counts)
-
-
-@dataclasses.dataclass
-class Interval:
-    """Accumulators between two TRAIN lines."""
-
-    loss_sum: float = 0.0
-    correct: float = 0.0
-    samples: int = 0
-    global_samples: int = 0
-    seconds: float = 0.0
-    steps: int = 0
-    epoch: int = 0  # epoch of the interval's last step (0 = first pass over the samples)
+__all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
 
 
 class Trainer:
@@ -89,105 +72,49 @@ class Trainer:
         self.log = log
         self.indices = indices
         self.info = dict(info or {})  # identity of the run, checked when resuming
-        self.dense_params = model.dense_parameters()
-        self.dense_opt = make_dense_optimizer(
-            cfg.dense_optimizer, self.dense_params, cfg.effective_dense_lr
+        self.train_step = TrainStep(
+            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=cfg.amp
         )
-        self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+        self.dense_params = self.train_step.dense_params
+        self.dense_opt = self.train_step.optimizer
         self.position = Position(world_size=env.world_size)
-        counts = all_gather_object(env, int(indices.size))
-        self.counts = [int(c) for c in counts]
+        self.counts = [int(c) for c in all_gather_object(env, int(indices.size))]
         self.steps_per_epoch = max(math.ceil(c / cfg.batch_size) for c in self.counts)
         if self.steps_per_epoch == 0:
             raise ValueError(f"{dataset.root}: the training split is empty")
         self.total_steps = cfg.iter if cfg.iter else cfg.epochs * self.steps_per_epoch
         self.last_eval: EvalResult | None = None
         self.last_eval_step = -1
-        self._timing = {"warmup_s": 0.0, "warmup_samples": 0, "steady_s": 0.0, "steady_samples": 0}
+        self.clock = TrainClock(env.device, cfg.warmup_steps)
+        self.profiler = PhaseProfiler(
+            env.device, self.model.embedding, first=cfg.warmup_steps, steps=cfg.profile_steps
+        )
+        self.data_source = ""  # which batch source fit() used, and why
+        self._empty = empty_batch(dataset.meta.num_fields, dataset.meta.num_dense, env.device)
         self._counters0: dict[str, float] = {}
-        self._eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
+        self.eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
         self.samples_seen = 0  # global training samples of the steps run in this process
 
     # ---- one global step -------------------------------------------------------------------
-    def _tensors(
-        self, batch: Batch | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        dev = self.env.device
-        if batch is None:
-            nf = self.dataset.meta.num_fields
-            nd = self.dataset.meta.num_dense
-            sparse = torch.zeros((0, nf), dtype=torch.long, device=dev)
-            dense = torch.zeros((0, nd), device=dev) if nd else None
-            return sparse, dense, torch.zeros((0, 1), device=dev)
-        sparse = torch.from_numpy(batch.sparse).to(dev)
-        dense = None if batch.dense is None else torch.from_numpy(batch.dense).to(dev)
-        return sparse, dense, torch.from_numpy(batch.labels).to(dev)
-
     def step(self, batch: Batch | None, global_batch: int) -> tuple[float, float, int]:
-        """One global step on this rank's ``batch`` (None: nothing left). Returns this rank's
-        (loss sum, correct predictions, samples)."""
-        self.model.train()
-        sparse, dense, labels = self._tensors(batch)
-        with torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.cfg.amp):
-            logits = self.model(sparse, dense)
-        logits = logits.float()
-        loss_sum = self.loss_fn(logits, labels)
-        (loss_sum / max(1, global_batch)).backward()
-        sum_dense_grads(self.env, self.dense_params)
-        self.dense_opt.step()
-        self.dense_opt.zero_grad(set_to_none=False)
-        with torch.no_grad():
-            correct = float(((logits > 0).float() == labels).sum())
-        return float(loss_sum.detach()), correct, int(labels.shape[0])
+        """One global step on this rank's host ``batch`` (None: nothing left). Returns this
+        rank's (loss sum, correct predictions, samples); reading them waits for the device
+        (:meth:`fit` keeps them on the device instead)."""
+        db = self._empty if batch is None else host_to_device(batch, self.env.device)
+        loss, correct = self.train_step(db, global_batch).tolist()
+        return loss, correct, len(db)
 
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
         """Flush the table and write a checkpoint at the current position (collective)."""
-        assert self.cfg.checkpoint_dir is not None
-        self.model.embedding.flush()
-        dense = {"model": self.model.dense_state_dict(), "optimizer": self.dense_opt.state_dict()}
-        path = save_checkpoint(
-            self.cfg.checkpoint_dir,
-            self.env,
-            position=self.position,
-            dense_state=dense,
-            embedding_state=self.model.embedding.state_dict(),
-            info={**self.info, "config": to_dict(self.cfg)},
-        )
-        self.log.info(f"checkpoint {path}", step=self.position.step)
+        save_trainer(self)
 
     def restore(self, ck: LoadedCheckpoint) -> None:
         """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
-        check_compatible(ck, self.info_for_compat())
-        self.model.embedding.load_state_dict(ck.embedding_union())
-        dense = ck.dense()
-        try:
-            self.model.load_dense_state_dict(dense["model"])
-            self.dense_opt.load_state_dict(dense["optimizer"])
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"{ck.path / 'dense.pt'}: does not fit this model ({err})") from err
-        pos = ck.position
-        if pos.world_size == self.env.world_size:
-            rng = ck.rng(self.env.rank)
-            if rng is not None:
-                set_rng_state(rng)
-            self.position = pos
-        else:
-            # Another worker count: the shards differ, so continue at the same share of the epoch.
-            spe_old = int(ck.manifest.get("steps_per_epoch", self.steps_per_epoch))
-            batch = round(pos.batch * self.steps_per_epoch / max(1, spe_old))
-            self.position = Position(
-                pos.step, pos.epoch, min(batch, self.steps_per_epoch), self.env.world_size
-            )
-            self.log.info(
-                f"resuming a {pos.world_size}-rank checkpoint on {self.env.world_size} ranks: "
-                f"epoch {pos.epoch}, batch {self.position.batch} of {self.steps_per_epoch}"
-            )
-        self.log.info(f"resumed from {ck.path} at step {self.position.step}")
+        restore_trainer(self, ck)
 
     def info_for_compat(self) -> dict[str, Any]:
-        keys = ("model", "embed_dim", "table_dim", "num_rows", "dataset_fingerprint")
-        return {k: self.info[k] for k in keys if k in self.info}
+        return compat_info(self.info)
 
     # ---- the loop --------------------------------------------------------------------------
     def _due(self, every: int) -> bool:
@@ -199,62 +126,91 @@ class Trainer:
         self.info["steps_per_epoch"] = self.steps_per_epoch
         self._note_repeats()
         self.log.start_bar(self.total_steps, initial=self.position.step)
-        self._counters0 = self._global_counters()
-        interval = Interval()
-        steps_run = 0
-        while self.position.step < self.total_steps:
-            pos = self.position
-            loader = BatchLoader(
-                self.dataset.train,
-                cfg.batch_size,
-                indices=self.indices,
-                shuffle=cfg.shuffle,
-                seed=cfg.seed,
-                epoch=pos.epoch,
-                start_batch=min(pos.batch, self._local_batches()),
-            )
-            it = iter(loader)
-            for b in range(pos.batch, self.steps_per_epoch):
-                if self.position.step >= self.total_steps:
-                    break
-                t0 = time.perf_counter()
-                gb = global_batch_sizes(self.counts, cfg.batch_size, b)
-                loss, correct, n = self.step(next(it, None), gb)
-                if b + 1 == self.steps_per_epoch:  # epoch done: the next step starts the next
-                    self.position = Position(
-                        self.position.step + 1, pos.epoch + 1, 0, self.env.world_size
-                    )
-                else:
-                    self.position = Position(
-                        self.position.step + 1, pos.epoch, b + 1, self.env.world_size
-                    )
-                dt = time.perf_counter() - t0
-                self._account(steps_run, dt, gb)
-                steps_run += 1
-                self.samples_seen += gb
-                interval.loss_sum += loss
-                interval.correct += correct
-                interval.samples += n
-                interval.global_samples += gb
-                interval.seconds += dt
-                interval.steps += 1
-                interval.epoch = pos.epoch
-                self.log.advance()
-                if self._due(cfg.log_every):
-                    self._log_train(interval)
-                    interval = Interval()
-                if cfg.val and self._due(cfg.eval_every):
-                    self.run_eval()
-                if cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every):
-                    self.checkpoint()
-        if interval.steps:
-            self._log_train(interval)
+        self._counters0 = global_counters(self.env, self.model.embedding)
+        source = self._open_source()
+        try:
+            self._loop(source)
+        finally:
+            source.close()
+            self.profiler.remove_hooks()
         self.model.embedding.flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):
             self.run_eval()
         if cfg.checkpoint_dir is not None and not self._due(cfg.checkpoint_every):
             self.checkpoint()
         return self.results()
+
+    def _open_source(self) -> BatchSource:
+        cfg, pos = self.cfg, self.position
+        plan = EpochPlan(self.dataset.train, self.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
+        slots = step_slots(
+            plan,
+            step=pos.step,
+            epoch=pos.epoch,
+            batch=pos.batch,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+        )
+        opts = PipelineOptions(cfg.data_on_device, cfg.device_data_budget_gb, cfg.prefetch_batches)
+        source, why = open_source(
+            plan, slots, self.env.device, opts, num_rows=self.dataset.meta.num_embeddings
+        )
+        self.data_source = source.name
+        self.log.info(f"data: {why}")
+        return source
+
+    def _loop(self, source: BatchSource) -> None:
+        interval = Interval(self.env.device)
+        self.clock.resume()
+        while self.position.step < self.total_steps:
+            marks = self.profiler.begin(self.clock.steps_run)
+            t0 = time.perf_counter()
+            slot, batch = source.next()
+            wait = time.perf_counter() - t0
+            self._run_step(slot, batch, wait, interval, marks)
+            interval = self._boundaries(interval)
+        self.clock.pause()
+        if interval.steps:
+            self._log_train(interval)
+
+    def _run_step(
+        self,
+        slot: Slot,
+        batch: DeviceBatch | None,
+        wait: float,
+        interval: Interval,
+        marks: NoMarks | PhaseProfiler,
+    ) -> None:
+        """Train on the slot's batch and count it (no host sync)."""
+        marks.mark("data")
+        gb = global_batch_sizes(self.counts, self.cfg.batch_size, slot.batch)
+        stats = self.train_step(self._empty if batch is None else batch, gb, marks)
+        self.profiler.end(wait)
+        interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch)
+        interval.data_wait_s += wait
+        ws = self.env.world_size
+        if slot.batch + 1 == self.steps_per_epoch:  # epoch done: the next step starts the next
+            self.position = Position(slot.step + 1, slot.epoch + 1, 0, ws)
+        else:
+            self.position = Position(slot.step + 1, slot.epoch, slot.batch + 1, ws)
+        self.clock.count(gb, wait)
+        self.samples_seen += gb
+        self.log.advance()
+
+    def _boundaries(self, interval: Interval) -> Interval:
+        """TRAIN line, evaluation, checkpoint when due (each outside the timed training)."""
+        cfg = self.cfg
+        if self._due(cfg.log_every):
+            with self.clock.paused():
+                self._log_train(interval)
+            interval = Interval(self.env.device)
+        if cfg.val and self._due(cfg.eval_every):
+            with self.clock.paused():
+                self.run_eval()
+        if cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every):
+            with self.clock.paused():
+                self.checkpoint()
+        return interval
 
     def _note_repeats(self) -> None:
         """Say so when ``--iter`` runs past the first epoch: from then on every rank trains on
@@ -272,32 +228,14 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
         )
 
-    def _local_batches(self) -> int:
-        return math.ceil(self.indices.size / self.cfg.batch_size)
-
-    def _account(self, steps_run: int, seconds: float, global_samples: int) -> None:
-        key = "warmup" if steps_run < self.cfg.warmup_steps else "steady"
-        self._timing[f"{key}_s"] += seconds
-        self._timing[f"{key}_samples"] += global_samples
-
-    def _global_counters(self) -> dict[str, float]:
-        counters = getattr(self.model.embedding, "counters", None)
-        local = counters() if callable(counters) else {}
-        keys = sorted(local)
-        if not keys:
-            return {}
-        vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64)
-        vec = all_reduce_sum(self.env, vec)
-        return dict(zip(keys, vec.tolist(), strict=True))
-
     def _log_train(self, iv: Interval) -> None:
-        vec = torch.tensor(
-            [iv.loss_sum, iv.correct, float(iv.samples), iv.seconds], dtype=torch.float64
-        )
-        vec = all_reduce_sum(self.env, vec)
-        loss_sum, correct, samples, secs = vec.tolist()
-        seconds = secs / self.env.world_size  # ranks run in lockstep; average their clocks
-        now = self._global_counters()
+        """One TRAIN line: the interval's sums read from the device in one all-reduce."""
+        host = [float(iv.samples), self.clock.take_interval(), iv.data_wait_s]
+        vec = torch.cat([iv.sums, torch.tensor(host, dtype=torch.float64, device=iv.sums.device)])
+        loss_sum, correct, samples, secs, wait = all_reduce_sum(self.env, vec).tolist()
+        ws = self.env.world_size
+        seconds = secs / ws  # ranks run in lockstep; average their clocks
+        now = global_counters(self.env, self.model.embedding)
         delta = {k: now[k] - self._counters0.get(k, 0.0) for k in now}
         self._counters0 = now
         fields: dict[str, Any] = {
@@ -305,6 +243,7 @@ class Trainer:
             "acc": correct / max(1.0, samples),
             "time": seconds,
             "speed": iv.global_samples / seconds if seconds > 0 else 0.0,
+            "data_wait": 1e3 * wait / ws / max(1, iv.steps),  # ms per step, mean over ranks
         }
         fields.update(summarize_counters(delta, iv.global_samples))
         fields["epoch"] = iv.epoch
@@ -313,16 +252,17 @@ class Trainer:
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""
         self.model.embedding.flush()
-        before = self._local_counters()
+        before = local_counters(self.model.embedding)
         res = evaluate(
             self.model,
             self.dataset.test,
             self.env,
             batch_size=self.cfg.eval_batch_size,
             amp=self.cfg.amp,
+            prefetch=self.cfg.prefetch_batches,
         )
-        for k, v in self._local_counters().items():
-            self._eval_counters[k] = self._eval_counters.get(k, 0.0) + v - before.get(k, 0.0)
+        for k, v in local_counters(self.model.embedding).items():
+            self.eval_counters[k] = self.eval_counters.get(k, 0.0) + v - before.get(k, 0.0)
         self.last_eval = res
         self.last_eval_step = self.position.step
         self.log.metrics(
@@ -330,51 +270,6 @@ class Trainer:
         )
         return res
 
-    def _local_counters(self) -> dict[str, float]:
-        counters = getattr(self.model.embedding, "counters", None)
-        return {k: float(v) for k, v in counters().items()} if callable(counters) else {}
-
-    def _memory(self) -> dict[str, Any]:
-        """Stored rows (owned + mirrors) and peak RSS per rank, max and mean over ranks."""
-        emb = self.model.embedding
-        own = int(getattr(emb, "n_own", 0))
-        mir = int(getattr(emb, "n_mir", 0))
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
-        ranks = all_gather_object(self.env, (own, mir, rss_mb))
-        out: dict[str, Any] = {}
-        for i, name in enumerate(("owned_rows", "mirror_rows", "peak_rss_mb")):
-            vals = [float(r[i]) for r in ranks]
-            out[f"{name}_max"] = max(vals)
-            out[f"{name}_mean"] = sum(vals) / len(vals)
-        stored = [float(r[0] + r[1]) for r in ranks]
-        out["stored_rows_max"] = max(stored)
-        out["stored_rows_mean"] = sum(stored) / len(stored)
-        return out
-
     def results(self) -> dict[str, Any]:
-        t = self._timing
-        out: dict[str, Any] = {
-            "step": self.position.step,
-            "epoch": self.position.epoch,
-            "world_size": self.env.world_size,
-            "speed": t["steady_samples"] / t["steady_s"] if t["steady_s"] > 0 else None,
-            "warmup_speed": t["warmup_samples"] / t["warmup_s"] if t["warmup_s"] > 0 else None,
-            "warmup_steps": self.cfg.warmup_steps,
-            "train_seconds": t["warmup_s"] + t["steady_s"],
-        }
-        if self.last_eval is not None:
-            out.update(self.last_eval.fields())
-        total = self._global_counters()
-        out["embedding"] = summarize_counters(total, None)
-        out["embedding_counters"] = total
-        # Training only (evaluation's lookups excluded), for bytes per training sample.
-        keys = sorted(total)
-        if keys:
-            ev = torch.tensor([self._eval_counters.get(k, 0.0) for k in keys], dtype=torch.float64)
-            ev = all_reduce_sum(self.env, ev).tolist()
-            train = {k: total[k] - e for k, e in zip(keys, ev, strict=True)}
-            out["embedding_train_counters"] = train
-            out["embedding_train"] = summarize_counters(train, self.samples_seen or None)
-        out["samples_seen"] = self.samples_seen
-        out["memory"] = self._memory()
-        return out
+        """The final results (collective): metrics, speed, counters, memory, profile."""
+        return results(self)

@@ -1,0 +1,216 @@
+"""A rank's training batches as device tensors, in :class:`BatchLoader`'s exact order.
+
+The trainer asks for one batch per *global step* (``None`` once this rank's epoch has run out:
+the distributed table needs every rank at every exchange). Three sources yield the same batches:
+
+- :class:`ResidentSource`: the rank's samples live on the device (ids as int32 when the table
+  has fewer than 2**31 rows, widened per batch); a batch is an ``index_select`` by the epoch's
+  positions, uploaded once per epoch. No host work per step.
+- :class:`~hetgmp.data.prefetch.ThreadSource`: a background thread gathers batches from the
+  memory-mapped split (into pinned buffers and onto the device on a side CUDA stream) a few
+  steps ahead.
+- :class:`SyncSource`: the plain path: gather in the training thread, copy, train.
+
+Every source follows :func:`step_slots`, so the order (shuffle by ``(seed, epoch)``), the
+resume position and the last partial batch are those of :class:`BatchLoader`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from hetgmp.data.format import SplitArrays
+from hetgmp.data.loader import Batch, BatchLoader, gather
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass
+class DeviceBatch:
+    """One batch on the training device: int64 ids, float32 dense features and labels."""
+
+    sparse: torch.Tensor  # int64 [B, F]
+    dense: torch.Tensor | None  # float32 [B, num_dense]
+    labels: torch.Tensor  # float32 [B, 1]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """What one global step reads: ``batch`` of ``epoch`` (``local`` False: this rank is done)."""
+
+    step: int
+    epoch: int
+    batch: int
+    local: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """How one rank walks its samples: the :class:`BatchLoader` arguments shared by all epochs."""
+
+    split: SplitArrays
+    indices: np.ndarray  # this rank's sample indices
+    batch_size: int
+    shuffle: bool
+    seed: int
+
+    @property
+    def local_batches(self) -> int:
+        return -(-int(self.indices.size) // self.batch_size)
+
+    def loader(self, epoch: int) -> BatchLoader:
+        """The epoch's :class:`BatchLoader` (its order is the reference for every source)."""
+        return BatchLoader(
+            self.split,
+            self.batch_size,
+            indices=self.indices,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            epoch=epoch,
+        )
+
+
+def step_slots(
+    plan: EpochPlan, *, step: int, epoch: int, batch: int, steps_per_epoch: int, total_steps: int
+) -> Iterator[Slot]:
+    """The slots of global steps ``step .. total_steps - 1``, starting at ``(epoch, batch)``.
+
+    ``steps_per_epoch`` is the global count (the most batches any rank has); a rank with fewer
+    gets ``local=False`` slots at the end of each epoch.
+    """
+    local = plan.local_batches
+    while step < total_steps:
+        for b in range(batch, steps_per_epoch):
+            if step >= total_steps:
+                return
+            yield Slot(step, epoch, b, b < local)
+            step += 1
+        epoch, batch = epoch + 1, 0
+
+
+def empty_batch(num_fields: int, num_dense: int, device: torch.device) -> DeviceBatch:
+    """The zero-sample batch of a rank whose epoch has run out."""
+    sparse = torch.zeros((0, num_fields), dtype=torch.long, device=device)
+    dense = torch.zeros((0, num_dense), device=device) if num_dense else None
+    return DeviceBatch(sparse, dense, torch.zeros((0, 1), device=device))
+
+
+def host_to_device(batch: Batch, device: torch.device) -> DeviceBatch:
+    """A host :class:`Batch` copied to ``device`` (no copy on CPU: the tensors share memory)."""
+    sparse = torch.from_numpy(batch.sparse).to(device)
+    dense = None if batch.dense is None else torch.from_numpy(batch.dense).to(device)
+    return DeviceBatch(sparse, dense, torch.from_numpy(batch.labels).to(device))
+
+
+class SyncSource:
+    """Gathers each batch in the calling thread (the plain path)."""
+
+    name = "sync"
+
+    def __init__(self, plan: EpochPlan, slots: Iterator[Slot], device: torch.device) -> None:
+        self.plan = plan
+        self.slots = slots
+        self.device = device
+        self._loader: BatchLoader | None = None
+
+    def next(self) -> tuple[Slot, DeviceBatch | None]:
+        """The next step's slot and batch (``None``: this rank has nothing this step)."""
+        slot = next(self.slots)
+        if not slot.local:
+            return slot, None
+        if self._loader is None or self._loader.epoch != slot.epoch:
+            self._loader = self.plan.loader(slot.epoch)
+        return slot, host_to_device(
+            gather(self.plan.split, self._loader.batch_indices(slot.batch)), self.device
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def resident_bytes(split: SplitArrays, num_samples: int, ids_int32: bool) -> int:
+    """Device bytes :class:`ResidentSource` needs for ``num_samples`` samples (plus positions)."""
+    fields = int(split.sparse.shape[1])
+    dense = 0 if split.dense is None else int(split.dense.shape[1])
+    return num_samples * (fields * (4 if ids_int32 else 8) + 4 * dense + 4 + 8)
+
+
+def epoch_positions(loader: BatchLoader, stored: np.ndarray) -> np.ndarray:
+    """Positions in ``stored`` (sorted unique sample indices) of the epoch's samples, batch by
+    batch, each batch ascending: the order :meth:`BatchLoader.batch_indices` gives."""
+    pos = np.searchsorted(stored, loader.order)
+    bs = loader.batch_size
+    full = pos.size // bs * bs
+    head = np.sort(pos[:full].reshape(-1, bs), axis=1).ravel()
+    return np.concatenate([head, np.sort(pos[full:])])
+
+
+class ResidentSource:
+    """The rank's samples held on the device; batches are ``index_select`` by position."""
+
+    name = "resident"
+    CHUNK = 1 << 18  # samples read from the memmap at a time (bounds host memory)
+
+    def __init__(
+        self,
+        plan: EpochPlan,
+        slots: Iterator[Slot],
+        device: torch.device,
+        *,
+        ids_int32: bool,
+    ) -> None:
+        self.plan = plan
+        self.slots = slots
+        self.device = device
+        self.stored = np.unique(plan.indices.astype(np.int64, copy=False))
+        id_dtype = torch.int32 if ids_int32 else torch.int64
+        self.sparse = self._upload(plan.split.sparse, id_dtype)
+        split = plan.split
+        self.dense = None if split.dense is None else self._upload(split.dense, torch.float32)
+        self.labels = self._upload(split.labels, torch.float32).reshape(-1, 1)
+        self._epoch = -1
+        self._positions = torch.zeros(0, dtype=torch.long, device=device)
+
+    def _upload(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``self.stored`` of ``array`` as one device tensor, read chunk by chunk."""
+        n = self.stored.size
+        shape = (n, *array.shape[1:])
+        out = torch.empty(shape, dtype=dtype, device=self.device)
+        for lo in range(0, n, self.CHUNK):
+            rows = np.asarray(array[self.stored[lo : lo + self.CHUNK]])
+            if dtype == torch.int32 and rows.size and (rows.min() < 0 or rows.max() > INT32_MAX):
+                raise ValueError("ids outside int32 in a table said to fit int32")
+            out[lo : lo + rows.shape[0]].copy_(torch.from_numpy(rows).to(dtype))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        ts = [self.sparse, self.labels] + ([] if self.dense is None else [self.dense])
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def next(self) -> tuple[Slot, DeviceBatch | None]:
+        """The next step's slot and batch (``None``: this rank has nothing this step)."""
+        slot = next(self.slots)
+        if not slot.local:
+            return slot, None
+        if slot.epoch != self._epoch:
+            pos = epoch_positions(self.plan.loader(slot.epoch), self.stored)
+            self._positions = torch.from_numpy(pos).to(self.device)
+            self._epoch = slot.epoch
+        bs = self.plan.batch_size
+        pos = self._positions[slot.batch * bs : (slot.batch + 1) * bs]
+        sparse = self.sparse.index_select(0, pos).long()
+        dense = None if self.dense is None else self.dense.index_select(0, pos)
+        return slot, DeviceBatch(sparse, dense, self.labels.index_select(0, pos))
+
+    def close(self) -> None:
+        """Drop the device copies (the memory returns to the caching allocator)."""
+        self.sparse = self.labels = self._positions = torch.zeros(0)
+        self.dense = None

@@ -1,0 +1,105 @@
+"""The numbers a run reports: embedding counters over ranks, memory, the results dictionary."""
+
+from __future__ import annotations
+
+import resource
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from hetgmp.comm.collectives import all_gather_object, all_reduce_sum
+from hetgmp.comm.env import DistEnv
+from hetgmp.train.embedding_stats import summarize_counters
+from hetgmp.train.profile import PHASES, PhaseProfiler
+
+if TYPE_CHECKING:
+    from hetgmp.train.trainer import Trainer
+
+
+def local_counters(embedding: nn.Module) -> dict[str, float]:
+    """This rank's embedding counters (none for a table without ``counters()``)."""
+    counters = getattr(embedding, "counters", None)
+    return {k: float(v) for k, v in counters().items()} if callable(counters) else {}
+
+
+def sum_over_ranks(env: DistEnv, values: dict[str, float]) -> dict[str, float]:
+    """``values`` summed key by key over ranks (one all-reduce; same keys on every rank)."""
+    keys = sorted(values)
+    if not keys:
+        return {}
+    vec = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    vec = all_reduce_sum(env, vec)
+    return dict(zip(keys, vec.tolist(), strict=True))
+
+
+def global_counters(env: DistEnv, embedding: nn.Module) -> dict[str, float]:
+    """The embedding counters summed over ranks (collective)."""
+    return sum_over_ranks(env, local_counters(embedding))
+
+
+def memory_report(env: DistEnv, embedding: nn.Module) -> dict[str, Any]:
+    """Stored rows (owned + mirrors) and peak RSS per rank, max and mean over ranks."""
+    own = int(getattr(embedding, "n_own", 0))
+    mir = int(getattr(embedding, "n_mir", 0))
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+    ranks = all_gather_object(env, (own, mir, rss_mb))
+    out: dict[str, Any] = {}
+    for i, name in enumerate(("owned_rows", "mirror_rows", "peak_rss_mb")):
+        vals = [float(r[i]) for r in ranks]
+        out[f"{name}_max"] = max(vals)
+        out[f"{name}_mean"] = sum(vals) / len(vals)
+    stored = [float(r[0] + r[1]) for r in ranks]
+    out["stored_rows_max"] = max(stored)
+    out["stored_rows_mean"] = sum(stored) / len(stored)
+    return out
+
+
+def step_profile(env: DistEnv, profiler: PhaseProfiler) -> dict[str, float] | None:
+    """``--profile-steps``: per-step mean ms of each phase, averaged over ranks (collective)."""
+    steps, sums = profiler.sums()
+    if steps == 0:
+        return None
+    totals = sum_over_ranks(env, dict(zip(PHASES, sums, strict=True)))
+    out: dict[str, float] = {k: v / (steps * env.world_size) for k, v in totals.items()}
+    out["steps"] = steps
+    return out
+
+
+def timing_results(tr: Trainer) -> dict[str, Any]:
+    """``speed``, ``warmup_speed`` (global samples/s), ``data_wait_ms`` (steady steps' mean host
+    wait for a batch, averaged over ranks) and the timed seconds."""
+    out: dict[str, Any] = dict(tr.clock.speeds())
+    wait = out.pop("data_wait_ms")
+    waits = all_gather_object(tr.env, wait)
+    out["data_wait_ms"] = None if wait is None else sum(waits) / len(waits)
+    out["data_source"] = tr.data_source
+    return out
+
+
+def results(tr: Trainer) -> dict[str, Any]:
+    """The final results of ``tr`` (collective: every rank calls it and gets the same)."""
+    out: dict[str, Any] = {
+        "step": tr.position.step,
+        "epoch": tr.position.epoch,
+        "world_size": tr.env.world_size,
+        "warmup_steps": tr.cfg.warmup_steps,
+        **timing_results(tr),
+    }
+    profile = step_profile(tr.env, tr.profiler)
+    if profile is not None:
+        out["step_ms"] = profile
+    if tr.last_eval is not None:
+        out.update(tr.last_eval.fields())
+    total = global_counters(tr.env, tr.model.embedding)
+    out["embedding"] = summarize_counters(total, None)
+    out["embedding_counters"] = total
+    # Training only (evaluation's lookups excluded), for bytes per training sample.
+    if total:
+        ev = sum_over_ranks(tr.env, {k: tr.eval_counters.get(k, 0.0) for k in total})
+        train = {k: total[k] - ev[k] for k in total}
+        out["embedding_train_counters"] = train
+        out["embedding_train"] = summarize_counters(train, tr.samples_seen or None)
+    out["samples_seen"] = tr.samples_seen
+    out["memory"] = memory_report(tr.env, tr.model.embedding)
+    return out

@@ -1,0 +1,70 @@
+"""Write a trainer's state as a checkpoint, and put a checkpoint's state back into a trainer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from hetgmp.config import to_dict
+from hetgmp.train.checkpoint import (
+    LoadedCheckpoint,
+    Position,
+    check_compatible,
+    save_checkpoint,
+    set_rng_state,
+)
+
+if TYPE_CHECKING:
+    from hetgmp.train.trainer import Trainer
+
+COMPAT_KEYS = ("model", "embed_dim", "table_dim", "num_rows", "dataset_fingerprint")
+
+
+def compat_info(info: dict[str, Any]) -> dict[str, Any]:
+    """The identity a checkpoint must share with the run that resumes it."""
+    return {k: info[k] for k in COMPAT_KEYS if k in info}
+
+
+def save_trainer(tr: Trainer) -> None:
+    """Flush the table and write a checkpoint at the current position (collective)."""
+    assert tr.cfg.checkpoint_dir is not None
+    tr.model.embedding.flush()
+    dense = {"model": tr.model.dense_state_dict(), "optimizer": tr.dense_opt.state_dict()}
+    path = save_checkpoint(
+        tr.cfg.checkpoint_dir,
+        tr.env,
+        position=tr.position,
+        dense_state=dense,
+        embedding_state=tr.model.embedding.state_dict(),
+        info={**tr.info, "config": to_dict(tr.cfg)},
+    )
+    tr.log.info(f"checkpoint {path}", step=tr.position.step)
+
+
+def restore_trainer(tr: Trainer, ck: LoadedCheckpoint) -> None:
+    """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
+    check_compatible(ck, compat_info(tr.info))
+    tr.model.embedding.load_state_dict(ck.embedding_union())
+    dense = ck.dense()
+    try:
+        tr.model.load_dense_state_dict(dense["model"])
+        tr.dense_opt.load_state_dict(dense["optimizer"])
+    except (KeyError, ValueError) as err:
+        raise ValueError(f"{ck.path / 'dense.pt'}: does not fit this model ({err})") from err
+    pos = ck.position
+    if pos.world_size == tr.env.world_size:
+        rng = ck.rng(tr.env.rank)
+        if rng is not None:
+            set_rng_state(rng)
+        tr.position = pos
+    else:
+        # Another worker count: the shards differ, so continue at the same share of the epoch.
+        spe_old = int(ck.manifest.get("steps_per_epoch", tr.steps_per_epoch))
+        batch = round(pos.batch * tr.steps_per_epoch / max(1, spe_old))
+        tr.position = Position(
+            pos.step, pos.epoch, min(batch, tr.steps_per_epoch), tr.env.world_size
+        )
+        tr.log.info(
+            f"resuming a {pos.world_size}-rank checkpoint on {tr.env.world_size} ranks: "
+            f"epoch {pos.epoch}, batch {tr.position.batch} of {tr.steps_per_epoch}"
+        )
+    tr.log.info(f"resumed from {ck.path} at step {tr.position.step}")

@@ -1,0 +1,64 @@
+"""One global step on this rank's batch, with no host synchronization.
+
+The loss is ``sum of losses / global batch size``; back-propagation fills the dense gradients
+(views into :class:`GradBucket`) and the embedding's row gradients; the bucket is summed over
+ranks in place; the dense optimizer steps. The step returns this rank's ``[loss sum, correct]``
+as a device tensor: reading it would wait for the device, so the caller adds it up and reads
+the sums only at TRAIN lines.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.data.device_batches import DeviceBatch
+from hetgmp.models import CTRModel
+from hetgmp.train.dense_sync import GradBucket
+from hetgmp.train.optim import make_dense_optimizer
+from hetgmp.train.profile import NoMarks, PhaseProfiler
+
+
+class TrainStep:
+    """The model, its dense gradient bucket and optimizer, and the step that uses them."""
+
+    def __init__(
+        self, env: DistEnv, model: CTRModel, *, optimizer: str, lr: float, amp: bool
+    ) -> None:
+        self.env = env
+        self.model = model
+        self.amp = amp
+        self.dense_params = model.dense_parameters()
+        self.bucket = GradBucket(env, self.dense_params)
+        self.optimizer = make_dense_optimizer(optimizer, self.dense_params, lr, env.device)
+        self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+        self._checked = False  # the bucket's views are verified after the first step
+
+    def __call__(
+        self,
+        batch: DeviceBatch,
+        global_batch: int,
+        marks: NoMarks | PhaseProfiler | None = None,
+    ) -> torch.Tensor:
+        """Train on ``batch`` (this rank's share of a global batch of ``global_batch``
+        samples); returns float32 ``[loss sum, correct predictions]`` on the device."""
+        marks = marks if marks is not None else NoMarks()
+        self.model.train()
+        with torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.amp):
+            logits = self.model(batch.sparse, batch.dense)
+        logits = logits.float()
+        loss_sum = self.loss_fn(logits, batch.labels)
+        (loss_sum / max(1, global_batch)).backward()
+        marks.mark("fwd_bwd")
+        self.bucket.all_reduce()
+        marks.mark("sync")
+        self.optimizer.step()
+        self.bucket.zero_()
+        marks.mark("opt")
+        if not self._checked:  # a replaced .grad would silently miss the all-reduce
+            self.bucket.check_views()
+            self._checked = True
+        with torch.no_grad():
+            correct = ((logits > 0).float() == batch.labels).sum()
+            return torch.stack([loss_sum.detach(), correct])
