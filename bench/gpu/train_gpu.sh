@@ -8,7 +8,8 @@
 #   1. plain PyTorch on 1 GPU, variants fp32 eager / bf16 + CUDA graph / bf16 + adagrad /
 #      bf16 + compile + CUDA graph (one process, one record per variant; compile last: slowest),
 #   2. the CLI on 1 GPU (whole table on the GPU; default flags, --device cuda),
-#   3. the CLI on 2 GPUs (metis+refine plan, --store_rate 0.01 --bound 100).
+#   3. the CLI on 2 GPUs (metis+refine plan, --store_rate 0.01 --bound 100),
+#   4. the CLI on 1 GPU with --amp (bf16 autocast of the dense part; CLI_AMP=0 skips it).
 # Every run of a batch size takes the same number of steps (ITERS), so AUCs compare after the same
 # steps; the data set is sized so that the largest run (2 GPUs x batch x steps) stays inside ONE
 # epoch with 20 % slack for an unbalanced plan. Default steps: 150 at 8192 (10 warm-up + 140
@@ -140,22 +141,23 @@ run_plain() {  # model batch iters
   fi
 }
 
-run_cli() {  # model batch iters gpus
-  local variant="whole table on the GPU" extra=()
+run_cli() {  # model batch iters gpus [more CLI flags: a variant of the defaults]
+  local variant="whole table on the GPU" extra=() more=("${@:5}")
   if [ "$4" = 2 ]; then
     variant="$METHOD plan, store_rate 0.01, bound 100"
     extra=(--partition "$PLAN" --store_rate 0.01 --bound 100)
   fi
+  [ ${#more[@]} -gt 0 ] && variant="$variant, ${more[*]}"
   local c; c=$(cap "${CLI_MAX_S:-180}")
   if [ "$c" = 0 ] || { [ "$4" = 2 ] && [ ! -f "$PLAN" ]; }; then
     skipped "$1" "$2" "$4" hetgmp-cli "$variant"; return
   fi
-  local out="$WORK/results/cli_$1_b$2_w$4.json"
+  local out="$WORK/results/cli_$1_b$2_w$4${more:+_}$(echo "${more[*]}" | tr -dc 'a-z0-9').json"
   rm -f "$out"
   local cmd=($PY -m torch.distributed.run --standalone --nproc_per_node "$4" examples/hetuctr.py
              --dataset "$DS" --device "$DEVICE" --model "$1" --batch_size "$2"
              --embed_dim "$EMBED_DIM" --iter "$3" --log_every 50 --no-progress "${extra[@]}"
-             "${PROFILE[@]}" --output "$out")
+             "${PROFILE[@]}" "${more[@]}" --output "$out")
   run_logged "$c" "cli $1 b$2 w$4" "${cmd[@]}"
   $PY bench/gpu/train_report.py add-cli --records "$RECORDS" --result "$out" --model "$1" \
     --batch "$2" --gpus "$4" --iters "$3" --wall-s "$RUN_S" --rc "$RUN_RC" --variant "$variant" \
@@ -168,6 +170,8 @@ for model in "${MODELS[@]}"; do
     run_plain "$model" "$b" "$it"
     run_cli "$model" "$b" "$it" 1
     [ $WORLD = 2 ] && run_cli "$model" "$b" "$it" 2
+    # bf16 autocast for the dense part: could it be the GPU default? (AUC after the same steps)
+    [ "${CLI_AMP:-1}" = 1 ] && run_cli "$model" "$b" "$it" 1 --amp
   done
 done
 

@@ -180,10 +180,13 @@ def headline_lines(records: list[dict[str, Any]]) -> list[str]:
     out = []
     for model, batch in groups(records):
         best = best_plain(records, model, batch)
-        cli = {
-            r["gpus"]: r for r in records
+        mine = [
+            r for r in records
             if r["contender"] == CLI and (r["model"], r["batch"]) == (model, batch) and ok(r)
-        }  # fmt: skip
+        ]  # fmt: skip
+        # the headline is the CLI with its default flags; variants (e.g. --amp) are listed after
+        cli = {r["gpus"]: r for r in mine if "--" not in str(r.get("variant", ""))}
+        variants = [r for r in mine if "--" in str(r.get("variant", ""))]
         parts = [
             f"plain best {rate(best['samples_per_s'])}/s ({best.get('variant')}, "
             f"AUC {fmt(best.get('val_auc'), '.4f')})"
@@ -200,6 +203,10 @@ def headline_lines(records: list[dict[str, Any]]) -> list[str]:
         if same and same is not best:  # like for like: the CLI's own table optimizer
             parts.append(f"plain with {CLI_OPT} (the CLI's table optimizer) "
                          f"{rate(same['samples_per_s'])}/s, AUC {fmt(same.get('val_auc'), '.4f')}")  # fmt: skip
+        for r in variants:
+            flags = str(r["variant"]).split(", ")[-1]
+            parts.append(f"CLI {r['gpus']} GPU {flags} {rate(r['samples_per_s'])}/s, "
+                         f"AUC {fmt(r.get('val_auc'), '.4f')}")  # fmt: skip
         if 1 in cli and 2 in cli:
             parts.append(
                 f"CLI 2 GPUs / 1 GPU = **{cli[2]['samples_per_s'] / cli[1]['samples_per_s']:.2f}x**"
