@@ -42,6 +42,7 @@ RECORDS="$RES/train_records.jsonl"
 LOGF="$RES/train_logs.txt"
 mkdir -p "$RES" "$WORK/results"
 rm -f "$RECORDS" "$LOGF" "$RES/train_cli.json" "$RES/train_cli.md"
+touch "$RECORDS"
 log() { echo "[train_gpu +$(($(date +%s) - T0))s] $*" | tee -a "$LOGF"; }
 left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
 [ ${#ITERS[@]} = ${#BATCHES[@]} ] || { echo "ITERS needs one value per batch in BATCHES"; exit 2; }
