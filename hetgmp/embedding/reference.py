@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetgmp.embedding.batch import input_problem, range_error
 from hetgmp.embedding.counters import zero_counters
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.init import initial_rows
@@ -20,19 +21,12 @@ from hetgmp.embedding.optim import SparseOptimizer
 
 
 def check_ids(ids: torch.Tensor, num_rows: int) -> str | None:
-    """The problem with a batch of ids, or None when it is a valid int64 ``[B, F]`` tensor."""
-    if not isinstance(ids, torch.Tensor):
-        return f"ids must be a torch.Tensor, got {type(ids).__name__}"
-    if ids.dtype != torch.int64:
-        return f"ids must be int64 (torch.long), got {ids.dtype}"
-    if ids.dim() != 2:
-        return f"ids must have shape [batch, fields], got {tuple(ids.shape)}"
-    if ids.numel():
-        lo, hi = torch.stack([ids.min(), ids.max()]).tolist()
-        if lo < 0 or hi >= num_rows:
-            bad = lo if lo < 0 else hi
-            return f"id {bad} is outside [0, {num_rows}) (table has {num_rows} rows)"
-    return None
+    """The problem with a batch of ids, or None when it is a valid int64 ``[B, F]`` tensor
+    (the same messages as the distributed table's)."""
+    problem = input_problem(ids)
+    if problem is None and ids.numel() and (ids.min() < 0 or ids.max() >= num_rows):
+        problem = range_error(ids, num_rows)
+    return problem
 
 
 class ReferenceEmbedding(nn.Module):
