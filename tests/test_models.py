@@ -114,3 +114,30 @@ def test_dense_state_roundtrip_and_mismatch() -> None:
     c = build_model("dcn", nn.Embedding(10, 4), num_fields=2, num_dense=1, embed_dim=4)
     with pytest.raises(ValueError, match="does not fit"):
         c.load_dense_state_dict(a.dense_state_dict())
+
+
+def test_wdl_fused_first_layer_equals_the_concatenated_formula() -> None:
+    """WDL computes its wide logit as one more output of the deep part's first layer, over the
+    embedding and dense parts separately (no concatenated input): outputs and every gradient
+    must equal the textbook ``wide(x) + deep_out(deep(x))`` on ``x = [flat embeddings, dense]``."""
+    import torch
+    from torch import nn
+
+    from hetgmp.models.ctr import WDL
+    from hetgmp.models.layers import flat_inputs
+
+    torch.manual_seed(0)
+    for num_dense in (3, 0):
+        m = WDL(nn.Embedding(50, 4), 6, num_dense, 4).double()
+        sparse = torch.randint(0, 50, (17, 6))
+        dense = torch.randn(17, num_dense, dtype=torch.float64) if num_dense else None
+        out = m(sparse, dense)
+        out.pow(2).sum().backward()
+        got = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        x = flat_inputs(m.embedding(sparse), dense)
+        want = m.wide(x) + m.deep_out(m.deep(x))
+        want.pow(2).sum().backward()
+        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+        for g, p in zip(got, m.parameters(), strict=True):
+            torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-12)

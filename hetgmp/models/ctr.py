@@ -17,7 +17,7 @@ import itertools
 import torch
 from torch import nn
 
-from hetgmp.models.layers import MLP, CrossNetwork, dot_interaction, flat_inputs
+from hetgmp.models.layers import MLP, CrossNetwork, dot_interaction, first_layer, flat_inputs
 
 # HET-GMP's deep part for WDL / DCN / DeepFM.
 HETGMP_MLP = (256, 256, 256)
@@ -104,10 +104,21 @@ class WDL(CTRModel):
         self.wide = nn.Linear(in_dim, 1)
         self.deep = MLP(in_dim, HETGMP_MLP)
         self.deep_out = nn.Linear(self.deep.out_dim, 1)
+        self._deep_rest = tuple(self.deep)[1:]  # (registered under deep; a plain tuple here)
 
     def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        x = flat_inputs(self.lookup(sparse), dense)
-        return self.wide(x) + self.deep_out(self.deep(x))
+        # The wide logit is one more output of the deep part's first layer (the same inputs):
+        # one pass over the [B, F*D] input instead of a matrix-vector product of its own, whose
+        # backward wrote a second input-sized gradient to add to the deep one (same arithmetic,
+        # same parameters: ``wide`` and ``deep[0]`` stay separate in the state dict).
+        first = self.deep[0]
+        w = torch.cat([first.weight, self.wide.weight])
+        b = torch.cat([first.bias, self.wide.bias])
+        h = first_layer(self.lookup(sparse), dense, w, b)
+        x = h[:, :-1]
+        for layer in self._deep_rest:
+            x = layer(x)
+        return h[:, -1:] + self.deep_out(x)
 
 
 class DCN(CTRModel):
