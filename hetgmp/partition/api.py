@@ -15,6 +15,7 @@ report (with the same numbers for ``random`` and ``hash`` on the same data) in `
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 import sys
@@ -48,6 +49,30 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, disable=not (enabled and sys.stderr.isatty()), leave=False)
 
 
+@dataclasses.dataclass
+class _Job:
+    """What every stage of one partitioning run reads: the id matrix and the settings, plus
+    the progress bar, per-stage timings and extra facts for the plan's ``meta``."""
+
+    ids: np.ndarray
+    num_rows: int
+    nparts: int
+    batch_size: int
+    topo: np.ndarray
+    threads: int
+    bar: Any
+    t0: float = dataclasses.field(default_factory=time.perf_counter)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.shape[0])
+
+    def stage(self, name: str) -> None:
+        self.bar.set_postfix_str(name)
+
+
 def partition_ids(
     sparse: np.ndarray,
     num_rows: int,
@@ -66,137 +91,172 @@ def partition_ids(
     report_baselines: bool = True,
     progress: bool = True,
 ) -> Plan:
-    """Partition the graph of an [N, F] id matrix (ids in ``[0, num_rows)``) into ``nparts``."""
-    t0 = time.perf_counter()
+    """Partition the graph of an [N, F] id matrix (ids in ``[0, num_rows)``) into ``nparts``:
+    start (METIS or a baseline) -> graph -> greedy placement -> refinement rounds -> mirror
+    ranking and quality report -> plan."""
+    _check_args(method, sparse, num_rows, nparts, batch_size, rounds, max_mirror_rate)
+    refining = method in ("refine", "metis+refine") and rounds > 0
+    metis = method in ("metis", "metis+refine")
+    # One bar over every stage: start, graph build, (greedy), each refinement round, report.
+    bar = _progress(3 + metis + (rounds if refining else 0),
+                    f"partition {method} into {nparts}", progress)  # fmt: skip
+    ids = sparse if sparse.dtype in (np.int32, np.int64) else np.asarray(sparse, dtype=np.int64)
+    job = _Job(
+        np.ascontiguousarray(ids), num_rows, nparts, batch_size,
+        cost.topology_matrix(nparts, gpus_per_node=gpus_per_node, intra_cost=intra_cost),
+        int(threads or 0), bar,
+    )  # fmt: skip
+    dp, ep = _start(job, method, seed, metis_max_edges)
+    refiner = _graph(job, dp, ep, theta)
+    if metis:
+        _greedy(job, refiner)
+    history = _refine(job, refiner, rounds if refining else 0)
+    data_part = np.array(refiner.data_partition(), dtype=np.int32)
+    embed_part = np.array(refiner.embed_partition(), dtype=np.int32)
+    counts = refiner.counts()  # (may view the refiner's memory: it lives until the report)
+    t = time.perf_counter()
+    mirrors, report = _mirrors_and_report(job, data_part, embed_part, counts, max_mirror_rate)
+    del refiner, counts
+    report["cost_history"] = history
+    log.info("partition %s", summary_line(method, report))
+    if report_baselines:
+        report["baselines"] = _baseline_reports(job, method, seed)
+    job.timings["report_s"] = time.perf_counter() - t
+    bar.update(1)
+    bar.close()
+    job.timings["wall_s"] = time.perf_counter() - job.t0
+    meta: dict[str, Any] = {
+        "method": method, "seed": seed, "batch_size": batch_size,
+        "rounds": rounds if method in ("refine", "metis+refine") else 0, "threads": job.threads,
+        "theta": theta, "intra_cost": intra_cost, "gpus_per_node": gpus_per_node,
+        "cost_matrix": job.topo, "max_mirror_rate": max_mirror_rate, "num_samples": job.n,
+        "num_rows": num_rows, "quality": report,
+        "timing": {**job.timings, "peak_rss_mb": peak_rss_mb()}, **job.extra,
+    }  # fmt: skip
+    return Plan(data_part, embed_part, mirrors, meta).validate()
+
+
+def _check_args(
+    method: str, sparse: np.ndarray, num_rows: int, nparts: int, batch_size: int, rounds: int,
+    max_mirror_rate: float,
+) -> None:  # fmt: skip
     if method not in METHODS:
         raise PlanError(f"--method {method!r} is not one of {list(METHODS)}")
     if sparse.ndim != 2:
-        raise PlanError(f"sample ids must be a 2-D [samples, fields] array, got shape {sparse.shape}")
-    n = int(sparse.shape[0])
-    baselines._check_sizes(n, num_rows, nparts)
+        raise PlanError(
+            f"sample ids must be a 2-D [samples, fields] array, got shape {sparse.shape}"
+        )
+    baselines._check_sizes(int(sparse.shape[0]), num_rows, nparts)
     if batch_size < 1:
         raise PlanError(f"--batch-size must be >= 1, got {batch_size}")
     if rounds < 0:
         raise PlanError(f"--rounds must be >= 0, got {rounds}")
     if not 0.0 <= max_mirror_rate <= 1.0:
         raise PlanError(f"--max-mirror-rate must lie in [0, 1], got {max_mirror_rate}")
-    nthreads = int(threads or 0)
-    topo = cost.topology_matrix(nparts, gpus_per_node=gpus_per_node, intra_cost=intra_cost)
-    ids = sparse if sparse.dtype in (np.int32, np.int64) else np.asarray(sparse, dtype=np.int64)
-    ids = np.ascontiguousarray(ids)
-    timings: dict[str, float] = {}
-    extra: dict[str, Any] = {}
-    rng = np.random.default_rng([seed, 0x5EED])
-    refining = method in ("refine", "metis+refine") and rounds > 0
-    # One bar over every stage: start, graph build, (greedy), each refinement round, report.
-    bar = _progress(3 + (method in ("metis", "metis+refine")) + (rounds if refining else 0),
-                    f"partition {method} into {nparts}", progress)
-    bar.set_postfix_str("start")
 
+
+def _start(job: _Job, method: str, seed: int, metis_max_edges: int) -> tuple[Any, Any]:
+    """The starting owner of every sample and row: a baseline, or METIS on the graph."""
+    job.stage("start")
+    rng = np.random.default_rng([seed, 0x5EED])
     if method == "hash":
-        start = baselines.hash_plan(n, num_rows, nparts)
+        start = baselines.hash_plan(job.n, job.num_rows, job.nparts)
         dp, ep = start.data_partition, start.embed_partition
     elif method in ("random", "refine"):
-        dp = baselines.balanced_random(n, nparts, rng)
-        ep = baselines.balanced_random(num_rows, nparts, rng)
+        dp = baselines.balanced_random(job.n, job.nparts, rng)
+        ep = baselines.balanced_random(job.num_rows, job.nparts, rng)
     else:
         t = time.perf_counter()
-        dp, ep, extra["metis"] = metis_start(
-            ids, num_rows, nparts, seed=seed, max_edges=metis_max_edges, batch_size=batch_size,
-            threads=nthreads,
-        )
-        timings["metis_s"] = time.perf_counter() - t
-        log.info("partition metis %s", extra["metis"])
-    bar.update(1)
-    bar.set_postfix_str("graph")
+        dp, ep, job.extra["metis"] = metis_start(
+            job.ids, job.num_rows, job.nparts, seed=seed, max_edges=metis_max_edges,
+            batch_size=job.batch_size, threads=job.threads,
+        )  # fmt: skip
+        job.timings["metis_s"] = time.perf_counter() - t
+        log.info("partition metis %s", job.extra["metis"])
+    job.bar.update(1)
+    return dp, ep
 
+
+def _graph(job: _Job, dp: Any, ep: Any, theta: float) -> Any:
+    """The native refiner over the sample <-> row graph (row -> sample CSR, use counts)."""
+    job.stage("graph")
     t = time.perf_counter()
     refiner = native().Refiner(
-        ids, dp, ep, nparts, num_rows, batch_size, topo, theta=theta, threads=nthreads
-    )
-    timings["graph_s"] = time.perf_counter() - t
-    bar.update(1)
-    if method in ("metis", "metis+refine"):
-        bar.set_postfix_str("greedy placement")
-        t = time.perf_counter()
-        extra["greedy_placed"] = {
-            "samples": int(refiner.assign_data()),
-            "rows": int(refiner.assign_embed()),
-        }
-        timings["greedy_s"] = time.perf_counter() - t
-        bar.update(1)
-    m = refiner.samples_per_part
-    history = [_cost(refiner, m, batch_size, topo, nthreads)]
-    if refining:
-        t = time.perf_counter()
-        for r in range(rounds):
-            moved_d = refiner.refine_data()
-            moved_e = refiner.refine_embed()
-            history.append(_cost(refiner, m, batch_size, topo, nthreads))
-            log.info(
-                "partition round=%d moved_samples=%d moved_rows=%d cost_per_step=%.1f "
-                "elapsed_s=%.1f", r + 1, moved_d, moved_e, history[-1],
-                time.perf_counter() - t0,
-            )
-            bar.set_postfix_str(f"round {r + 1}: cost {history[-1]:.0f}")
-            bar.update(1)
-        timings["refine_s"] = time.perf_counter() - t
-    data_part = np.array(refiner.data_partition(), dtype=np.int32)
-    embed_part = np.array(refiner.embed_partition(), dtype=np.int32)
-    counts = refiner.counts()
+        job.ids, dp, ep, job.nparts, job.num_rows, job.batch_size, job.topo, theta=theta,
+        threads=job.threads,
+    )  # fmt: skip
+    job.timings["graph_s"] = time.perf_counter() - t
+    job.bar.update(1)
+    return refiner
 
+
+def _greedy(job: _Job, refiner: Any) -> None:
+    """Place what METIS left unplaced (samples, then rows) next to their neighbours."""
+    job.stage("greedy placement")
     t = time.perf_counter()
-    bar.set_postfix_str("mirrors and report")
+    job.extra["greedy_placed"] = {
+        "samples": int(refiner.assign_data()),
+        "rows": int(refiner.assign_embed()),
+    }
+    job.timings["greedy_s"] = time.perf_counter() - t
+    job.bar.update(1)
+
+
+def _refine(job: _Job, refiner: Any, rounds: int) -> list[float]:
+    """HET-GMP's alternating sample / row moves; the cost per step after each round."""
+    m = refiner.samples_per_part
+    history = [_cost(refiner, m, job.batch_size, job.topo, job.threads)]
+    t = time.perf_counter()
+    for r in range(rounds):
+        moved_d = refiner.refine_data()
+        moved_e = refiner.refine_embed()
+        history.append(_cost(refiner, m, job.batch_size, job.topo, job.threads))
+        log.info(
+            "partition round=%d moved_samples=%d moved_rows=%d cost_per_step=%.1f "
+            "elapsed_s=%.1f", r + 1, moved_d, moved_e, history[-1], time.perf_counter() - job.t0,
+        )  # fmt: skip
+        job.stage(f"round {r + 1}: cost {history[-1]:.0f}")
+        job.bar.update(1)
+    if rounds:
+        job.timings["refine_s"] = time.perf_counter() - t
+    return history
+
+
+def _mirrors_and_report(
+    job: _Job, data_part: np.ndarray, embed_part: np.ndarray, counts: Any, max_mirror_rate: float
+) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Every worker's non-owned rows by mirror priority (cut to ``max_mirror_rate``) and the
+    plan's quality report."""
+    job.stage("mirrors and report")
     limit_rate = max(max_mirror_rate, 0.1)  # the report needs store rates up to 0.1
     mirrors, gains = rank_mirrors(
-        ids, data_part, embed_part, nparts, batch_size=batch_size, topo=topo,
-        max_mirror_rate=limit_rate, num_rows=num_rows, counts=counts, threads=nthreads,
-    )
-    keep = int(round(max_mirror_rate * num_rows))
+        job.ids, data_part, embed_part, job.nparts, batch_size=job.batch_size, topo=job.topo,
+        max_mirror_rate=limit_rate, num_rows=job.num_rows, counts=counts, threads=job.threads,
+    )  # fmt: skip
+    keep = int(round(max_mirror_rate * job.num_rows))
     report = quality_report(
-        ids, data_part, embed_part, nparts, batch_size=batch_size, topo=topo, num_rows=num_rows,
-        counts=counts, mirror_gains=gains, threads=nthreads,
-    )
-    mirrors = [mir[:keep] for mir in mirrors]
-    del refiner, counts
-    report["cost_history"] = history
-    log.info("partition %s", summary_line(method, report))
-    if report_baselines:
-        report["baselines"] = {}
-        for name in ("random", "hash"):
-            if name == method:
-                continue
-            base = (baselines.hash_plan(n, num_rows, nparts) if name == "hash"
-                    else baselines.random_plan(n, num_rows, nparts, seed))
-            rep = quality_report(
-                ids, base.data_partition, base.embed_partition, nparts, batch_size=batch_size,
-                topo=topo, num_rows=num_rows, threads=nthreads,
-            )
-            rep.pop("workers")
-            report["baselines"][name] = rep
-            log.info("partition %s", summary_line(name, rep))
-    timings["report_s"] = time.perf_counter() - t
-    bar.update(1)
-    bar.close()
-    timings["wall_s"] = time.perf_counter() - t0
-    meta: dict[str, Any] = {
-        "method": method,
-        "seed": seed,
-        "batch_size": batch_size,
-        "rounds": rounds if method in ("refine", "metis+refine") else 0,
-        "threads": nthreads,
-        "theta": theta,
-        "intra_cost": intra_cost,
-        "gpus_per_node": gpus_per_node,
-        "cost_matrix": topo,
-        "max_mirror_rate": max_mirror_rate,
-        "num_samples": n,
-        "num_rows": num_rows,
-        "quality": report,
-        "timing": {**timings, "peak_rss_mb": peak_rss_mb()},
-        **extra,
-    }
-    return Plan(data_part, embed_part, mirrors, meta).validate()
+        job.ids, data_part, embed_part, job.nparts, batch_size=job.batch_size, topo=job.topo,
+        num_rows=job.num_rows, counts=counts, mirror_gains=gains, threads=job.threads,
+    )  # fmt: skip
+    return [mir[:keep] for mir in mirrors], report
+
+
+def _baseline_reports(job: _Job, method: str, seed: int) -> dict[str, Any]:
+    """The same quality report for the random and hash plans of the same data."""
+    out: dict[str, Any] = {}
+    for name in ("random", "hash"):
+        if name == method:
+            continue
+        base = (baselines.hash_plan(job.n, job.num_rows, job.nparts) if name == "hash"
+                else baselines.random_plan(job.n, job.num_rows, job.nparts, seed))  # fmt: skip
+        rep = quality_report(
+            job.ids, base.data_partition, base.embed_partition, job.nparts,
+            batch_size=job.batch_size, topo=job.topo, num_rows=job.num_rows, threads=job.threads,
+        )  # fmt: skip
+        rep.pop("workers")
+        out[name] = rep
+        log.info("partition %s", summary_line(name, rep))
+    return out
 
 
 def _cost(refiner: Any, m: int, batch_size: int, topo: np.ndarray, threads: int) -> float:
@@ -223,10 +283,21 @@ def partition_dataset(
 ) -> Plan:
     """Partition the training split of ``ds`` into ``nparts`` workers (see module docstring)."""
     plan = partition_ids(
-        ds.train.sparse, ds.meta.num_embeddings, nparts, method=method, batch_size=batch_size,
-        seed=seed, threads=threads, rounds=rounds, intra_cost=intra_cost,
-        gpus_per_node=gpus_per_node, max_mirror_rate=max_mirror_rate, theta=theta,
-        metis_max_edges=metis_max_edges, report_baselines=report_baselines, progress=progress,
+        ds.train.sparse,
+        ds.meta.num_embeddings,
+        nparts,
+        method=method,
+        batch_size=batch_size,
+        seed=seed,
+        threads=threads,
+        rounds=rounds,
+        intra_cost=intra_cost,
+        gpus_per_node=gpus_per_node,
+        max_mirror_rate=max_mirror_rate,
+        theta=theta,
+        metis_max_edges=metis_max_edges,
+        report_baselines=report_baselines,
+        progress=progress,
     )
     plan.meta["dataset_fingerprint"] = ds.fingerprint
     plan.meta["dataset"] = str(ds.root)
