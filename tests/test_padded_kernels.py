@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import torch
 
-    def run(env, kernels, bound, steps, world):
+    def run(env, kernels, bound, steps, world, optimizer):
         from hetgmp.embedding import DistributedEmbedding
         from hetgmp.partition.plan import Plan
 
@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
         mirrors = [np.flatnonzero(owner != w).astype(np.int64) for w in range(world)]
         plan = Plan(np.zeros(world, np.int32), owner, mirrors, {})
         emb = DistributedEmbedding(
-            rows, 6, env, plan, store_rate=0.25, bound=bound, optimizer="sgd", lr=0.1,
+            rows, 6, env, plan, store_rate=0.25, bound=bound, optimizer=optimizer, lr=0.1,
             kernels=kernels, replies="all", exchange="padded",
         )
         g = torch.Generator().manual_seed(env.rank)
@@ -47,14 +47,14 @@ SCRIPT = textwrap.dedent(
             outs.append(out.detach().clone())
             (out.pow(2).sum() * 0.5).backward()
         state = [t.clone() for t in (emb.weight, emb.version, emb.pending, emb.grad_acc,
-                                     emb.delta_acc)]
+                                     emb.delta_acc, emb.opt_state)]
         counters = emb.counters()
         return emb.state_dict(), outs, state, counters, emb.padded_presyncs
 
-    def check(world, bound, steps):
+    def check(world, bound, steps, optimizer):
         from hetgmp.comm.spawn import spawn_ranks
 
-        got = {k: spawn_ranks(run, world, k, bound, steps, world, timeout_s=600)
+        got = {k: spawn_ranks(run, world, k, bound, steps, world, optimizer, timeout_s=600)
                for k in ("torch", "triton")}
         for ref, fused in zip(got["torch"], got["triton"]):
             assert torch.equal(ref[0]["ids"], fused[0]["ids"])
@@ -68,20 +68,23 @@ SCRIPT = textwrap.dedent(
         print("ok")
 
     if __name__ == "__main__":
-        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     """
 )
 
 
-@pytest.mark.parametrize(("world", "bound", "steps"), [(2, 0, 10), (3, 3, 15)])
+@pytest.mark.parametrize(
+    ("world", "bound", "steps", "optimizer"),
+    [(2, 0, 10, "sgd"), (3, 3, 15, "sgd"), (2, 0, 10, "adagrad"), (3, 3, 15, "adagrad")],
+)
 def test_fused_padded_segments_match_reference(
-    tmp_path, world: int, bound: int, steps: int
+    tmp_path, world: int, bound: int, steps: int, optimizer: str
 ) -> None:
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run(
-        [sys.executable, str(script), str(world), str(bound), str(steps)],
+        [sys.executable, str(script), str(world), str(bound), str(steps), optimizer],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr

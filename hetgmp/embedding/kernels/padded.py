@@ -19,6 +19,11 @@ place:
   (lag, value and version of every query);
 * finish: :func:`finish_values` (refresh mirrors beyond the bound, the batch's values).
 
+With row-wise Adagrad (``st.sw``, the optimizer state's width) the same kernels stage the last
+batch's own rows instead of applying them, take Adagrad's local step on mirrors, carry the
+optimizer state in the replies and refresh it; the owner's update of its own and the pushed
+rows (one per row of their sum) is :func:`.padded_reference.merged_owner_update` (torch ops).
+
 The reference each must match is the torch code of the same segment in
 :mod:`.padded_reference` (the ``torch`` backend runs it); tests
 run both (Triton's interpreter on CPU ranks, and on GPUs) and compare every state tensor.
@@ -41,6 +46,7 @@ import torch
 
 from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels.launcher import row_tiles
+from hetgmp.embedding.kernels.padded_reference import merged_owner_update
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,9 +55,10 @@ def _ns() -> Any:
     import triton
 
     k = importlib.import_module("hetgmp.embedding.kernels.padded_triton")
+    pre = importlib.import_module("hetgmp.embedding.kernels.padded_presync_triton")
     return SimpleNamespace(
-        triton=triton, presync_apply=k.presync_apply_kernel, count_due=k.count_due_kernel,
-        presync_table=k.presync_table_kernel, pack_due=k.pack_due_kernel,
+        triton=triton, presync_apply=pre.presync_apply_kernel, count_due=pre.count_due_kernel,
+        presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
         pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
         answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
     )  # fmt: skip
@@ -97,13 +104,24 @@ def presync_values(st: Any, prev: Any) -> None:
 def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
+    own = _own(st)
     k.presync_apply[_grid(max(cap.u, cap.n) if counts else cap.u, br)](
         st.sz_mine, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
         e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
-        st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, e.n_own,
-        cap.u, cap.n, -float(st.lr), W=st.w, WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br,
-        BD=bd, COUNTS=counts, **_COLS,
+        st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, *own,
+        e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,
+        WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw, **_COLS,
     )  # fmt: skip
+    if counts and st.sw:  # (entries past this batch's unique rows: none staged)
+        st.own_slot[cap.u :].fill_(e.trash_slot)
+
+
+def _own(st: Any) -> tuple[torch.Tensor, ...]:
+    """The staged own rows and the optimizer state (row-wise Adagrad), or stand-ins the SGD
+    kernels never read."""
+    if st.sw:
+        return st.own_slot, st.own_cnt, st.own_grad, st.store.opt_state_full
+    return (st.store.version_full,) * 2 + (st.grad, st.grad)
 
 
 def count_due(st: Any) -> None:
@@ -140,6 +158,7 @@ def pack(st: Any) -> None:
             e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, e.stored_ids,
             e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,
             e.n_own, int(st.bound), cap.q, cap.p, st.s1, D=st.d, BR=br, BD=bd,
+            EXACT=st.opt.exact_mirror,
         )  # fmt: skip
     k.pack_queries[_grid(st.w * cap.q, br)](
         st.sz_mine, st.blocks, st.u_ids, st.slot, e.version_full, st.pr_n, st.pr_ids,
@@ -153,15 +172,18 @@ def answer(st: Any) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     r64 = st.recv1.view(torch.int64)
-    k.answer_pushes[_grid(st.w * cap.p, br)](
-        st.sz_theirs, st.recv1, r64, e.slot_of, e.weight_full, e.version_full, e.num_rows,
-        cap.q, cap.p, st.s1, -float(st.lr), W=st.w, COLS=sizes.COLS, NP=sizes.NP, D=st.d,
-        BR=br, BD=bd,
-    )  # fmt: skip
+    if st.sw:  # one update per row of the staged own rows and the pushes (torch ops)
+        merged_owner_update(st)
+    else:
+        k.answer_pushes[_grid(st.w * cap.p, br)](
+            st.sz_theirs, st.recv1, r64, e.slot_of, e.weight_full, e.version_full, e.num_rows,
+            cap.q, cap.p, st.s1, -float(st.lr), W=st.w, COLS=sizes.COLS, NP=sizes.NP, D=st.d,
+            BR=br, BD=bd,
+        )  # fmt: skip
     k.answer_queries[_grid(st.w * cap.q, br)](
-        st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, st.send2,
+        st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, _own(st)[3], st.send2,
         st.send2.view(torch.int32), st.send2.view(torch.int64), e.num_rows, cap.q, st.s1,
-        st.s2, W=st.w, D=st.d, BR=br, BD=bd, **_COLS,
+        st.s2, W=st.w, D=st.d, BR=br, BD=bd, SW=st.sw, **_COLS,
     )  # fmt: skip
 
 
@@ -173,8 +195,8 @@ def finish(st: Any) -> None:
     r = st.recv2
     k.finish_values[_grid(cap.u, br)](
         st.sz_mine, st.blocks, st.slot, r, r.view(torch.int32), r.view(torch.int64),
-        e.weight_full, e.version_full, e.delta_acc_full, st.values, st.rows_step, st.deferred,
-        cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w), COLS=sizes.COLS,
-        NQM=sizes.NQM, D=st.d, BR=br, BD=bd,
+        e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.rows_step,
+        st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w),
+        COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)

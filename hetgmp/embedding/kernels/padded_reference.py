@@ -189,24 +189,18 @@ def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
 
 def answer(st: StaticExchange) -> None:
     """Owners apply the pushed gradients, then answer every query: lag, value, version."""
-    e, w, q, p, d = st.store, st.w, st.cap.q, st.cap.p, st.d
+    e, w, q, d = st.store, st.w, st.cap.q, st.d
     r = st.recv1
     rq_ids = r[:, : 2 * q].contiguous().view(torch.int64).reshape(-1)
     rq_ver = r[:, 2 * q : 4 * q].contiguous().view(torch.int64).reshape(-1)
-    o = 4 * q
-    rp_ids = r[:, o : o + 2 * p].contiguous().view(torch.int64).reshape(-1)
-    rp_cnt = r[:, o + 2 * p : o + 4 * p].contiguous().view(torch.int64).reshape(-1)
-    rp_grad = r[:, o + 4 * p :].reshape(-1, d)
     nqm_in = st.sz_theirs[:, _NQM]
     nq_in = nqm_in + st.sz_theirs[:, _NQR]
-    np_in = st.sz_theirs[:, _NP]
     # -- pushes (SGD: every contribution added directly, padding into the trash row; other
     # optimizers: one update per row of the own and pushed gradients summed)
-    pv = (st.ar_p[None, :] < np_in[:, None]).reshape(-1)
-    ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
     if st.sw:
-        _owner_update(st, e, torch.where(pv, ps, e.trash_slot), rp_grad, torch.where(pv, rp_cnt, 0))
+        merged_owner_update(st)
     else:
+        pv, ps, rp_cnt, rp_grad = _pushes_received(st)
         scatter_add_rows(
             e.weight_full, torch.where(pv, ps, st.skip_s), rp_grad, -st.lr, backend=st.kernels
         )
@@ -226,6 +220,28 @@ def answer(st: StaticExchange) -> None:
     if st.sw:
         parts.append(e.opt_state_full.index_select(0, qs).view(w, q))
     torch.cat(parts, dim=1, out=st.send2)
+
+
+def _pushes_received(
+    st: StaticExchange,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Payload 1's pushes: ``(valid [w*p], slots, counts, gradients [w*p, D])``."""
+    e, p, d = st.store, st.cap.p, st.d
+    r, o = st.recv1, 4 * st.cap.q
+    rp_ids = r[:, o : o + 2 * p].contiguous().view(torch.int64).reshape(-1)
+    rp_cnt = r[:, o + 2 * p : o + 4 * p].contiguous().view(torch.int64).reshape(-1)
+    rp_grad = r[:, o + 4 * p :].reshape(-1, d)
+    pv = (st.ar_p_push[None, :] < st.sz_theirs[:, _NP][:, None]).reshape(-1)
+    ps = e.slot_of.index_select(0, rp_ids.clamp(0, e.num_rows - 1)).long()
+    return pv, ps, rp_cnt, rp_grad
+
+
+def merged_owner_update(st: StaticExchange) -> None:
+    """Owners of a non-linear optimizer (Adagrad): the staged own rows and the pushes
+    received, one update per row of their summed gradient (the fused path runs this too)."""
+    pv, ps, rp_cnt, rp_grad = _pushes_received(st)
+    e = st.store
+    _owner_update(st, e, torch.where(pv, ps, e.trash_slot), rp_grad, torch.where(pv, rp_cnt, 0))
 
 
 def _owner_update(

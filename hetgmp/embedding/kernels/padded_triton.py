@@ -1,4 +1,5 @@
-"""The Triton kernels of the padded exchange's segments (module-level ``@triton.jit``
+"""The Triton kernels of the padded exchange's pack, answer and finish segments (the pre-sync
+segment's: :mod:`.padded_presync_triton`) (module-level ``@triton.jit``
 functions; this module imports triton, so :mod:`.padded` imports it only when a fused segment
 runs). What each computes, and the payload layouts: :mod:`.padded`; their reference, the torch
 segments: :mod:`.padded_reference`.
@@ -39,152 +40,13 @@ def _rows(src_ptr, dst_ptr, src_off, dst_off, rmask, D: tl.constexpr, BD: tl.con
 
 
 @triton.jit
-def presync_apply_kernel(
-    sz_ptr, meta_ptr, p_slot_ptr, p_cnt_ptr, p_u_ptr, g_ptr, w_ptr, ver_ptr, dacc_ptr,
-    gacc_ptr, pend_ptr, pr_ids_ptr, pr_cnt_ptr, pr_grad_ptr, pr_n_ptr, ndue_ptr, c_u_ptr,
-    c_slot_ptr, u_ids_ptr, slot_ptr, n_own, u, n, neg_lr,
-    W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
-    NQR: tl.constexpr, NOWN: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, COUNTS: tl.constexpr,
-):  # fmt: skip
-    # COUNTS: the part the sizes table needs (counts, versions, push ids, the next batch's
-    # inputs), reading the last batch's table and keeping its block bounds in meta;
-    # else the gradient's part (values, accumulators, pushed gradients), from meta (the
-    # table holds the next batch's by then)
-    pid = tl.program_id(0)
-    i = pid * BR + tl.arange(0, BR)
-    if COUNTS:
-        j = tl.arange(0, WP)
-        jm = j < W
-        nqm = tl.load(sz_ptr + j * COLS + NQM, mask=jm, other=0)
-        nqr = tl.load(sz_ptr + j * COLS + NQR, mask=jm, other=0)
-        n_o = tl.load(sz_ptr + NOWN)
-        r0 = n_o + tl.sum(nqm, 0)
-        r1 = r0 + tl.sum(nqr, 0)
-        if pid == 0:
-            tl.store(pr_n_ptr + j, nqr, mask=jm)
-            tl.store(ndue_ptr + j, nqr * 0, mask=jm)
-            tl.store(meta_ptr + 0, n_o)
-            tl.store(meta_ptr + 1, r0)
-            tl.store(meta_ptr + 2, r1)
-        cm = i < n  # the next batch's inputs
-        tl.store(u_ids_ptr + i, tl.load(c_u_ptr + i, mask=cm), mask=cm)
-        tl.store(slot_ptr + i, tl.load(c_slot_ptr + i, mask=cm), mask=cm)
-    else:
-        n_o = tl.load(meta_ptr + 0)
-        r0 = tl.load(meta_ptr + 1)
-        r1 = tl.load(meta_ptr + 2)
-    # the last batch, entries in block order: own rows | mirrors | rows not stored here
-    live = i < tl.minimum(u, r1)
-    own = live & (i < n_o)
-    mir = live & (i >= n_o) & (i < r0)
-    rem = live & (i >= r0)
-    stored = own | mir
-    s = tl.load(p_slot_ptr + i, mask=stored, other=0).to(tl.int64)
-    mi = tl.where(mir, s - n_own, 0)
-    k = tl.where(rem, i - r0, 0)
-    if COUNTS:
-        cnt = tl.load(p_cnt_ptr + i, mask=live, other=0)
-        # (a batch's rows are distinct: plain read-modify-writes, no atomics; a mirror's
-        # version moves when its pending count is pushed, not here)
-        tl.store(ver_ptr + s, tl.load(ver_ptr + s, mask=own) + cnt, mask=own)
-        tl.store(pend_ptr + mi, tl.load(pend_ptr + mi, mask=mir) + cnt, mask=mir)
-        tl.store(pr_ids_ptr + k, tl.load(p_u_ptr + i, mask=rem), mask=rem)
-        tl.store(pr_cnt_ptr + k, cnt, mask=rem)
-    else:
-        _gradient_rows(
-            g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, i, s, mi, k, live, stored, mir, rem,
-            neg_lr, D, BD,
-        )  # fmt: skip
-
-
-@triton.jit
-def _gradient_rows(
-    g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, i, s, mi, k, live, stored, mir, rem, neg_lr,
-    D: tl.constexpr, BD: tl.constexpr,
-):  # fmt: skip
-    # presync_apply's gradient part for entries i of the last batch: SGD on stored rows s,
-    # the mirrors' accumulators (row mi), the pushed gradients (push slot k)
-    gi = i.to(tl.int64) * D
-    s_off = s * D
-    m_off = mi.to(tl.int64) * D
-    k_off = k.to(tl.int64) * D
-    for d0 in tl.static_range(0, D, BD):
-        c = d0 + tl.arange(0, BD)
-        cmask = (c < D)[None, :]
-        g = tl.load(g_ptr + gi[:, None] + c[None, :], mask=live[:, None] & cmask, other=0.0)
-        ws = w_ptr + s_off[:, None] + c[None, :]
-        sm = stored[:, None] & cmask
-        tl.store(ws, tl.load(ws, mask=sm) + neg_lr * g, mask=sm)
-        mm = mir[:, None] & cmask
-        da = dacc_ptr + m_off[:, None] + c[None, :]
-        tl.store(da, tl.load(da, mask=mm) + neg_lr * g, mask=mm)
-        ga = gacc_ptr + m_off[:, None] + c[None, :]
-        tl.store(ga, tl.load(ga, mask=mm) + g, mask=mm)
-        tl.store(pr_grad_ptr + k_off[:, None] + c[None, :], g, mask=rem[:, None] & cmask)
-
-
-@triton.jit
-def count_due_kernel(
-    pend_ptr, owner_ptr, ndue_ptr, n_mir, bound, W: tl.constexpr, BLOCK: tl.constexpr
-):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n_mir
-    due = m & (tl.load(pend_ptr + i, mask=m, other=0) > bound)
-    o = tl.load(owner_ptr + i, mask=m, other=0)
-    for j in tl.static_range(W):
-        k = tl.sum((due & (o == j)).to(tl.int64), 0)
-        if k > 0:
-            tl.atomic_add(ndue_ptr + j, k, sem="relaxed")
-
-
-@triton.jit
-def presync_table_kernel(
-    out_ptr, blocks_ptr, ndue_ptr, nqr_ptr, bad_ptr, consts_ptr, rank,
-    W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, CP: tl.constexpr,
-    NQM: tl.constexpr, NQR: tl.constexpr, NP: tl.constexpr, NDUE: tl.constexpr,
-    STATUS: tl.constexpr, BOUND: tl.constexpr, SEND_ALL: tl.constexpr, OP: tl.constexpr,
-    NOWN: tl.constexpr, MAXQ: tl.constexpr, MAXP: tl.constexpr, PADDED: tl.constexpr,
-):  # fmt: skip
-    # one program: the sizes table (see hetgmp.embedding.sizes.sizes_table)
-    j = tl.arange(0, WP)
-    jm = j < W
-    mir = tl.load(blocks_ptr + W + j, mask=jm, other=0)
-    rem = tl.load(blocks_ptr + 2 * W + j, mask=jm, other=0)
-    ndue = tl.load(ndue_ptr + j, mask=jm, other=0)
-    npush = ndue + tl.load(nqr_ptr + j, mask=jm, other=0)
-    bad = tl.load(bad_ptr).to(tl.int64)
-    n_own = tl.load(blocks_ptr + rank)
-    maxq = tl.max(mir + rem, 0)
-    maxp = tl.max(npush, 0)
-    c = tl.arange(0, CP)
-    cm = c < COLS
-    bound = tl.load(consts_ptr + j * 4 + 0, mask=jm, other=0)
-    send_all = tl.load(consts_ptr + j * 4 + 1, mask=jm, other=0)
-    op = tl.load(consts_ptr + j * 4 + 2, mask=jm, other=0)
-    padded = tl.load(consts_ptr + j * 4 + 3, mask=jm, other=0)
-    z = mir * 0
-    row = tl.where(c[None, :] == NQM, mir[:, None], z[:, None])
-    row = tl.where(c[None, :] == NQR, rem[:, None], row)
-    row = tl.where(c[None, :] == NP, npush[:, None], row)
-    row = tl.where(c[None, :] == NDUE, ndue[:, None], row)
-    row = tl.where(c[None, :] == STATUS, (z + bad)[:, None], row)
-    row = tl.where(c[None, :] == BOUND, bound[:, None], row)
-    row = tl.where(c[None, :] == SEND_ALL, send_all[:, None], row)
-    row = tl.where(c[None, :] == OP, op[:, None], row)
-    row = tl.where(c[None, :] == NOWN, (z + n_own)[:, None], row)
-    row = tl.where(c[None, :] == MAXQ, (z + maxq)[:, None], row)
-    row = tl.where(c[None, :] == MAXP, (z + maxp)[:, None], row)
-    row = tl.where(c[None, :] == PADDED, padded[:, None], row)
-    tl.store(out_ptr + j[:, None] * COLS + c[None, :], row, mask=jm[:, None] & cm[None, :])
-
-
-@triton.jit
 def pack_due_kernel(
     pend_ptr, csum_ptr, owner_ptr, mstart_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr,
     dacc_ptr, send_ptr, send64_ptr, deferred_ptr, n_mir, n_own, bound, q, p, s1,
-    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
+    # (EXACT: the optimizer's local step equals the owner's (SGD), so a pushed mirror's
+    # version moves with the push; else it turns stale and is refetched)
     i = tl.program_id(0) * BR + tl.arange(0, BR)
     m = i < n_mir
     pend = tl.load(pend_ptr + i, mask=m, other=0)
@@ -200,7 +62,8 @@ def pack_due_kernel(
     h = j * (s1 // 2)  # the row's start in int64 units
     tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
     tl.store(send64_ptr + h + 2 * q + p + pos, pend, mask=due)
-    tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
+    if EXACT:
+        tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
     tl.store(pend_ptr + i, pend * 0, mask=due)
     g_off = i.to(tl.int64) * D
     dst = j * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
@@ -287,11 +150,12 @@ def answer_pushes_kernel(
 
 @triton.jit
 def answer_queries_kernel(
-    sz_ptr, recv64_ptr, slot_of_ptr, w_ptr, ver_ptr, send_ptr, send32_ptr, send64_ptr,
-    num_rows, q, s1, s2,
+    sz_ptr, recv64_ptr, slot_of_ptr, w_ptr, ver_ptr, state_ptr, send_ptr, send32_ptr,
+    send64_ptr, num_rows, q, s1, s2,
     W: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr,
-    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
+    # (SW 1: the row's optimizer state too, after the versions)
     k = tl.program_id(0) * BR + tl.arange(0, BR)
     km = k < W * q
     j = k // q
@@ -311,16 +175,20 @@ def answer_queries_kernel(
     o = j.to(tl.int64) * s2
     tl.store(send32_ptr + o + e, lag, mask=v)
     tl.store(send64_ptr + (o + q + q * D) // 2 + e, ver, mask=v)
+    if SW:
+        sv = tl.load(state_ptr + slot, mask=ok, other=0.0)
+        tl.store(send_ptr + o + 3 * q + q * D + e, sv, mask=v)
     _rows(w_ptr, send_ptr, slot * D, o + q + e.to(tl.int64) * D, ok, D, BD)
 
 
 @triton.jit
 def finish_values_kernel(
     sz_ptr, blocks_ptr, slot_ptr, recv_ptr, recv32_ptr, recv64_ptr, w_ptr, ver_ptr,
-    dacc_ptr, values_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
+    dacc_ptr, state_ptr, values_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
     W: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
-    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
+    # (SW 1: a refreshed mirror takes the owner's optimizer state too)
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     ends, starts, t = _block_starts(blocks_ptr, W, B3)
@@ -341,6 +209,9 @@ def finish_values_kernel(
     s = tl.load(slot_ptr + i, mask=stored, other=0).to(tl.int64)
     rver = tl.load(recv64_ptr + (o + q + q * D) // 2 + e, mask=fresh, other=0)
     tl.store(ver_ptr + s, rver, mask=fresh)
+    if SW:
+        rstate = tl.load(recv_ptr + o + 3 * q + q * D + e, mask=fresh, other=0.0)
+        tl.store(state_ptr + s, rstate, mask=fresh)
     k0 = tl.sum((mir & (lag == 0)).to(tl.int64), 0)
     k1 = tl.sum((mir & (lag > 0) & (lag <= bound)).to(tl.int64), 0)
     k2 = tl.sum(fresh.to(tl.int64), 0)

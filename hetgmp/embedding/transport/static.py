@@ -36,8 +36,8 @@ sparse optimizer. SGD is linear, so own rows are applied before the pushes arriv
 optimizers (row-wise Adagrad) stage the last batch's own rows and apply one update per row of
 the own and pushed gradients summed (``answer``), the replies carry the optimizer state, and a
 pushed mirror is refetched (as in the exact transport). Audit, eval and flush take the exact
-transport; both read and write the same state, so they mix freely. The fused kernels cover SGD;
-with Adagrad the torch segments run (captured as graphs too).
+transport; both read and write the same state, so they mix freely. The fused kernels cover both
+optimizers (with Adagrad the owner's merged update is torch ops, captured with the rest).
 Reads the same values and applies the same updates as the exact transport (tests compare them).
 Bytes: the padding travels too (bench: 1,259 vs 830 B/sample at bound 100, batch 8192).
 """
@@ -107,10 +107,8 @@ class StaticExchange:
         # Triton: each segment is a few fused kernels (kernels.padded); torch: the reference
         # op sequences (kernels.padded_reference). The fused kernels read int64 fields as
         # pairs of float32 at even offsets: even capacities (grow() gives multiples of 256).
-        # (fused kernels: SGD only so far; other optimizers run the torch segments, also
-        # captured as CUDA graphs)
         self.opt, self.sw = ctx.opt, ctx.opt.state_width
-        self.fused = ctx.kernels == "triton" and self.sw == 0
+        self.fused = ctx.kernels == "triton"
         self.seg = fused_segments if self.fused else torch_segments
         if self.fused and (q % 2 or p % 2):
             raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
@@ -181,6 +179,7 @@ class StaticExchange:
         self.recv1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
         self.recv2 = torch.zeros(w, self.s2, device=dev)
+        self.ar_p_push = torch.arange(p, dtype=torch.int64, device=dev)  # push slots per peer
 
     def _reference_buffers(
         self, emb: RowStore, w: int, q: int, p: int, u: int, d: int, i64: Any
