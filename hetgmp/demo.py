@@ -30,13 +30,20 @@ def _mpi_env() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hetgmp.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m hetgmp.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="working directory")
     parser.add_argument("--np", type=int, default=4, help="number of CPU ranks (default: 4)")
     parser.add_argument("--bound", type=int, default=100, help="staleness bound (default: 100)")
-    parser.add_argument("--store-rate", type=float, default=0.01,
-                        help="share of rows each rank mirrors (default: 0.01)")
+    parser.add_argument(
+        "--store-rate",
+        type=float,
+        default=0.01,
+        help="share of rows each rank mirrors (default: 0.01)",
+    )
     parser.add_argument("--epochs", type=int, default=1, help="training epochs (default: 1)")
     parser.add_argument("--method", default="metis+refine", help="partition method")
     args = parser.parse_args(argv)
@@ -54,21 +61,40 @@ def main(argv: list[str] | None = None) -> int:
 
     plan_path = out / "part.npz"
     print(f"[demo 2/3] partition into {args.np} parts ({args.method}) -> {plan_path}", flush=True)
-    plan = run_partition(PartitionConfig(nparts=args.np, out=plan_path, data=ds.root,
-                                         method=args.method))
+    plan = run_partition(
+        PartitionConfig(nparts=args.np, out=plan_path, data=ds.root, method=args.method)
+    )
     quality = plan.meta.get("quality", {})
     if quality:
-        print(json.dumps({k: v for k, v in quality.items() if not isinstance(v, (list, dict))},
-                         indent=1))
+        print(
+            json.dumps(
+                {k: v for k, v in quality.items() if not isinstance(v, (list, dict))}, indent=1
+            )
+        )
 
     result_path = out / "result.json"
     cmd = [
-        find_mpirun(), "-np", str(args.np), "--oversubscribe",
-        sys.executable, str(ROOT / "examples" / "hetuctr.py"),
-        "--dataset", str(ds.root), "--partition", str(plan_path),
-        "--bound", str(args.bound), "--store_rate", str(args.store_rate),
-        "--epochs", str(args.epochs), "--output", str(result_path),
-        "--log-json", str(out / "train.jsonl"), "--no-progress",
+        find_mpirun(),
+        "-np",
+        str(args.np),
+        "--oversubscribe",
+        sys.executable,
+        str(ROOT / "examples" / "hetuctr.py"),
+        "--dataset",
+        str(ds.root),
+        "--partition",
+        str(plan_path),
+        "--bound",
+        str(args.bound),
+        "--store_rate",
+        str(args.store_rate),
+        "--epochs",
+        str(args.epochs),
+        "--output",
+        str(result_path),
+        "--log-json",
+        str(out / "train.jsonl"),
+        "--no-progress",
     ]
     print(f"[demo 3/3] {' '.join(cmd)}", flush=True)
     rc = subprocess.call(cmd, env=_mpi_env())
@@ -80,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n=== demo summary ===")
     print(f"data set        {ds.root} ({ds.meta.splits}, {ds.meta.num_embeddings} rows)")
     print(f"best possible   AUC {ds.meta.best_auc:.4f}" if ds.meta.best_auc else "")
-    print(f"trained         AUC {res['val_auc']:.4f}  logloss {res['val_loss']:.4f}"
-          f"  ({res['samples_seen']:,} samples, {args.np} ranks, bound {args.bound})")
+    print(
+        f"trained         AUC {res['val_auc']:.4f}  logloss {res['val_loss']:.4f}"
+        f"  ({res['samples_seen']:,} samples, {args.np} ranks, bound {args.bound})"
+    )
     print(f"speed           {res['speed']:,.0f} global samples/s (CPU ranks)")
-    print(f"embedding       {emb.get('bytes_per_sample', 0):.1f} bytes/sample between ranks, "
-          f"mirror hit rate {emb.get('mirror_hit', 0):.3f}")
+    print(
+        f"embedding       {emb.get('bytes_per_sample', 0):.1f} bytes/sample between ranks, "
+        f"mirror hit rate {emb.get('mirror_hit', 0):.3f}"
+    )
     print(f"results         {result_path}")
     return 0
 

@@ -26,6 +26,9 @@ SCRIPT = textwrap.dedent(
 
     def run(env, kernels, bound, steps, world, optimizer):
         from hetgmp.embedding import DistributedEmbedding
+        from hetgmp.embedding.transport import static
+
+        static.FUSED_WITH_STATE = True  # (the fused Adagrad segments are what is checked)
         from hetgmp.partition.plan import Plan
 
         rng = np.random.default_rng(world)

@@ -75,8 +75,12 @@ class BadLineReport:
                 self.examples.append(b.message(self.unit))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "skipped": self.total, "counts": dict(self.counts),
-                "examples": list(self.examples)}
+        return {
+            "mode": self.mode,
+            "skipped": self.total,
+            "counts": dict(self.counts),
+            "examples": list(self.examples),
+        }
 
     def summary(self) -> str:
         if not self.total:

@@ -47,11 +47,18 @@ def convert_criteo_sample(
     paths = _paths(Path(src))
     opt = dataclasses.replace(options or PreprocessOptions(), name="criteo-sample")
     if reference:
-        opt = dataclasses.replace(opt, id_order="first-appearance", min_count=1,
-                                  test_fraction=0.0, name="criteo-sample-hetgmp-reference")
+        opt = dataclasses.replace(
+            opt,
+            id_order="first-appearance",
+            min_count=1,
+            test_fraction=0.0,
+            name="criteo-sample-hetgmp-reference",
+        )
         return preprocess(DelimitedSource(paths, criteo_spec(), kind="criteo-tsv"), out, opt)
     return preprocess(
-        DelimitedSource(paths[:1], criteo_spec(), kind="criteo-tsv"), out, opt,
+        DelimitedSource(paths[:1], criteo_spec(), kind="criteo-tsv"),
+        out,
+        opt,
         test_source=DelimitedSource(paths[1:], criteo_spec(), kind="criteo-tsv"),
     )
 

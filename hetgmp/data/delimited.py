@@ -138,8 +138,9 @@ def read_first_line(path: Path) -> bytes:
     with open(path, "rb") as f:
         line = f.readline(1 << 20)
     if not line.strip():
-        raise BadInputError(f"{path}:line 1: file is empty" if not line else
-                            f"{path}:line 1: first line is empty")
+        raise BadInputError(
+            f"{path}:line 1: file is empty" if not line else f"{path}:line 1: first line is empty"
+        )
     return line
 
 
@@ -187,7 +188,9 @@ def resolve_columns(
     return spec
 
 
-def _iter_chunks(path: Path, block_bytes: int, quote: str | None) -> Iterator[tuple[int, bytes, int]]:
+def _iter_chunks(
+    path: Path, block_bytes: int, quote: str | None
+) -> Iterator[tuple[int, bytes, int]]:
     """Yield (first line number, chunk of whole lines, bytes consumed) of ``path``."""
     line = 1
     carry = b""
@@ -274,7 +277,9 @@ class DelimitedSource:
         self._names = [f"c{i}" for i in range(spec.num_columns)]
         self._used = [spec.label, *spec.dense, *spec.categorical]
         self._fast_ok = (
-            spec.dense_kind == "int" and spec.categorical_kind == "hex" and not spec.quote_char
+            spec.dense_kind == "int"
+            and spec.categorical_kind == "hex"
+            and not spec.quote_char
             and spec.delimiter == "\t"
         )
 
@@ -313,8 +318,9 @@ class DelimitedSource:
     ) -> Iterator[RawBlock]:
         # Chunks are converted by a small thread pool (pyarrow and most numpy work release the
         # GIL), results are taken in input order, and bad lines are reported in that order.
-        with ThreadPoolExecutor(max_workers=_PARSE_THREADS,
-                                thread_name_prefix="hetgmp-parse") as pool:
+        with ThreadPoolExecutor(
+            max_workers=_PARSE_THREADS, thread_name_prefix="hetgmp-parse"
+        ) as pool:
             for path in self.paths:
                 if os.path.getsize(path) == 0:
                     raise BadInputError(f"{path}:line 1: file is empty")
@@ -397,7 +403,10 @@ class DelimitedSource:
             want = self.spec.num_columns
             bad += bad_rows(str(path), rec.lines, empty, EMPTY_LINE, lambda i: "empty line")
             bad += bad_rows(
-                str(path), rec.lines, wrong, WRONG_FIELD_COUNT,
+                str(path),
+                rec.lines,
+                wrong,
+                WRONG_FIELD_COUNT,
                 lambda i: f"{rec.nfields[i]} fields, expected {want}",
             )
             good = np.flatnonzero(~(empty | wrong))
@@ -444,12 +453,16 @@ class DelimitedSource:
                     column_names=self._names, block_size=1 << 22, use_threads=True
                 ),
                 parse_options=pacsv.ParseOptions(
-                    delimiter=spec.delimiter, quote_char=False, ignore_empty_lines=False,
+                    delimiter=spec.delimiter,
+                    quote_char=False,
+                    ignore_empty_lines=False,
                     invalid_row_handler=on_invalid,
                 ),
                 convert_options=pacsv.ConvertOptions(
-                    column_types=types, include_columns=list(types),
-                    strings_can_be_null=True, quoted_strings_can_be_null=True,
+                    column_types=types,
+                    include_columns=list(types),
+                    strings_can_be_null=True,
+                    quoted_strings_can_be_null=True,
                 ),
             )
         except pa.ArrowInvalid:
@@ -481,7 +494,9 @@ class DelimitedSource:
     def _empty_block(self, path: str) -> RawBlock:
         nd = len(self.spec.dense)
         return RawBlock(
-            path, np.zeros(0, np.int64), np.zeros(0, np.float32),
+            path,
+            np.zeros(0, np.int64),
+            np.zeros(0, np.float32),
             np.zeros((0, nd), np.float32) if nd else None,
             np.zeros((0, len(self.spec.categorical)), np.uint64),
         )
@@ -501,10 +516,15 @@ class DelimitedSource:
             new = mask & ~flagged
             if new.any():
                 name = spec.column_names[c]
-                bad.extend(bad_rows(
-                    path, lines, new, reason,
-                    lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
-                ))
+                bad.extend(
+                    bad_rows(
+                        path,
+                        lines,
+                        new,
+                        reason,
+                        lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
+                    )
+                )
                 flagged[:] |= new
 
         # Label: a number equal to 0 or 1.
@@ -547,8 +567,11 @@ def _chunked_numpy(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if isinstance(arr, pa.ChunkedArray):
         if arr.num_chunks == 1:
             return arr.chunk(0).to_numpy()
-        return np.concatenate([c.to_numpy() for c in arr.chunks]) if arr.num_chunks else (
-            np.zeros(0, arr.type.to_pandas_dtype()))
+        return (
+            np.concatenate([c.to_numpy() for c in arr.chunks])
+            if arr.num_chunks
+            else (np.zeros(0, arr.type.to_pandas_dtype()))
+        )
     return arr.to_numpy()
 
 

@@ -123,7 +123,9 @@ def id_dtype_for(num_embeddings: int) -> np.dtype:
 def make_fields(names: list[str], cardinalities: list[int]) -> list[FieldInfo]:
     """Fields laid out one after another in the global id space."""
     offsets = np.concatenate([[0], np.cumsum(cardinalities)[:-1]]).astype(np.int64)
-    return [FieldInfo(n, int(c), int(o)) for n, c, o in zip(names, cardinalities, offsets, strict=True)]
+    return [
+        FieldInfo(n, int(c), int(o)) for n, c, o in zip(names, cardinalities, offsets, strict=True)
+    ]
 
 
 def array_paths(root: Path, split: str) -> dict[str, Path]:

@@ -150,9 +150,16 @@ class LibsvmSource:
         ok = three & f_ok & i_ok & v_ok
         field = _to_float(f_s, f_ok).astype(np.int64)
         return {
-            "lines": lines, "ntok": ntok, "label": label_tok, "feat": feat_tok,
-            "row": feat_row, "ok": ok, "field": field,
-            "id": _to_float(i_s, i_ok), "id_str": i_s, "value": _to_float(v_s, v_ok),
+            "lines": lines,
+            "ntok": ntok,
+            "label": label_tok,
+            "feat": feat_tok,
+            "row": feat_row,
+            "ok": ok,
+            "field": field,
+            "id": _to_float(i_s, i_ok),
+            "id_str": i_s,
+            "value": _to_float(v_s, v_ok),
         }
 
     def iter_blocks(
@@ -200,13 +207,19 @@ class LibsvmSource:
         tok_idx = np.arange(row.size)
         bad_tok = np.full(n, -1)
         bad_tok[row[~ok][::-1]] = tok_idx[~ok][::-1]  # first bad token per line
-        flag(bad_tok >= 0, BAD_NUMBER,
-             lambda i: f"token {t['feat'][int(bad_tok[i])].as_py()!r} is not field:id:value")
+        flag(
+            bad_tok >= 0,
+            BAD_NUMBER,
+            lambda i: f"token {t['feat'][int(bad_tok[i])].as_py()!r} is not field:id:value",
+        )
         out_of_range = ok & (field >= self.num_fields)
         oor = np.full(n, -1)
         oor[row[out_of_range]] = field[out_of_range]
-        flag(oor >= 0, BAD_CATEGORY,
-             lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)")
+        flag(
+            oor >= 0,
+            BAD_CATEGORY,
+            lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)",
+        )
         good_tok = ok & ~out_of_range
         r, f = row[good_tok], field[good_tok]
         order = np.lexsort((f, r))

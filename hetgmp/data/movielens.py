@@ -85,8 +85,15 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
         if not 1 <= rating <= 5:
             raise BadInputError(f"{path}:line {r[0]}: rating {rating} is not in 1..5")
         age_b, gender, occ, zip3 = users[uid]
-        raw[k] = (uid, iid, age_b, code("g:" + gender), code("o:" + occ), code("z:" + zip3),
-                  genres[iid])
+        raw[k] = (
+            uid,
+            iid,
+            age_b,
+            code("g:" + gender),
+            code("o:" + occ),
+            code("z:" + zip3),
+            genres[iid],
+        )
         labels[k] = 1.0 if rating >= 4 else 0.0
         lines[k] = r[0]
     keys[:] = int_keys(raw.ravel()).reshape(raw.shape)
@@ -108,23 +115,41 @@ def convert_movielens(
     keys, labels, lines = load_movielens_raw(src)
     counter = KeyCounter(len(FIELDS), track_first=True)
     counter.add(keys)
-    vocabs = [build_vocab(*counter.field(f), min_count=1, id_order=id_order)
-              for f in range(len(FIELDS))]
+    vocabs = [
+        build_vocab(*counter.field(f), min_count=1, id_order=id_order) for f in range(len(FIELDS))
+    ]
     fields = make_fields(list(FIELDS), [v.cardinality for v in vocabs])
     ids = np.stack([v.lookup(keys[:, f]) + fields[f].offset for f, v in enumerate(vocabs)], axis=1)
     is_test = random_split_mask(seed, 0, lines, test_fraction)
     # Empty splits are left out: the writer creates them empty on close.
-    splits = {name: (ids[m], None, labels[m]) for name, m in (("train", ~is_test), ("test", is_test))
-              if m.any()}
+    splits = {
+        name: (ids[m], None, labels[m])
+        for name, m in (("train", ~is_test), ("test", is_test))
+        if m.any()
+    }
     return write_dataset(
-        out, fields, splits, num_dense=0, name="movielens-100k", overwrite=overwrite,
+        out,
+        fields,
+        splits,
+        num_dense=0,
+        name="movielens-100k",
+        overwrite=overwrite,
         source={
-            "kind": "movielens-100k", "input": str(src), "label": "rating >= 4",
-            "fields": {"age_bucket": "age // 10", "zip_prefix": "first 3 characters of zip",
-                       "primary_genre": "first genre flagged in u.item (latin-1)"},
-            "id_order": id_order, "split": "random by splitmix64(seed, u.data line)",
-            "test_fraction": test_fraction, "seed": seed,
+            "kind": "movielens-100k",
+            "input": str(src),
+            "label": "rating >= 4",
+            "fields": {
+                "age_bucket": "age // 10",
+                "zip_prefix": "first 3 characters of zip",
+                "primary_genre": "first genre flagged in u.item (latin-1)",
+            },
+            "id_order": id_order,
+            "split": "random by splitmix64(seed, u.data line)",
+            "test_fraction": test_fraction,
+            "seed": seed,
         },
-        stats={"positive_rate": float(labels.mean()),
-               "distinct_values": [v.num_values for v in vocabs]},
+        stats={
+            "positive_rate": float(labels.mean()),
+            "distinct_values": [v.num_values for v in vocabs],
+        },
     )

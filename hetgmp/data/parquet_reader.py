@@ -30,8 +30,15 @@ def _is_number(t: pa.DataType) -> bool:
 
 
 def _is_text(t: pa.DataType) -> bool:
-    return any(f(t) for f in (pa.types.is_string, pa.types.is_large_string,
-                              pa.types.is_binary, pa.types.is_large_binary))
+    return any(
+        f(t)
+        for f in (
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+        )
+    )
 
 
 class ParquetSource:
@@ -65,17 +72,24 @@ class ParquetSource:
                 schema = pq.read_schema(p)
             except (pa.ArrowInvalid, OSError) as err:
                 raise BadInputError(f"{p}: not a readable parquet file ({err})") from err
-            for option, cols in (("--label", [label]), ("--dense", dense),
-                                 ("--categorical", categorical)):
+            for option, cols in (
+                ("--label", [label]),
+                ("--dense", dense),
+                ("--categorical", categorical),
+            ):
                 for c in cols:
                     if c not in schema.names:
-                        raise ValueError(f"{option} {c!r}: no such column in {p} "
-                                         f"(columns: {', '.join(schema.names[:50])})")
+                        raise ValueError(
+                            f"{option} {c!r}: no such column in {p} "
+                            f"(columns: {', '.join(schema.names[:50])})"
+                        )
             for c in categorical:
                 t = schema.field(c).type
                 if not (pa.types.is_integer(t) or _is_text(t)):
-                    raise ValueError(f"{p}: categorical column {c!r} has type {t}; "
-                                     "expected an integer or string column")
+                    raise ValueError(
+                        f"{p}: categorical column {c!r} has type {t}; "
+                        "expected an integer or string column"
+                    )
             for c in [label, *dense]:
                 t = schema.field(c).type
                 if not (_is_number(t) or _is_text(t)):
@@ -115,8 +129,9 @@ class ParquetSource:
             row0 = 1
             cols = [self.label, *self.dense, *self.categorical]
             for g in range(f.num_row_groups):
-                for batch in f.iter_batches(batch_size=self.batch_rows, row_groups=[g],
-                                            columns=cols):
+                for batch in f.iter_batches(
+                    batch_size=self.batch_rows, row_groups=[g], columns=cols
+                ):
                     block = self._block(str(path), row0, batch, report)
                     row0 += batch.num_rows
                     if len(block):
@@ -134,7 +149,9 @@ class ParquetSource:
         vals = arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
         return vals, ~np.isnan(vals), null
 
-    def _block(self, path: str, row0: int, batch: pa.RecordBatch, report: BadLineReport) -> RawBlock:
+    def _block(
+        self, path: str, row0: int, batch: pa.RecordBatch, report: BadLineReport
+    ) -> RawBlock:
         n = batch.num_rows
         rows = row0 + np.arange(n, dtype=np.int64)
         flagged = np.zeros(n, dtype=bool)
@@ -142,8 +159,13 @@ class ParquetSource:
         lab_arr = batch.column(self.label)
         labels, ok, null = self._numbers(lab_arr)
         lab_ok = ok & ~null & ((labels == 0.0) | (labels == 1.0))
-        bad += bad_rows(path, rows, ~lab_ok, BAD_LABEL,
-                        lambda i: f"column {self.label}: {lab_arr[i].as_py()!r} is not a 0/1 label")
+        bad += bad_rows(
+            path,
+            rows,
+            ~lab_ok,
+            BAD_LABEL,
+            lambda i: f"column {self.label}: {lab_arr[i].as_py()!r} is not a 0/1 label",
+        )
         flagged |= ~lab_ok
         dense = None
         if self.dense:
@@ -152,8 +174,13 @@ class ParquetSource:
                 arr = batch.column(c)
                 vals, ok, _ = self._numbers(arr)
                 new = ~ok & ~flagged
-                bad += bad_rows(path, rows, new, BAD_NUMBER,
-                                lambda i, c=c, arr=arr: f"column {c}: {arr[i].as_py()!r} is not a number")
+                bad += bad_rows(
+                    path,
+                    rows,
+                    new,
+                    BAD_NUMBER,
+                    lambda i, c=c, arr=arr: f"column {c}: {arr[i].as_py()!r} is not a number",
+                )
                 flagged |= new
                 dense[:, j] = transform_dense(np.where(ok, vals, 0.0), self.dense_transform)
         keys = np.empty((n, len(self.categorical)), dtype=np.uint64)
@@ -167,5 +194,10 @@ class ParquetSource:
                 keys[:, j] = string_keys(arr)
         report.handle(bad)
         keep = ~flagged
-        return RawBlock(path, rows[keep], labels[keep].astype(np.float32),
-                        dense[keep] if dense is not None else None, keys[keep])
+        return RawBlock(
+            path,
+            rows[keep],
+            labels[keep].astype(np.float32),
+            dense[keep] if dense is not None else None,
+            keys[keep],
+        )

@@ -100,7 +100,10 @@ class _Progress:
     def __init__(self, total: int, desc: str, enabled: bool, unit: str = "B") -> None:
         self.desc = desc
         self.bar = tqdm(
-            total=total, unit=unit, unit_scale=True, desc=desc,
+            total=total,
+            unit=unit,
+            unit_scale=True,
+            desc=desc,
             disable=not (enabled and sys.stderr.isatty()),
         )
         self.t0 = self.last = time.perf_counter()
@@ -120,8 +123,10 @@ class _Progress:
 
     def line(self) -> str:
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        return (f"preprocess {self.desc} bytes={self.bytes} rows={self.rows} "
-                f"elapsed_s={dt:.1f} rows_per_s={self.rows / dt:.0f}")
+        return (
+            f"preprocess {self.desc} bytes={self.bytes} rows={self.rows} "
+            f"elapsed_s={dt:.1f} rows_per_s={self.rows / dt:.0f}"
+        )
 
     def close(self) -> float:
         self.bar.close()
@@ -156,8 +161,9 @@ class _Spill:
             parts.append(block.lines.astype(np.int64, copy=False))
         for a in parts:
             self.f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
-        self.index.append((role, file_index, block.path, n, keys.shape[1], small,
-                           block.dense is not None))
+        self.index.append(
+            (role, file_index, block.path, n, keys.shape[1], small, block.dense is not None)
+        )
 
     def _read(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = np.empty(shape, dtype=dtype)
@@ -316,8 +322,18 @@ def preprocess(
             t_pass2, positives = _write_pass(
                 spill, num_dense, vocabs, offsets, writer, opt, tail_start, rows_in
             )
-            _finish_meta(writer, source, test_source, opt, report, vocabs, rows_in,
-                         positives, t_pass1, t_pass2)
+            _finish_meta(
+                writer,
+                source,
+                test_source,
+                opt,
+                report,
+                vocabs,
+                rows_in,
+                positives,
+                t_pass1,
+                t_pass2,
+            )
             ds = writer.close()
         except BaseException:
             writer.abort()
@@ -381,8 +397,9 @@ def _write_pass(
     return t_pass2, positives
 
 
-def _finish_meta(writer, source, test_source, opt, report, vocabs, rows_in, positives,
-                 t_pass1, t_pass2) -> None:
+def _finish_meta(
+    writer, source, test_source, opt, report, vocabs, rows_in, positives, t_pass1, t_pass2
+) -> None:
     total_rows = rows_in["train"] + rows_in["test"]
     writer.meta.source = {
         **source.describe(),
@@ -391,8 +408,11 @@ def _finish_meta(writer, source, test_source, opt, report, vocabs, rows_in, posi
         "id_order": opt.id_order,
         "id_layout": (
             "per field: kept values (count >= min_count) get 0..k-1 by "
-            + ("descending count, ties by key" if opt.id_order == "frequency"
-               else "first appearance in input order")
+            + (
+                "descending count, ties by key"
+                if opt.id_order == "frequency"
+                else "first appearance in input order"
+            )
             + "; values below min_count share the rare id k (present only if such values "
             "exist); a missing categorical is one more value (own id if frequent enough, "
             "else the rare id); global id = field offset + local id"

@@ -133,7 +133,8 @@ def describe(ds: Dataset) -> list[str]:
     m = ds.meta
     lines = [
         f"dataset      {ds.root}",
-        f"format       {m.format} v{m.version}" + (" (derived, no meta.json)" if ds.derived else ""),
+        f"format       {m.format} v{m.version}"
+        + (" (derived, no meta.json)" if ds.derived else ""),
         "splits       " + ", ".join(f"{k}={v}" for k, v in sorted(m.splits.items())),
         f"fields       {m.num_fields} categorical, {m.num_dense} dense",
         f"rows         {m.num_embeddings} embedding rows, ids {m.id_dtype}",
@@ -142,7 +143,9 @@ def describe(ds: Dataset) -> list[str]:
     if m.best_auc is not None:
         lines.append(f"best_auc     {m.best_auc:.6f} (AUC of the true probabilities on test)")
     if m.source:
-        lines.append(f"source       {m.source.get('kind', '?')} {m.source.get('generator', '')}".rstrip())
+        lines.append(
+            f"source       {m.source.get('kind', '?')} {m.source.get('generator', '')}".rstrip()
+        )
     lines.append("field        cardinality  offset")
     for f in m.fields:
         lines.append(f"  {f.name:<10} {f.cardinality:>11}  {f.offset}")

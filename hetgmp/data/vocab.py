@@ -130,7 +130,7 @@ def hex_keys(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         nib = np.where(in_value, _HEX_NIBBLE[data[idx]], 0).astype(np.uint8)
         valid_digit = nib != 255
     bad = ~valid_digit.all(axis=1)
-    weights = (np.uint64(1) << (np.uint64(4) * np.arange(width - 1, -1, -1, dtype=np.uint64)))
+    weights = np.uint64(1) << (np.uint64(4) * np.arange(width - 1, -1, -1, dtype=np.uint64))
     vals = (np.where(valid_digit, nib, 0).astype(np.uint64) * weights[None, :]).sum(
         axis=1, dtype=np.uint64
     )
@@ -142,8 +142,12 @@ def hex_keys(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def string_keys(arr: pa.Array) -> np.ndarray:
     """64-bit FNV-1a hash of every string; empty/null -> :data:`MISSING_KEY`."""
-    if not (pa.types.is_string(arr.type) or pa.types.is_binary(arr.type)
-            or pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)):
+    if not (
+        pa.types.is_string(arr.type)
+        or pa.types.is_binary(arr.type)
+        or pa.types.is_large_string(arr.type)
+        or pa.types.is_large_binary(arr.type)
+    ):
         arr = arr.cast(pa.string())
     starts, lengths, data = _string_buffers(arr)
     h = np.full(len(starts), _FNV_OFFSET, dtype=np.uint64)
@@ -190,8 +194,10 @@ class KeyCounter:
         self.num_fields = num_fields
         self.track_first = track_first
         self.rows = 0
-        empty = np.zeros(0, np.uint64), np.zeros(0, np.int64), (
-            np.zeros(0, np.int64) if track_first else None
+        empty = (
+            np.zeros(0, np.uint64),
+            np.zeros(0, np.int64),
+            (np.zeros(0, np.int64) if track_first else None),
         )
         self._main = [empty for _ in range(num_fields)]
         self._pending: list[list] = [[] for _ in range(num_fields)]
@@ -254,8 +260,10 @@ class FieldVocab:
     def _lookup(self, keys: np.ndarray) -> np.ndarray:
         pos = np.searchsorted(self.keys, keys)
         pos_c = np.minimum(pos, max(self.keys.size - 1, 0))
-        found = (pos < self.keys.size) & (self.keys[pos_c] == keys) if self.keys.size else (
-            np.zeros(keys.shape, bool)
+        found = (
+            (pos < self.keys.size) & (self.keys[pos_c] == keys)
+            if self.keys.size
+            else (np.zeros(keys.shape, bool))
         )
         if found.all():
             return self.ids[pos_c]

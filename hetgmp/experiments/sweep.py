@@ -50,13 +50,15 @@ class SweepOptions:
     data: Path = option(help="dataset directory")
     out: Path = option(help="output directory (CSV, PNG, markdown, runs/, plans/)")
     ranks: int = option(8, help="CPU ranks per run (mpirun -np)", **_at_least(1))
-    gpus: int = option(0, help="run on this many GPUs (one rank each) instead of CPU ranks",
-                       **_at_least(0))
+    gpus: int = option(
+        0, help="run on this many GPUs (one rank each) instead of CPU ranks", **_at_least(0)
+    )
     batch_size: int = option(128, help="samples per rank per step", **_at_least(1))
     embed_dim: int = option(16, help="embedding dimension", **_at_least(1))
     iters: int = option(100, help="global training steps per run", **_at_least(1))
-    eval_every: int = option(0, help="steps between evaluations (0: only at the end)",
-                             **_at_least(0))
+    eval_every: int = option(
+        0, help="steps between evaluations (0: only at the end)", **_at_least(0)
+    )
     # The optimizers default to hetgmp train's (row-wise Adagrad for the rows, Adam for the MLPs).
     optimizer: str = train_option("optimizer")
     lr: float = train_option("lr")
@@ -67,8 +69,9 @@ class SweepOptions:
     seed: int = option(0, help="seed of repeat 0 (repeat i: seed + i)")
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
     threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
-    timeout_s: float = option(DEFAULT_TIMEOUT_S, help="seconds one run may take",
-                              flags=("--timeout",))
+    timeout_s: float = option(
+        DEFAULT_TIMEOUT_S, help="seconds one run may take", flags=("--timeout",)
+    )
     progress: bool = option(True, help="progress bar over the sweep")
 
     @property

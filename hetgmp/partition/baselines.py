@@ -64,8 +64,14 @@ def _finish(
 
     num_rows = int(embed_partition.shape[0])
     mirrors, _ = rank_mirrors(
-        sparse, data_partition, embed_partition, nparts,
-        batch_size=batch_size, topo=topo, max_mirror_rate=max_mirror_rate, num_rows=num_rows,
+        sparse,
+        data_partition,
+        embed_partition,
+        nparts,
+        batch_size=batch_size,
+        topo=topo,
+        max_mirror_rate=max_mirror_rate,
+        num_rows=num_rows,
     )
     meta["max_mirror_rate"] = max_mirror_rate
     return Plan(data_partition, embed_partition, mirrors, meta).validate()

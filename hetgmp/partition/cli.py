@@ -1,8 +1,8 @@
 """``hetgmp partition``: make a plan; ``hetgmp partition verify|stats``: inspect one.
 
-    hetgmp partition -n 8 -o part.npz [--data DIR] [--method metis+refine] ...
-    hetgmp partition verify part.npz --data DIR
-    hetgmp partition stats part.npz
+hetgmp partition -n 8 -o part.npz [--data DIR] [--method metis+refine] ...
+hetgmp partition verify part.npz --data DIR
+hetgmp partition stats part.npz
 """
 
 from __future__ import annotations
@@ -29,34 +29,58 @@ log = logging.getLogger("hetgmp.partition")
 class PartitionConfig:
     """Options of ``hetgmp partition`` / ``partition/partition.py``."""
 
-    nparts: int = option(8, help="number of workers (parts)", flags=["-n", "--nparts"],
-                         check=lambda v: v >= 1, check_msg="must be >= 1")
+    nparts: int = option(
+        8,
+        help="number of workers (parts)",
+        flags=["-n", "--nparts"],
+        check=lambda v: v >= 1,
+        check_msg="must be >= 1",
+    )
     out: Path = option(Path("part.npz"), help="plan file to write", flags=["-o", "--out"])
     data: Path | None = option(
-        None, help="dataset directory (default: a generated criteo-like set, cached)")
+        None, help="dataset directory (default: a generated criteo-like set, cached)"
+    )
     method: str = option("metis+refine", help="partitioning method", choices=METHODS)
-    batch_size: int = option(8192, help="per-worker batch size of the cost model",
-                             check=lambda v: v >= 1, check_msg="must be >= 1")
-    rounds: int = option(DEFAULT_ROUNDS, help="refinement rounds (sample pass + row pass)",
-                         check=lambda v: v >= 0, check_msg="must be >= 0")
+    batch_size: int = option(
+        8192,
+        help="per-worker batch size of the cost model",
+        check=lambda v: v >= 1,
+        check_msg="must be >= 1",
+    )
+    rounds: int = option(
+        DEFAULT_ROUNDS,
+        help="refinement rounds (sample pass + row pass)",
+        check=lambda v: v >= 0,
+        check_msg="must be >= 0",
+    )
     seed: int = option(
         0,
         help="random seed (same seed, input and --threads -> identical plan arrays; the file's "
         "meta also records timings, so its bytes differ)",
     )
     threads: int | None = option(None, help="OpenMP threads (default: all cores)")
-    intra_cost: float = option(cost.DEFAULT_INTRA_COST,
-                               help="cost of a fetch between GPUs of one node (across nodes = 1)",
-                               check=lambda v: 0.0 <= v <= 1.0, check_msg="must lie in [0, 1]")
+    intra_cost: float = option(
+        cost.DEFAULT_INTRA_COST,
+        help="cost of a fetch between GPUs of one node (across nodes = 1)",
+        check=lambda v: 0.0 <= v <= 1.0,
+        check_msg="must lie in [0, 1]",
+    )
     gpus_per_node: int | None = option(
-        None, help="workers per node (default: every worker is its own node)")
+        None, help="workers per node (default: every worker is its own node)"
+    )
     max_mirror_rate: float = option(
-        baselines.DEFAULT_MAX_MIRROR_RATE, help="longest mirror list, as a share of all rows",
-        check=lambda v: 0.0 <= v <= 1.0, check_msg="must lie in [0, 1]")
+        baselines.DEFAULT_MAX_MIRROR_RATE,
+        help="longest mirror list, as a share of all rows",
+        check=lambda v: 0.0 <= v <= 1.0,
+        check_msg="must lie in [0, 1]",
+    )
     theta: float = option(DEFAULT_THETA, help="weight of the owner-serving-load balance term")
     metis_max_edges: int = option(
-        DEFAULT_METIS_MAX_EDGES, help="largest graph given to METIS; above it, a sampled graph",
-        check=lambda v: v >= 1, check_msg="must be >= 1")
+        DEFAULT_METIS_MAX_EDGES,
+        help="largest graph given to METIS; above it, a sampled graph",
+        check=lambda v: v >= 1,
+        check_msg="must be >= 1",
+    )
     progress: bool = option(True, help="progress bars (only on a terminal)")
 
 
@@ -79,10 +103,19 @@ def run_partition(cfg: PartitionConfig) -> Plan:
     if cfg.nparts > n:
         raise PlanError(f"-n {cfg.nparts} is larger than the {n} training samples of {ds.root}")
     plan = partition_dataset(
-        ds, cfg.nparts, method=cfg.method, batch_size=cfg.batch_size, seed=cfg.seed,
-        threads=cfg.threads, rounds=cfg.rounds, intra_cost=cfg.intra_cost,
-        gpus_per_node=cfg.gpus_per_node, max_mirror_rate=cfg.max_mirror_rate, theta=cfg.theta,
-        metis_max_edges=cfg.metis_max_edges, progress=cfg.progress,
+        ds,
+        cfg.nparts,
+        method=cfg.method,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        threads=cfg.threads,
+        rounds=cfg.rounds,
+        intra_cost=cfg.intra_cost,
+        gpus_per_node=cfg.gpus_per_node,
+        max_mirror_rate=cfg.max_mirror_rate,
+        theta=cfg.theta,
+        metis_max_edges=cfg.metis_max_edges,
+        progress=cfg.progress,
     )
     save_plan(plan, cfg.out)
     return plan
@@ -100,7 +133,8 @@ def format_report(plan: Plan) -> str:
         return "\n".join(lines)
     rates = list(q["fetches_per_step_with_store_rate"])
     head = f"{'worker':>6} {'samples':>10} {'rows':>10} {'fetches':>10} " + " ".join(
-        f"{'st' + r:>10}" for r in rates)
+        f"{'st' + r:>10}" for r in rates
+    )
     lines.append(head)
     for w, e in enumerate(q["workers"]):
         lines.append(
@@ -119,9 +153,11 @@ def format_report(plan: Plan) -> str:
 def _total_line(name: str, q: dict[str, Any]) -> str:
     s = q["fetches_per_step_with_store_rate"]
     b = q["max_over_mean"]
-    return (f"{name}: fetches/step {q['fetches_per_step']:.1f}, weighted {q['weighted_cost_per_step']:.1f}; "
-            + ", ".join(f"store {k}: {v:.1f}" for k, v in s.items())
-            + f"; max/mean samples {b['samples']:.3f} rows {b['rows']:.3f} serves {b['serves']:.3f}")
+    return (
+        f"{name}: fetches/step {q['fetches_per_step']:.1f}, weighted {q['weighted_cost_per_step']:.1f}; "
+        + ", ".join(f"store {k}: {v:.1f}" for k, v in s.items())
+        + f"; max/mean samples {b['samples']:.3f} rows {b['rows']:.3f} serves {b['serves']:.3f}"
+    )
 
 
 def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict[str, Any]:
@@ -132,8 +168,10 @@ def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict
     plan = load_plan(plan_path)
     ds = open_dataset(data)
     plan.check_matches(
-        num_samples=len(ds.train), num_rows=ds.meta.num_embeddings,
-        fingerprint=ds.fingerprint, where=str(plan_path),
+        num_samples=len(ds.train),
+        num_rows=ds.meta.num_embeddings,
+        fingerprint=ds.fingerprint,
+        where=str(plan_path),
     )
     batch = int(plan.meta.get("batch_size", 8192))
     topo = np.asarray(plan.meta.get("cost_matrix", cost.topology_matrix(plan.nparts)))
@@ -144,8 +182,14 @@ def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict
         if mir.size and np.any(plan.embed_partition[mir] == w):
             raise PlanError(f"{plan_path}: mirror list {w} holds rows that worker {w} owns")
     return quality_report(
-        ds.train.sparse, plan.data_partition, plan.embed_partition, plan.nparts,
-        batch_size=batch, topo=topo, num_rows=plan.num_rows, threads=int(threads or 0),
+        ds.train.sparse,
+        plan.data_partition,
+        plan.embed_partition,
+        plan.nparts,
+        batch_size=batch,
+        topo=topo,
+        num_rows=plan.num_rows,
+        threads=int(threads or 0),
     )
 
 
@@ -161,7 +205,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     report = verify_plan(args.plan, args.verify_data, args.threads)
     plan = load_plan(args.plan)
-    plan.meta["quality"] = {**report, "baselines": plan.meta.get("quality", {}).get("baselines", {})}
+    plan.meta["quality"] = {
+        **report,
+        "baselines": plan.meta.get("quality", {}).get("baselines", {}),
+    }
     print(format_report(plan))
     print(f"{args.plan}: OK, matches {args.verify_data}")
     return 0
@@ -188,8 +235,13 @@ def add_parser_options(p: argparse.ArgumentParser) -> None:
     actions = p.add_subparsers(dest="partition_command", metavar="{verify,stats}")
     v = actions.add_parser("verify", help="check a plan against a data set and print its report")
     v.add_argument("plan", type=Path)
-    v.add_argument("--data", dest="verify_data", type=Path, required=True,
-                   help="dataset directory the plan was made for")
+    v.add_argument(
+        "--data",
+        dest="verify_data",
+        type=Path,
+        required=True,
+        help="dataset directory the plan was made for",
+    )
     v.add_argument("--threads", dest="threads", type=int, default=None)
     v.set_defaults(func=_cmd_verify)
     s = actions.add_parser("stats", help="print the quality report stored in a plan")

@@ -33,7 +33,9 @@ class MetisError(RuntimeError):
     """pymetis is missing or failed on the graph."""
 
 
-def bipartite_csr(sub: np.ndarray, num_rows: int, threads: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def bipartite_csr(
+    sub: np.ndarray, num_rows: int, threads: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """CSR of the undirected bipartite graph: vertices ``0..S-1`` samples, ``S..S+R-1`` rows.
 
     ``sub`` is an [S, F] matrix of row ids in ``[0, num_rows)``. Both directions are stored, as
@@ -62,7 +64,10 @@ def hot_degree_threshold(num_samples: int, nparts: int, batch_size: int) -> floa
 
 
 def _sample_graph(
-    sparse: np.ndarray, budget: int, rng: np.random.Generator, hot_degree: float | None,
+    sparse: np.ndarray,
+    budget: int,
+    rng: np.random.Generator,
+    hot_degree: float | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A uniform sample of ``budget`` samples: (chosen, local row ids [S, F], rows, hot mask)."""
     n = sparse.shape[0]
@@ -169,8 +174,9 @@ def metis_start(
         "hot_rows_left_out": int(hot.sum()),
         "unplaced_over_balance": uncapped,
         "why": (
-            "whole graph" if s == n else
-            f"graph has {n * f} edges > --metis-max-edges {max_edges}: METIS on a uniform "
+            "whole graph"
+            if s == n
+            else f"graph has {n * f} edges > --metis-max-edges {max_edges}: METIS on a uniform "
             f"sample of {s} samples, the rest placed greedily by their neighbours"
         ),
     }

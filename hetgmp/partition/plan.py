@@ -172,7 +172,9 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
                 if meta.get("format") != PLAN_FORMAT:
                     raise PlanError(f"{path}: meta format is {meta.get('format')!r}")
                 if int(meta.get("version", 0)) > PLAN_VERSION:
-                    raise PlanError(f"{path}: plan version {meta['version']} is newer than supported")
+                    raise PlanError(
+                        f"{path}: plan version {meta['version']} is newer than supported"
+                    )
             else:
                 meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "source": "het-gmp"}
             data_part = np.asarray(z["data_partition"]).astype(np.int32, copy=False).ravel()

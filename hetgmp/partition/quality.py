@@ -62,8 +62,13 @@ def rank_mirrors(
     limit = int(round(max_mirror_rate * num_rows))
     ep = np.ascontiguousarray(embed_partition, dtype=np.int32)
     ids, gains = _native().rank_mirrors(
-        counts, ep, np.ascontiguousarray(topo, dtype=np.float64), int(m), int(batch_size),
-        int(limit), int(threads),
+        counts,
+        ep,
+        np.ascontiguousarray(topo, dtype=np.float64),
+        int(m),
+        int(batch_size),
+        int(limit),
+        int(threads),
     )
     return list(ids), list(gains)
 
@@ -90,8 +95,15 @@ def quality_report(
     fetches = _native().fetch_matrix(counts, ep, int(m), int(batch_size), int(threads))
     if mirror_gains is None:
         _, mirror_gains = rank_mirrors(
-            sparse, data_partition, ep, nparts, batch_size=batch_size, topo=topo,
-            max_mirror_rate=max(REPORT_STORE_RATES), num_rows=num_rows, counts=counts,
+            sparse,
+            data_partition,
+            ep,
+            nparts,
+            batch_size=batch_size,
+            topo=topo,
+            max_mirror_rate=max(REPORT_STORE_RATES),
+            num_rows=num_rows,
+            counts=counts,
             threads=threads,
         )
     remote = fetches.copy()

@@ -73,19 +73,19 @@ def presync_apply_kernel(
     else:
         _gradient_rows_adagrad(
             g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, og_ptr, state_ptr, i, s, mi, k, live,
-            own, mir, rem, neg_lr, eps, D, BD,
+            own, mir, rem, neg_lr, eps, D, BR, BD,
         )  # fmt: skip
 
 
 @triton.jit
 def _gradient_rows_adagrad(
     g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, og_ptr, state_ptr, i, s, mi, k, live, own,
-    mir, rem, neg_lr, eps, D: tl.constexpr, BD: tl.constexpr,
+    mir, rem, neg_lr, eps, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
     # _gradient_rows for row-wise Adagrad: own rows' gradients staged (og), mirrors' local
     # step (s += mean(g^2), delta = -lr g / (sqrt(s) + eps)), pushed gradients (push slot k)
     gi = i.to(tl.int64) * D
-    ss = tl.zeros([gi.shape[0]], dtype=tl.float32)
+    ss = tl.zeros([BR], dtype=tl.float32)
     for d0 in tl.static_range(0, D, BD):
         c = d0 + tl.arange(0, BD)
         m = mir[:, None] & (c < D)[None, :]
