@@ -288,3 +288,19 @@ def test_bound100_train_loss_tracks_bound0(tiny_dataset, tmp_path) -> None:
     assert len(losses[0]) == len(losses[100]) > 3
     for l0, l100 in zip(losses[0], losses[100], strict=True):
         assert abs(l100 - l0) < 0.05, (losses[0], losses[100])
+
+
+def test_resume_on_another_worker_count_trains_the_remaining_epochs(tiny_dataset, tmp_path) -> None:
+    """1 epoch on 2 ranks, then ``--epochs 2`` resumed on 1 process: exactly one more epoch
+    (the steps done are counted in the new world's steps), and ``samples_seen`` is the whole
+    run's (the resumed part's own count is ``samples_this_process``)."""
+    kw = dict(model="wdl", bound=0, val=False)
+    ck = tmp_path / "ck"
+    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, epochs=1, checkpoint_dir=ck, **kw))
+    res = train(_cfg(tiny_dataset.root, epochs=2, checkpoint_dir=ck, resume=True, **kw),
+                DistEnv.single())  # fmt: skip
+    n = len(tiny_dataset.train)
+    spe_1 = -(-n // _cfg(tiny_dataset.root).batch_size)  # steps per epoch on one process
+    assert res["step"] == 2 * spe_1 and res["epoch"] == 2
+    assert res["samples_this_process"] == n  # one epoch trained here
+    assert res["samples_seen"] == 2 * n

@@ -100,6 +100,7 @@ def results(tr: Trainer) -> dict[str, Any]:
         train = {k: total[k] - ev[k] for k in total}
         out["embedding_train_counters"] = train
         out["embedding_train"] = summarize_counters(train, tr.samples_seen or None)
-    out["samples_seen"] = tr.samples_seen
+    out["samples_seen"] = tr.samples_total  # (the whole run, resumes included)
+    out["samples_this_process"] = tr.samples_seen
     out["memory"] = memory_report(tr.env, tr.model.embedding)
     return out

@@ -35,7 +35,8 @@ def save_trainer(tr: Trainer) -> None:
         position=tr.position,
         dense_state=dense,
         embedding_state=tr.model.embedding.state_dict(),
-        info={**tr.info, "config": to_dict(tr.cfg)},
+        # (samples_seen: global training samples of the whole run so far, resumes included)
+        info={**tr.info, "config": to_dict(tr.cfg), "samples_seen": tr.samples_total},
     )
     tr.log.info(f"checkpoint {path}", step=tr.position.step)
 
@@ -51,18 +52,20 @@ def restore_trainer(tr: Trainer, ck: LoadedCheckpoint) -> None:
     except (KeyError, ValueError) as err:
         raise ValueError(f"{ck.path / 'dense.pt'}: does not fit this model ({err})") from err
     pos = ck.position
+    tr.samples_before = int(ck.manifest.get("samples_seen", 0))
     if pos.world_size == tr.env.world_size:
         rng = ck.rng(tr.env.rank)
         if rng is not None:
             set_rng_state(rng)
         tr.position = pos
     else:
-        # Another worker count: the shards differ, so continue at the same share of the epoch.
+        # Another worker count: the shards differ, so continue at the same share of the epoch,
+        # and count the steps done in this world's steps (a global step of w ranks covers w
+        # batches: kept in the old world's units, --epochs would train the wrong amount)
         spe_old = int(ck.manifest.get("steps_per_epoch", tr.steps_per_epoch))
-        batch = round(pos.batch * tr.steps_per_epoch / max(1, spe_old))
-        tr.position = Position(
-            pos.step, pos.epoch, min(batch, tr.steps_per_epoch), tr.env.world_size
-        )
+        batch = min(round(pos.batch * tr.steps_per_epoch / max(1, spe_old)), tr.steps_per_epoch)
+        step = pos.epoch * tr.steps_per_epoch + batch
+        tr.position = Position(step, pos.epoch, batch, tr.env.world_size)
         tr.log.info(
             f"resuming a {pos.world_size}-rank checkpoint on {tr.env.world_size} ranks: "
             f"epoch {pos.epoch}, batch {tr.position.batch} of {tr.steps_per_epoch}"

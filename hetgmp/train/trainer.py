@@ -94,6 +94,12 @@ class Trainer:
         self._counters0: dict[str, float] = {}
         self.eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
         self.samples_seen = 0  # global training samples of the steps run in this process
+        self.samples_before = 0  # ... of the steps before a resumed checkpoint
+
+    @property
+    def samples_total(self) -> int:
+        """Global training samples of the whole run (the resumed checkpoint's included)."""
+        return self.samples_before + self.samples_seen
 
     # ---- one global step -------------------------------------------------------------------
     def step(self, batch: Batch | None, global_batch: int) -> tuple[float, float, int]:
@@ -266,7 +272,7 @@ class Trainer:
         self.last_eval = res
         self.last_eval_step = self.position.step
         self.log.metrics(
-            "EVAL", self.position.step, {**res.fields(), "samples_seen": self.samples_seen}
+            "EVAL", self.position.step, {**res.fields(), "samples_seen": self.samples_total}
         )
         return res
 
