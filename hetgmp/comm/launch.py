@@ -275,3 +275,19 @@ def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
         dist.destroy_process_group()
         _drop_captured_references(pg)
         del pg  # the last reference: the destructor joins gloo's worker threads now
+
+
+def abort_job(env: DistEnv, err: BaseException) -> None:
+    """After a failure on this rank under ``mpirun``: say why, then end the whole job.
+
+    Why: Open MPI's ``mpirun`` waits for every process, so one peer that hangs (stopped, or
+    blocked in a collective that can never complete) kept the job alive forever after this rank
+    had reported its timeout. ``MPI_Abort`` makes ``mpirun`` kill every rank. (torchrun's agent
+    already ends the other workers when one fails; one process has no peers.)"""
+    if env.launcher != "mpirun" or env.world_size <= 1:
+        return
+    print(f"hetgmp rank {env.rank}: error: {err}", file=sys.stderr, flush=True)
+    print(f"hetgmp rank {env.rank}: ending the mpirun job (MPI_Abort)", file=sys.stderr, flush=True)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Abort(2)

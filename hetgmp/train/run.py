@@ -22,7 +22,7 @@ from torch import nn
 
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
-from hetgmp.comm.launch import init_distributed, shutdown
+from hetgmp.comm.launch import abort_job, init_distributed, shutdown
 from hetgmp.config import to_dict
 from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 from hetgmp.data.format import Dataset, DatasetError, open_dataset
@@ -245,5 +245,8 @@ def run(cfg: TrainConfig) -> dict[str, Any]:
         results = train(cfg, env)
         finished = True
         return results
+    except Exception as err:
+        abort_job(env, err)  # (under mpirun: a hung peer must not keep the job alive)
+        raise
     finally:
         shutdown(env, wait_for_peers=finished)

