@@ -304,3 +304,27 @@ def test_resume_on_another_worker_count_trains_the_remaining_epochs(tiny_dataset
     assert res["step"] == 2 * spe_1 and res["epoch"] == 2
     assert res["samples_this_process"] == n  # one epoch trained here
     assert res["samples_seen"] == 2 * n
+
+
+def test_no_partition_with_mirrors_makes_its_own_plan(tiny_dataset, tmp_path) -> None:
+    """HET-GMP's habit: ``--store_rate`` without ``--partition``. Rows get random owners,
+    each rank mirrors the rows its own samples use most (said in one log line), mirrors are
+    read, and at bound 0 training still equals one process on the same global batches."""
+    from hetgmp.partition.fallback import local_frequency_plan
+
+    ck = tmp_path / "ck"
+    cfg = _cfg(tiny_dataset.root, epochs=1, store_rate=0.2, bound=0, checkpoint_dir=ck)
+    res = spawn_ranks(_train_rank, 2, cfg, timeout_s=180)
+    assert res[0]["embedding"]["mirror_hit"] > 0
+    _, weight, ids = _ckpt_state(ck)
+    assert torch.equal(ids, torch.arange(tiny_dataset.meta.num_embeddings))
+    _, ref_weight = _reference_run(cfg, 2, None)
+    torch.testing.assert_close(weight, ref_weight, rtol=0, atol=1e-6)
+    # the list: rows this rank does not own, used by its samples, most used first
+    sparse = tiny_dataset.train.sparse
+    idx = np.arange(len(tiny_dataset.train) // 2)
+    plan = local_frequency_plan(sparse, idx, tiny_dataset.meta.num_embeddings, 2, 0, seed=0)
+    mine = plan.mirrors[0]
+    counts = np.bincount(np.asarray(sparse[idx]).ravel(), minlength=len(plan.embed_partition))
+    assert mine.size and (plan.embed_partition[mine] != 0).all() and (counts[mine] > 0).all()
+    assert (np.diff(counts[mine]) <= 0).all() and plan.mirrors[1].size == 0

@@ -88,7 +88,8 @@ class TrainConfig:
     )
     store_rate: float = option(
         0.0,
-        help="share of all rows each rank mirrors (plan's priority order)",
+        help="share of all rows each rank mirrors, in the plan's priority order (without "
+        "--partition: random owners, each rank's most used rows, as HET-GMP)",
         check=lambda v: 0.0 <= v <= 1.0,
         check_msg="must lie in [0, 1]",
         flags=["--store-rate", "--store_rate"],
@@ -241,10 +242,6 @@ class TrainConfig:
             raise ConfigError("resume: --resume needs --checkpoint-dir")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every: --checkpoint-every needs --checkpoint-dir")
-        if self.store_rate > 0 and self.partition is None:
-            raise ConfigError(
-                "store_rate: mirrors come from a plan's priority lists; pass --partition"
-            )
 
     @property
     def effective_dense_lr(self) -> float:

@@ -94,9 +94,25 @@ def plan_fingerprint(path: Path) -> str:
 
 
 def load_checked_plan(cfg: TrainConfig, env: DistEnv, ds: Dataset, log: RunLog) -> Plan | None:
-    """The ``--partition`` plan, refused when made for other data or another rank count."""
+    """The ``--partition`` plan, refused when made for other data or another rank count; none
+    given but mirrors asked for: one made here (random owners, mirrors by local frequency)."""
+    if cfg.partition is None and cfg.store_rate > 0 and env.world_size > 1:
+        from hetgmp.partition.fallback import local_frequency_plan
+
+        log.info(
+            f"no --partition given but --store_rate {cfg.store_rate}: random row owners, "
+            "contiguous sample shards, each rank mirrors the rows its own samples use most "
+            "(as HET-GMP without a partition; `hetgmp partition` makes a better plan)"
+        )
+        idx = rank_sample_indices(len(ds.train), env.rank, env.world_size, None)
+        return local_frequency_plan(
+            ds.train.sparse, idx, ds.meta.num_embeddings, env.world_size, env.rank, cfg.seed
+        )
     if cfg.partition is None:
-        log.info("no --partition given: hash placement of rows, contiguous sample shards")
+        why = " (one rank owns every row: --store_rate has nothing to mirror)" * (
+            cfg.store_rate > 0
+        )
+        log.info(f"no --partition given: hash placement of rows, contiguous sample shards{why}")
         return None
     plan = load_plan(cfg.partition)
     plan.check_matches(
@@ -122,7 +138,7 @@ def distributed_embedding(
         env,
         plan,
         placement="hash",  # used only without a plan
-        store_rate=cfg.store_rate,
+        store_rate=cfg.store_rate if plan is not None else 0.0,  # (mirrors need a plan)
         bound=cfg.bound,
         optimizer=cfg.optimizer,
         lr=cfg.lr,
