@@ -328,3 +328,20 @@ def test_no_partition_with_mirrors_makes_its_own_plan(tiny_dataset, tmp_path) ->
     counts = np.bincount(np.asarray(sparse[idx]).ravel(), minlength=len(plan.embed_partition))
     assert mine.size and (plan.embed_partition[mine] != 0).all() and (counts[mine] > 0).all()
     assert (np.diff(counts[mine]) <= 0).all() and plan.mirrors[1].size == 0
+
+
+def test_checkpoint_rows_are_read_per_rank(tiny_dataset, tmp_path) -> None:
+    """A rank reads only the rows it stores from a checkpoint (each shard memory-mapped): the
+    rows asked for, in any order and from several shards, equal the union's; ids no shard
+    holds are left out (the table then names them)."""
+    ck = tmp_path / "ck"
+    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=3, checkpoint_dir=ck, val=False))
+    loaded = open_checkpoint(ck)
+    union = loaded.embedding_union()
+    want = torch.tensor([5, 0, 17, 3, 16, 11])
+    got = loaded.embedding_rows(torch.cat([want, torch.tensor([10**9])]))
+    assert sorted(got["ids"].tolist()) == sorted(want.tolist())
+    for i, row in zip(got["ids"].tolist(), got["weight"], strict=True):
+        torch.testing.assert_close(row, union["weight"][union["ids"] == i][0], rtol=0, atol=0)
+    for i, s in zip(got["ids"].tolist(), got["opt_state"], strict=True):
+        assert s == union["opt_state"][union["ids"] == i][0]

@@ -184,14 +184,48 @@ class LoadedCheckpoint:
         name = f"rng-{rank}.pt"
         return self._load(name) if name in self.manifest["files"] else None
 
-    def embedding_union(self) -> dict[str, Any]:
-        """All ranks' rows concatenated: ``{"ids", "weight", "opt_state"}`` keyed by global id."""
-        names = sorted(
+    def _embedding_files(self) -> list[str]:
+        return sorted(
             (n for n in self.manifest["files"] if n.startswith("embedding-")),
             key=lambda n: int(n[len("embedding-") : -3]),
         )
-        parts = [self._load(n) for n in names]
-        return merge_embedding_states(parts)
+
+    def embedding_union(self) -> dict[str, Any]:
+        """All ranks' rows concatenated: ``{"ids", "weight", "opt_state"}`` keyed by global id."""
+        return merge_embedding_states([self._load(n) for n in self._embedding_files()])
+
+    def embedding_rows(self, wanted: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Only the rows ``wanted`` (global ids) of a distributed table's checkpoint, as
+        ``{"ids", "weight", "opt_state"}`` (ids missing from every shard are absent: the table
+        says which). Each shard is memory-mapped and only these rows are read from it, so a
+        rank loads what it stores, not the whole table 8 times over on an 8-rank host; a
+        shard's ids (8 bytes a row) are read whole, one shard at a time."""
+        wanted = torch.as_tensor(wanted).to(torch.int64).cpu().reshape(-1)
+        got: dict[str, list[torch.Tensor]] = {"ids": [], "weight": [], "opt_state": []}
+        for name in self._embedding_files():
+            sd = self._load_mapped(name)
+            ids = sd["ids"].to(torch.int64)
+            if ids.numel() == 0:
+                continue
+            order = torch.argsort(ids)
+            pos = torch.searchsorted(ids[order], wanted).clamp(max=ids.numel() - 1)
+            hit = ids[order][pos] == wanted
+            take = order[pos[hit]]
+            got["ids"].append(wanted[hit])
+            got["weight"].append(sd["weight"][take])
+            state = sd["opt_state"]
+            got["opt_state"].append(state[take] if state.numel() else state)
+        return {k: torch.cat(v) if v else torch.zeros(0) for k, v in got.items()}
+
+    def _load_mapped(self, name: str) -> dict[str, torch.Tensor]:
+        p = self.path / name
+        try:
+            sd = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as err:  # noqa: BLE001 - any unpickling failure means a bad file
+            raise CheckpointError(f"{p}: unreadable checkpoint file ({err})") from err
+        if not isinstance(sd, dict) or not {"ids", "weight", "opt_state"} <= set(sd):
+            raise CheckpointError(f"{p}: not a distributed table's shard (ids, weight, opt_state)")
+        return sd
 
 
 def merge_embedding_states(parts: list[dict[str, Any]]) -> dict[str, Any]:

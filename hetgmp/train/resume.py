@@ -44,7 +44,9 @@ def save_trainer(tr: Trainer) -> None:
 def restore_trainer(tr: Trainer, ck: LoadedCheckpoint) -> None:
     """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
     check_compatible(ck, compat_info(tr.info))
-    tr.model.embedding.load_state_dict(ck.embedding_union())
+    emb = tr.model.embedding
+    stored = getattr(emb, "stored_ids", None)  # (a distributed table: only its own rows)
+    emb.load_state_dict(ck.embedding_union() if stored is None else ck.embedding_rows(stored))
     dense = ck.dense()
     try:
         tr.model.load_dense_state_dict(dense["model"])
