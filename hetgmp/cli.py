@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,6 +30,9 @@ def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentP
         prog="hetgmp",
         description="Train CTR models with partitioned, mirrored, bounded-staleness embeddings.",
     )
+    from hetgmp import __version__
+
+    parser.add_argument("--version", action="version", version=f"hetgmp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name in modules:
         importlib.import_module(name).register(sub)
@@ -45,6 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (``hetgmp partition stats --json | head``): not an error of
+        # ours; stdout is pointed at devnull so the interpreter's final flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         # Our error types subclass ValueError/RuntimeError and carry user-facing messages.
         if getattr(args, "debug", False):
