@@ -219,3 +219,21 @@ def test_cli_reports_bad_dataset_cleanly(tmp_path, capsys) -> None:
     assert rc == 2
     err = capsys.readouterr().err
     assert "nope" in err and "Traceback" not in err
+
+
+def test_json_log_records_say_when_and_how_long(tiny_dataset, tmp_path) -> None:
+    """Every JSON-lines record carries its wall-clock ``timestamp``; a train record's ``time``
+    is its interval's duration (it used to overwrite the timestamp)."""
+    import json
+
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.train.run import train
+
+    log = tmp_path / "log.jsonl"
+    train(_cfg(tiny_dataset.root, iter=6, log_every=2, log_json=log), DistEnv.single(),
+          embedding_factory=local_factory)  # fmt: skip
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    stamps = [r["timestamp"] for r in recs]
+    assert stamps == sorted(stamps) and all(s > 1.6e9 for s in stamps)
+    trains = [r for r in recs if r["kind"] == "train"]
+    assert len(trains) == 3 and all(0 <= r["time"] < 600 for r in trains)

@@ -69,7 +69,9 @@ class RunLog:
 
     def _record(self, kind: str, payload: dict[str, Any]) -> None:
         if self._json is not None:
-            rec = {"kind": kind, "time": time.time(), **payload}
+            # "timestamp": when (unix seconds), in every record; a TRAIN record's "time" is
+            # its interval's duration (seconds), as on the TRAIN line
+            rec = {"kind": kind, "timestamp": time.time(), **payload}
             self._json.write(json.dumps(rec, sort_keys=False, default=str) + "\n")
             self._json.flush()
 
