@@ -16,17 +16,25 @@ import pytest
 MPIRUN = Path(sys.executable).parent / "mpirun"
 ROOT = Path(__file__).resolve().parent.parent
 
-# rank 1 stops itself (SIGSTOP, as a debugger or a stuck driver would) a few seconds into
-# training; rank 0's next collective then waits for it until --timeout-s
+# rank 1 stops itself (SIGSTOP, as a debugger or a stuck driver would) at its 5th training
+# step (counted, not timed: start-up takes long on a loaded machine); rank 0's next collective
+# then waits for it until --timeout-s
 WRAPPER = textwrap.dedent(
     """
-    import os, signal, sys, threading, time
+    import os, signal, sys
 
     if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
-        def stop():
-            time.sleep(float(os.environ["HANG_AFTER_S"]))
-            os.kill(os.getpid(), signal.SIGSTOP)
-        threading.Thread(target=stop, daemon=True).start()
+        from hetgmp.train.trainer import Trainer
+
+        run_step, steps = Trainer._run_step, []
+
+        def stopping(self, *args, **kwargs):
+            steps.append(1)
+            if len(steps) == 5:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return run_step(self, *args, **kwargs)
+
+        Trainer._run_step = stopping
     from hetgmp.train.cli import main
     sys.exit(main(sys.argv[1:]))
     """
@@ -42,7 +50,7 @@ def test_hung_rank_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
     script.write_text(WRAPPER)
     env = dict(
         os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1", HANG_AFTER_S="4", PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
     )  # fmt: skip
     env.pop("MASTER_ADDR", None)
     env.pop("MASTER_PORT", None)
@@ -69,7 +77,7 @@ def test_hung_rank_ends_the_torchrun_job(tiny_dataset, tmp_path) -> None:
     one (SIGTERM, then SIGKILL after its grace period: ~30 s)."""
     script = tmp_path / "hang.py"
     script.write_text(WRAPPER.replace("OMPI_COMM_WORLD_RANK", "RANK"))
-    env = dict(os.environ, OMP_NUM_THREADS="1", HANG_AFTER_S="4", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
     cmd = [
