@@ -240,3 +240,33 @@ def test_json_log_records_say_when_and_how_long(tiny_dataset, tmp_path) -> None:
     assert stamps == sorted(stamps) and all(s > 1.6e9 for s in stamps)
     trains = [r for r in recs if r["kind"] == "train"]
     assert len(trains) == 3 and all(0 <= r["time"] < 600 for r in trains)
+
+
+def test_empty_test_split_gives_null_metrics(tmp_path) -> None:
+    """No test samples: the metrics are undefined and the results JSON says null (strict
+    JSON), not NaN."""
+    import json
+
+    import numpy as np
+
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.data.format import make_fields, write_dataset
+    from hetgmp.train.run import train
+
+    rng = np.random.default_rng(0)
+    fields = make_fields(["a", "b"], [5, 9])
+    offs = np.array([f.offset for f in fields])
+
+    def split(n: int):
+        local = np.stack([rng.integers(0, c, n) for c in (5, 9)], axis=1)
+        return local + offs, None, (rng.random(n) < 0.3).astype(np.float32)
+
+    ds = write_dataset(tmp_path / "d", fields, {"train": split(64), "test": split(0)})
+    out = tmp_path / "r.json"
+    res = train(_cfg(ds.root, iter=2, output=out), DistEnv.single(), embedding_factory=local_factory)
+    assert res["val_auc"] is None and res["val_loss"] is None
+
+    def no_nan(c: str) -> None:
+        raise AssertionError(f"non-JSON constant {c}")
+
+    assert json.loads(out.read_text(), parse_constant=no_nan)["val_auc"] is None

@@ -13,6 +13,7 @@ every exchange.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.distributed as dist
@@ -31,12 +32,12 @@ from hetgmp.models import CTRModel
 class EvalResult:
     """Whole-split metrics plus how many samples they cover."""
 
-    val_loss: float
-    val_acc: float
-    val_auc: float
+    val_loss: float | None  # (None: undefined, e.g. an empty test split: JSON null, not NaN)
+    val_acc: float | None
+    val_auc: float | None  # (None also when the split holds one class only)
     samples: int
 
-    def fields(self) -> dict[str, float]:
+    def fields(self) -> dict[str, float | None]:
         return {"val_loss": self.val_loss, "val_acc": self.val_acc, "val_auc": self.val_auc}
 
 
@@ -133,5 +134,10 @@ def evaluate(
     metrics = torch.stack(
         [log_loss_tensor(all_y, all_p), accuracy_tensor(all_y, all_p), roc_auc_tensor(all_y, all_p)]
     )
+    if all_y.numel() == 0:  # (no metric is defined: said as such, not as NaN + warnings)
+        return EvalResult(val_loss=None, val_acc=None, val_auc=None, samples=0)
     loss, acc, auc = metrics.tolist()  # the evaluation's one read of device values
-    return EvalResult(val_loss=loss, val_acc=acc, val_auc=auc, samples=int(all_y.numel()))
+    return EvalResult(
+        val_loss=loss, val_acc=acc, val_auc=None if math.isnan(auc) else auc,
+        samples=int(all_y.numel()),
+    )  # fmt: skip
