@@ -226,6 +226,13 @@ def train(
             f"launcher {env.launcher}, {env.world_size} rank(s), device {env.device}, "
             f"backend {env.backend}"
         )
+        if cfg.optimizer == "sgd" and cfg.lr < 1.0:
+            log.info(
+                f"note: --optimizer sgd with --lr {cfg.lr}: rows get the gradient of the "
+                "batch-mean loss (about 1/batch of one sample's), so they barely move at this "
+                "rate; SGD on rows wants a learning rate around 10, e.g. --lr 10 --dense-lr 0.1 "
+                "(bench/sgd_quality/results.md)"
+            )
         trainer = build_trainer(cfg, env, log, embedding_factory)
         maybe_resume(cfg, env, trainer, log)
         results = trainer.fit()
