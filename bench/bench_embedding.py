@@ -79,6 +79,8 @@ def get_plans(args: argparse.Namespace, env, ds) -> dict:
 
 
 def run_config(args, env, ds, plan, bound: int, rate: float) -> dict:
+    """One (plan, bound, store rate): the timed steps, then per-step times, bytes and row
+    shares averaged over ranks."""
     split = ds.train
     idx = rank_sample_indices(len(split), env.rank, env.world_size, plan)
     emb = DistributedEmbedding(
@@ -91,6 +93,25 @@ def run_config(args, env, ds, plan, bound: int, rate: float) -> dict:
         optimizer=args.optimizer,
         lr=0.01,
     )
+    samples, elapsed, delta = _timed_steps(args, env, emb, split, idx)
+    vec = [
+        samples,
+        elapsed,
+        *(emb.timer.seconds[p] for p in PHASES),
+        *(delta[f"bytes_sent_{k}"] for k in KINDS),
+        delta["rows_requested"],
+        delta["rows_owned"],
+        delta["rows_mirror_fresh"],
+        delta["rows_mirror_stale_ok"],
+        delta["rows_remote"],
+    ]
+    tot = collectives.all_reduce_sum(env, np.array(vec, dtype=np.float64))
+    return _result_row(tot, env.world_size, args.steps)
+
+
+def _timed_steps(args, env, emb, split, idx: np.ndarray) -> tuple[int, float, dict]:
+    """Warm-up then ``args.steps`` timed steps of this rank's batches (a fixed random
+    gradient); returns samples, seconds and the counters' change over the timed steps."""
     fields = split.sparse.shape[1]
     g = torch.randn(args.batch, fields, args.dim, device=env.device, generator=None) * 1e-3
     nb = max(1, len(idx) // args.batch)
@@ -116,23 +137,14 @@ def run_config(args, env, ds, plan, bound: int, rate: float) -> dict:
     emb.flush()  # not timed: the last step's gradients
     elapsed = time.perf_counter() - t0
     c = emb.counters()
-    delta = {k: c[k] - base[k] for k in c}
-    vec = [
-        samples,
-        elapsed,
-        *(emb.timer.seconds[p] for p in PHASES),
-        *(delta[f"bytes_sent_{k}"] for k in KINDS),
-        delta["rows_requested"],
-        delta["rows_owned"],
-        delta["rows_mirror_fresh"],
-        delta["rows_mirror_stale_ok"],
-        delta["rows_remote"],
-    ]
-    tot = collectives.all_reduce_sum(env, np.array(vec, dtype=np.float64))
-    w = env.world_size
-    row = {"samples": int(tot[0]), "ms_per_step": 1000 * tot[1] / w / args.steps}
+    return samples, elapsed, {k: c[k] - base[k] for k in c}
+
+
+def _result_row(tot: np.ndarray, w: int, steps: int) -> dict:
+    """The table row from the totals over ranks (laid out as :func:`run_config`'s ``vec``)."""
+    row = {"samples": int(tot[0]), "ms_per_step": 1000 * tot[1] / w / steps}
     for i, p in enumerate(PHASES):
-        row[f"ms_{p}"] = 1000 * tot[2 + i] / w / args.steps
+        row[f"ms_{p}"] = 1000 * tot[2 + i] / w / steps
     for i, k in enumerate(KINDS):
         row[f"bytes_per_sample_{k}"] = tot[6 + i] / tot[0]
     row["bytes_per_sample"] = sum(row[f"bytes_per_sample_{k}"] for k in KINDS)

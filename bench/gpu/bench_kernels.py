@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -79,7 +80,7 @@ def _launch_overhead(dev: torch.device, calls: int = 2000) -> dict[str, float]:
     return got
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--dim", type=int, default=128)
@@ -89,69 +90,69 @@ def main() -> int:
     ap.add_argument(
         "--device", default="cuda", help="cpu: a smoke run (set TRITON_INTERPRET=1, small scale)"
     )
-    a = ap.parse_args()
-    dev = torch.device(a.device)
-    cards = np.maximum(2, np.round(np.asarray(CRITEO_CARDINALITIES) * a.card_scale)).astype(
-        np.int64
+    return ap.parse_args()
+
+
+def _measure_batch(
+    batch: int,
+    table: torch.Tensor,
+    cards: np.ndarray,
+    g: torch.Generator,
+    a: argparse.Namespace,
+    dev: torch.device,
+) -> dict[str, Any]:
+    """One batch size: update and gather timings of both backends, their agreement, GB/s."""
+    idx = _ids(batch, cards, g, dev)
+    src = torch.randn(idx.numel(), a.dim, generator=g, device=dev)
+    uniq = int(torch.unique(idx).numel())
+    fns = {
+        k: (lambda k=k, i=idx, s=src: scatter_add_rows(table, i, s, -0.01, backend=k))
+        for k in ("torch", "triton")
+    }
+    ms = _time(fns, a.reps, dev)
+    # the gather of the same ids from the same table (its rows updated above)
+    gms = _time(
+        {
+            "torch": lambda i=idx: table.index_select(0, i),
+            "triton": lambda i=idx: take_rows(table, i, backend="triton"),
+        },
+        a.reps,
+        dev,
     )
-    rows = int(cards.sum())
-    table = torch.zeros(rows, a.dim, device=dev)
-    g = torch.Generator(device=dev).manual_seed(0)
-    recs = []
-    for batch in (int(x) for x in a.batches.split(",")):
-        idx = _ids(batch, cards, g, dev)
-        src = torch.randn(idx.numel(), a.dim, generator=g, device=dev)
-        uniq = int(torch.unique(idx).numel())
-        fns = {
-            k: (lambda k=k, i=idx, s=src: scatter_add_rows(table, i, s, -0.01, backend=k))
-            for k in ("torch", "triton")
-        }
-        ms = _time(fns, a.reps, dev)
-        # the gather of the same ids from the same table (its rows updated above)
-        gms = _time(
-            {
-                "torch": lambda i=idx: table.index_select(0, i),
-                "triton": lambda i=idx: take_rows(table, i, backend="triton"),
-            },
-            a.reps,
-            dev,
-        )
-        same = torch.equal(take_rows(table, idx, backend="triton"), table.index_select(0, idx))
-        # same result (up to the order of float additions)
-        t0 = torch.randn(uniq, a.dim, generator=g, device=dev)
-        loc = torch.unique(idx, return_inverse=True)[1]
-        r_t = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="torch")
-        r_k = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="triton")
-        diff = float((r_t - r_k).abs().max())
-        moved = idx.numel() * a.dim * 4 * 3  # read src, read + write the table row
-        g_moved = idx.numel() * a.dim * 4 * 2  # read the table row, write the output row
-        rec = {
-            "batch": batch,
-            "rows_added": idx.numel(),
-            "unique_rows": uniq,
-            "dim": a.dim,
-            "ms_torch": ms["torch"],
-            "ms_triton": ms["triton"],
-            "max_abs_diff": diff,
-            "triton_gbs": moved / ms["triton"] / 1e6,
-            "gather_ms_torch": gms["torch"],
-            "gather_ms_triton": gms["triton"],
-            "gather_equal": same,
-            "gather_torch_gbs": g_moved / gms["torch"] / 1e6,
-            "gather_triton_gbs": g_moved / gms["triton"] / 1e6,
-        }
-        rec["speedup"] = rec["ms_torch"] / rec["ms_triton"]
-        rec["gather_speedup"] = rec["gather_ms_torch"] / rec["gather_ms_triton"]
-        recs.append(rec)
-        print(json.dumps(rec), flush=True)
-    launch = _launch_overhead(dev, 2000 if dev.type == "cuda" else 20)
-    print(json.dumps({"host_us_per_call": launch}), flush=True)
-    info = machine_info(dev)
-    info.update(command="python " + " ".join(sys.argv), table_rows=rows)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"info": info, "results": recs, "host_us_per_call": launch}
-    (out / "kernels.json").write_text(json.dumps(payload, indent=1))
+    same = torch.equal(take_rows(table, idx, backend="triton"), table.index_select(0, idx))
+    # same result (up to the order of float additions)
+    t0 = torch.randn(uniq, a.dim, generator=g, device=dev)
+    loc = torch.unique(idx, return_inverse=True)[1]
+    r_t = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="torch")
+    r_k = scatter_add_rows(t0.clone(), loc, src, -0.01, backend="triton")
+    diff = float((r_t - r_k).abs().max())
+    moved = idx.numel() * a.dim * 4 * 3  # read src, read + write the table row
+    g_moved = idx.numel() * a.dim * 4 * 2  # read the table row, write the output row
+    rec = {
+        "batch": batch,
+        "rows_added": idx.numel(),
+        "unique_rows": uniq,
+        "dim": a.dim,
+        "ms_torch": ms["torch"],
+        "ms_triton": ms["triton"],
+        "max_abs_diff": diff,
+        "triton_gbs": moved / ms["triton"] / 1e6,
+        "gather_ms_torch": gms["torch"],
+        "gather_ms_triton": gms["triton"],
+        "gather_equal": same,
+        "gather_torch_gbs": g_moved / gms["torch"] / 1e6,
+        "gather_triton_gbs": g_moved / gms["triton"] / 1e6,
+    }
+    rec["speedup"] = rec["ms_torch"] / rec["ms_triton"]
+    rec["gather_speedup"] = rec["gather_ms_torch"] / rec["gather_ms_triton"]
+    return rec
+
+
+def _markdown(
+    info: dict[str, Any], recs: list[dict[str, Any]], launch: dict[str, float], rows: int,
+    a: argparse.Namespace,
+) -> str:  # fmt: skip
+    """``kernels.md``: the update table, the gather table, the host time per call."""
     lines = [
         "# Row kernels: torch vs hetgmp Triton (bench/gpu/bench_kernels.py)",
         "",
@@ -194,7 +195,32 @@ def main() -> int:
         "|---|---|",
         *(f"| {k} | {v:.1f} |" for k, v in launch.items()),
     ]
-    (out / "kernels.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    a = _parse_args()
+    dev = torch.device(a.device)
+    cards = np.maximum(2, np.round(np.asarray(CRITEO_CARDINALITIES) * a.card_scale)).astype(
+        np.int64
+    )
+    rows = int(cards.sum())
+    table = torch.zeros(rows, a.dim, device=dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    recs = []
+    for batch in (int(x) for x in a.batches.split(",")):
+        rec = _measure_batch(batch, table, cards, g, a, dev)
+        recs.append(rec)
+        print(json.dumps(rec), flush=True)
+    launch = _launch_overhead(dev, 2000 if dev.type == "cuda" else 20)
+    print(json.dumps({"host_us_per_call": launch}), flush=True)
+    info = machine_info(dev)
+    info.update(command="python " + " ".join(sys.argv), table_rows=rows)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"info": info, "results": recs, "host_us_per_call": launch}
+    (out / "kernels.json").write_text(json.dumps(payload, indent=1))
+    (out / "kernels.md").write_text(_markdown(info, recs, launch, rows, a))
     return 0
 
 

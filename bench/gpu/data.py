@@ -212,38 +212,46 @@ def prepare(root: str | os.PathLike[str], spec: WorkloadSpec, *, threads: int = 
         + (f", user locality {spec.locality}" if spec.locality else ""),
     }
     if spec.world_size > 1:
-        from hetgmp.partition.api import partition_ids
-        from hetgmp.partition.plan import save_plan
-
-        t = time.perf_counter()
-        plan = partition_ids(
-            ids.astype(np.int32) if num_rows < 2**31 else ids,
-            num_rows,
-            spec.world_size,
-            method=spec.method,
-            batch_size=spec.batch_size,
-            seed=spec.seed,
-            threads=threads or None,
-            rounds=spec.rounds,
-            max_mirror_rate=spec.max_mirror_rate,
-            report_baselines=True,
-            progress=False,
-        )
-        part_s = time.perf_counter() - t
-        save_plan(plan, root / f"plan_{spec.world_size}.npz")
-        q = plan.meta["quality"]
-        info["partition"] = {
-            "method": spec.method,
-            "rounds": spec.rounds,
-            "wall_s": part_s,
-            "timing": plan.meta.get("timing"),
-            "fetches_per_step": q.get("fetches_per_step"),
-            "baselines": {k: v.get("fetches_per_step") for k, v in q.get("baselines", {}).items()},
-            "samples_per_worker": np.bincount(plan.data_partition, minlength=spec.world_size)
-            .astype(int)
-            .tolist(),
-        }
+        info["partition"] = _partition(root, spec, ids, num_rows, threads)
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2, default=float))
     os.replace(tmp, meta)
     return Workload(root, spec, info)
+
+
+def _partition(
+    root: Path, spec: WorkloadSpec, ids: np.ndarray, num_rows: int, threads: int
+) -> dict[str, Any]:
+    """Partition ``ids`` into ``spec.world_size`` parts, save the plan under ``root``; return
+    what ``workload.json`` records of it (method, wall time, expected fetches, balance)."""
+    from hetgmp.partition.api import partition_ids
+    from hetgmp.partition.plan import save_plan
+
+    t = time.perf_counter()
+    plan = partition_ids(
+        ids.astype(np.int32) if num_rows < 2**31 else ids,
+        num_rows,
+        spec.world_size,
+        method=spec.method,
+        batch_size=spec.batch_size,
+        seed=spec.seed,
+        threads=threads or None,
+        rounds=spec.rounds,
+        max_mirror_rate=spec.max_mirror_rate,
+        report_baselines=True,
+        progress=False,
+    )
+    part_s = time.perf_counter() - t
+    save_plan(plan, root / f"plan_{spec.world_size}.npz")
+    q = plan.meta["quality"]
+    return {
+        "method": spec.method,
+        "rounds": spec.rounds,
+        "wall_s": part_s,
+        "timing": plan.meta.get("timing"),
+        "fetches_per_step": q.get("fetches_per_step"),
+        "baselines": {k: v.get("fetches_per_step") for k, v in q.get("baselines", {}).items()},
+        "samples_per_worker": np.bincount(plan.data_partition, minlength=spec.world_size)
+        .astype(int)
+        .tolist(),
+    }

@@ -23,24 +23,37 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetgmp.comm.collectives import all_gather_object, barrier
 from hetgmp.comm.env import DistEnv
 from hetgmp.models import build_model
 from hetgmp.partition.plan import load_plan
-from hetgmp.train.dense_sync import sum_dense_grads
 
 from . import contenders as C
 from .data import load_workload, rank_samples
-from .timing import (
-    Phases,
-    StepClock,
-    copy_bandwidth,
-    embedding_floor_bytes,
-    machine_info,
-    median,
+from .records import add_floor, result_record
+from .steps import (  # re-exported: tests and the profiling tools import them from here
+    RankData,
+    batch_positions,
+    embedding_step_fn,
+    fixed_grad,
+    train_step_fn,
 )
+from .timing import Phases, StepClock, copy_bandwidth, machine_info
+
+__all__ = [
+    "MODES",
+    "PRECISIONS",
+    "RankData",
+    "RunConfig",
+    "Runner",
+    "batch_positions",
+    "embedding_step",
+    "embedding_step_fn",
+    "fixed_grad",
+    "run_rank",
+    "write_json",
+]
 
 MODES = ("embedding", "train")
 PRECISIONS = ("fp32", "bf16")
@@ -80,62 +93,6 @@ class RunConfig:
             raise ValueError("steps, dim and batch sizes must be >= 1, warmup >= 0")
         if "torch" in self.contenders and world != 1:
             raise ValueError("contender 'torch' is the one-GPU baseline: run it with 1 rank")
-
-
-def fixed_grad(batch: int, fields: int, dim: int, rank: int, seed: int, device: torch.device):
-    """The gradient that stands in for the MLP in embedding-only mode (fixed per rank)."""
-    g = torch.Generator(device=device).manual_seed(1_000_003 * seed + rank)
-    return torch.randn(batch, fields, dim, generator=g, device=device)
-
-
-def batch_positions(step: int, batch: int, n: int, device: torch.device) -> torch.Tensor:
-    """Positions (into the rank's sample list) of ``step``'s batch: consecutive, wrapping."""
-    return (torch.arange(batch, dtype=torch.int64, device=device) + step * batch) % n
-
-
-def embedding_step_fn(
-    cont: C.Contender, ids_all: torch.Tensor, grad: torch.Tensor, batch: int
-) -> Callable[[int], None]:
-    """The embedding-only step, identical for every contender: ``step(k)`` picks batch ``k``
-    of ``ids_all`` (unless it was prefetched), looks it up, hands the next batch to the
-    contender's prefetch, runs the backward of the fixed gradient ``grad`` and the contender's
-    update. (The positions are computed only to pick ids: a contender that prefetched got
-    them a step ahead, so it pays for that once per step, like any other.) Used by
-    :meth:`Runner.measure` and the profiling tools."""
-    dev, n = ids_all.device, ids_all.shape[0]
-    ahead: dict[int, torch.Tensor] = {}  # step -> its ids, already handed to prefetch
-
-    def batch_ids(k: int) -> torch.Tensor:
-        return ids_all.index_select(0, batch_positions(k, batch, n, dev))
-
-    def step(k: int) -> None:
-        ids = ahead.pop(k, None)
-        if ids is None:
-            ids = batch_ids(k)
-        t = cont.timer
-        out = cont(ids)
-        if cont.prefetches:  # the next batch's id preprocessing overlaps this step
-            ahead[k + 1] = batch_ids(k + 1)
-            cont.prefetch(ahead[k + 1])
-            t.mark("preprocess")  # launching the next batch's preprocessing
-        out.backward(grad)
-        t.mark("backward")
-        cont.after_backward()
-
-    return step
-
-
-@dataclasses.dataclass
-class RankData:
-    """One rank's samples, resident on its device."""
-
-    ids: torch.Tensor  # int64 [n, F]
-    dense: torch.Tensor  # float32 [n, 13]
-    labels: torch.Tensor  # float32 [n, 1]
-
-    @property
-    def n(self) -> int:
-        return int(self.ids.shape[0])
 
 
 def _load_rank_data(wl: Any, part: np.ndarray | None, env: DistEnv) -> RankData:
@@ -218,69 +175,58 @@ class Runner:
         self, cont: C.Contender, data: RankData, *, mode: str, batch: int, model_name: str = "",
         precision: str = "fp32",
     ) -> dict[str, Any]:  # fmt: skip
+        """One configuration: warm-up, timed steps, profiled steps, then the record (same on
+        every rank)."""
         env, cfg, dev = self.env, self.cfg, self.dev
-        world = env.world_size
-        gb = batch * world
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        model = opt = grad = None
+        step = self._step_fn(cont, data, mode, batch, model_name, precision)
+        mine = self._run_passes(cont, step)
+        everyone = all_gather_object(env, mine)
+        rec = result_record(
+            everyone, mine, contender=cont.name, world=env.world_size, mode=mode,
+            model_name=model_name, precision=precision, batch=batch, dim=cfg.dim,
+            steps=cfg.steps, warmup=cfg.warmup, cuda=dev.type == "cuda",
+        )  # fmt: skip
+        if mode == "embedding":
+            u = self.unique_rows(batch)
+            add_floor(rec, fields=self.fields, unique_rows=u, copy_bw=self.copy_bw)
+        return rec
+
+    def _step_fn(
+        self, cont: C.Contender, data: RankData, mode: str, batch: int, model_name: str,
+        precision: str,
+    ) -> Callable[[int], None]:  # fmt: skip
+        """``step(k)`` of ``mode``: the fixed-gradient embedding step, or a fresh model's
+        training step (same dense initial weights on every rank)."""
+        env, cfg, dev = self.env, self.cfg, self.dev
         if mode == "embedding":
             grad = fixed_grad(batch, self.fields, cfg.dim, env.rank, cfg.seed, dev)
-        else:
-            torch.manual_seed(cfg.seed)  # same dense initial weights on every rank
-            model = build_model(
-                model_name, cont, num_fields=self.fields, num_dense=data.dense.shape[1],
-                embed_dim=cfg.dim,
-            ).to(dev)  # fmt: skip
-            params = model.dense_parameters()
-            opt = torch.optim.SGD(params, lr=cfg.dense_lr)
-        autocast = precision == "bf16"
+            return embedding_step_fn(cont, data.ids, grad, batch)
+        torch.manual_seed(cfg.seed)  # same dense initial weights on every rank
+        model = build_model(
+            model_name, cont, num_fields=self.fields, num_dense=data.dense.shape[1],
+            embed_dim=cfg.dim,
+        ).to(dev)  # fmt: skip
+        params = model.dense_parameters()
+        opt = torch.optim.SGD(params, lr=cfg.dense_lr)
+        return train_step_fn(
+            cont, model, opt, params, data, env, batch=batch,
+            global_batch=batch * env.world_size, autocast=precision == "bf16",
+        )  # fmt: skip
 
-        ahead: dict[int, torch.Tensor] = {}  # step -> its ids, already handed to prefetch
-
-        def batch_ids(k: int) -> torch.Tensor:
-            return data.ids.index_select(0, batch_positions(k, batch, data.n, dev))
-
-        def train_step(k: int) -> None:
-            ids = ahead.pop(k, None)
-            t = cont.timer
-            pos = batch_positions(k, batch, data.n, dev)
-            if ids is None:
-                ids = data.ids.index_select(0, pos)
-            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=autocast):
-                logits = model(ids, data.dense.index_select(0, pos))
-            # the MLP forward (after the embedding's own marks) is MLP time, not preprocessing
-            t.mark("mlp")
-            if cont.prefetches:
-                ahead[k + 1] = batch_ids(k + 1)
-                cont.prefetch(ahead[k + 1])
-                t.mark("preprocess")  # launching the next batch's preprocessing
-            loss = (
-                F.binary_cross_entropy_with_logits(
-                    logits.float(), data.labels.index_select(0, pos), reduction="sum"
-                )
-                / gb
-            )
-            loss.backward()
-            t.mark("mlp")
-            cont.after_backward()
-            sum_dense_grads(env, params)
-            t.mark("dense_sync")
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t.mark("mlp")
-
-        if mode == "embedding":
-            step = embedding_step_fn(cont, data.ids, grad, batch)
-        else:
-            step = train_step
+    def _run_passes(self, cont: C.Contender, step: Callable[[int], None]) -> dict[str, Any]:
+        """Warm-up, the timed pass and the profiled pass (phases on: a separate pass, so the
+        timed one is not slowed by it); this rank's step times, bytes sent and row counters
+        over the timed pass, phase times and peak memory."""
+        cfg, dev = self.cfg, self.dev
         k = 0
         for _ in range(cfg.warmup):
             step(k)
             k += 1
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        barrier(env)
+        barrier(self.env)
         bytes0, rows0 = cont.bytes_sent(), cont.counters()
         clock = StepClock(dev)
         for _ in range(cfg.steps):
@@ -300,62 +246,10 @@ class Runner:
         cont.set_timer(Phases(dev, enabled=False))
         sent = {kind: bytes1[kind] - bytes0[kind] for kind in bytes1}
         rows = {key: rows1[key] - rows0.get(key, 0) for key in rows1}
-        mine = {
+        return {
             "secs": secs, "sent": sent, "rows": rows, "phases": phases.ms_per_step(),
             "peak": _peak_gib(dev),
         }  # fmt: skip
-        everyone = all_gather_object(env, mine)
-        slowest = [max(r["secs"][i] for r in everyone) for i in range(cfg.steps)]
-        step_s = median(slowest)
-        total_sent = {kind: sum(r["sent"][kind] for r in everyone) for kind in sent}
-        samples = cfg.steps * gb
-        phase_names = sorted({p for r in everyone for p in r["phases"]})
-        rec: dict[str, Any] = {
-            "contender": cont.name,
-            "world": world,
-            "mode": mode,
-            "model": model_name if mode == "train" else None,
-            "precision": precision if mode == "train" else None,
-            "batch_per_gpu": batch,
-            "dim": cfg.dim,
-            "steps": cfg.steps,
-            "warmup": cfg.warmup,
-            "samples_per_s": gb / step_s,
-            "step_ms_median": 1e3 * step_s,
-            "step_ms_mean": 1e3 * float(np.mean(slowest)),
-            "step_ms_min": 1e3 * float(np.min(slowest)),
-            "phases_ms": {
-                p: float(np.mean([r["phases"].get(p, 0.0) for r in everyone])) for p in phase_names
-            },
-            "bytes_per_sample": sum(total_sent.values()) / samples,
-            "bytes_per_sample_by_kind": {kind: v / samples for kind, v in total_sent.items()},
-            "peak_mem_gib": max((r["peak"] or 0.0) for r in everyone)
-            if dev.type == "cuda"
-            else None,
-        }
-        if rows:
-            req = sum(r["rows"].get("rows_requested", 0) for r in everyone)
-            rec["rows_share"] = {
-                key[5:]: sum(r["rows"].get(key, 0) for r in everyone) / max(1, req)
-                for key in (
-                    "rows_owned",
-                    "rows_mirror_fresh",
-                    "rows_mirror_stale_ok",
-                    "rows_remote",
-                )
-            }
-        if mode == "embedding":
-            u = self.unique_rows(batch)
-            floor_b = embedding_floor_bytes(batch, self.fields, cfg.dim, u)
-            rec["floor"] = {
-                "unique_rows_per_gpu_batch": u,
-                "hbm_bytes_per_gpu_step": floor_b,
-                "copy_bandwidth_gbs": self.copy_bw / 1e9,
-                "step_ms": 1e3 * floor_b / self.copy_bw,
-                "samples_per_s": gb * self.copy_bw / floor_b,
-            }
-            rec["pct_of_floor"] = 100.0 * rec["samples_per_s"] / rec["floor"]["samples_per_s"]
-        return rec
 
     def emit(self, rec: dict[str, Any]) -> None:
         self.records.append(rec)

@@ -89,8 +89,31 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
             step(k[i])
             k[i] += 1
     _sync(dev)
-    host: list[list[float]] = [[] for _ in names]
-    wall: list[list[float]] = [[] for _ in names]
+    host, wall = _timed_rounds(steps, k, args, dev)
+    recs = []
+    for i, name in enumerate(names):
+        rec: dict[str, Any] = {
+            "contender": name,
+            "host_us": statistics.median(host[i]),
+            "host_us_min": min(host[i]),
+            "wall_us": statistics.median(wall[i]),
+            "wall_us_min": min(wall[i]),
+        }
+        if args.profile:
+            rows = _profile_rows(steps[i], k, i, args, dev)
+            rec["profile"] = rows[: args.top]
+            rec["profile_total_us"] = sum(r[2] for r in rows)
+        recs.append(rec)
+    return recs
+
+
+def _timed_rounds(
+    steps: list[Any], k: list[int], args: argparse.Namespace, dev: torch.device
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Per contender, per round: host us/step (no sync inside the round) and wall us/step
+    (synced at its end). ``k`` (each contender's next step) is advanced in place."""
+    host: list[list[float]] = [[] for _ in steps]
+    wall: list[list[float]] = [[] for _ in steps]
     for _ in range(args.rounds):
         for i, step in enumerate(steps):
             gc.collect()
@@ -104,35 +127,30 @@ def measure(names: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
             t2 = time.perf_counter()
             host[i].append(1e6 * (t1 - t0) / args.steps)
             wall[i].append(1e6 * (t2 - t0) / args.steps)
-    recs = []
-    for i, name in enumerate(names):
-        rec: dict[str, Any] = {
-            "contender": name,
-            "host_us": statistics.median(host[i]),
-            "host_us_min": min(host[i]),
-            "wall_us": statistics.median(wall[i]),
-            "wall_us_min": min(wall[i]),
-        }
-        if args.profile:
-            prof = cProfile.Profile()
-            _sync(dev)
-            prof.enable()
-            for _ in range(args.profile):
-                steps[i](k[i])
-                k[i] += 1
-            _sync(dev)
-            prof.disable()
-            st = pstats.Stats(prof)
-            rows = []
-            for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-                where = f"{Path(file).name}:{line}({func})" if line else func
-                p = args.profile
-                rows.append((where, nc / p, 1e6 * tt / p, 1e6 * ct / p))
-            rows.sort(key=lambda r: -r[2])
-            rec["profile"] = rows[: args.top]
-            rec["profile_total_us"] = sum(r[2] for r in rows)
-        recs.append(rec)
-    return recs
+    return host, wall
+
+
+def _profile_rows(
+    step: Any, k: list[int], i: int, args: argparse.Namespace, dev: torch.device
+) -> list[tuple[str, float, float, float]]:
+    """cProfile of ``args.profile`` steps of contender ``i``: ``(where, calls, tottime us,
+    cumtime us)`` per step and function, by descending tottime."""
+    prof = cProfile.Profile()
+    _sync(dev)
+    prof.enable()
+    for _ in range(args.profile):
+        step(k[i])
+        k[i] += 1
+    _sync(dev)
+    prof.disable()
+    st = pstats.Stats(prof)
+    rows = []
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(file).name}:{line}({func})" if line else func
+        p = args.profile
+        rows.append((where, nc / p, 1e6 * tt / p, 1e6 * ct / p))
+    rows.sort(key=lambda r: -r[2])
+    return rows
 
 
 def launch_costs(args: argparse.Namespace) -> dict[str, float]:
@@ -215,7 +233,7 @@ def _print_profile(rec: dict[str, Any]) -> None:
         print(f"    {tt:15.2f} {calls:10.2f}  {where}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, default=8)
@@ -238,16 +256,21 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     args.contenders = [c for c in args.contenders.split(",") if c]
     args.samples = args.samples or 4 * args.batch
-    if args.worker:
-        print(json.dumps(worker(args)))
-        return
-    sizes = f"batch {args.batch} x {args.fields} fields, dim {args.dim}, {args.rows} rows"
-    print(f"[host_overhead] {args.device}, {sizes}, {args.rounds} rounds x {args.steps} steps")
+    return args
+
+
+def _worker_argv(argv: list[str] | None) -> list[str]:
+    """The command line without ``--ref``: the workers measure one version each."""
     passed = [a for a in (argv if argv is not None else sys.argv[1:])]
-    if "--ref" in passed:  # the workers measure one version each
+    if "--ref" in passed:
         i = passed.index("--ref")
         passed = passed[:i] + passed[i + 2 :]
-    passed = [a for a in passed if not a.startswith("--ref=")]
+    return [a for a in passed if not a.startswith("--ref=")]
+
+
+def _run_sides(args: argparse.Namespace, passed: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every worker's output per side (``new``: this checkout; ``old``: ``--ref``), the sides
+    alternating ``--repeats`` times."""
     runs: dict[str, list[dict[str, Any]]] = {"new": []}
     with tempfile.TemporaryDirectory() as tmp:
         paths = {"new": ROOT}
@@ -260,28 +283,37 @@ def main(argv: list[str] | None = None) -> None:
                 # (the profile is taken once per side)
                 argv_side = passed if rep == 0 else [*passed, "--profile", "0"]
                 runs[side].append(_run_worker(path, argv_side))
-    summary: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "worker"}}
-    for side, got in runs.items():
-        label = "this checkout" if side == "new" else f"ref {args.ref}"
-        print(f"-- {side} ({label})")
-        for i, name in enumerate(args.contenders):
-            host = statistics.median(r["results"][i]["host_us"] for r in got)
-            wall = statistics.median(r["results"][i]["wall_us"] for r in got)
-            best = min(r["results"][i]["wall_us_min"] for r in got)  # (least disturbed)
-            summary[f"{side}/{name}"] = {"host_us": host, "wall_us": wall, "wall_us_min": best}
-            print(
-                f"  {name:<10} host {host:9.1f} us/step   wall {wall:9.1f} us/step   "
-                f"(best round {best:.1f})"
-            )
-        if "launch_us" in got[0]:
-            for label2, us in got[0]["launch_us"].items():
-                print(f"  launch {label2:<16} {us:7.1f} us (host, per launch)")
-            summary[f"{side}/launch_us"] = got[0]["launch_us"]
-        for rec in got[0]["results"]:
-            if "profile" in rec:
-                _print_profile(rec)
+    return runs
+
+
+def _print_side(
+    args: argparse.Namespace, side: str, got: list[dict[str, Any]], summary: dict[str, Any]
+) -> None:
+    """One side's medians over its workers (added to ``summary``), launch costs, profiles."""
+    label = "this checkout" if side == "new" else f"ref {args.ref}"
+    print(f"-- {side} ({label})")
+    for i, name in enumerate(args.contenders):
+        host = statistics.median(r["results"][i]["host_us"] for r in got)
+        wall = statistics.median(r["results"][i]["wall_us"] for r in got)
+        best = min(r["results"][i]["wall_us_min"] for r in got)  # (least disturbed)
+        summary[f"{side}/{name}"] = {"host_us": host, "wall_us": wall, "wall_us_min": best}
+        print(
+            f"  {name:<10} host {host:9.1f} us/step   wall {wall:9.1f} us/step   "
+            f"(best round {best:.1f})"
+        )
+    if "launch_us" in got[0]:
+        for label2, us in got[0]["launch_us"].items():
+            print(f"  launch {label2:<16} {us:7.1f} us (host, per launch)")
+        summary[f"{side}/launch_us"] = got[0]["launch_us"]
+    for rec in got[0]["results"]:
+        if "profile" in rec:
+            _print_profile(rec)
+
+
+def _print_ratios(args: argparse.Namespace, sides: list[str], summary: dict[str, Any]) -> None:
+    """Speed vs torch per side, and new vs ``--ref`` per contender (ratios of the medians)."""
     if "torch" in args.contenders:
-        for side in runs:
+        for side in sides:
             for name in args.contenders:
                 if name != "torch":
                     a, b = summary[f"{side}/torch"], summary[f"{side}/{name}"]
@@ -294,6 +326,20 @@ def main(argv: list[str] | None = None) -> None:
             a, b = summary[f"old/{name}"], summary[f"new/{name}"]
             r, rb = a["wall_us"] / b["wall_us"], a["wall_us_min"] / b["wall_us_min"]
             print(f"  {name}: new is {r:.2f}x faster than {args.ref} (wall; best rounds {rb:.2f}x)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    sizes = f"batch {args.batch} x {args.fields} fields, dim {args.dim}, {args.rows} rows"
+    print(f"[host_overhead] {args.device}, {sizes}, {args.rounds} rounds x {args.steps} steps")
+    runs = _run_sides(args, _worker_argv(argv))
+    summary: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "worker"}}
+    for side, got in runs.items():
+        _print_side(args, side, got, summary)
+    _print_ratios(args, list(runs), summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
 

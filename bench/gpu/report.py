@@ -97,6 +97,8 @@ def headline(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def markdown(runs: list[dict[str, Any]], workload: dict[str, Any] | None) -> str:
+    """``results.md``: how it was measured, the machines and data, headline ratios, then the
+    embedding-step and training-step tables."""
     recs = [r for run in runs for r in run["results"]]
     lines = ["# GPU benchmark: embedding step and WDL training vs baselines (issue 7)", ""]
     lines += ["Written by `bench/gpu/run.sh` (`bench/gpu/cli.py`). Samples/s are global (all GPUs), "
@@ -104,6 +106,24 @@ def markdown(runs: list[dict[str, Any]], workload: dict[str, Any] | None) -> str
               "separate profiled pass (CUDA events, per rank, averaged over ranks); bytes/sample "
               "is what ranks send to other ranks (ids, versions, values, gradients; the small size "
               "exchanges are not counted), per global sample.", ""]  # fmt: skip
+    lines += _run_lines(runs)
+    if workload:
+        lines += _workload_lines(workload)
+    hl = headline(recs)
+    if hl:
+        lines += ["", "## Headline", "", *hl]
+    emb = [r for r in recs if r["mode"] == "embedding"]
+    if emb:
+        lines += _embedding_section(emb) + _floor_lines(emb)
+    tr = [r for r in recs if r["mode"] == "train"]
+    if tr:
+        lines += _train_section(tr)
+    return "\n".join(lines) + "\n"
+
+
+def _run_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """One bullet per launch: its machine, then its command."""
+    lines = []
     for run in runs:
         m = run.get("machine", {})
         lines.append(
@@ -118,82 +138,92 @@ def markdown(runs: list[dict[str, Any]], workload: dict[str, Any] | None) -> str
             )
         )
         lines.append(f"  - command: `{run.get('command', '')}`")
-    if workload:
-        spec = workload.get("spec", {})
-        lines.append(
-            f"- data: {spec.get('num_samples'):,} samples x {workload.get('num_fields')} fields, "
-            f"{workload.get('num_rows'):,} rows, ids {workload.get('id_law')}; generated in "
-            f"{workload.get('generate_s', 0):.1f} s"
-        )
-        p = workload.get("partition")
-        if p:
-            base = ", ".join(f"{k} {v:,.0f}" for k, v in (p.get("baselines") or {}).items())
-            lines.append(
-                f"- plan: {p['method']} ({p['rounds']} rounds) for {spec.get('world_size')} parts "
-                f"in **{p['wall_s']:.1f} s** (not counted in samples/s); expected remote fetches "
-                f"per step {p.get('fetches_per_step') or 0:,.0f}" + (f" ({base})" if base else "")
-                + f"; samples per worker {p.get('samples_per_worker')}"
-            )  # fmt: skip
-    hl = headline(recs)
-    if hl:
-        lines += ["", "## Headline", "", *hl]
+    return lines
 
-    emb = [r for r in recs if r["mode"] == "embedding"]
-    if emb:
-        cols = _present(emb, EMB_PHASES)
-        lines += [
-            "", "## Embedding step alone (lookup + exchange + update, fixed random gradient)", "",
-            "| GPUs | contender | batch/GPU | M samples/s | ms/step | ms: " + " / ".join(cols)
-            + " | bytes/sample | peak GiB | % of HBM floor | rows owned/mirror/remote |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]  # fmt: skip
-        for r in sorted(emb, key=lambda r: (r["batch_per_gpu"], r["world"])):
-            rs = r.get("rows_share")
-            share = (
-                f"{rs['owned']:.2f}/{rs['mirror_fresh'] + rs['mirror_stale_ok']:.2f}/{rs['remote']:.2f}"
-                if rs else "-"
-            )  # fmt: skip
-            lines.append(
-                f"| {r['world']} | {r['contender']} | {r['batch_per_gpu']} | "
-                f"{r['samples_per_s'] / 1e6:.2f} | {_f(r['step_ms_median'])} | "
-                f"{_phases(r, cols)} | {_f(r['bytes_per_sample'], 0)} | "
-                f"{_f(r.get('peak_mem_gib'))} | {_f(r.get('pct_of_floor'), 1)} | {share} |"
-            )
-        floors = {}
-        for r in emb:
-            fl = r.get("floor")
-            if fl:
-                floors[(r["world"], r["batch_per_gpu"])] = fl
-        if floors:
-            lines += ["", "HBM floor of the embedding step (per GPU: write the [B, F, D] output, "
-                      "read its gradient, read the touched rows and read+write them in the update; "
-                      "divided by the measured copy bandwidth):", ""]  # fmt: skip
-            for (w, b), fl in sorted(floors.items()):
-                lines.append(
-                    f"- {w} GPU(s), B={b}: {fl['unique_rows_per_gpu_batch']:,.0f} unique rows per "
-                    f"batch, {fl['hbm_bytes_per_gpu_step'] / 1e6:,.1f} MB/step at "
-                    f"{fl['copy_bandwidth_gbs']:,.0f} GB/s = {fl['step_ms']:.3f} ms, i.e. "
-                    f"{fl['samples_per_s'] / 1e6:,.1f}M samples/s"
-                )
-    tr = [r for r in recs if r["mode"] == "train"]
-    if tr:
-        cols = _present(tr, TRAIN_PHASES)
-        lines += [
-            "", "## Full training step (model + embedding, SGD)", "",
-            "| GPUs | contender | model | precision | batch/GPU | M samples/s | ms/step | ms: "
-            + " / ".join(cols) + " | bytes/sample | peak GiB |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]  # fmt: skip
-        for r in sorted(
-            tr, key=lambda r: (r["model"], r["precision"], r["batch_per_gpu"], r["world"])
-        ):
-            lines.append(
-                f"| {r['world']} | {r['contender']} | {r['model']} | {r['precision']} | "
-                f"{r['batch_per_gpu']} | {r['samples_per_s'] / 1e6:.2f} | {_f(r['step_ms_median'])} | "
-                f"{_phases(r, cols)} | {_f(r['bytes_per_sample'], 0)} | "
-                f"{_f(r.get('peak_mem_gib'))} |"
-            )
-    return "\n".join(lines) + "\n"
+
+def _workload_lines(workload: dict[str, Any]) -> list[str]:
+    """The data's shape and, where there is one, the partition plan's cost and quality."""
+    spec = workload.get("spec", {})
+    lines = [
+        f"- data: {spec.get('num_samples'):,} samples x {workload.get('num_fields')} fields, "
+        f"{workload.get('num_rows'):,} rows, ids {workload.get('id_law')}; generated in "
+        f"{workload.get('generate_s', 0):.1f} s"
+    ]
+    p = workload.get("partition")
+    if p:
+        base = ", ".join(f"{k} {v:,.0f}" for k, v in (p.get("baselines") or {}).items())
+        lines.append(
+            f"- plan: {p['method']} ({p['rounds']} rounds) for {spec.get('world_size')} parts "
+            f"in **{p['wall_s']:.1f} s** (not counted in samples/s); expected remote fetches "
+            f"per step {p.get('fetches_per_step') or 0:,.0f}" + (f" ({base})" if base else "")
+            + f"; samples per worker {p.get('samples_per_worker')}"
+        )  # fmt: skip
+    return lines
+
+
+def _embedding_section(emb: list[dict[str, Any]]) -> list[str]:
+    """The embedding-step table, by batch then world size."""
+    cols = _present(emb, EMB_PHASES)
+    lines = [
+        "", "## Embedding step alone (lookup + exchange + update, fixed random gradient)", "",
+        "| GPUs | contender | batch/GPU | M samples/s | ms/step | ms: " + " / ".join(cols)
+        + " | bytes/sample | peak GiB | % of HBM floor | rows owned/mirror/remote |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in sorted(emb, key=lambda r: (r["batch_per_gpu"], r["world"])):
+        rs = r.get("rows_share")
+        share = (
+            f"{rs['owned']:.2f}/{rs['mirror_fresh'] + rs['mirror_stale_ok']:.2f}/{rs['remote']:.2f}"
+            if rs else "-"
+        )  # fmt: skip
+        lines.append(
+            f"| {r['world']} | {r['contender']} | {r['batch_per_gpu']} | "
+            f"{r['samples_per_s'] / 1e6:.2f} | {_f(r['step_ms_median'])} | "
+            f"{_phases(r, cols)} | {_f(r['bytes_per_sample'], 0)} | "
+            f"{_f(r.get('peak_mem_gib'))} | {_f(r.get('pct_of_floor'), 1)} | {share} |"
+        )
+    return lines
+
+
+def _floor_lines(emb: list[dict[str, Any]]) -> list[str]:
+    """The HBM floor per (world size, batch), where the records carry one."""
+    floors = {}
+    for r in emb:
+        fl = r.get("floor")
+        if fl:
+            floors[(r["world"], r["batch_per_gpu"])] = fl
+    if not floors:
+        return []
+    lines = ["", "HBM floor of the embedding step (per GPU: write the [B, F, D] output, "
+             "read its gradient, read the touched rows and read+write them in the update; "
+             "divided by the measured copy bandwidth):", ""]  # fmt: skip
+    for (w, b), fl in sorted(floors.items()):
+        lines.append(
+            f"- {w} GPU(s), B={b}: {fl['unique_rows_per_gpu_batch']:,.0f} unique rows per "
+            f"batch, {fl['hbm_bytes_per_gpu_step'] / 1e6:,.1f} MB/step at "
+            f"{fl['copy_bandwidth_gbs']:,.0f} GB/s = {fl['step_ms']:.3f} ms, i.e. "
+            f"{fl['samples_per_s'] / 1e6:,.1f}M samples/s"
+        )
+    return lines
+
+
+def _train_section(tr: list[dict[str, Any]]) -> list[str]:
+    """The training-step table, by model, precision, batch, then world size."""
+    cols = _present(tr, TRAIN_PHASES)
+    lines = [
+        "", "## Full training step (model + embedding, SGD)", "",
+        "| GPUs | contender | model | precision | batch/GPU | M samples/s | ms/step | ms: "
+        + " / ".join(cols) + " | bytes/sample | peak GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for r in sorted(tr, key=lambda r: (r["model"], r["precision"], r["batch_per_gpu"], r["world"])):
+        lines.append(
+            f"| {r['world']} | {r['contender']} | {r['model']} | {r['precision']} | "
+            f"{r['batch_per_gpu']} | {r['samples_per_s'] / 1e6:.2f} | {_f(r['step_ms_median'])} | "
+            f"{_phases(r, cols)} | {_f(r['bytes_per_sample'], 0)} | "
+            f"{_f(r.get('peak_mem_gib'))} |"
+        )
+    return lines
 
 
 def short_table(runs: list[dict[str, Any]]) -> str:

@@ -110,12 +110,7 @@ def metis_start(
     threads: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Partial placement from METIS: ``(data_partition, embed_partition, info)``, -1 = unplaced."""
-    try:
-        import pymetis
-    except ImportError as err:  # pragma: no cover - pymetis is a hard dependency
-        raise MetisError(
-            f"pymetis is not installed ({err}); install it or use --method refine/hash/random"
-        ) from err
+    pymetis = _import_pymetis()
     n, f = sparse.shape
     data_part = np.full(n, -1, dtype=np.int32)
     embed_part = np.full(num_rows, -1, dtype=np.int32)
@@ -123,40 +118,10 @@ def metis_start(
         data_part[:] = 0
         embed_part[:] = 0
         return data_part, embed_part, {"sampled_samples": n, "edge_cut": 0}
-    budget = max(nparts, max_edges // max(1, f))
-    rng = np.random.default_rng([seed, 0x3E715])
-    hot_degree = None if batch_size is None else hot_degree_threshold(n, nparts, batch_size)
-    chosen, local, rows, hot = _sample_graph(sparse, budget, rng, hot_degree)
-    kept = float((~hot[local]).mean()) if local.size else 1.0
-    if chosen.size < n and kept < 0.8:
-        # Hot rows hold most edges of power-law data; once they are left out, a larger sample
-        # of training samples fits the same METIS edge budget.
-        budget = int(min(n, budget / max(kept, 0.05)))
-        hot_degree = None if batch_size is None else hot_degree_threshold(n, nparts, batch_size)
-    chosen, local, rows, hot = _sample_graph(sparse, budget, rng, hot_degree)
+    chosen, local, rows, hot = _metis_sample(sparse, nparts, seed, max_edges, batch_size)
     s = chosen.size
-    if hot.any():
-        keep_rows = np.flatnonzero(~hot)
-        relabel = np.full(rows.size, -1, dtype=np.int64)
-        relabel[keep_rows] = np.arange(keep_rows.size)
-        xadj, adjncy = ragged_bipartite_csr(relabel[local], keep_rows.size)
-        rows = rows[keep_rows]
-    else:
-        xadj, adjncy = bipartite_csr(local, rows.size, threads)
-    vweights = np.zeros((s + rows.size, 2), dtype=np.int64)
-    vweights[:s, 0] = 1
-    vweights[s:, 1] = 1
-    try:
-        result = pymetis.part_graph(
-            nparts,
-            adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-            vweights=vweights.ravel(),
-            options=pymetis.Options(seed=int(seed)),
-        )
-    except Exception as err:  # pymetis raises plain RuntimeError/ValueError with METIS codes
-        raise MetisError(
-            f"METIS failed on a graph of {s + rows.size} vertices / {adjncy.size // 2} edges: {err}"
-        ) from err
+    xadj, adjncy, rows = _metis_graph(local, rows, hot, threads)
+    result = _part_graph(pymetis, nparts, xadj, adjncy, s, rows.size, seed)
     parts = np.asarray(result.vertex_part, dtype=np.int32)
     rng = np.random.default_rng([seed, 0xCA9])
     # METIS's multi-constraint balancing is loose on such lopsided graphs (e.g. 2x the mean
@@ -181,6 +146,85 @@ def metis_start(
         ),
     }
     return data_part, embed_part, info
+
+
+def _import_pymetis() -> Any:
+    """The pymetis module, or :class:`MetisError` saying what to do without it."""
+    try:
+        import pymetis
+    except ImportError as err:  # pragma: no cover - pymetis is a hard dependency
+        raise MetisError(
+            f"pymetis is not installed ({err}); install it or use --method refine/hash/random"
+        ) from err
+    return pymetis
+
+
+def _metis_sample(
+    sparse: np.ndarray,
+    nparts: int,
+    seed: int,
+    max_edges: int,
+    batch_size: int | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The samples METIS sees, as :func:`_sample_graph` returns them, within the edge budget.
+
+    Both draws come from one generator, so the second (final) sample depends on the first:
+    keep the two calls even when the budget does not grow (plans must stay reproducible).
+    """
+    n, f = sparse.shape
+    budget = max(nparts, max_edges // max(1, f))
+    rng = np.random.default_rng([seed, 0x3E715])
+    hot_degree = None if batch_size is None else hot_degree_threshold(n, nparts, batch_size)
+    chosen, local, rows, hot = _sample_graph(sparse, budget, rng, hot_degree)
+    kept = float((~hot[local]).mean()) if local.size else 1.0
+    if chosen.size < n and kept < 0.8:
+        # Hot rows hold most edges of power-law data; once they are left out, a larger sample
+        # of training samples fits the same METIS edge budget.
+        budget = int(min(n, budget / max(kept, 0.05)))
+    return _sample_graph(sparse, budget, rng, hot_degree)
+
+
+def _metis_graph(
+    local: np.ndarray,
+    rows: np.ndarray,
+    hot: np.ndarray,
+    threads: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR ``(xadj, adjncy)`` of the sampled graph without its hot rows, and the rows it keeps."""
+    if not hot.any():
+        xadj, adjncy = bipartite_csr(local, rows.size, threads)
+        return xadj, adjncy, rows
+    keep_rows = np.flatnonzero(~hot)
+    relabel = np.full(rows.size, -1, dtype=np.int64)
+    relabel[keep_rows] = np.arange(keep_rows.size)
+    xadj, adjncy = ragged_bipartite_csr(relabel[local], keep_rows.size)
+    return xadj, adjncy, rows[keep_rows]
+
+
+def _part_graph(
+    pymetis: Any,
+    nparts: int,
+    xadj: np.ndarray,
+    adjncy: np.ndarray,
+    s: int,
+    r: int,
+    seed: int,
+) -> Any:
+    """pymetis's result for ``s`` samples then ``r`` rows, balanced on both at once."""
+    vweights = np.zeros((s + r, 2), dtype=np.int64)
+    vweights[:s, 0] = 1
+    vweights[s:, 1] = 1
+    try:
+        return pymetis.part_graph(
+            nparts,
+            adjacency=pymetis.CSRAdjacency(xadj, adjncy),
+            vweights=vweights.ravel(),
+            options=pymetis.Options(seed=int(seed)),
+        )
+    except Exception as err:  # pymetis raises plain RuntimeError/ValueError with METIS codes
+        raise MetisError(
+            f"METIS failed on a graph of {s + r} vertices / {adjncy.size // 2} edges: {err}"
+        ) from err
 
 
 def _cap(parts: np.ndarray, nparts: int, rng: np.random.Generator) -> int:

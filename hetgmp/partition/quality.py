@@ -112,27 +112,9 @@ def quality_report(
     samples = np.bincount(np.asarray(data_partition, dtype=np.int64), minlength=nparts)
     rows = np.bincount(ep.astype(np.int64), minlength=nparts)
     serve = remote.sum(axis=0)
-    workers = []
-    totals = {str(s): 0.0 for s in REPORT_STORE_RATES}
-    for w in range(nparts):
-        entry: dict[str, Any] = {
-            "samples": int(samples[w]),
-            "rows": int(rows[w]),
-            "fetches": float(per_worker_fetch[w]),
-            "serves": float(serve[w]),
-        }
-        cum = np.concatenate([[0.0], np.cumsum(mirror_gains[w], dtype=np.float64)])
-        for s in REPORT_STORE_RATES:
-            k = min(int(round(s * num_rows)), cum.size - 1)
-            val = max(0.0, float(per_worker_fetch[w] - cum[k]))
-            entry[f"fetches_store_{s}"] = val
-            totals[str(s)] += val
-        workers.append(entry)
-
-    def spread(x: np.ndarray) -> float:
-        mean = float(np.mean(x))
-        return float(np.max(x) / mean) if mean > 0 else 1.0
-
+    workers, totals = _worker_entries(
+        samples, rows, per_worker_fetch, serve, mirror_gains, num_rows
+    )
     return {
         "batch_size": int(batch_size),
         "samples_per_part": int(m),
@@ -140,12 +122,50 @@ def quality_report(
         "weighted_cost_per_step": costmod.total_cost(fetches, topo),
         "fetches_per_step_with_store_rate": totals,
         "max_over_mean": {
-            "samples": spread(samples),
-            "rows": spread(rows),
-            "serves": spread(serve),
+            "samples": _spread(samples),
+            "rows": _spread(rows),
+            "serves": _spread(serve),
         },
         "workers": workers,
     }
+
+
+def _worker_entries(
+    samples: np.ndarray,
+    rows: np.ndarray,
+    fetches: np.ndarray,
+    serves: np.ndarray,
+    mirror_gains: list[np.ndarray],
+    num_rows: int,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Each worker's report entry, and the fetches per step summed over workers per store rate.
+
+    With store rate ``s`` a worker mirrors its ``s * num_rows`` best non-owned rows, which save
+    the cumulative sum of their gains (never below zero fetches).
+    """
+    workers = []
+    totals = {str(s): 0.0 for s in REPORT_STORE_RATES}
+    for w in range(samples.size):
+        entry: dict[str, Any] = {
+            "samples": int(samples[w]),
+            "rows": int(rows[w]),
+            "fetches": float(fetches[w]),
+            "serves": float(serves[w]),
+        }
+        cum = np.concatenate([[0.0], np.cumsum(mirror_gains[w], dtype=np.float64)])
+        for s in REPORT_STORE_RATES:
+            k = min(int(round(s * num_rows)), cum.size - 1)
+            val = max(0.0, float(fetches[w] - cum[k]))
+            entry[f"fetches_store_{s}"] = val
+            totals[str(s)] += val
+        workers.append(entry)
+    return workers, totals
+
+
+def _spread(x: np.ndarray) -> float:
+    """Max over mean (1.0 for an all-zero vector): how uneven a per-worker quantity is."""
+    mean = float(np.mean(x))
+    return float(np.max(x) / mean) if mean > 0 else 1.0
 
 
 def summary_line(name: str, rep: dict[str, Any]) -> str:
