@@ -29,30 +29,78 @@ DEFAULT_SHARED = Path("../shared/datasets")
 
 
 def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool = True) -> None:
+    """The options every format but movielens shares (in ``--help`` order)."""
     p.add_argument("--out", type=Path, required=True, help="output dataset directory")
-    p.add_argument("--min-count", type=int, default=1,
-                   help="values seen fewer times share the field's rare id (default: 1)")
-    p.add_argument("--id-order", choices=ID_ORDERS, default="frequency",
-                   help="order of ids within a field (default: frequency)")
+    p.add_argument(
+        "--min-count",
+        type=int,
+        default=1,
+        help="values seen fewer times share the field's rare id (default: 1)",
+    )
+    p.add_argument(
+        "--id-order",
+        choices=ID_ORDERS,
+        default="frequency",
+        help="order of ids within a field (default: frequency)",
+    )
+    _split_args(p, split=split, test_file=test_file)
+    _reading_args(p)
+
+
+def _split_args(p: argparse.ArgumentParser, *, split: bool, test_file: bool) -> None:
+    """How rows are divided into train and test."""
     if split:
-        p.add_argument("--test-fraction", type=float, default=0.1,
-                       help="share of rows in test; 0 = no test split (default: 0.1)")
-        p.add_argument("--split", choices=SPLIT_MODES, default="tail",
-                       help="tail: last rows are test (time order); random: hashed line "
-                            "number (default: tail)")
+        p.add_argument(
+            "--test-fraction",
+            type=float,
+            default=0.1,
+            help="share of rows in test; 0 = no test split (default: 0.1)",
+        )
+        p.add_argument(
+            "--split",
+            choices=SPLIT_MODES,
+            default="tail",
+            help="tail: last rows are test (time order); random: hashed line "
+            "number (default: tail)",
+        )
         p.add_argument("--seed", type=int, default=0, help="seed of --split random (default: 0)")
     if test_file:
-        p.add_argument("--test-file", type=Path, nargs="+", default=None,
-                       help="files whose rows form the test split (overrides --test-fraction)")
-    p.add_argument("--on-bad-line", choices=ON_BAD_LINE_CHOICES, default="error",
-                   help="error: stop at the first bad line (file:line in the message); "
-                        "skip: drop and count them in meta.json source.bad_lines")
-    p.add_argument("--block-bytes", type=int, default=DEFAULT_BLOCK_BYTES,
-                   help=f"bytes read per block (default: {DEFAULT_BLOCK_BYTES})")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="progress bar on a terminal (default: on)")
-    p.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
-                   help="replace an existing --out directory (default: off)")
+        p.add_argument(
+            "--test-file",
+            type=Path,
+            nargs="+",
+            default=None,
+            help="files whose rows form the test split (overrides --test-fraction)",
+        )
+
+
+def _reading_args(p: argparse.ArgumentParser) -> None:
+    """Bad lines, block size, progress and overwriting."""
+    p.add_argument(
+        "--on-bad-line",
+        choices=ON_BAD_LINE_CHOICES,
+        default="error",
+        help="error: stop at the first bad line (file:line in the message); "
+        "skip: drop and count them in meta.json source.bad_lines",
+    )
+    p.add_argument(
+        "--block-bytes",
+        type=int,
+        default=DEFAULT_BLOCK_BYTES,
+        help=f"bytes read per block (default: {DEFAULT_BLOCK_BYTES})",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="progress bar on a terminal (default: on)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replace an existing --out directory (default: off)",
+    )
 
 
 def _options(args: argparse.Namespace, name: str) -> PreprocessOptions:
@@ -72,30 +120,45 @@ def _options(args: argparse.Namespace, name: str) -> PreprocessOptions:
 def _done(ds: Dataset) -> int:
     m = ds.meta
     bad = m.source.get("bad_lines", {}).get("skipped", 0)
-    print(f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
-          f"{m.num_dense} dense, splits {m.splits}, skipped bad lines {bad}, "
-          f"fingerprint {m.fingerprint[:12]}")
+    print(
+        f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
+        f"{m.num_dense} dense, splits {m.splits}, skipped bad lines {bad}, "
+        f"fingerprint {m.fingerprint[:12]}"
+    )
     return 0
 
 
 def _run_criteo(args: argparse.Namespace) -> int:
     spec = criteo_spec()
     src = DelimitedSource(args.inputs, spec, block_bytes=args.block_bytes, kind="criteo-tsv")
-    test = (DelimitedSource(args.test_file, spec, block_bytes=args.block_bytes, kind="criteo-tsv")
-            if args.test_file else None)
+    test = (
+        DelimitedSource(args.test_file, spec, block_bytes=args.block_bytes, kind="criteo-tsv")
+        if args.test_file
+        else None
+    )
     return _done(preprocess(src, args.out, _options(args, "criteo"), test_source=test))
 
 
 def _run_csv(args: argparse.Namespace) -> int:
     quote = args.quote_char or None
     spec = resolve_columns(
-        args.inputs[0], label=args.label, dense=args.dense, categorical=args.categorical,
-        delimiter=args.delimiter.replace("\\t", "\t"), header=args.header, quote_char=quote,
-        dense_kind="float", categorical_kind="string", dense_transform=args.dense_transform,
+        args.inputs[0],
+        label=args.label,
+        dense=args.dense,
+        categorical=args.categorical,
+        delimiter=args.delimiter.replace("\\t", "\t"),
+        header=args.header,
+        quote_char=quote,
+        dense_kind="float",
+        categorical_kind="string",
+        dense_transform=args.dense_transform,
     )
     src = DelimitedSource(args.inputs, spec, block_bytes=args.block_bytes, kind="csv")
-    test = (DelimitedSource(args.test_file, spec, block_bytes=args.block_bytes, kind="csv")
-            if args.test_file else None)
+    test = (
+        DelimitedSource(args.test_file, spec, block_bytes=args.block_bytes, kind="csv")
+        if args.test_file
+        else None
+    )
     return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
 
 
@@ -103,8 +166,13 @@ def _run_libsvm(args: argparse.Namespace) -> int:
     from hetgmp.data.libsvm import LibsvmSource
 
     def make(paths: list[Path], num_fields: int | None) -> LibsvmSource:
-        return LibsvmSource(paths, num_fields=num_fields, dense_fields=args.dense_fields,
-                            dense_transform=args.dense_transform, block_bytes=args.block_bytes)
+        return LibsvmSource(
+            paths,
+            num_fields=num_fields,
+            dense_fields=args.dense_fields,
+            dense_transform=args.dense_transform,
+            block_bytes=args.block_bytes,
+        )
 
     src = make(args.inputs, args.num_fields)
     test = make(args.test_file, src.num_fields) if args.test_file else None
@@ -115,8 +183,13 @@ def _run_parquet(args: argparse.Namespace) -> int:
     from hetgmp.data.parquet_reader import ParquetSource
 
     def make(paths: list[Path]) -> ParquetSource:
-        return ParquetSource(paths, label=args.label, dense=args.dense,
-                             categorical=args.categorical, dense_transform=args.dense_transform)
+        return ParquetSource(
+            paths,
+            label=args.label,
+            dense=args.dense,
+            categorical=args.categorical,
+            dense_transform=args.dense_transform,
+        )
 
     src = make(args.inputs)
     test = make(args.test_file) if args.test_file else None
@@ -126,16 +199,29 @@ def _run_parquet(args: argparse.Namespace) -> int:
 def _run_criteo_sample(args: argparse.Namespace) -> int:
     from hetgmp.data.criteo_sample import convert_criteo_sample
 
-    return _done(convert_criteo_sample(args.src, args.out, reference=args.hetgmp_reference,
-                                       options=_options(args, "criteo-sample")))
+    return _done(
+        convert_criteo_sample(
+            args.src,
+            args.out,
+            reference=args.hetgmp_reference,
+            options=_options(args, "criteo-sample"),
+        )
+    )
 
 
 def _run_movielens(args: argparse.Namespace) -> int:
     from hetgmp.data.movielens import convert_movielens
 
-    return _done(convert_movielens(args.src, args.out, test_fraction=args.test_fraction,
-                                   seed=args.seed, id_order=args.id_order,
-                                   overwrite=args.overwrite))
+    return _done(
+        convert_movielens(
+            args.src,
+            args.out,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            id_order=args.id_order,
+            overwrite=args.overwrite,
+        )
+    )
 
 
 def _with_logging(fn):  # type: ignore[no-untyped-def]
@@ -149,49 +235,95 @@ def _with_logging(fn):  # type: ignore[no-untyped-def]
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``hetgmp preprocess <format>`` to ``hetgmp``."""
-    top = sub.add_parser("preprocess", help="convert raw click logs into a dataset directory",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = sub.add_parser(
+        "preprocess",
+        help="convert raw click logs into a dataset directory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     fmt = top.add_subparsers(dest="format", metavar="<format>", required=True)
+    # The order here is the order ``hetgmp preprocess --help`` lists the formats in.
+    for add in (
+        _add_criteo,
+        _add_csv,
+        _add_libsvm,
+        _add_parquet,
+        _add_criteo_sample,
+        _add_movielens,
+    ):
+        add(fmt)
 
+
+def _add_criteo(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
-        "criteo", help="Criteo TSV (Kaggle train.txt, 1 TB day_N)",
+        "criteo",
+        help="Criteo TSV (Kaggle train.txt, 1 TB day_N)",
         description="Criteo TSV: label, I1..I13 (ints), C1..C26 (hex), tab separated, empty "
-                    "fields allowed. Dense: missing -> 0, y = log(max(x, 0) + 2). Categorical: "
-                    "hex parsed exactly; missing is one more value; values below --min-count "
-                    "share one rare id per field.")
+        "fields allowed. Dense: missing -> 0, y = log(max(x, 0) + 2). Categorical: "
+        "hex parsed exactly; missing is one more value; values below --min-count "
+        "share one rare id per field.",
+    )
     p.add_argument("inputs", type=Path, nargs="+", help="TSV files (read as one stream)")
     _common(p)
     p.set_defaults(func=_with_logging(_run_criteo))
 
+
+def _add_csv(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
-        "csv", help="delimited text with a column spec",
+        "csv",
+        help="delimited text with a column spec",
         description="Generic delimited file. Columns by header name (with --header) or 0-based "
-                    "index. Categorical values are hashed (64-bit FNV-1a); empty = missing.")
+        "index. Categorical values are hashed (64-bit FNV-1a); empty = missing.",
+    )
     p.add_argument("inputs", type=Path, nargs="+")
     p.add_argument("--label", required=True, help="label column (values 0/1)")
     p.add_argument("--dense", nargs="*", default=[], help="dense (numeric) columns")
     p.add_argument("--categorical", nargs="+", required=True, help="categorical columns")
     p.add_argument("--delimiter", default=",", help="one character; '\\t' for tab (default: ,)")
-    p.add_argument("--header", action=argparse.BooleanOptionalAction, default=True,
-                   help="first line of each file is a header (default: on)")
+    p.add_argument(
+        "--header",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first line of each file is a header (default: on)",
+    )
     p.add_argument("--quote-char", default="", help="quote character (default: none)")
-    p.add_argument("--dense-transform", choices=DENSE_TRANSFORMS, default="none",
-                   help="log: log(max(x,0)+2); none (default: none)")
+    p.add_argument(
+        "--dense-transform",
+        choices=DENSE_TRANSFORMS,
+        default="none",
+        help="log: log(max(x,0)+2); none (default: none)",
+    )
     _common(p)
     p.set_defaults(func=_with_logging(_run_csv))
 
-    p = fmt.add_parser("libsvm", help="libsvm/libfm lines: label field:id:value ...",
-                       description="libfm lines; each field one column, a missing field is a "
-                                   "missing value; --dense-fields take the value as a feature.")
+
+def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
+    p = fmt.add_parser(
+        "libsvm",
+        help="libsvm/libfm lines: label field:id:value ...",
+        description="libfm lines; each field one column, a missing field is a "
+        "missing value; --dense-fields take the value as a feature.",
+    )
     p.add_argument("inputs", type=Path, nargs="+")
-    p.add_argument("--num-fields", type=int, default=None,
-                   help="number of fields (default: 1 + largest field index, one extra scan)")
-    p.add_argument("--dense-fields", type=int, nargs="*", default=[],
-                   help="field indices whose value is a dense feature")
+    p.add_argument(
+        "--num-fields",
+        type=int,
+        default=None,
+        help="number of fields (default: 1 + largest field index, one extra scan)",
+    )
+    p.add_argument(
+        "--dense-fields",
+        type=int,
+        nargs="*",
+        default=[],
+        help="field indices whose value is a dense feature",
+    )
     p.add_argument("--dense-transform", choices=DENSE_TRANSFORMS, default="none")
     _common(p)
     p.set_defaults(func=_with_logging(_run_libsvm))
 
+
+def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
     p.add_argument("inputs", type=Path, nargs="+")
     p.add_argument("--label", required=True)
@@ -201,20 +333,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_with_logging(_run_parquet))
 
+
+def _add_criteo_sample(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
-        "criteo-sample", help="the real 8000-row Criteo sample",
+        "criteo-sample",
+        help="the real 8000-row Criteo sample",
         description="train.csv -> train, dev.csv + test.csv -> test. With --hetgmp-reference: "
-                    "all 8000 rows as train, ids by first appearance, --min-count 1 (the "
-                    "encoding HET-GMP's reference numbers assume; 37,100 rows).")
+        "all 8000 rows as train, ids by first appearance, --min-count 1 (the "
+        "encoding HET-GMP's reference numbers assume; 37,100 rows).",
+    )
     p.add_argument("src", type=Path, nargs="?", default=DEFAULT_SHARED / "criteo-sample")
     p.add_argument("--hetgmp-reference", action=argparse.BooleanOptionalAction, default=False)
     _common(p, split=False, test_file=False)
     p.set_defaults(func=_with_logging(_run_criteo_sample))
 
+
+def _add_movielens(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
-        "movielens", help="MovieLens 100K as clicks (rating >= 4)",
+        "movielens",
+        help="MovieLens 100K as clicks (rating >= 4)",
         description="7 fields: user, item, age_bucket, gender, occupation, zip_prefix, "
-                    "primary_genre; ids by first appearance in u.data (default).")
+        "primary_genre; ids by first appearance in u.data (default).",
+    )
     p.add_argument("src", type=Path, nargs="?", default=DEFAULT_SHARED / "movielens-100k")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--test-fraction", type=float, default=0.1)
