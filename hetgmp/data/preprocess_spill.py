@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hetgmp.data.delimited import RawBlock
+from hetgmp.data.delimited_spec import RawBlock
 
 _U32_MAX = np.uint64(2**32 - 1)
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from hetgmp.data.bad_lines import BadLineReport
-from hetgmp.data.delimited import RawBlock
+from hetgmp.data.delimited_spec import RawBlock
 
 # The preprocess logger: lines keep their logger name whichever module writes them.
 log = logging.getLogger("hetgmp.preprocess")
