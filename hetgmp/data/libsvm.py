@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hetgmp.data.arrow_values import FLOAT_RE, to_float
 from hetgmp.data.bad_lines import (
     BAD_CATEGORY,
     BAD_LABEL,
@@ -30,14 +31,9 @@ from hetgmp.data.bad_lines import (
     BadLineReport,
     bad_rows,
 )
-from hetgmp.data.delimited import (
-    _FLOAT_RE,
-    DEFAULT_BLOCK_BYTES,
-    RawBlock,
-    _iter_chunks,
-    _to_float,
-    transform_dense,
-)
+from hetgmp.data.delimited import DEFAULT_BLOCK_BYTES
+from hetgmp.data.delimited_spec import RawBlock, transform_dense
+from hetgmp.data.text_chunks import iter_chunks
 from hetgmp.data.vocab import MISSING_KEY, int_keys
 
 _UINT_RE = r"^[0-9]+$"
@@ -87,7 +83,7 @@ class LibsvmSource:
         top = -1
         report = BadLineReport("skip")  # real validation happens in the passes
         for path in self.paths:
-            for first, chunk, _ in _iter_chunks(path, self.block_bytes, None):
+            for first, chunk, _ in iter_chunks(path, self.block_bytes, None):
                 parsed = self._tokens(str(path), first, chunk, report)
                 if parsed is not None and parsed["field"].size:
                     top = max(top, int(parsed["field"][parsed["ok"]].max(initial=-1)))
@@ -146,13 +142,20 @@ class LibsvmSource:
         f_s, i_s, v_s = (p3.take(pa.array(np.arange(j, len(p3), 3))) for j in range(3))
         f_ok = _np(pc.match_substring_regex(f_s, _UINT_RE))
         i_ok = _np(pc.match_substring_regex(i_s, _UINT_RE))
-        v_ok = _np(pc.match_substring_regex(v_s, _FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
+        v_ok = _np(pc.match_substring_regex(v_s, FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
         ok = three & f_ok & i_ok & v_ok
-        field = _to_float(f_s, f_ok).astype(np.int64)
+        field = to_float(f_s, f_ok).astype(np.int64)
         return {
-            "lines": lines, "ntok": ntok, "label": label_tok, "feat": feat_tok,
-            "row": feat_row, "ok": ok, "field": field,
-            "id": _to_float(i_s, i_ok), "id_str": i_s, "value": _to_float(v_s, v_ok),
+            "lines": lines,
+            "ntok": ntok,
+            "label": label_tok,
+            "feat": feat_tok,
+            "row": feat_row,
+            "ok": ok,
+            "field": field,
+            "id": to_float(i_s, i_ok),
+            "id_str": i_s,
+            "value": to_float(v_s, v_ok),
         }
 
     def iter_blocks(
@@ -161,7 +164,7 @@ class LibsvmSource:
         for path in self.paths:
             if os.path.getsize(path) == 0:
                 raise BadInputError(f"{path}:line 1: file is empty")
-            for first, chunk, consumed in _iter_chunks(path, self.block_bytes, None):
+            for first, chunk, consumed in iter_chunks(path, self.block_bytes, None):
                 block = self._block(str(path), first, chunk, report)
                 if block is not None and len(block):
                     yield block
@@ -172,6 +175,13 @@ class LibsvmSource:
         t = self._tokens(path, first, buf, report)
         if t is None:
             return None
+        labels, flagged, good_tok = self._check(path, t, report)
+        return self._rows(path, t, labels, ~flagged, good_tok)
+
+    def _check(
+        self, path: str, t: dict[str, Any], report: BadLineReport
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Report the chunk's bad lines; its labels, flagged lines and usable tokens."""
         lines, n = t["lines"], len(t["lines"])
         flagged = np.zeros(n, dtype=bool)
         bad: list[BadLine] = []
@@ -186,8 +196,8 @@ class LibsvmSource:
         # Labels: one per non-empty line, in line order.
         has = np.flatnonzero(~empty)
         lab_arr = t["label"]
-        lab_ok_t = _np(pc.match_substring_regex(lab_arr, _FLOAT_RE))
-        lab_val_t = _to_float(lab_arr, lab_ok_t)
+        lab_ok_t = _np(pc.match_substring_regex(lab_arr, FLOAT_RE))
+        lab_val_t = to_float(lab_arr, lab_ok_t)
         labels = np.zeros(n, dtype=np.float64)
         labels[has] = lab_val_t
         lab_ok = np.ones(n, dtype=bool)
@@ -200,13 +210,19 @@ class LibsvmSource:
         tok_idx = np.arange(row.size)
         bad_tok = np.full(n, -1)
         bad_tok[row[~ok][::-1]] = tok_idx[~ok][::-1]  # first bad token per line
-        flag(bad_tok >= 0, BAD_NUMBER,
-             lambda i: f"token {t['feat'][int(bad_tok[i])].as_py()!r} is not field:id:value")
+        flag(
+            bad_tok >= 0,
+            BAD_NUMBER,
+            lambda i: f"token {t['feat'][int(bad_tok[i])].as_py()!r} is not field:id:value",
+        )
         out_of_range = ok & (field >= self.num_fields)
         oor = np.full(n, -1)
         oor[row[out_of_range]] = field[out_of_range]
-        flag(oor >= 0, BAD_CATEGORY,
-             lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)")
+        flag(
+            oor >= 0,
+            BAD_CATEGORY,
+            lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)",
+        )
         good_tok = ok & ~out_of_range
         r, f = row[good_tok], field[good_tok]
         order = np.lexsort((f, r))
@@ -215,8 +231,19 @@ class LibsvmSource:
         dup_field[r[order][1:][dup]] = f[order][1:][dup]
         flag(dup_field >= 0, DUPLICATE_FIELD, lambda i: f"field {dup_field[i]} appears twice")
         report.handle(bad)
+        return labels, flagged, good_tok
 
-        keep = ~flagged
+    def _rows(
+        self,
+        path: str,
+        t: dict[str, Any],
+        labels: np.ndarray,
+        keep: np.ndarray,
+        good_tok: np.ndarray,
+    ) -> RawBlock:
+        """The kept lines' keys (missing where a field is absent), dense values and labels."""
+        lines, n = t["lines"], len(t["lines"])
+        row, field = t["row"], t["field"]
         use = good_tok & keep[row]
         r, f = row[use], field[use]
         ids, vals = t["id"][use], t["value"][use]
