@@ -148,6 +148,20 @@ def spawn_ranks(
     ]
     for p in procs:
         p.start()
+    outcomes = _collect(procs, q, timeout_s)
+    _reap(procs, outcomes, timeout_s)
+    q.close()
+    result = [outcomes[r] for r in range(world_size)]
+    if not raise_on_error:
+        return result
+    if not all(o.ok for o in result):
+        raise SpawnError(result)
+    return [o.result for o in result]
+
+
+def _collect(procs: list[Any], q: Any, timeout_s: float) -> dict[int, RankOutcome]:
+    """Outcomes that arrive (or ranks that die) before the deadline ``timeout_s`` from now."""
+    world_size = len(procs)
     outcomes: dict[int, RankOutcome] = {}
     deadline = time.monotonic() + timeout_s
     # Drain the queue while waiting: a child blocks on exit until its queued result is read.
@@ -166,6 +180,11 @@ def spawn_ranks(
                     outcomes[o.rank] = o
                 except queue_mod.Empty:
                     outcomes[r] = RankOutcome(r, "died", message=_exit_text(p.exitcode))
+    return outcomes
+
+
+def _reap(procs: list[Any], outcomes: dict[int, RankOutcome], timeout_s: float) -> None:
+    """Kill the ranks still running (hung), join all, and mark ranks that died after returning."""
     for r, p in enumerate(procs):
         if r not in outcomes:
             outcomes[r] = RankOutcome(
@@ -180,10 +199,3 @@ def spawn_ranks(
             outcomes[r] = dataclasses.replace(
                 o, status="died", message=f"returned its result, then {_exit_text(p.exitcode)}"
             )
-    q.close()
-    result = [outcomes[r] for r in range(world_size)]
-    if not raise_on_error:
-        return result
-    if not all(o.ok for o in result):
-        raise SpawnError(result)
-    return [o.result for o in result]

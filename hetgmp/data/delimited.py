@@ -11,12 +11,15 @@ vectorized. Because we cut the chunks ourselves we know the line number of every
 Values are then checked per column: the label must be a number equal to 0 or 1, dense values
 must be numbers (integers for Criteo; empty means missing), hex categoricals must be hex. The
 first problem of each line is reported through :class:`~hetgmp.data.bad_lines.BadLineReport`.
+
+Layout: specs and :class:`RawBlock` are in :mod:`hetgmp.data.delimited_spec`, chunk cutting in
+:mod:`hetgmp.data.text_chunks`, the per-column checks in :mod:`hetgmp.data.delimited_values` and
+string-to-number conversion in :mod:`hetgmp.data.arrow_values`; this module holds the reader.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +30,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from hetgmp.data.arrow_values import FLOAT_RE as _FLOAT_RE
+from hetgmp.data.arrow_values import INT_RE as _INT_RE
+from hetgmp.data.arrow_values import chunked_numpy as _chunked_numpy
+from hetgmp.data.arrow_values import to_float as _to_float
 from hetgmp.data.bad_lines import (
-    BAD_CATEGORY,
-    BAD_LABEL,
-    BAD_NUMBER,
     EMPTY_LINE,
     WRONG_FIELD_COUNT,
     BadInputError,
@@ -38,217 +42,35 @@ from hetgmp.data.bad_lines import (
     BadLineReport,
     bad_rows,
 )
-from hetgmp.data.vocab import hex8_keys, hex_keys, string_keys
+from hetgmp.data.delimited_spec import (
+    CATEGORICAL_KINDS,
+    DENSE_KINDS,
+    DENSE_TRANSFORMS,
+    DelimitedSpec,
+    RawBlock,
+    criteo_spec,
+    read_first_line,
+    resolve_columns,
+    transform_dense,
+)
+from hetgmp.data.delimited_values import convert_columns
+from hetgmp.data.text_chunks import find_records as _records
+from hetgmp.data.text_chunks import iter_chunks as _iter_chunks
+from hetgmp.data.vocab import hex8_keys
+
+# Names that lived here before the spec, chunking and value conversions got their own modules
+# (the readers of libsvm and parquet import the private helpers from here).
+__all__ = [
+    "CATEGORICAL_KINDS", "DEFAULT_BLOCK_BYTES", "DENSE_KINDS", "DENSE_TRANSFORMS",
+    "DelimitedSource", "DelimitedSpec", "RawBlock", "_FLOAT_RE", "_INT_RE", "_chunked_numpy",
+    "_iter_chunks", "_records", "_to_float", "criteo_spec", "read_first_line", "resolve_columns",
+    "transform_dense",
+]  # fmt: skip
 
 DEFAULT_BLOCK_BYTES = 32 << 20
 _PARSE_THREADS = 2  # chunks converted at once (so at most 3 chunks are in memory)
-DENSE_KINDS = ("int", "float")
-CATEGORICAL_KINDS = ("hex", "string")
-DENSE_TRANSFORMS = ("log", "none")
 _FAST_HEX_WIDTH = 8
 _FAST_BYTES = b"0123456789abcdefABCDEF-\t\n"
-_INT_RE = r"^(-?[0-9]+)?$"
-_FLOAT_RE = r"^\s*([+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?)?\s*$"
-
-
-@dataclasses.dataclass
-class RawBlock:
-    """Validated rows of one chunk: raw keys (not yet ids), transformed dense values, labels."""
-
-    path: str
-    lines: np.ndarray  # int64 [n], 1-based line (or row) number in ``path``
-    labels: np.ndarray  # float32 [n], 0/1
-    dense: np.ndarray | None  # float32 [n, num_dense]
-    keys: np.ndarray  # uint64 [n, num_fields]
-
-    def __len__(self) -> int:
-        return int(self.lines.shape[0])
-
-
-def transform_dense(x: np.ndarray, transform: str) -> np.ndarray:
-    """Dense transform. ``log``: ``log(max(x, 0) + 2)`` (negatives clipped to 0 first, as the
-    issue asks; missing values were already set to 0, so they become ``log 2``). ``none``: x."""
-    if transform == "log":
-        return np.log(np.maximum(x, 0.0) + 2.0).astype(np.float32)
-    if transform == "none":
-        return x.astype(np.float32)
-    raise ValueError(f"dense transform {transform!r} is not one of {DENSE_TRANSFORMS}")
-
-
-@dataclasses.dataclass
-class DelimitedSpec:
-    """Which column is what in a delimited file (0-based column indices)."""
-
-    num_columns: int
-    label: int
-    dense: list[int]
-    categorical: list[int]
-    column_names: list[str]
-    delimiter: str = ","
-    header: bool = False
-    quote_char: str | None = None
-    dense_kind: str = "float"
-    categorical_kind: str = "string"
-    dense_transform: str = "none"
-
-    def check(self) -> None:
-        used = [self.label, *self.dense, *self.categorical]
-        if len(set(used)) != len(used):
-            raise ValueError("a column is used twice among --label/--dense/--categorical")
-        for c in used:
-            if not 0 <= c < self.num_columns:
-                raise ValueError(f"column index {c} is outside 0..{self.num_columns - 1}")
-        if not self.categorical:
-            raise ValueError("at least one --categorical column is needed")
-        if len(self.delimiter) != 1:
-            raise ValueError(f"--delimiter must be one character, got {self.delimiter!r}")
-        if self.dense_kind not in DENSE_KINDS or self.categorical_kind not in CATEGORICAL_KINDS:
-            raise ValueError("unknown dense/categorical kind")
-        transform_dense(np.zeros(1), self.dense_transform)
-
-
-def criteo_spec() -> DelimitedSpec:
-    """Criteo Kaggle / 1 TB ``day_N`` TSV: label, I1..I13 (ints), C1..C26 (hex), no header."""
-    names = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
-    return DelimitedSpec(
-        num_columns=40,
-        label=0,
-        dense=list(range(1, 14)),
-        categorical=list(range(14, 40)),
-        column_names=names,
-        delimiter="\t",
-        header=False,
-        quote_char=None,
-        dense_kind="int",
-        categorical_kind="hex",
-        dense_transform="log",
-    )
-
-
-def _split_header(line: bytes, delimiter: str, quote: str | None) -> list[str]:
-    text = line.decode("utf-8", errors="replace").rstrip("\r\n")
-    parts = text.split(delimiter)
-    if quote:
-        parts = [p.strip().strip(quote) for p in parts]
-    return parts
-
-
-def read_first_line(path: Path) -> bytes:
-    """First line of ``path`` (for headers / column counts); error when the file is empty."""
-    with open(path, "rb") as f:
-        line = f.readline(1 << 20)
-    if not line.strip():
-        raise BadInputError(
-            f"{path}:line 1: file is empty" if not line else f"{path}:line 1: first line is empty"
-        )
-    return line
-
-
-def resolve_columns(
-    path: Path,
-    *,
-    label: str,
-    dense: list[str],
-    categorical: list[str],
-    delimiter: str,
-    header: bool,
-    quote_char: str | None,
-    dense_kind: str = "float",
-    categorical_kind: str = "string",
-    dense_transform: str = "none",
-) -> DelimitedSpec:
-    """Build a spec from column names (needs a header) or 0-based indices, reading line 1."""
-    first = read_first_line(path)
-    cols = _split_header(first, delimiter, quote_char)
-    names = cols if header else [f"c{i}" for i in range(len(cols))]
-
-    def index(col: str, option: str) -> int:
-        if col in names:
-            return names.index(col)
-        if col.lstrip("-").isdigit():
-            return int(col)
-        raise ValueError(
-            f"{option} {col!r}: no such column in {path} (columns: {', '.join(names[:50])})"
-        )
-
-    spec = DelimitedSpec(
-        num_columns=len(cols),
-        label=index(label, "--label"),
-        dense=[index(c, "--dense") for c in dense],
-        categorical=[index(c, "--categorical") for c in categorical],
-        column_names=names,
-        delimiter=delimiter,
-        header=header,
-        quote_char=quote_char,
-        dense_kind=dense_kind,
-        categorical_kind=categorical_kind,
-        dense_transform=dense_transform,
-    )
-    spec.check()
-    return spec
-
-
-def _iter_chunks(
-    path: Path, block_bytes: int, quote: str | None
-) -> Iterator[tuple[int, bytes, int]]:
-    """Yield (first line number, chunk of whole lines, bytes consumed) of ``path``."""
-    line = 1
-    carry = b""
-    with open(path, "rb") as f:
-        while True:
-            data = f.read(block_bytes)
-            if not data:
-                break
-            buf = carry + data if carry else data
-            cut = _last_record_end(buf, quote)
-            if cut < 0:
-                carry = buf  # a line longer than the block: keep reading
-                continue
-            chunk, carry = buf[: cut + 1], buf[cut + 1 :]
-            yield line, chunk, len(data)
-            line += chunk.count(b"\n")
-    if carry:
-        yield line, carry, 0
-
-
-def _last_record_end(buf: bytes, quote: str | None) -> int:
-    if not quote:
-        return buf.rfind(b"\n")
-    b = np.frombuffer(buf, dtype=np.uint8)
-    nl = np.flatnonzero(b == 10)
-    q = np.flatnonzero(b == ord(quote))
-    outside = np.searchsorted(q, nl) % 2 == 0
-    ends = nl[outside]
-    return int(ends[-1]) if ends.size else -1
-
-
-@dataclasses.dataclass
-class _Records:
-    starts: np.ndarray
-    ends: np.ndarray  # exclusive, before the newline
-    nfields: np.ndarray
-    lines: np.ndarray
-
-
-def _records(buf: bytes, first_line: int, delimiter: str, quote: str | None) -> _Records:
-    """Per record (line, unless a newline is quoted): byte span, field count, line number."""
-    b = np.frombuffer(buf, dtype=np.uint8)
-    nl = np.flatnonzero(b == 10)
-    delims = np.flatnonzero(b == ord(delimiter))
-    if quote:
-        q = np.flatnonzero(b == ord(quote))
-        nl_rec = nl[np.searchsorted(q, nl) % 2 == 0]
-        delims = delims[np.searchsorted(q, delims) % 2 == 0]
-    else:
-        nl_rec = nl
-    ends = nl_rec if buf.endswith(b"\n") else np.concatenate([nl_rec, [len(b)]])
-    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    nfields = np.searchsorted(delims, ends) - np.searchsorted(delims, starts) + 1
-    lines = first_line + np.searchsorted(nl, starts)
-    # Drop a trailing '\r' (CRLF files) from the span.
-    has_cr = (ends > starts) & (b[np.maximum(ends - 1, 0)] == 13)
-    ends = ends - has_cr
-    return _Records(starts, ends.astype(np.int64), nfields.astype(np.int64), lines.astype(np.int64))
 
 
 class DelimitedSource:
@@ -434,9 +256,16 @@ class DelimitedSource:
         digits or empty. Anything else returns None and the chunk takes the general path, which
         validates value by value and reports bad lines; the result is identical either way.
         """
-        spec = self.spec
         if buf.translate(None, _FAST_BYTES):
             return None
+        table = self._fast_table(buf, n_lines)
+        if table is None:
+            return None
+        return self._fast_arrays(path, first_line, table)
+
+    def _fast_table(self, buf: bytes, n_lines: int) -> pa.Table | None:
+        """Typed pyarrow parse of a fast-path chunk; None unless it gives one row per line."""
+        spec = self.spec
         invalid = [0]
 
         def on_invalid(_row: object) -> str:
@@ -467,9 +296,14 @@ class DelimitedSource:
             )
         except pa.ArrowInvalid:
             return None
-        n = table.num_rows
-        if invalid[0] or n != n_lines:
+        if invalid[0] or table.num_rows != n_lines:
             return None
+        return table
+
+    def _fast_arrays(self, path: str, first_line: int, table: pa.Table) -> RawBlock | None:
+        """Labels, hex keys and dense values of a typed table; None if any value needs checks."""
+        spec = self.spec
+        n = table.num_rows
         lab = table.column(self._names[spec.label])
         if lab.null_count:
             return None
@@ -504,81 +338,4 @@ class DelimitedSource:
     def _convert(
         self, path: str, lines: np.ndarray, table: pa.Table
     ) -> tuple[RawBlock, list[BadLine]]:
-        spec = self.spec
-        n = table.num_rows
-        flagged = np.zeros(n, dtype=bool)  # rows with a problem already reported
-        bad: list[BadLine] = []
-
-        def col(c: int) -> pa.Array:
-            return table.column(self._names[c]).combine_chunks()
-
-        def report_rows(mask: np.ndarray, reason: str, c: int, what: str, arr: pa.Array) -> None:
-            new = mask & ~flagged
-            if new.any():
-                name = spec.column_names[c]
-                bad.extend(
-                    bad_rows(
-                        path,
-                        lines,
-                        new,
-                        reason,
-                        lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
-                    )
-                )
-                flagged[:] |= new
-
-        # Label: a number equal to 0 or 1.
-        lab = col(spec.label)
-        lab_ok = pc.match_substring_regex(lab, _FLOAT_RE).to_numpy(zero_copy_only=False)
-        lab_ok &= pc.not_equal(pc.utf8_trim_whitespace(lab), "").to_numpy(zero_copy_only=False)
-        labels = _to_float(lab, lab_ok)
-        lab_ok &= (labels == 0.0) | (labels == 1.0)
-        report_rows(~lab_ok, BAD_LABEL, spec.label, "not a 0/1 label", lab)
-
-        dense = None
-        if spec.dense:
-            dense = np.empty((n, len(spec.dense)), dtype=np.float32)
-            regex = _INT_RE if spec.dense_kind == "int" else _FLOAT_RE
-            what = "not an integer" if spec.dense_kind == "int" else "not a number"
-            for j, c in enumerate(spec.dense):
-                arr = col(c)
-                ok = pc.match_substring_regex(arr, regex).to_numpy(zero_copy_only=False)
-                report_rows(~ok, BAD_NUMBER, c, what, arr)
-                dense[:, j] = transform_dense(_to_float(arr, ok), spec.dense_transform)
-
-        keys = np.empty((n, len(spec.categorical)), dtype=np.uint64)
-        for j, c in enumerate(spec.categorical):
-            arr = col(c)
-            if spec.categorical_kind == "hex":
-                keys[:, j], invalid = hex_keys(arr)
-                report_rows(invalid, BAD_CATEGORY, c, "not a hex value of at most 15 digits", arr)
-            else:
-                keys[:, j] = string_keys(arr)
-
-        keep = ~flagged
-        if not keep.all():
-            lines, labels, keys = lines[keep], labels[keep], keys[keep]
-            dense = dense[keep] if dense is not None else None
-        return RawBlock(path, lines, labels.astype(np.float32), dense, keys), bad
-
-
-def _chunked_numpy(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A null-free numeric arrow column as numpy (one copy at most)."""
-    if isinstance(arr, pa.ChunkedArray):
-        if arr.num_chunks == 1:
-            return arr.chunk(0).to_numpy()
-        return (
-            np.concatenate([c.to_numpy() for c in arr.chunks])
-            if arr.num_chunks
-            else (np.zeros(0, arr.type.to_pandas_dtype()))
-        )
-    return arr.to_numpy()
-
-
-def _to_float(arr: pa.Array, ok: np.ndarray) -> np.ndarray:
-    """Cast validated number strings to float64; empty or invalid entries become 0."""
-    trimmed = pc.utf8_trim_whitespace(arr)
-    usable = pa.array(ok) if isinstance(ok, np.ndarray) else ok
-    usable = pc.and_(usable, pc.not_equal(trimmed, ""))
-    filled = pc.if_else(usable, trimmed, "0")
-    return pc.cast(filled, pa.float64()).to_numpy(zero_copy_only=False)
+        return convert_columns(self.spec, self._names, path, lines, table)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hetgmp.data.arrow_values import FLOAT_RE, to_float
 from hetgmp.data.bad_lines import (
     BAD_CATEGORY,
     BAD_LABEL,
@@ -30,14 +31,9 @@ from hetgmp.data.bad_lines import (
     BadLineReport,
     bad_rows,
 )
-from hetgmp.data.delimited import (
-    _FLOAT_RE,
-    DEFAULT_BLOCK_BYTES,
-    RawBlock,
-    _iter_chunks,
-    _to_float,
-    transform_dense,
-)
+from hetgmp.data.delimited import DEFAULT_BLOCK_BYTES
+from hetgmp.data.delimited_spec import RawBlock, transform_dense
+from hetgmp.data.text_chunks import iter_chunks
 from hetgmp.data.vocab import MISSING_KEY, int_keys
 
 _UINT_RE = r"^[0-9]+$"
@@ -87,7 +83,7 @@ class LibsvmSource:
         top = -1
         report = BadLineReport("skip")  # real validation happens in the passes
         for path in self.paths:
-            for first, chunk, _ in _iter_chunks(path, self.block_bytes, None):
+            for first, chunk, _ in iter_chunks(path, self.block_bytes, None):
                 parsed = self._tokens(str(path), first, chunk, report)
                 if parsed is not None and parsed["field"].size:
                     top = max(top, int(parsed["field"][parsed["ok"]].max(initial=-1)))
@@ -146,9 +142,9 @@ class LibsvmSource:
         f_s, i_s, v_s = (p3.take(pa.array(np.arange(j, len(p3), 3))) for j in range(3))
         f_ok = _np(pc.match_substring_regex(f_s, _UINT_RE))
         i_ok = _np(pc.match_substring_regex(i_s, _UINT_RE))
-        v_ok = _np(pc.match_substring_regex(v_s, _FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
+        v_ok = _np(pc.match_substring_regex(v_s, FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
         ok = three & f_ok & i_ok & v_ok
-        field = _to_float(f_s, f_ok).astype(np.int64)
+        field = to_float(f_s, f_ok).astype(np.int64)
         return {
             "lines": lines,
             "ntok": ntok,
@@ -157,9 +153,9 @@ class LibsvmSource:
             "row": feat_row,
             "ok": ok,
             "field": field,
-            "id": _to_float(i_s, i_ok),
+            "id": to_float(i_s, i_ok),
             "id_str": i_s,
-            "value": _to_float(v_s, v_ok),
+            "value": to_float(v_s, v_ok),
         }
 
     def iter_blocks(
@@ -168,7 +164,7 @@ class LibsvmSource:
         for path in self.paths:
             if os.path.getsize(path) == 0:
                 raise BadInputError(f"{path}:line 1: file is empty")
-            for first, chunk, consumed in _iter_chunks(path, self.block_bytes, None):
+            for first, chunk, consumed in iter_chunks(path, self.block_bytes, None):
                 block = self._block(str(path), first, chunk, report)
                 if block is not None and len(block):
                     yield block
@@ -179,6 +175,13 @@ class LibsvmSource:
         t = self._tokens(path, first, buf, report)
         if t is None:
             return None
+        labels, flagged, good_tok = self._check(path, t, report)
+        return self._rows(path, t, labels, ~flagged, good_tok)
+
+    def _check(
+        self, path: str, t: dict[str, Any], report: BadLineReport
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Report the chunk's bad lines; its labels, flagged lines and usable tokens."""
         lines, n = t["lines"], len(t["lines"])
         flagged = np.zeros(n, dtype=bool)
         bad: list[BadLine] = []
@@ -193,8 +196,8 @@ class LibsvmSource:
         # Labels: one per non-empty line, in line order.
         has = np.flatnonzero(~empty)
         lab_arr = t["label"]
-        lab_ok_t = _np(pc.match_substring_regex(lab_arr, _FLOAT_RE))
-        lab_val_t = _to_float(lab_arr, lab_ok_t)
+        lab_ok_t = _np(pc.match_substring_regex(lab_arr, FLOAT_RE))
+        lab_val_t = to_float(lab_arr, lab_ok_t)
         labels = np.zeros(n, dtype=np.float64)
         labels[has] = lab_val_t
         lab_ok = np.ones(n, dtype=bool)
@@ -228,8 +231,19 @@ class LibsvmSource:
         dup_field[r[order][1:][dup]] = f[order][1:][dup]
         flag(dup_field >= 0, DUPLICATE_FIELD, lambda i: f"field {dup_field[i]} appears twice")
         report.handle(bad)
+        return labels, flagged, good_tok
 
-        keep = ~flagged
+    def _rows(
+        self,
+        path: str,
+        t: dict[str, Any],
+        labels: np.ndarray,
+        keep: np.ndarray,
+        good_tok: np.ndarray,
+    ) -> RawBlock:
+        """The kept lines' keys (missing where a field is absent), dense values and labels."""
+        lines, n = t["lines"], len(t["lines"])
+        row, field = t["row"], t["field"]
         use = good_tok & keep[row]
         r, f = row[use], field[use]
         ids, vals = t["id"][use], t["value"][use]

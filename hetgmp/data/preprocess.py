@@ -14,58 +14,34 @@ Train/test split (``split``): ``tail`` puts the last ``test_fraction`` of the va
 (Criteo logs are in time order, so this is a forward-in-time holdout); ``random`` puts a row in
 test when ``splitmix64(seed, file index, line number)`` falls below ``test_fraction`` (a pure
 function of the line's position). With separate test files, all their rows go to test.
+Layout: reading (row sources, prefetch, progress) is in :mod:`hetgmp.data.preprocess_stream`,
+the spill file in :mod:`hetgmp.data.preprocess_spill`; this module holds the options and the two
+passes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import queue
 import sys
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from hetgmp.data.bad_lines import BadInputError, BadLineReport
 from hetgmp.data.delimited import RawBlock
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
+from hetgmp.data.preprocess_spill import Spill
+from hetgmp.data.preprocess_stream import Progress, RowSource, log, prefetch, source_blocks
 from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab, splitmix64
 
-log = logging.getLogger("hetgmp.preprocess")
+__all__ = [
+    "SPLIT_MODES", "PreprocessOptions", "RowSource", "log", "preprocess", "random_split_mask",
+]  # fmt: skip
+
 SPLIT_MODES = ("tail", "random")
-_LOG_INTERVAL_S = 10.0
-_PREFETCH_BLOCKS = 1
 _MAP_THREADS = 2
-_U32_MAX = np.uint64(2**32 - 1)
-
-
-class RowSource(Protocol):
-    """What a reader provides to :func:`preprocess`."""
-
-    paths: list[Path]
-
-    @property
-    def field_names(self) -> list[str]: ...
-
-    @property
-    def dense_names(self) -> list[str]: ...
-
-    @property
-    def total_bytes(self) -> int: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-    def iter_blocks(
-        self, report: BadLineReport, progress: Callable[[int], None] | None = None
-    ) -> Iterator[RawBlock]: ...
 
 
 @dataclasses.dataclass
@@ -94,101 +70,6 @@ class PreprocessOptions:
         BadLineReport(self.on_bad_line)
 
 
-class _Progress:
-    """A tqdm bar over input bytes plus one parseable log line per interval."""
-
-    def __init__(self, total: int, desc: str, enabled: bool, unit: str = "B") -> None:
-        self.desc = desc
-        self.bar = tqdm(
-            total=total,
-            unit=unit,
-            unit_scale=True,
-            desc=desc,
-            disable=not (enabled and sys.stderr.isatty()),
-        )
-        self.t0 = self.last = time.perf_counter()
-        self.bytes = 0
-        self.rows = 0
-
-    def bytes_done(self, n: int) -> None:
-        self.bytes += n
-        self.bar.update(n)
-
-    def rows_done(self, n: int) -> None:
-        self.rows += n
-        now = time.perf_counter()
-        if now - self.last >= _LOG_INTERVAL_S:
-            self.last = now
-            log.info(self.line())
-
-    def line(self) -> str:
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        return (
-            f"preprocess {self.desc} bytes={self.bytes} rows={self.rows} "
-            f"elapsed_s={dt:.1f} rows_per_s={self.rows / dt:.0f}"
-        )
-
-    def close(self) -> float:
-        self.bar.close()
-        return time.perf_counter() - self.t0
-
-
-class _Spill:
-    """Pass-1 blocks (keys, dense, labels) in an anonymous temporary file, read by pass 2.
-
-    The input is parsed once: pass 2 only maps the spilled keys to ids. Memory stays one block;
-    the file (next to the output, deleted on close or crash) takes about 4 bytes per key plus
-    4 per dense value and label, less than the text. Keys that all fit are stored as
-    ``key + 1`` in uint32 (so the missing key ``2**64 - 1`` becomes 0), others as uint64.
-    """
-
-    def __init__(self, directory: Path, *, keep_lines: bool) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.f = tempfile.TemporaryFile(prefix=".hetgmp-preprocess-spill-", dir=directory)
-        self.keep_lines = keep_lines
-        self.index: list[tuple[str, int, str, int, int, bool, bool]] = []
-
-    def put(self, role: str, file_index: int, block: RawBlock) -> None:
-        n = len(block)
-        keys = block.keys
-        with np.errstate(over="ignore"):
-            shifted = keys + np.uint64(1)
-        small = keys.size == 0 or bool(shifted.max() <= _U32_MAX)
-        parts = [shifted.astype(np.uint32) if small else keys, block.labels.astype(np.float32)]
-        if block.dense is not None:
-            parts.append(block.dense.astype(np.float32, copy=False))
-        if self.keep_lines:
-            parts.append(block.lines.astype(np.int64, copy=False))
-        for a in parts:
-            self.f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
-        self.index.append(
-            (role, file_index, block.path, n, keys.shape[1], small, block.dense is not None)
-        )
-
-    def _read(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        a = np.empty(shape, dtype=dtype)
-        if a.nbytes and self.f.readinto(memoryview(a).cast("B")) != a.nbytes:
-            raise RuntimeError("preprocess spill file is truncated")
-        return a
-
-    def blocks(self, num_dense: int) -> Iterator[tuple[str, int, RawBlock]]:
-        self.f.flush()
-        self.f.seek(0)
-        for role, file_index, path, n, nf, small, has_dense in self.index:
-            if small:
-                with np.errstate(over="ignore"):
-                    keys = self._read((n, nf), np.uint32).astype(np.uint64) - np.uint64(1)
-            else:
-                keys = self._read((n, nf), np.uint64)
-            labels = self._read((n,), np.float32)
-            dense = self._read((n, num_dense), np.float32) if has_dense else None
-            lines = self._read((n,), np.int64) if self.keep_lines else np.zeros(0, np.int64)
-            yield role, file_index, RawBlock(path, lines, labels, dense, keys)
-
-    def close(self) -> None:
-        self.f.close()
-
-
 def random_split_mask(seed: int, file_index: int, lines: np.ndarray, fraction: float) -> np.ndarray:
     """True where a line goes to test: a pure function of (seed, file index, line number)."""
     x = (lines.astype(np.uint64) + (np.uint64(file_index) << np.uint64(40))) ^ splitmix64(
@@ -196,71 +77,6 @@ def random_split_mask(seed: int, file_index: int, lines: np.ndarray, fraction: f
     )[0]
     u = (splitmix64(x) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
     return u < fraction
-
-
-def _sources_blocks(
-    sources: list[tuple[str, RowSource]], report: BadLineReport, prog: _Progress
-) -> Iterator[tuple[str, int, RawBlock]]:
-    def produce() -> Iterator[tuple[str, int, RawBlock]]:
-        for role, src in sources:
-            file_index = {str(p): i for i, p in enumerate(src.paths)}
-            for block in src.iter_blocks(report, prog.bytes_done):
-                yield role, file_index.get(block.path, 0), block
-
-    for item in _prefetch(produce()):
-        prog.rows_done(len(item[2]))
-        yield item
-
-
-_END = object()
-
-
-def _prefetch(it: Iterator[Any], depth: int = _PREFETCH_BLOCKS) -> Iterator[Any]:
-    """Run ``it`` in a background thread, ``depth`` items ahead of the consumer.
-
-    Reading and parsing the next block (pyarrow, GIL released) then overlaps with counting or
-    id mapping of the current one (numpy); memory grows by at most ``depth`` blocks. An
-    exception in ``it`` is re-raised here, in order; when the consumer stops early the thread
-    is told to stop and joined.
-    """
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in it:
-                if not put((item, None)):
-                    return
-            put((_END, None))
-        except BaseException as err:  # noqa: BLE001 - handed to the consumer
-            put((_END, err))
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-    thread = threading.Thread(target=run, name="hetgmp-preprocess-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, err = q.get()
-            if err is not None:
-                raise err
-            if item is _END:
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
 
 
 def preprocess(
@@ -286,35 +102,18 @@ def preprocess(
     # Pass 1: parse, validate and count; the parsed blocks go to a spill file for pass 2.
     report = BadLineReport(opt.on_bad_line, unit=getattr(source, "unit", "line"))
     counter = KeyCounter(num_fields, track_first=opt.id_order == "first-appearance")
-    rows_in = {"train": 0, "test": 0}
     keep_lines = test_source is None and opt.split == "random" and opt.test_fraction > 0.0
-    spill = _Spill(Path(out).resolve().parent, keep_lines=keep_lines)
+    spill = Spill(Path(out).resolve().parent, keep_lines=keep_lines)
     try:
-        prog = _Progress(total_bytes, "pass 1/2 (count)", opt.progress)
-        for role, file_index, block in _sources_blocks(sources, report, prog):
-            counter.add(block.keys)
-            spill.put(role, file_index, block)
-            rows_in[role] += len(block)
-        t_pass1 = prog.close()
-        log.info(prog.line())
+        rows_in, t_pass1 = _count_pass(sources, total_bytes, opt, report, counter, spill)
         if rows_in["train"] == 0:
             where = ", ".join(str(p) for p in source.paths)
             raise BadInputError(f"{where}: no valid data rows ({report.summary()})")
-
-        vocabs: list[FieldVocab] = []
-        for f in range(num_fields):
-            keys, counts, first = counter.field(f)
-            vocabs.append(
-                build_vocab(keys, counts, first, min_count=opt.min_count, id_order=opt.id_order)
-            )
+        vocabs = _build_vocabs(counter, num_fields, opt)
         del counter
         fields = make_fields(field_names, [v.cardinality for v in vocabs])
         offsets = np.array([f.offset for f in fields], dtype=np.int64)
-
-        n_test_tail = 0
-        if test_source is None and opt.split == "tail":
-            n_test_tail = int(round(opt.test_fraction * rows_in["train"]))
-        tail_start = rows_in["train"] - n_test_tail
+        tail_start = _tail_start(rows_in["train"], opt, test_source is not None)
 
         # Pass 2: map the spilled blocks to ids and write.
         writer = DatasetWriter(out, fields, num_dense, name=opt.name, overwrite=opt.overwrite)
@@ -322,18 +121,8 @@ def preprocess(
             t_pass2, positives = _write_pass(
                 spill, num_dense, vocabs, offsets, writer, opt, tail_start, rows_in
             )
-            _finish_meta(
-                writer,
-                source,
-                test_source,
-                opt,
-                report,
-                vocabs,
-                rows_in,
-                positives,
-                t_pass1,
-                t_pass2,
-            )
+            _finish_meta(writer, source, test_source, opt, report, vocabs, rows_in,
+                         positives, t_pass1, t_pass2)  # fmt: skip
             ds = writer.close()
         except BaseException:
             writer.abort()
@@ -345,8 +134,47 @@ def preprocess(
     return ds
 
 
+def _count_pass(
+    sources: list[tuple[str, RowSource]],
+    total_bytes: int,
+    opt: PreprocessOptions,
+    report: BadLineReport,
+    counter: KeyCounter,
+    spill: Spill,
+) -> tuple[dict[str, int], float]:
+    """Pass 1: count every block's keys and spill it; rows per role and the pass's seconds."""
+    rows_in = {"train": 0, "test": 0}
+    prog = Progress(total_bytes, "pass 1/2 (count)", opt.progress)
+    for role, file_index, block in source_blocks(sources, report, prog):
+        counter.add(block.keys)
+        spill.put(role, file_index, block)
+        rows_in[role] += len(block)
+    t_pass1 = prog.close()
+    log.info(prog.line())
+    return rows_in, t_pass1
+
+
+def _build_vocabs(counter: KeyCounter, num_fields: int, opt: PreprocessOptions) -> list[FieldVocab]:
+    """One vocabulary per field from the pass-1 counts."""
+    vocabs: list[FieldVocab] = []
+    for f in range(num_fields):
+        keys, counts, first = counter.field(f)
+        vocabs.append(
+            build_vocab(keys, counts, first, min_count=opt.min_count, id_order=opt.id_order)
+        )
+    return vocabs
+
+
+def _tail_start(train_rows: int, opt: PreprocessOptions, has_test_files: bool) -> int:
+    """Index of the first train-input row that ``--split tail`` sends to test."""
+    n_test_tail = 0
+    if not has_test_files and opt.split == "tail":
+        n_test_tail = int(round(opt.test_fraction * train_rows))
+    return train_rows - n_test_tail
+
+
 def _write_pass(
-    spill: _Spill,
+    spill: Spill,
     num_dense: int,
     vocabs: list[FieldVocab],
     offsets: np.ndarray,
@@ -356,12 +184,12 @@ def _write_pass(
     rows_in: dict[str, int],
 ) -> tuple[float, int]:
     """Pass 2: ids for every spilled block (fields mapped in parallel threads), then write."""
-    prog = _Progress(sum(rows_in.values()), "pass 2/2 (write)", opt.progress, unit="rows")
+    prog = Progress(sum(rows_in.values()), "pass 2/2 (write)", opt.progress, unit="rows")
     seen_train = 0
     positives = 0
     workers = max(1, min(_MAP_THREADS, os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hetgmp-ids") as pool:
-        for role, file_index, block in _prefetch(spill.blocks(num_dense)):
+        for role, file_index, block in prefetch(spill.blocks(num_dense)):
             n = block.keys.shape[0]  # (block.lines is empty unless the split needs it)
             ids = np.empty(block.keys.shape, dtype=writer.id_dtype)
 
@@ -398,8 +226,18 @@ def _write_pass(
 
 
 def _finish_meta(
-    writer, source, test_source, opt, report, vocabs, rows_in, positives, t_pass1, t_pass2
+    writer: DatasetWriter,
+    source: RowSource,
+    test_source: RowSource | None,
+    opt: PreprocessOptions,
+    report: BadLineReport,
+    vocabs: list[FieldVocab],
+    rows_in: dict[str, int],
+    positives: int,
+    t_pass1: float,
+    t_pass2: float,
 ) -> None:
+    """meta.json's ``source`` (inputs, vocabulary rules, split, bad lines) and ``stats``."""
     total_rows = rows_in["train"] + rows_in["test"]
     writer.meta.source = {
         **source.describe(),

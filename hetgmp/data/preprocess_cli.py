@@ -29,6 +29,7 @@ DEFAULT_SHARED = Path("../shared/datasets")
 
 
 def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool = True) -> None:
+    """The options every format but movielens shares (in ``--help`` order)."""
     p.add_argument("--out", type=Path, required=True, help="output dataset directory")
     p.add_argument(
         "--min-count",
@@ -42,6 +43,12 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool =
         default="frequency",
         help="order of ids within a field (default: frequency)",
     )
+    _split_args(p, split=split, test_file=test_file)
+    _reading_args(p)
+
+
+def _split_args(p: argparse.ArgumentParser, *, split: bool, test_file: bool) -> None:
+    """How rows are divided into train and test."""
     if split:
         p.add_argument(
             "--test-fraction",
@@ -65,6 +72,10 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool =
             default=None,
             help="files whose rows form the test split (overrides --test-fraction)",
         )
+
+
+def _reading_args(p: argparse.ArgumentParser) -> None:
+    """Bad lines, block size, progress and overwriting."""
     p.add_argument(
         "--on-bad-line",
         choices=ON_BAD_LINE_CHOICES,
@@ -231,7 +242,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     fmt = top.add_subparsers(dest="format", metavar="<format>", required=True)
+    # The order here is the order ``hetgmp preprocess --help`` lists the formats in.
+    for add in (
+        _add_criteo,
+        _add_csv,
+        _add_libsvm,
+        _add_parquet,
+        _add_criteo_sample,
+        _add_movielens,
+    ):
+        add(fmt)
 
+
+def _add_criteo(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "criteo",
         help="Criteo TSV (Kaggle train.txt, 1 TB day_N)",
@@ -244,6 +267,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_with_logging(_run_criteo))
 
+
+def _add_csv(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "csv",
         help="delimited text with a column spec",
@@ -271,6 +296,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_with_logging(_run_csv))
 
+
+def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "libsvm",
         help="libsvm/libfm lines: label field:id:value ...",
@@ -295,6 +322,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_with_logging(_run_libsvm))
 
+
+def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
     p.add_argument("inputs", type=Path, nargs="+")
     p.add_argument("--label", required=True)
@@ -304,6 +333,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.set_defaults(func=_with_logging(_run_parquet))
 
+
+def _add_criteo_sample(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "criteo-sample",
         help="the real 8000-row Criteo sample",
@@ -316,6 +347,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p, split=False, test_file=False)
     p.set_defaults(func=_with_logging(_run_criteo_sample))
 
+
+def _add_movielens(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "movielens",
         help="MovieLens 100K as clicks (rating >= 4)",

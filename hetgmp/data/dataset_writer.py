@@ -1,0 +1,197 @@
+"""Writing a dataset directory: streamed ``.npy`` appends, renamed into place when complete.
+
+See :mod:`hetgmp.data.format` for the on-disk format.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from hetgmp.data.dataset_meta import (
+    SPLITS,
+    DatasetError,
+    DatasetMeta,
+    FieldInfo,
+    array_paths,
+    id_dtype_for,
+)
+from hetgmp.data.dataset_reader import Dataset, compute_fingerprint, open_dataset
+
+_HEADER_BYTES = 128  # fixed .npy v1 header size so we can rewrite the shape in place
+
+
+class _NpyAppender:
+    """Append rows to a .npy file; the header is rewritten with the true row count on close."""
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...]) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.row_shape = row_shape
+        self.rows = 0
+        self._f: BinaryIO = open(path, "wb")
+        self._f.write(self._header(0))
+
+    def _header(self, rows: int) -> bytes:
+        d = {"descr": self.dtype.str, "fortran_order": False, "shape": (rows, *self.row_shape)}
+        text = repr(d).encode("latin1")
+        pad = _HEADER_BYTES - 10 - len(text) - 1
+        if pad < 0:
+            raise DatasetError(f"{self.path}: npy header too long")
+        body = text + b" " * pad + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body
+
+    def append(self, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr, dtype=self.dtype)
+        if arr.shape[1:] != self.row_shape:
+            raise DatasetError(f"{self.path}: row shape {arr.shape[1:]}, expected {self.row_shape}")
+        if arr.size == 0:  # memoryview cannot cast an empty array; nothing to write anyway
+            return
+        self._f.write(memoryview(arr).cast("B"))
+        self.rows += arr.shape[0]
+
+    def close(self) -> None:
+        self._f.seek(0)
+        self._f.write(self._header(self.rows))
+        self._f.close()
+
+
+class DatasetWriter:
+    """Stream a dataset directory to disk.
+
+    Usage::
+
+        with DatasetWriter(out, fields, num_dense=13) as w:
+            w.append("train", sparse, dense, labels)   # any number of chunks, any split order
+            w.meta.source = {...}; w.meta.stats = {...}
+        # out/ now exists, complete, with meta.json and fingerprint
+
+    The directory appears at ``out`` only when :meth:`close` succeeds; an exception inside the
+    ``with`` block removes the temporary directory. ``overwrite`` replaces an existing ``out``.
+    """
+
+    def __init__(
+        self,
+        out: str | os.PathLike[str],
+        fields: list[FieldInfo],
+        num_dense: int,
+        *,
+        name: str = "",
+        overwrite: bool = False,
+        id_dtype: np.dtype | None = None,
+    ) -> None:
+        self.out = Path(out)
+        if self.out.exists() and not overwrite:
+            raise DatasetError(f"{self.out}: already exists (pass overwrite to replace it)")
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        self.tmp.mkdir()
+        self.overwrite = overwrite
+        num_emb = sum(f.cardinality for f in fields)
+        self.id_dtype = np.dtype(id_dtype) if id_dtype is not None else id_dtype_for(num_emb)
+        self.meta = DatasetMeta(
+            fields=fields, num_dense=num_dense, splits={}, id_dtype=str(self.id_dtype), name=name
+        )
+        self._files: dict[tuple[str, str], _NpyAppender] = {}
+        self._upper = np.array([f.offset + f.cardinality for f in fields], dtype=np.int64)
+        self._lower = np.array([f.offset for f in fields], dtype=np.int64)
+
+    def _appender(self, split: str, kind: str, dtype: Any, row_shape: tuple[int, ...]):
+        key = (split, kind)
+        if key not in self._files:
+            self._files[key] = _NpyAppender(array_paths(self.tmp, split)[kind], dtype, row_shape)
+        return self._files[key]
+
+    def append(
+        self,
+        split: str,
+        sparse: np.ndarray,
+        dense: np.ndarray | None,
+        labels: np.ndarray,
+        *,
+        check_ids: bool = True,
+    ) -> None:
+        """Append a chunk of samples with *global* ids to ``split``."""
+        if split not in SPLITS:
+            raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
+        n, nf = sparse.shape
+        if nf != self.meta.num_fields:
+            raise DatasetError(f"chunk has {nf} fields, dataset has {self.meta.num_fields}")
+        if check_ids and n:
+            if (sparse < self._lower).any() or (sparse >= self._upper).any():
+                bad = np.argwhere((sparse < self._lower) | (sparse >= self._upper))[0]
+                raise DatasetError(
+                    f"id {int(sparse[bad[0], bad[1]])} of field {self.meta.fields[bad[1]].name} "
+                    f"is outside its range [{self._lower[bad[1]]}, {self._upper[bad[1]]})"
+                )
+        self._appender(split, "sparse", self.id_dtype, (nf,)).append(sparse)
+        if self.meta.num_dense:
+            if dense is None or dense.shape != (n, self.meta.num_dense):
+                raise DatasetError(f"dense chunk must have shape ({n}, {self.meta.num_dense})")
+            self._appender(split, "dense", np.float32, (self.meta.num_dense,)).append(dense)
+        self._appender(split, "labels", np.float32, (1,)).append(
+            np.asarray(labels, dtype=np.float32).reshape(n, 1)
+        )
+
+    def close(self) -> Dataset:
+        for split in SPLITS:
+            if (split, "sparse") not in self._files:
+                self._appender(split, "sparse", self.id_dtype, (self.meta.num_fields,))
+                if self.meta.num_dense:
+                    self._appender(split, "dense", np.float32, (self.meta.num_dense,))
+                self._appender(split, "labels", np.float32, (1,))
+        for f in self._files.values():
+            f.close()
+        self.meta.splits = {s: self._files[(s, "sparse")].rows for s in SPLITS}
+        self.meta.fingerprint = compute_fingerprint(self.tmp, self.meta)
+        (self.tmp / "meta.json").write_text(self.meta.to_json())
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        os.replace(self.tmp, self.out)
+        return open_dataset(self.out)
+
+    def abort(self) -> None:
+        for f in self._files.values():
+            if not f._f.closed:
+                f._f.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self._dataset = self.close()
+        else:
+            self.abort()
+
+
+def write_dataset(
+    out: str | os.PathLike[str],
+    fields: list[FieldInfo],
+    splits: dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]],
+    *,
+    num_dense: int = 0,
+    name: str = "",
+    source: dict[str, Any] | None = None,
+    stats: dict[str, Any] | None = None,
+    best_auc: float | None = None,
+    overwrite: bool = False,
+) -> Dataset:
+    """Write in-memory arrays ``{split: (sparse, dense, labels)}`` as a dataset directory."""
+    w = DatasetWriter(out, fields, num_dense, name=name, overwrite=overwrite)
+    try:
+        for split, (sp, de, lb) in splits.items():
+            w.append(split, sp, de, lb)
+        w.meta.source = dict(source or {})
+        w.meta.stats = dict(stats or {})
+        w.meta.best_auc = best_auc
+        return w.close()
+    except BaseException:
+        w.abort()
+        raise

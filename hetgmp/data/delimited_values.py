@@ -1,0 +1,80 @@
+"""Column-by-column validation of a parsed delimited chunk (the general, non-fast path).
+
+The label must be a number equal to 0 or 1, dense values numbers (integers for Criteo; empty
+means missing), hex categoricals hex. The first problem of each line is returned as a
+:class:`~hetgmp.data.bad_lines.BadLine` and the line is dropped from the block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hetgmp.data.arrow_values import FLOAT_RE as _FLOAT_RE
+from hetgmp.data.arrow_values import INT_RE as _INT_RE
+from hetgmp.data.arrow_values import to_float as _to_float
+from hetgmp.data.bad_lines import BAD_CATEGORY, BAD_LABEL, BAD_NUMBER, BadLine, bad_rows
+from hetgmp.data.delimited_spec import DelimitedSpec, RawBlock, transform_dense
+from hetgmp.data.vocab import hex_keys, string_keys
+
+
+def convert_columns(
+    spec: DelimitedSpec, names: list[str], path: str, lines: np.ndarray, table: pa.Table
+) -> tuple[RawBlock, list[BadLine]]:
+    """Valid rows of ``table`` (string columns named ``names[column index]``) and bad lines."""
+    n = table.num_rows
+    flagged = np.zeros(n, dtype=bool)  # rows with a problem already reported
+    bad: list[BadLine] = []
+
+    def col(c: int) -> pa.Array:
+        return table.column(names[c]).combine_chunks()
+
+    def report_rows(mask: np.ndarray, reason: str, c: int, what: str, arr: pa.Array) -> None:
+        new = mask & ~flagged
+        if new.any():
+            name = spec.column_names[c]
+            bad.extend(
+                bad_rows(
+                    path,
+                    lines,
+                    new,
+                    reason,
+                    lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
+                )
+            )
+            flagged[:] |= new
+
+    # Label: a number equal to 0 or 1.
+    lab = col(spec.label)
+    lab_ok = pc.match_substring_regex(lab, _FLOAT_RE).to_numpy(zero_copy_only=False)
+    lab_ok &= pc.not_equal(pc.utf8_trim_whitespace(lab), "").to_numpy(zero_copy_only=False)
+    labels = _to_float(lab, lab_ok)
+    lab_ok &= (labels == 0.0) | (labels == 1.0)
+    report_rows(~lab_ok, BAD_LABEL, spec.label, "not a 0/1 label", lab)
+
+    dense = None
+    if spec.dense:
+        dense = np.empty((n, len(spec.dense)), dtype=np.float32)
+        regex = _INT_RE if spec.dense_kind == "int" else _FLOAT_RE
+        what = "not an integer" if spec.dense_kind == "int" else "not a number"
+        for j, c in enumerate(spec.dense):
+            arr = col(c)
+            ok = pc.match_substring_regex(arr, regex).to_numpy(zero_copy_only=False)
+            report_rows(~ok, BAD_NUMBER, c, what, arr)
+            dense[:, j] = transform_dense(_to_float(arr, ok), spec.dense_transform)
+
+    keys = np.empty((n, len(spec.categorical)), dtype=np.uint64)
+    for j, c in enumerate(spec.categorical):
+        arr = col(c)
+        if spec.categorical_kind == "hex":
+            keys[:, j], invalid = hex_keys(arr)
+            report_rows(invalid, BAD_CATEGORY, c, "not a hex value of at most 15 digits", arr)
+        else:
+            keys[:, j] = string_keys(arr)
+
+    keep = ~flagged
+    if not keep.all():
+        lines, labels, keys = lines[keep], labels[keep], keys[keep]
+        dense = dense[keep] if dense is not None else None
+    return RawBlock(path, lines, labels.astype(np.float32), dense, keys), bad
