@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +30,7 @@ def _mpi_env() -> dict[str, str]:
     return env
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m hetgmp.demo",
         description=__doc__,
@@ -39,68 +40,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--np", type=int, default=4, help="number of CPU ranks (default: 4)")
     parser.add_argument("--bound", type=int, default=100, help="staleness bound (default: 100)")
     parser.add_argument(
-        "--store-rate",
-        type=float,
-        default=0.01,
+        "--store-rate", type=float, default=0.01,
         help="share of rows each rank mirrors (default: 0.01)",
-    )
+    )  # fmt: skip
     parser.add_argument("--epochs", type=int, default=1, help="training epochs (default: 1)")
     parser.add_argument("--method", default="metis+refine", help="partition method")
     args = parser.parse_args(argv)
     if args.np < 1:
         parser.error("--np must be >= 1")
+    return args
 
-    from hetgmp.data.defaults import ensure_default_dataset
-    from hetgmp.experiments.launch import find_mpirun
+
+def _partition(args: argparse.Namespace, ds: Any, plan_path: Path) -> None:
     from hetgmp.partition.cli import PartitionConfig, run_partition
 
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    print(f"[demo 1/3] data set: {ensure_default_dataset().root}", flush=True)
-    ds = ensure_default_dataset()
-
-    plan_path = out / "part.npz"
     print(f"[demo 2/3] partition into {args.np} parts ({args.method}) -> {plan_path}", flush=True)
     plan = run_partition(
         PartitionConfig(nparts=args.np, out=plan_path, data=ds.root, method=args.method)
     )
     quality = plan.meta.get("quality", {})
     if quality:
-        print(
-            json.dumps(
-                {k: v for k, v in quality.items() if not isinstance(v, (list, dict))}, indent=1
-            )
-        )
+        flat = {k: v for k, v in quality.items() if not isinstance(v, (list, dict))}
+        print(json.dumps(flat, indent=1))
 
-    result_path = out / "result.json"
-    cmd = [
-        find_mpirun(),
-        "-np",
-        str(args.np),
-        "--oversubscribe",
-        sys.executable,
-        str(ROOT / "examples" / "hetuctr.py"),
-        "--dataset",
-        str(ds.root),
-        "--partition",
-        str(plan_path),
-        "--bound",
-        str(args.bound),
-        "--store_rate",
-        str(args.store_rate),
-        "--epochs",
-        str(args.epochs),
-        "--output",
-        str(result_path),
-        "--log-json",
-        str(out / "train.jsonl"),
-        "--no-progress",
-    ]
-    print(f"[demo 3/3] {' '.join(cmd)}", flush=True)
-    rc = subprocess.call(cmd, env=_mpi_env())
-    if rc != 0:
-        print(f"demo: training failed (exit {rc})", file=sys.stderr)
-        return rc
+
+def _train_command(args: argparse.Namespace, ds: Any, plan_path: Path, out: Path) -> list[str]:
+    from hetgmp.experiments.launch import find_mpirun
+
+    return [
+        find_mpirun(), "-np", str(args.np), "--oversubscribe", sys.executable,
+        str(ROOT / "examples" / "hetuctr.py"), "--dataset", str(ds.root), "--partition",
+        str(plan_path), "--bound", str(args.bound), "--store_rate", str(args.store_rate),
+        "--epochs", str(args.epochs), "--output", str(out / "result.json"), "--log-json",
+        str(out / "train.jsonl"), "--no-progress",
+    ]  # fmt: skip
+
+
+def _summary(args: argparse.Namespace, ds: Any, result_path: Path) -> None:
     res = json.loads(result_path.read_text())
     emb = res.get("embedding_train", {})
     print("\n=== demo summary ===")
@@ -116,6 +92,25 @@ def main(argv: list[str] | None = None) -> int:
         f"mirror hit rate {emb.get('mirror_hit', 0):.3f}"
     )
     print(f"results         {result_path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from hetgmp.data.defaults import ensure_default_dataset
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    ds = ensure_default_dataset()
+    print(f"[demo 1/3] data set: {ds.root}", flush=True)
+    plan_path = out / "part.npz"
+    _partition(args, ds, plan_path)
+    cmd = _train_command(args, ds, plan_path, out)
+    print(f"[demo 3/3] {' '.join(cmd)}", flush=True)
+    rc = subprocess.call(cmd, env=_mpi_env())
+    if rc != 0:
+        print(f"demo: training failed (exit {rc})", file=sys.stderr)
+        return rc
+    _summary(args, ds, out / "result.json")
     return 0
 
 

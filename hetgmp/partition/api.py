@@ -125,15 +125,25 @@ def partition_ids(
     bar.update(1)
     bar.close()
     job.timings["wall_s"] = time.perf_counter() - job.t0
-    meta: dict[str, Any] = {
-        "method": method, "seed": seed, "batch_size": batch_size,
-        "rounds": rounds if method in ("refine", "metis+refine") else 0, "threads": job.threads,
-        "theta": theta, "intra_cost": intra_cost, "gpus_per_node": gpus_per_node,
-        "cost_matrix": job.topo, "max_mirror_rate": max_mirror_rate, "num_samples": job.n,
-        "num_rows": num_rows, "quality": report,
+    meta = {
+        **_settings_meta(job, method, seed, rounds, theta, intra_cost, gpus_per_node),
+        "max_mirror_rate": max_mirror_rate, "quality": report,
         "timing": {**job.timings, "peak_rss_mb": peak_rss_mb()}, **job.extra,
     }  # fmt: skip
     return Plan(data_part, embed_part, mirrors, meta).validate()
+
+
+def _settings_meta(
+    job: _Job, method: str, seed: int, rounds: int, theta: float, intra_cost: float,
+    gpus_per_node: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The run's settings, as the plan's ``meta`` records them."""
+    return {
+        "method": method, "seed": seed, "batch_size": job.batch_size,
+        "rounds": rounds if method in ("refine", "metis+refine") else 0, "threads": job.threads,
+        "theta": theta, "intra_cost": intra_cost, "gpus_per_node": gpus_per_node,
+        "cost_matrix": job.topo, "num_samples": job.n, "num_rows": job.num_rows,
+    }  # fmt: skip
 
 
 def _check_args(

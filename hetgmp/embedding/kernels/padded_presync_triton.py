@@ -31,19 +31,8 @@ def presync_apply_kernel(
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     if COUNTS:
-        j = tl.arange(0, WP)
-        jm = j < W
-        nqm = tl.load(sz_ptr + j * COLS + NQM, mask=jm, other=0)
-        nqr = tl.load(sz_ptr + j * COLS + NQR, mask=jm, other=0)
-        n_o = tl.load(sz_ptr + NOWN)
-        r0 = n_o + tl.sum(nqm, 0)
-        r1 = r0 + tl.sum(nqr, 0)
-        if pid == 0:
-            tl.store(pr_n_ptr + j, nqr, mask=jm)
-            tl.store(ndue_ptr + j, nqr * 0, mask=jm)
-            tl.store(meta_ptr + 0, n_o)
-            tl.store(meta_ptr + 1, r0)
-            tl.store(meta_ptr + 2, r1)
+        n_o, r0, r1 = _last_blocks(sz_ptr, meta_ptr, pr_n_ptr, ndue_ptr, pid, W, WP, COLS, NQM,
+                                   NQR, NOWN)  # fmt: skip
         cm = i < n  # the next batch's inputs
         tl.store(u_ids_ptr + i, tl.load(c_u_ptr + i, mask=cm), mask=cm)
         tl.store(slot_ptr + i, tl.load(c_slot_ptr + i, mask=cm), mask=cm)
@@ -111,6 +100,29 @@ def _gradient_rows_adagrad(
         ga = gacc_ptr + m_off[:, None] + c[None, :]
         tl.store(ga, tl.load(ga, mask=mm) + g, mask=mm)
         tl.store(pr_grad_ptr + k_off[:, None] + c[None, :], g, mask=rem[:, None] & cmask)
+
+
+@triton.jit
+def _last_blocks(
+    sz_ptr, meta_ptr, pr_n_ptr, ndue_ptr, pid, W: tl.constexpr, WP: tl.constexpr,
+    COLS: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr, NOWN: tl.constexpr,
+):  # fmt: skip
+    # the last batch's block bounds (own rows end, mirrors end, rows not stored end) from its
+    # sizes table; program 0 keeps them in meta and writes the push counts per owner
+    j = tl.arange(0, WP)
+    jm = j < W
+    nqm = tl.load(sz_ptr + j * COLS + NQM, mask=jm, other=0)
+    nqr = tl.load(sz_ptr + j * COLS + NQR, mask=jm, other=0)
+    n_o = tl.load(sz_ptr + NOWN)
+    r0 = n_o + tl.sum(nqm, 0)
+    r1 = r0 + tl.sum(nqr, 0)
+    if pid == 0:
+        tl.store(pr_n_ptr + j, nqr, mask=jm)
+        tl.store(ndue_ptr + j, nqr * 0, mask=jm)
+        tl.store(meta_ptr + 0, n_o)
+        tl.store(meta_ptr + 1, r0)
+        tl.store(meta_ptr + 2, r1)
+    return n_o, r0, r1
 
 
 @triton.jit
