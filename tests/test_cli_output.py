@@ -32,3 +32,21 @@ def test_closed_pipe_is_not_an_error(tiny_dataset, tmp_path) -> None:
     p.stdout.close()
     err = p.stderr.read()
     assert p.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
+def test_one_flag_style_and_hetgmps_spellings() -> None:
+    """The same concept has one name everywhere, with the other spellings as aliases:
+    HET-GMP's partition flags, underscores or dashes, --iter/--iters, --timeout(-s),
+    -n/--np/--ranks/--parts."""
+    from hetgmp.cli import build_parser
+
+    parser = build_parser()
+    p = parser.parse_args(["partition", "--ngpus", "4", "--batch_size", "512", "--rerun", "2"])
+    assert (p.nparts, p.batch_size, p.rounds) == (4, 512, 2)
+    for flag in ("-n", "--nparts", "--parts", "--np", "--ranks"):
+        assert parser.parse_args(["partition", flag, "3"]).nparts == 3
+    t = parser.parse_args(["train", "--iters", "7", "--timeout", "9", "--batch_size", "16"])
+    assert (t.iter, t.timeout_s, t.batch_size) == (7, 9.0, 16)
+    e = parser.parse_args(["experiment", "store-rate", "--data", "d", "--out", "o", "--np", "2",
+                           "--iter", "5", "--timeout", "60", "--batch_size", "32"])  # fmt: skip
+    assert (e.ranks, e.iters, e.timeout_s, e.batch_size) == (2, 5, 60.0, 32)

@@ -49,13 +49,22 @@ class SweepOptions:
 
     data: Path = option(help="dataset directory")
     out: Path = option(help="output directory (CSV, PNG, markdown, runs/, plans/)")
-    ranks: int = option(8, help="CPU ranks per run (mpirun -np)", **_at_least(1))
+    ranks: int = option(
+        8, help="CPU ranks per run (mpirun -np)", flags=("--ranks", "--np", "-n"), **_at_least(1)
+    )
     gpus: int = option(
         0, help="run on this many GPUs (one rank each) instead of CPU ranks", **_at_least(0)
     )
-    batch_size: int = option(128, help="samples per rank per step", **_at_least(1))
-    embed_dim: int = option(16, help="embedding dimension", **_at_least(1))
-    iters: int = option(100, help="global training steps per run", **_at_least(1))
+    batch_size: int = option(
+        128, help="samples per rank per step", flags=("--batch-size", "--batch_size"),
+        **_at_least(1),
+    )  # fmt: skip
+    embed_dim: int = option(
+        16, help="embedding dimension", flags=("--embed-dim", "--embed_dim"), **_at_least(1)
+    )
+    iters: int = option(
+        100, help="global training steps per run", flags=("--iters", "--iter"), **_at_least(1)
+    )
     eval_every: int = option(
         0, help="steps between evaluations (0: only at the end)", **_at_least(0)
     )
@@ -70,7 +79,8 @@ class SweepOptions:
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
     threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
     timeout_s: float = option(
-        DEFAULT_TIMEOUT_S, help="seconds one run may take", flags=("--timeout",)
+        DEFAULT_TIMEOUT_S, help="seconds one run may take",
+        flags=("--timeout-s", "--timeout_s", "--timeout"),
     )
     progress: bool = option(True, help="progress bar over the sweep")
 

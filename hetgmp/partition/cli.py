@@ -31,8 +31,8 @@ class PartitionConfig:
 
     nparts: int = option(
         8,
-        help="number of workers (parts)",
-        flags=["-n", "--nparts"],
+        help="number of workers (parts); --parts, --np, --ranks and HET-GMP's --ngpus too",
+        flags=["-n", "--nparts", "--parts", "--np", "--ranks", "--ngpus"],
         check=lambda v: v >= 1,
         check_msg="must be >= 1",
     )
@@ -46,12 +46,14 @@ class PartitionConfig:
         help="per-worker batch size of the cost model",
         check=lambda v: v >= 1,
         check_msg="must be >= 1",
+        flags=["--batch-size", "--batch_size"],
     )
     rounds: int = option(
         DEFAULT_ROUNDS,
-        help="refinement rounds (sample pass + row pass)",
+        help="refinement rounds (sample pass + row pass); HET-GMP's --rerun too",
         check=lambda v: v >= 0,
         check_msg="must be >= 0",
+        flags=["--rounds", "--rerun"],
     )
     seed: int = option(
         0,
@@ -64,15 +66,18 @@ class PartitionConfig:
         help="cost of a fetch between GPUs of one node (across nodes = 1)",
         check=lambda v: 0.0 <= v <= 1.0,
         check_msg="must lie in [0, 1]",
+        flags=["--intra-cost", "--intra_cost"],
     )
     gpus_per_node: int | None = option(
-        None, help="workers per node (default: every worker is its own node)"
-    )
+        None, help="workers per node (default: every worker is its own node)",
+        flags=["--gpus-per-node", "--gpus_per_node"],
+    )  # fmt: skip
     max_mirror_rate: float = option(
         baselines.DEFAULT_MAX_MIRROR_RATE,
         help="longest mirror list, as a share of all rows",
         check=lambda v: 0.0 <= v <= 1.0,
         check_msg="must lie in [0, 1]",
+        flags=["--max-mirror-rate", "--max_mirror_rate"],
     )
     theta: float = option(DEFAULT_THETA, help="weight of the owner-serving-load balance term")
     metis_max_edges: int = option(

@@ -68,6 +68,7 @@ class TrainConfig:
         help="stop after this many global steps in total (0: run --epochs)",
         check=_non_negative,
         check_msg="must be >= 0",
+        flags=["--iter", "--iters"],
     )
     epochs: int = option(
         1, help="epochs over the training split", check=_positive, check_msg="must be >= 1"
@@ -224,6 +225,7 @@ class TrainConfig:
         help="seconds a collective may wait before failing",
         check=_positive,
         check_msg="must be > 0",
+        flags=["--timeout-s", "--timeout_s", "--timeout"],
     )
     threads: int = option(
         0,
