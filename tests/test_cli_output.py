@@ -50,3 +50,24 @@ def test_one_flag_style_and_hetgmps_spellings() -> None:
     e = parser.parse_args(["experiment", "store-rate", "--data", "d", "--out", "o", "--np", "2",
                            "--iter", "5", "--timeout", "60", "--batch_size", "32"])  # fmt: skip
     assert (e.ranks, e.iters, e.timeout_s, e.batch_size) == (2, 5, 60.0, 32)
+
+
+def test_csv_file_after_a_column_list(tmp_path) -> None:
+    """``preprocess csv --categorical a b clicks.csv``: the file after the list is an input,
+    not a column (argparse's nargs took it); the same data as with the file first."""
+    csv = tmp_path / "clicks.csv"
+    rows = ["click,price,user,item"] + [f"{i % 2},{i * 0.5},u{i % 7},i{i % 5}" for i in range(60)]
+    csv.write_text("\n".join(rows) + "\n")
+    outs = []
+    for order in ("after", "before"):
+        out = tmp_path / order
+        cols = ["--label", "click", "--dense", "price", "--categorical", "user", "item"]
+        args = [*cols, str(csv)] if order == "after" else [str(csv), *cols]
+        p = subprocess.run(
+            [sys.executable, "-m", "hetgmp", "preprocess", "csv", *args, "--out", str(out),
+             "--no-progress"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        outs.append((out / "train_sparse_feats.npy").read_bytes())
+    assert outs[0] == outs[1]

@@ -139,7 +139,22 @@ def _run_criteo(args: argparse.Namespace) -> int:
     return _done(preprocess(src, args.out, _options(args, "criteo"), test_source=test))
 
 
+def _inputs_after_column_lists(args: argparse.Namespace) -> None:
+    """``--categorical a b data.csv`` gives the option's ``nargs`` the file too: existing files
+    at the end of a column list (columns are names or indices, not paths) are moved back to
+    the inputs, in their order."""
+    for name in ("categorical", "dense"):
+        values = getattr(args, name)
+        while values and Path(values[-1]).is_file():
+            args.inputs.insert(0, Path(values.pop()))
+    if not args.inputs:
+        raise ValueError("no input files given (name them before or after the column options)")
+    if not args.categorical:
+        raise ValueError("--categorical needs at least one column")
+
+
 def _run_csv(args: argparse.Namespace) -> int:
+    _inputs_after_column_lists(args)
     quote = args.quote_char or None
     spec = resolve_columns(
         args.inputs[0],
@@ -181,6 +196,8 @@ def _run_libsvm(args: argparse.Namespace) -> int:
 
 def _run_parquet(args: argparse.Namespace) -> int:
     from hetgmp.data.parquet_reader import ParquetSource
+
+    _inputs_after_column_lists(args)
 
     def make(paths: list[Path]) -> ParquetSource:
         return ParquetSource(
@@ -275,7 +292,7 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
         description="Generic delimited file. Columns by header name (with --header) or 0-based "
         "index. Categorical values are hashed (64-bit FNV-1a); empty = missing.",
     )
-    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("inputs", type=Path, nargs="*", help="files (before or after the options)")
     p.add_argument("--label", required=True, help="label column (values 0/1)")
     p.add_argument("--dense", nargs="*", default=[], help="dense (numeric) columns")
     p.add_argument("--categorical", nargs="+", required=True, help="categorical columns")
@@ -325,7 +342,7 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
 
 def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
-    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("inputs", type=Path, nargs="*", help="files (before or after the options)")
     p.add_argument("--label", required=True)
     p.add_argument("--dense", nargs="*", default=[])
     p.add_argument("--categorical", nargs="+", required=True)
