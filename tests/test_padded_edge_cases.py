@@ -95,12 +95,6 @@ def run_script(env: DistEnv, case: dict, exchange: str) -> dict:
         g = local_grad(case, t, r, shape_of(script[t], r)) * (1 + salt)
         return step_loss(out, torch.from_numpy(g))
 
-    def evaluate(ids: torch.Tensor) -> None:
-        emb.eval()
-        with torch.no_grad():
-            evals.append(emb(ids).clone())
-        emb.train()
-
     for t, spec in enumerate(script):
         op, ids = spec["op"], tensors[t]
         before, rebuilds = emb.padded_presyncs, len(emb.padded_rebuilds)
@@ -113,29 +107,16 @@ def run_script(env: DistEnv, case: dict, exchange: str) -> dict:
             with torch.no_grad():
                 emb(ids)
         elif op == "eval":
-            evaluate(ids)
+            evals.append(_eval_step(emb, ids))
         elif op == "train_two":  # two forwards, then one backward through both
             out = emb(ids)
             loss2 = loss(emb(other(t, 100)), t, 1)
-        elif op == "bad":  # rank 1 passes an out-of-range id, the others a good batch
-            bad = torch.full((2, FIELDS), case.get("rows", ROWS), dtype=torch.int64)
-            try:
-                emb(bad if r == 1 else ids)
-            except Exception as err:  # noqa: BLE001 - returned and checked by the test
-                errors.append(type(err).__name__)
-        elif op == "flush":
-            emb.flush()
-        elif op == "state_dict":
-            emb.state_dict()
-        elif op == "reload":  # save, then load the union of every rank's rows back
-            sds = collectives.all_gather_object(env, emb.state_dict())
-            emb.load_state_dict({k: torch.cat([sd[k] for sd in sds]) for k in sds[0]})
         else:
-            raise ValueError(op)
+            _untrained_op(env, emb, case, op, ids, errors)
         for kind, arg in spec.get("after", ()):  # prefetches before this step's backward
             emb.prefetch(tensors[t + arg] if kind == "next" else other(t, 50 + arg, (3, 5)))
         if op == "train_late":  # an eval step between this step's forward and backward
-            evaluate(other(t, 200))
+            evals.append(_eval_step(emb, other(t, 200)))
         if out is not None:
             total = loss(out, t) + (loss2 if op == "train_two" else 0)
             total.backward()
@@ -143,13 +124,6 @@ def run_script(env: DistEnv, case: dict, exchange: str) -> dict:
         rebuilt_at_presync.append(
             emb.padded_presyncs > before and len(emb.padded_rebuilds) > rebuilds
         )
-    # the public state tensors are views without the trash row
-    s = emb.n_own + emb.n_mir
-    views = (
-        emb.weight.shape[0] == s and emb.version.shape[0] == s and emb.pending.shape[0] == emb.n_mir
-        and emb.grad_acc.shape[0] == emb.n_mir and emb.delta_acc.shape[0] == emb.n_mir
-        and emb.weight.data_ptr() == emb.weight_full.data_ptr()
-    )  # fmt: skip
     return {
         "sd": emb.state_dict(),
         "counters": emb.counters(),
@@ -158,8 +132,49 @@ def run_script(env: DistEnv, case: dict, exchange: str) -> dict:
         "presynced": presynced,
         "rebuilt_at_presync": rebuilt_at_presync,
         "rebuilds": list(emb.padded_rebuilds),
-        "views": views,
+        "views": _public_views(emb),
     }
+
+
+def _eval_step(emb: DistributedEmbedding, ids: torch.Tensor) -> torch.Tensor:
+    """An evaluation step (``eval()`` + no_grad) between training steps: its output."""
+    emb.eval()
+    with torch.no_grad():
+        out = emb(ids).clone()
+    emb.train()
+    return out
+
+
+def _untrained_op(
+    env: DistEnv, emb: DistributedEmbedding, case: dict, op: str, ids: torch.Tensor,
+    errors: list[str],
+) -> None:  # fmt: skip
+    """A script operation that trains nothing on this rank (errors caught are recorded)."""
+    if op == "bad":  # rank 1 passes an out-of-range id, the others a good batch
+        bad = torch.full((2, FIELDS), case.get("rows", ROWS), dtype=torch.int64)
+        try:
+            emb(bad if env.rank == 1 else ids)
+        except Exception as err:  # noqa: BLE001 - returned and checked by the test
+            errors.append(type(err).__name__)
+    elif op == "flush":
+        emb.flush()
+    elif op == "state_dict":
+        emb.state_dict()
+    elif op == "reload":  # save, then load the union of every rank's rows back
+        sds = collectives.all_gather_object(env, emb.state_dict())
+        emb.load_state_dict({k: torch.cat([sd[k] for sd in sds]) for k in sds[0]})
+    else:
+        raise ValueError(op)
+
+
+def _public_views(emb: DistributedEmbedding) -> bool:
+    """The public state tensors are views without the trash row."""
+    s = emb.n_own + emb.n_mir
+    return (
+        emb.weight.shape[0] == s and emb.version.shape[0] == s and emb.pending.shape[0] == emb.n_mir
+        and emb.grad_acc.shape[0] == emb.n_mir and emb.delta_acc.shape[0] == emb.n_mir
+        and emb.weight.data_ptr() == emb.weight_full.data_ptr()
+    )  # fmt: skip
 
 
 def run_cases(env: DistEnv, cases: list[dict]) -> list[dict]:
