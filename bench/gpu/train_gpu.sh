@@ -9,7 +9,8 @@
 #      bf16 + compile + CUDA graph (one process, one record per variant; compile last: slowest),
 #   2. the CLI on 1 GPU (whole table on the GPU; default flags, --device cuda),
 #   3. the CLI on 2 GPUs (metis+refine plan, --store_rate 0.01 --bound 100),
-#   4. the CLI on 1 GPU with --amp (bf16 autocast of the dense part; CLI_AMP=0 skips it).
+#   4. the CLI on 1 GPU with each of CLI_VARIANTS (';'-separated flag sets; default --amp, bf16
+#      autocast of the dense part; CLI_VARIANTS= runs none).
 # Every run of a batch size takes the same number of steps (ITERS), so AUCs compare after the same
 # steps; the data set is sized so that the largest run (2 GPUs x batch x steps) stays inside ONE
 # epoch with 20 % slack for an unbalanced plan. Default steps: 150 at 8192 (10 warm-up + 140
@@ -37,6 +38,7 @@ MODELS=(${MODELS:-wdl dcn})
 BATCHES=(${BATCHES:-8192 65536})
 ITERS=(${ITERS:-150 24})
 EMBED_DIM=${EMBED_DIM:-128}
+IFS=';' read -ra CLI_VARIANT_LIST <<< "${CLI_VARIANTS---amp}"
 PLAIN_VARIANTS=${PLAIN_VARIANTS:-fp32,bf16+graph,bf16+adagrad,bf16+compile+graph}
 RECORDS="$RES/train_records.jsonl"
 LOGF="$RES/train_logs.txt"
@@ -171,8 +173,11 @@ for model in "${MODELS[@]}"; do
     run_plain "$model" "$b" "$it"
     run_cli "$model" "$b" "$it" 1
     [ $WORLD = 2 ] && run_cli "$model" "$b" "$it" 2
-    # bf16 autocast for the dense part: could it be the GPU default? (AUC after the same steps)
-    [ "${CLI_AMP:-1}" = 1 ] && run_cli "$model" "$b" "$it" 1 --amp
+    # variants of the defaults on 1 GPU, e.g. --amp (bf16 autocast: could it be the GPU
+    # default? AUC after the same steps) or --no-cuda-graphs (what the whole-step graph gives)
+    for v in "${CLI_VARIANT_LIST[@]}"; do
+      [ -n "$v" ] && run_cli "$model" "$b" "$it" 1 $v
+    done
   done
 done
 

@@ -171,6 +171,19 @@ class DistributedEmbedding(nn.Module):
             return
         self._stepper.step(self._planner.prepare(empty), op=OP_FLUSH, error=None, training=True)
 
+    def apply_pending(self) -> None:
+        """One rank: apply the last backward's row update now instead of at the next forward
+        (identical arithmetic; a whole-step CUDA graph needs the update inside its step).
+        With several ranks updates travel with the next step's exchange: use :meth:`flush`."""
+        if self._one is None:
+            raise RuntimeError("apply_pending is for one rank; several ranks flush() instead")
+        self._one.apply_pending()
+
+    @property
+    def local_step(self) -> LocalStep | None:
+        """The one-rank step engine (None with several ranks or audit)."""
+        return self._one
+
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
         return self._ctx.counters.total()

@@ -142,6 +142,11 @@ class TrainConfig:
         choices=["auto", "gloo", "nccl"],
     )
     amp: bool = option(False, help="bf16 autocast for the dense part")
+    cuda_graphs: bool = option(
+        True,
+        help="replay the whole training step as one CUDA graph where it applies (one rank on "
+        "CUDA, --dense-optimizer adam or sgd; full batches, after 2 eager steps)",
+    )
     matmul_precision: str = option(
         "high",
         help="float32 matrix products on CUDA: highest (full fp32), high (TF32 tensor cores: "

@@ -13,9 +13,12 @@ from hetgmp.train.config import DENSE_OPTIMIZERS
 
 
 def optimizer_impl(name: str, device: torch.device) -> dict[str, bool]:
-    """The implementation keyword for ``name`` on ``device``: fused where torch ships a CUDA
-    kernel (Adam, SGD), else foreach (Adagrad on CUDA, everything on CPU)."""
-    if device.type == "cuda" and name in ("adam", "sgd"):
+    """The implementation keywords for ``name`` on ``device``: fused where torch ships a CUDA
+    kernel (Adam, SGD; Adam capturable, so a CUDA graph can hold its step), else foreach
+    (Adagrad on CUDA, everything on CPU)."""
+    if device.type == "cuda" and name == "adam":
+        return {"fused": True, "capturable": True}
+    if device.type == "cuda" and name == "sgd":
         return {"fused": True}
     return {"foreach": True}
 

@@ -45,6 +45,11 @@ class PhaseProfiler:
         self._hooks: list[Any] = []
         self._active = False
 
+    @property
+    def active(self) -> bool:
+        """Whether a profiled step is running."""
+        return self._active
+
     def mark(self, name: str) -> None:
         """Record a phase boundary of the running profiled step (no-op outside one)."""
         if not self._active:

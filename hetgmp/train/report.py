@@ -74,6 +74,9 @@ def timing_results(tr: Trainer) -> dict[str, Any]:
     waits = all_gather_object(tr.env, wait)
     out["data_wait_ms"] = None if wait is None else sum(waits) / len(waits)
     out["data_source"] = tr.data_source
+    run = tr.run_step
+    out["step_graph"] = tr.graph_note or "whole step"  # why not, or what is captured
+    out["graph_replays"] = getattr(run, "replays", 0)
     return out
 
 
@@ -83,12 +86,16 @@ def results(tr: Trainer) -> dict[str, Any]:
         "step": tr.position.step,
         "epoch": tr.position.epoch,
         "world_size": tr.env.world_size,
-        "warmup_steps": tr.cfg.warmup_steps,
+        "warmup_steps": tr.clock.warmup_steps,  # (a CUDA graph with --profile-steps: more)
         **timing_results(tr),
     }
     profile = step_profile(tr.env, tr.profiler)
     if profile is not None:
         out["step_ms"] = profile
+        replay_ms = getattr(tr.run_step, "replay_ms", lambda: None)()
+        if replay_ms is not None:  # (the profiled steps ran eagerly: the graph's own time)
+            profile["eager"] = 1.0
+            profile["graph_replay_ms"] = replay_ms
     if tr.last_eval is not None:
         out.update(tr.last_eval.fields())
     total = global_counters(tr.env, tr.model.embedding)

@@ -33,6 +33,9 @@ class TrainStep:
         self.bucket = GradBucket(env, self.dense_params)
         self.optimizer = make_dense_optimizer(optimizer, self.dense_params, lr, env.device)
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
+        # apply the embedding's row update right after backward, not at the next forward
+        # (one rank; what a whole-step CUDA graph needs: hetgmp.train.graphed)
+        self.rows_now = False
         self._checked = False  # the bucket's views are verified after the first step
 
     def __call__(
@@ -45,11 +48,16 @@ class TrainStep:
         samples); returns float32 ``[loss sum, correct predictions]`` on the device."""
         marks = marks if marks is not None else NoMarks()
         self.model.train()
-        with torch.autocast(self.env.device.type, dtype=torch.bfloat16, enabled=self.amp):
+        # (no autocast cache: a captured step must cast the weights inside the graph)
+        with torch.autocast(
+            self.env.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False
+        ):
             logits = self.model(batch.sparse, batch.dense)
         logits = logits.float()
         loss_sum = self.loss_fn(logits, batch.labels)
         (loss_sum / max(1, global_batch)).backward()
+        if self.rows_now:
+            self.model.embedding.apply_pending()
         marks.mark("fwd_bwd")
         self.bucket.all_reduce()
         marks.mark("sync")

@@ -41,6 +41,7 @@ from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
+from hetgmp.train.graphed import WARMUP_STEPS, GraphedStep, graph_support
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
@@ -75,6 +76,16 @@ class Trainer:
         self.train_step = TrainStep(
             env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=cfg.amp
         )
+        self.run_step: TrainStep | GraphedStep = self.train_step
+        self.graph_note = graph_support(
+            env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
+        )
+        warmup, prof_first = cfg.warmup_steps, cfg.warmup_steps
+        if self.graph_note is None:
+            self.run_step = GraphedStep(self.train_step, time_replays=cfg.profile_steps)
+            if cfg.profile_steps:  # profiled steps run eagerly: inside warm-up, not timed
+                prof_first = 1  # (step 0 compiles)
+                warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
         self.position = Position(world_size=env.world_size)
@@ -85,9 +96,9 @@ class Trainer:
         self.total_steps = cfg.iter if cfg.iter else cfg.epochs * self.steps_per_epoch
         self.last_eval: EvalResult | None = None
         self.last_eval_step = -1
-        self.clock = TrainClock(env.device, cfg.warmup_steps)
+        self.clock = TrainClock(env.device, warmup)
         self.profiler = PhaseProfiler(
-            env.device, self.model.embedding, first=cfg.warmup_steps, steps=cfg.profile_steps
+            env.device, self.model.embedding, first=prof_first, steps=cfg.profile_steps
         )
         self.data_source = ""  # which batch source fit() used, and why
         self._empty = empty_batch(dataset.meta.num_fields, dataset.meta.num_dense, env.device)
@@ -107,7 +118,7 @@ class Trainer:
         rank's (loss sum, correct predictions, samples); reading them waits for the device
         (:meth:`fit` keeps them on the device instead)."""
         db = self._empty if batch is None else host_to_device(batch, self.env.device)
-        loss, correct = self.train_step(db, global_batch).tolist()
+        loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
 
     # ---- checkpoint / resume ---------------------------------------------------------------
@@ -163,6 +174,12 @@ class Trainer:
         )
         self.data_source = source.name
         self.log.info(f"data: {why}")
+        why_not = self.graph_note
+        self.log.info(
+            "step: one CUDA graph per full batch (after 2 eager warm-up steps)"
+            if why_not is None
+            else f"step: eager kernels ({why_not})"
+        )
         return source
 
     def _loop(self, source: BatchSource) -> None:
@@ -190,7 +207,7 @@ class Trainer:
         """Train on the slot's batch and count it (no host sync)."""
         marks.mark("data")
         gb = global_batch_sizes(self.counts, self.cfg.batch_size, slot.batch)
-        stats = self.train_step(self._empty if batch is None else batch, gb, marks)
+        stats = self.run_step(self._empty if batch is None else batch, gb, marks)
         self.profiler.end(wait)
         interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch)
         interval.data_wait_s += wait

@@ -45,6 +45,11 @@ class LocalStep:
         self._bad_checks: list[tuple[int, torch.Tensor]] = []
         self._bad_ring: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
         self._bad_next = 0
+        # While a CUDA graph captures the step (``capturing``), the range flag is folded into
+        # ``sticky_bad`` instead: a pinned copy and an event record cannot be captured and
+        # read back per replay; the replaying caller hands it to :meth:`replayed`.
+        self.capturing = False
+        self.sticky_bad = torch.zeros(1, dtype=torch.int32, device=dev)
 
     def step(
         self, ids: torch.Tensor, *, op: int, error: str | None
@@ -82,8 +87,17 @@ class LocalStep:
             )  # fmt: skip
         else:
             values, lead = self.weight.new_zeros(*ids.shape, ctx.store.dim), None
-        ctx.counters.count_local_step()
+        if not self.capturing:  # (a replayed step is counted by :meth:`replayed`)
+            ctx.counters.count_local_step()
         return values, LocalBatch(slots, lead)
+
+    def apply_pending(self) -> None:
+        """Apply the last backward's gradient now instead of at the next step (the same
+        arithmetic: nothing reads the rows in between); a whole-step CUDA graph needs it, so
+        that the update is part of the step whose replay produced the gradient."""
+        if self.grads is not None:
+            self._apply(*self.grads)
+            self.grads = None
 
     def _apply(self, pb: LocalBatch, pg: torch.Tensor) -> None:
         """The last batch's gradient (one row per occurrence)."""
@@ -104,6 +118,9 @@ class LocalStep:
         once (cleared before raising: the step stops before :func:`take_local` would clear
         it). On CUDA it is copied to pinned memory and read by a later
         :meth:`drain_bad_checks`."""
+        if self.capturing:
+            torch.maximum(self.sticky_bad, self._bad_flag, out=self.sticky_bad)
+            return
         if self.device.type != "cuda":
             if int(self._bad_flag):
                 self._bad_flag.zero_()
@@ -111,6 +128,20 @@ class LocalStep:
                     f"rank {self.ctx.env.rank}: {range_error(ids, self.num_rows)}"
                 )
             return
+        self._note_flag(self._bad_flag, ids)
+
+    def replayed(self, ids: torch.Tensor) -> None:
+        """After a replayed step graph: count the step (host counters), queue its folded range
+        flag (for a later :meth:`drain_bad_checks`; ``ids``: the batch it trained, named in
+        the error) and clear the flag for the next replay."""
+        self.ctx.counters.count_local_step()
+        if self._bad_checks:
+            self.drain_bad_checks(wait=False)
+        self._note_flag(self.sticky_bad, ids)
+        self.sticky_bad.zero_()
+
+    def _note_flag(self, flag: torch.Tensor, ids: torch.Tensor) -> None:
+        """Copy ``flag`` to the pinned ring, asynchronously, and remember the batch."""
         ring = self._bad_ring
         if ring is None:
             ring = (
@@ -120,7 +151,7 @@ class LocalStep:
             self._bad_ring = ring
         slot = self._bad_next
         self._bad_next = (slot + 1) % BAD_RING
-        ring[0][slot : slot + 1].copy_(self._bad_flag, non_blocking=True)
+        ring[0][slot : slot + 1].copy_(flag, non_blocking=True)
         ring[1][slot].record(current_stream(self.device))
         self._bad_checks.append((slot, ids))
 

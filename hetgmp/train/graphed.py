@@ -1,0 +1,134 @@
+"""The whole training step of one CUDA rank, replayed as one CUDA graph.
+
+Why: a step is some 40-60 kernels (lookup, the MLP's forward and backward, loss, row update,
+fused Adam). At batch 8192 most of them run for a few microseconds, so launching them one by one
+from Python leaves the GPU waiting on the host; one graph replay costs the host ~10 us.
+
+What the graph holds: the one-rank lookup (:class:`~hetgmp.embedding.transport.local.LocalStep`,
+no host sync), the model's forward and backward, the row update -- applied at the end of the step
+that produced it (:meth:`~hetgmp.embedding.DistributedEmbedding.apply_pending`) instead of at the
+next forward, which is the same arithmetic since nothing reads the rows in between, and which
+keeps the graph self-contained -- the dense optimizer and the step's ``[loss sum, correct]``.
+Each replay first copies the batch into the graph's fixed input buffers.
+
+Where it applies (:func:`graph_support`): CUDA, one rank (with several ranks each step's
+exchange sizes cross to the host), and a dense optimizer that torch can capture (fused Adam or
+SGD). Steps of another shape (the last partial batch), the warm-up steps before the capture and
+profiled steps (``--profile-steps`` splits the step with synchronizing marks) run eagerly with
+the same arithmetic. Out-of-range ids are clamped in the graph as in the eager step and reported
+from a device flag a few steps later, naming the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.data.device_batches import DeviceBatch
+from hetgmp.train.profile import NoMarks, PhaseProfiler
+from hetgmp.train.step import TrainStep
+
+GRAPH_DENSE_OPTIMIZERS = ("adam", "sgd")  # torch's fused CUDA kernels, capturable
+WARMUP_STEPS = 2  # eager steps before the capture: Adam's state, Triton's and cuBLAS's set-up
+
+
+def graph_support(
+    env: DistEnv, step: TrainStep, *, enabled: bool, dense_optimizer: str
+) -> str | None:
+    """None when the whole step can be a CUDA graph, else why not (for the log)."""
+    if not enabled:
+        return "--no-cuda-graphs"
+    if env.device.type != "cuda":
+        return f"device {env.device.type}"
+    if getattr(step.model.embedding, "local_step", None) is None:
+        return "several ranks: every step's exchange sizes cross to the host"
+    if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
+        return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"
+    return None
+
+
+class GraphedStep:
+    """``TrainStep``'s call, replayed as a CUDA graph where the shapes allow (module docstring).
+
+    The first full batch fixes the captured shape (batch size, dense features, global batch);
+    :attr:`replays` counts the steps that came from the graph. ``time_replays``: the device
+    time of that many replays (after the capture) is measured with events, for
+    :meth:`replay_ms` (``--profile-steps``: profiled steps themselves run eagerly)."""
+
+    def __init__(
+        self, step: TrainStep, *, warmup: int = WARMUP_STEPS, time_replays: int = 0
+    ) -> None:
+        one = step.model.embedding.local_step
+        if one is None:
+            raise ValueError("a whole-step CUDA graph needs the one-rank embedding step")
+        self.step, self.one = step, one
+        step.rows_now = True  # every step, eager ones too: no update waits across a replay
+        self.warmup = warmup
+        self.key: tuple[int, bool, int] | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.inputs: DeviceBatch | None = None
+        self.out: torch.Tensor | None = None
+        self.replays = 0
+        self._timed_left = time_replays
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def replay_ms(self) -> float | None:
+        """Mean device milliseconds of the timed replays (None if none ran); synchronizes."""
+        if not self._events:
+            return None
+        self._events[-1][1].synchronize()
+        return sum(a.elapsed_time(b) for a, b in self._events) / len(self._events)
+
+    def __call__(
+        self, batch: DeviceBatch, global_batch: int, marks: NoMarks | PhaseProfiler | None = None
+    ) -> torch.Tensor:
+        """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device."""
+        key = (len(batch), batch.dense is not None, global_batch)
+        if self.key is None and len(batch):
+            self.key = key
+        profiled = isinstance(marks, PhaseProfiler) and marks.active
+        if key != self.key or profiled or self.warmup > 0:
+            if key == self.key:
+                self.warmup -= 1
+            return self.step(batch, global_batch, marks)
+        if self.graph is None:
+            self._capture(batch, global_batch)
+        assert self.graph is not None and self.out is not None
+        self._load(batch)
+        if self._timed_left > 0 and self.replays > 0:  # (not the replay right after capture)
+            self._timed_left -= 1
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
+            self.graph.replay()
+            ev[1].record()
+            self._events.append(ev)
+        else:
+            self.graph.replay()
+        self.one.replayed(batch.sparse)
+        self.replays += 1
+        return self.out.clone()  # (the graph rewrites its output at the next replay)
+
+    def _load(self, batch: DeviceBatch) -> None:
+        inp = self.inputs
+        assert inp is not None
+        inp.sparse.copy_(batch.sparse, non_blocking=True)
+        inp.labels.copy_(batch.labels, non_blocking=True)
+        if inp.dense is not None and batch.dense is not None:
+            inp.dense.copy_(batch.dense, non_blocking=True)
+
+    def _capture(self, batch: DeviceBatch, global_batch: int) -> None:
+        """Record one step on fixed input buffers (recording runs nothing; the caller then
+        replays it for this batch)."""
+        self.one.drain_bad_checks(wait=True)
+        dense = None if batch.dense is None else batch.dense.clone()
+        self.inputs = DeviceBatch(batch.sparse.clone(), dense, batch.labels.clone())
+        torch.cuda.synchronize(self.step.env.device)
+        graph = torch.cuda.CUDAGraph()
+        self.one.capturing = True
+        try:
+            # thread_local: another thread (a data prefetcher) may use CUDA meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.out = self.step(self.inputs, global_batch)
+        finally:
+            self.one.capturing = False
+        self.graph = graph
