@@ -5,10 +5,10 @@
 
 A diagnosis, not a figure that counts (the CLI's samples/s do). Variants of the WDL forward:
 
-- ``repo``: :class:`hetgmp.models.WDL` as it is (the wide logit fused into the first layer);
-- ``wide-sep``: the wide logit as its own matrix-vector product (HET-GMP's and plain PyTorch's
-  way; a second input-sized gradient in backward);
-- ``pad8``: the fused first layer padded to a multiple of 8 outputs (cuBLAS alignment).
+- ``repo``: :class:`hetgmp.models.WDL` as it is (:func:`hetgmp.models.layers.first_layer`:
+  the wide logit fused into the first layer, no concatenation, aligned weight blocks);
+- ``textbook``: ``wide(x) + deep_out(deep(x))`` on the concatenated input (HET-GMP's and plain
+  PyTorch's way).
 
 Prints ms per step of each and, for ``repo`` at each batch, the top kernels by GPU time.
 """
@@ -25,7 +25,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from hetgmp.models import build_model
-from hetgmp.models.layers import first_layer, flat_inputs
+from hetgmp.models.layers import flat_inputs
 
 FIELDS, DENSE = 26, 13
 
@@ -47,21 +47,8 @@ def wdl_forward(model: nn.Module, variant: str, sparse: torch.Tensor, dense: tor
     """The WDL logits the way ``variant`` computes them (see the module docstring)."""
     if variant == "repo":
         return model(sparse, dense)
-    emb = model.lookup(sparse)
-    first, rest = model.deep[0], tuple(model.deep)[1:]
-    if variant == "wide-sep":
-        x = flat_inputs(emb, dense)
-        h = model.deep(x)
-        return model.wide(x) + model.deep_out(h)
-    pad = (-(first.out_features + 1)) % 8
-    w = torch.cat([first.weight, model.wide.weight, first.weight.new_zeros(pad, first.in_features)])
-    b = torch.cat([first.bias, model.wide.bias, first.bias.new_zeros(pad)])
-    h = first_layer(emb, dense, w, b)
-    n = first.out_features
-    x = h[:, :n]
-    for layer in rest:
-        x = layer(x)
-    return h[:, n : n + 1] + model.deep_out(x)
+    x = flat_inputs(model.lookup(sparse), dense)
+    return model.wide(x) + model.deep_out(model.deep(x))
 
 
 def make_step(name: str, variant: str, batch: int, dim: int, amp: bool):
@@ -130,7 +117,7 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     lines = [f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, dim {args.dim}"]
-    combos = [("wdl", v) for v in ("repo", "wide-sep", "pad8")] + [("dcn", "repo")]
+    combos = [("wdl", "repo"), ("wdl", "textbook"), ("dcn", "repo")]
     for b in args.batch:
         for name, variant in combos:
             for amp in (False, True):

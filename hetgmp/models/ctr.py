@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hetgmp.models.layers import MLP, CrossNetwork, dot_interaction, first_layer, flat_inputs
@@ -112,13 +113,12 @@ class WDL(CTRModel):
         # backward wrote a second input-sized gradient to add to the deep one (same arithmetic,
         # same parameters: ``wide`` and ``deep[0]`` stay separate in the state dict).
         first = self.deep[0]
-        w = torch.cat([first.weight, self.wide.weight])
-        b = torch.cat([first.bias, self.wide.bias])
-        h = first_layer(self.lookup(sparse), dense, w, b)
-        x = h[:, :-1]
+        h = first_layer(self.lookup(sparse), dense, (first, self.wide))
+        n = first.out_features
+        x = h[:, :n]
         for layer in self._deep_rest:
             x = layer(x)
-        return h[:, -1:] + self.deep_out(x)
+        return h[:, n : n + 1] + self.deep_out(x)
 
 
 class DCN(CTRModel):
@@ -132,10 +132,18 @@ class DCN(CTRModel):
         self.cross = CrossNetwork(in_dim, DCN_CROSS_LAYERS)
         self.deep = MLP(in_dim, HETGMP_MLP)
         self.out = nn.Linear(in_dim + self.deep.out_dim, 1)
+        self._deep_rest = tuple(self.deep)[1:]  # (registered under deep; a plain tuple here)
 
     def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        x = flat_inputs(self.lookup(sparse), dense)
-        return self.out(torch.cat([self.cross(x), self.deep(x)], dim=1))
+        emb = self.lookup(sparse)
+        x0 = flat_inputs(emb, dense)  # (the cross layers' elementwise input)
+        # the deep part's first layer and the output layer without concatenations
+        # (hetgmp.models.layers.first_layer says why)
+        deep = first_layer(emb, dense, (self.deep[0],))[:, : self.deep[0].out_features]
+        for layer in self._deep_rest:
+            deep = layer(deep)
+        w, k = self.out.weight, x0.shape[1]
+        return F.linear(self.cross(x0), w[:, :k]) + F.linear(deep, w[:, k:], self.out.bias)
 
 
 class DeepFM(CTRModel):
@@ -174,7 +182,10 @@ class DeepFM(CTRModel):
             logit = logit + self.dense_linear(dense.to(vec.dtype))
         # FM: 0.5 * ((sum v)^2 - sum v^2), summed over the embedding dimension.
         fm = 0.5 * (vec.sum(dim=1).pow(2) - vec.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
-        deep = self.deep_out(self.deep(flat_inputs(vec, dense)))
+        h = first_layer(vec, dense, (self.deep[0],))[:, : self.deep[0].out_features]
+        for layer in tuple(self.deep)[1:]:
+            h = layer(h)
+        deep = self.deep_out(h)
         return logit + fm + deep
 
 

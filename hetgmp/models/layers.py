@@ -60,18 +60,43 @@ def flat_inputs(emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
 
 
 def first_layer(
-    emb: torch.Tensor, dense: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor
+    emb: torch.Tensor, dense: torch.Tensor | None, linears: Sequence[nn.Linear], *, pad_to: int = 8
 ) -> torch.Tensor:
-    """``F.linear(flat_inputs(emb, dense), weight, bias)`` without materialising the
-    concatenation: the embedding part and the dense part each meet their slice of ``weight``.
+    """The outputs of several ``nn.Linear`` layers over the same input ``flat_inputs(emb,
+    dense)``, side by side (``[B, sum of out_features + padding]``), in one matrix product
+    and without materialising the concatenated input.
 
-    Why: at batch 65536 the ``[B, F*D + num_dense]`` input of a Criteo WDL is 876 MB; the
-    concatenation (forward) and slicing its gradient back (backward) are two full copies of it,
-    and the embedding's gradient then arrives contiguous, so it reshapes to ``[B, F, D]`` for
-    free."""
-    flat = emb.reshape(emb.shape[0], emb.shape[1] * emb.shape[2])
-    k = flat.shape[1]
-    out = F.linear(flat, weight[:, :k], bias)
-    if dense is not None and dense.shape[1]:
-        out = out + F.linear(dense.to(flat.dtype), weight[:, k:])
+    Why each choice (WDL, batch 65536, dim 128, measured on an H200 with
+    ``bench/gpu/dense_probe.py``):
+
+    - no concatenation: the ``[B, F*D + num_dense]`` input is 876 MB; concatenating it
+      (forward) and slicing its gradient back (backward) are two copies of it, and the
+      embedding's gradient arrives contiguous, so it reshapes to ``[B, F, D]`` for free;
+    - one product for several layers (WDL's wide logit and the deep part's first layer): one
+      pass over the input, and one input-sized gradient instead of two to add;
+    - the weights are copied into contiguous blocks and the outputs padded with zero rows to a
+      multiple of ``pad_to``: cuBLAS takes its slow "align1" kernels when a leading dimension
+      is not a multiple of 4 floats (a slice of a ``[257, 3341]`` weight, a ``[B, 257]``
+      output); those three products took 4.0 of the dense step's 5.3 ms.
+
+    The padding rows are constants (zero outputs, no parameters); callers slice them away.
+    """
+    b, f, d = emb.shape
+    flat = emb.reshape(b, f * d)
+    k = f * d
+    rows = sum(lin.out_features for lin in linears)
+    pad = (-rows) % pad_to
+    w0 = linears[0].weight
+
+    def block(cols: slice, width: int) -> torch.Tensor:
+        parts = [lin.weight[:, cols] for lin in linears]
+        return torch.cat([*parts, w0.new_zeros(pad, width)] if pad else parts)
+
+    biases = [lin.bias for lin in linears]
+    bias = torch.cat([*biases, w0.new_zeros(pad)] if pad else biases)
+    out = F.linear(flat, block(slice(0, k), k), bias)
+    n_dense = w0.shape[1] - k
+    if n_dense and dense is not None and dense.shape[1]:
+        w_dense = block(slice(k, None), n_dense)
+        out = torch.addmm(out, dense.to(out.dtype), w_dense.t().to(out.dtype))
     return out
