@@ -26,7 +26,10 @@ LIGHT_COMMANDS = {"preprocess": "hetgmp.data.preprocess_cli"}
 
 
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from hetgmp.config_file import ConfigFileParser
+
+    # (its class is every subcommand's too, so ``--config FILE`` works where a command adds it)
+    parser = ConfigFileParser(
         prog="hetgmp",
         description="Train CTR models with partitioned, mirrored, bounded-staleness embeddings.",
     )

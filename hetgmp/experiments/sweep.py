@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hetgmp.config import add_arguments, from_namespace, option
+from hetgmp.config_file import add_config_option
 from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
 from hetgmp.experiments.table import Row, RunTable
 from hetgmp.train.config import resolve_dense_lr
@@ -79,7 +80,8 @@ class SweepOptions:
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
     threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
     timeout_s: float = option(
-        DEFAULT_TIMEOUT_S, help="seconds one run may take",
+        DEFAULT_TIMEOUT_S,
+        help="seconds one run may take",
         flags=("--timeout-s", "--timeout_s", "--timeout"),
     )
     progress: bool = option(True, help="progress bar over the sweep")
@@ -134,6 +136,7 @@ class SweepOptions:
 
 def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> None:
     """The options of :class:`SweepOptions` on an experiment's parser."""
+    add_config_option(p)
     add_arguments(p, SweepOptions)
     for action in p._actions:  # the staleness sweep evaluates along the way by default
         if action.dest == "eval_every":

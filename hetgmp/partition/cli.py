@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hetgmp.config import add_arguments, from_namespace, option
+from hetgmp.config import add_arguments, from_namespace, option, to_dict
+from hetgmp.config_file import add_config_option
 from hetgmp.partition import baselines, cost
 from hetgmp.partition.api import DEFAULT_ROUNDS, DEFAULT_THETA, METHODS
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES
@@ -122,6 +123,9 @@ def run_partition(cfg: PartitionConfig) -> Plan:
         metis_max_edges=cfg.metis_max_edges,
         progress=cfg.progress,
     )
+    # the resolved options, as train's results file has them (``partition stats --json`` shows
+    # them, and that output loads back through ``--config``)
+    plan.meta["config"] = to_dict(cfg)
     save_plan(plan, cfg.out)
     return plan
 
@@ -235,6 +239,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_parser_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``hetgmp partition`` and its ``verify`` / ``stats`` subcommands."""
+    add_config_option(p)
     add_arguments(p, PartitionConfig)
     p.set_defaults(func=_cmd_partition)
     actions = p.add_subparsers(dest="partition_command", metavar="{verify,stats}")
