@@ -20,8 +20,9 @@ COMMAND_MODULES = (
     "hetgmp.train.cli",  # train
     "hetgmp.experiments.cli",  # experiment
 )
-# Subcommands whose module alone is loaded when they are run (the train/experiment modules
-# import torch, seconds of start-up that preprocessing does not need). --help loads all.
+# Subcommands whose module alone is loaded when they are run. No command module imports torch
+# at the top (its handlers do), so --help, which loads all, starts in a fraction of a second
+# (tests/test_cli_help.py).
 LIGHT_COMMANDS = {"preprocess": "hetgmp.data.preprocess_cli"}
 
 

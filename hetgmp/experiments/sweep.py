@@ -24,6 +24,11 @@ from hetgmp.experiments.table import Row, RunTable
 from hetgmp.train.config import resolve_dense_lr
 
 DEFAULT_TIMEOUT_S = 1800.0
+# The sweeps' default grids (here, not in their modules, which import matplotlib and torch:
+# the experiment parsers, and so --help, do without both)
+DEFAULT_STORE_RATES = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1)
+DEFAULT_BOUNDS = (0, 1, 10, 100, 1000)
+DEFAULT_PARTS = (2, 4, 8)
 
 
 def _at_least(n: int) -> Any:
