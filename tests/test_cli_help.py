@@ -3,8 +3,11 @@ plain text (issue 15 item 9)."""
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -47,3 +50,46 @@ def test_the_parsers_choices_are_the_owners_names() -> None:
     assert choices.MODEL_NAMES == tuple(sorted(MODELS))
     assert (choices.REPLIES, choices.EXCHANGES) == (REPLIES, EXCHANGES)
     assert (choices.KERNELS, choices.DATA_ON_DEVICE) == (KERNELS, DATA_ON_DEVICE)
+
+
+# Sphinx markup that reads as noise in a terminal: ``literal``, :role:`x`, `link`_
+SPHINX = re.compile(r"``|:[a-z]+:`|`[^`]+`_")
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str):  # noqa: ANN202
+    """``(path, parser)`` for ``parser`` and every subcommand under it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{path} {name}")
+
+
+def test_every_option_has_plain_help() -> None:
+    from hetgmp.cli import build_parser
+
+    problems = []
+    for path, parser in _parsers(build_parser(), "hetgmp"):
+        if parser.description and SPHINX.search(parser.description):
+            problems.append(f"{path}: description has markup")
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            texts = [action.help]
+            if isinstance(action, argparse._SubParsersAction):
+                texts = [a.help for a in action._choices_actions]
+            name = f"{path} {'/'.join(action.option_strings) or action.dest}"
+            if any(not t or t == argparse.SUPPRESS for t in texts):
+                problems.append(f"{name}: no help text")
+            elif any(SPHINX.search(t) for t in texts):
+                problems.append(f"{name}: markup in {texts}")
+    assert not problems, "\n".join(problems)
+    assert len(list(_parsers(build_parser(), "hetgmp"))) > 15  # (the walk reached the leaves)
+
+
+def test_movielens_takes_the_shared_flags() -> None:
+    """``preprocess movielens --no-progress`` (every other format takes it) is accepted."""
+    from hetgmp.cli import build_parser
+
+    args = build_parser().parse_args(["preprocess", "movielens", "--out", "o", "--no-progress"])
+    assert args.progress is False and args.out == Path("o")

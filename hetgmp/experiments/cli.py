@@ -18,6 +18,14 @@ from hetgmp.experiments.sweep import (
     options_from,
 )
 
+# (--help's description: plain text, no Sphinx markup)
+DESCRIPTION = (
+    "The sweeps of the paper's experiments: store-rate (mirrors), staleness (bound) and "
+    "partition (methods, predicted vs measured). Each writes a CSV, PNG plots and a markdown "
+    "table under --out, and resumes where it stopped. The scripts in examples/experiments/ "
+    "are the same commands."
+)
+
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
@@ -133,7 +141,7 @@ def add_partition(sub: argparse._SubParsersAction) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``hetgmp experiment ...`` to the ``hetgmp`` command."""
     top = sub.add_parser(
-        "experiment", help="store-rate / staleness / partition sweeps", description=__doc__
+        "experiment", help="store-rate / staleness / partition sweeps", description=DESCRIPTION
     )
     exp = top.add_subparsers(dest="experiment", metavar="<experiment>", required=True)
     add_store_rate(exp)

@@ -245,7 +245,7 @@ def add_parser_options(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_partition)
     actions = p.add_subparsers(dest="partition_command", metavar="{verify,stats}")
     v = actions.add_parser("verify", help="check a plan against a data set and print its report")
-    v.add_argument("plan", type=Path)
+    v.add_argument("plan", type=Path, help="plan file (part.npz)")
     v.add_argument(
         "--data",
         dest="verify_data",
@@ -253,9 +253,12 @@ def add_parser_options(p: argparse.ArgumentParser) -> None:
         required=True,
         help="dataset directory the plan was made for",
     )
-    v.add_argument("--threads", dest="threads", type=int, default=None)
+    v.add_argument(
+        "--threads", dest="threads", type=int, default=None,
+        help="OpenMP threads of the recomputed report (default: all cores)",
+    )  # fmt: skip
     v.set_defaults(func=_cmd_verify)
     s = actions.add_parser("stats", help="print the quality report stored in a plan")
-    s.add_argument("plan", type=Path)
+    s.add_argument("plan", type=Path, help="plan file (part.npz)")
     s.add_argument("--json", action="store_true", help="print the whole meta as JSON")
     s.set_defaults(func=_cmd_stats)
