@@ -184,9 +184,11 @@ def _ordered_map(m: PlantedModel, ranges: list[tuple[int, int]], workers: int) -
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
+    from hetgmp.progress import auto_unless_off, bar_wanted
+
     return tqdm(
         total=total, unit="rows", unit_scale=True, desc="generate",
-        disable=not (enabled and sys.stderr.isatty()),
+        disable=not bar_wanted(auto_unless_off(enabled)),
     )  # fmt: skip
 
 

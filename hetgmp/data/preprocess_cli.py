@@ -26,6 +26,8 @@ from hetgmp.data.delimited import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
 from hetgmp.data.vocab import ID_ORDERS
+from hetgmp.fmt import key_values
+from hetgmp.progress import log_above_bars
 
 
 def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool = True) -> None:
@@ -127,7 +129,7 @@ def _done(ds: Dataset) -> int:
     bad = m.source.get("bad_lines", {}).get("skipped", 0)
     print(
         f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
-        f"{m.num_dense} dense, splits {m.splits}, skipped bad lines {bad}, "
+        f"{m.num_dense} dense, splits {key_values(m.splits)}, skipped bad lines {bad}, "
         f"fingerprint {m.fingerprint[:12]}"
     )
     return 0
@@ -222,7 +224,8 @@ def _with_logging(fn):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-        return fn(args)
+        with log_above_bars():  # (pass lines while a bar is drawn)
+            return fn(args)
 
     return run
 

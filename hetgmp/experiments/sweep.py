@@ -21,6 +21,7 @@ from hetgmp.config import add_arguments, from_namespace, option
 from hetgmp.config_file import add_config_option
 from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
 from hetgmp.experiments.table import Row, RunTable
+from hetgmp.progress import auto_unless_off, bar_wanted
 from hetgmp.train.config import resolve_dense_lr
 
 DEFAULT_TIMEOUT_S = 1800.0
@@ -233,7 +234,7 @@ def run_sweep(
         initial=skipped,
         unit="run",
         dynamic_ncols=True,
-        disable=not (opts.progress and sys.stderr.isatty()),
+        disable=not bar_wanted(auto_unless_off(opts.progress)),
     )
     try:
         for spec in todo:

@@ -22,6 +22,7 @@ from hetgmp.partition import baselines, cost
 from hetgmp.partition.api import DEFAULT_ROUNDS, DEFAULT_THETA, METHODS
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES
 from hetgmp.partition.plan import Plan, PlanError, load_plan, save_plan
+from hetgmp.progress import log_above_bars
 
 log = logging.getLogger("hetgmp.partition")
 
@@ -205,7 +206,8 @@ def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict
 def _cmd_partition(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = from_namespace(PartitionConfig, args)
-    plan = run_partition(cfg)
+    with log_above_bars():  # (stage lines while a bar is drawn)
+        plan = run_partition(cfg)
     print(format_report(plan))
     print(f"wrote {cfg.out}")
     return 0

@@ -210,7 +210,12 @@ class TrainConfig:
     )
     resume: bool = option(False, help="continue from the latest checkpoint in --checkpoint-dir")
     log_json: Path | None = option(None, help="JSON-lines log file (rank 0 writes it)")
-    progress: bool = option(True, help="tqdm progress bar on rank 0 (off when not a terminal)")
+    progress: bool | None = option(
+        None,
+        help="progress bar on rank 0; by default only when stderr is a terminal and no launcher "
+        "(mpirun, srun, torchrun: their ranks get a pty even when the output goes to a file) "
+        "started the run; --progress forces it, --no-progress turns it off",
+    )
     cache_dir: Path = option(DEFAULT_CACHE, help="where named/generated data sets live")
     default_samples: int = option(
         DEFAULT_SAMPLES,
