@@ -20,13 +20,17 @@ COMMAND_MODULES = (
     "hetgmp.train.cli",  # train
     "hetgmp.experiments.cli",  # experiment
 )
-# Subcommands whose module alone is loaded when they are run (the train/experiment modules
-# import torch, seconds of start-up that preprocessing does not need). --help loads all.
+# Subcommands whose module alone is loaded when they are run. No command module imports torch
+# at the top (its handlers do), so --help, which loads all, starts in a fraction of a second
+# (tests/test_cli_help.py).
 LIGHT_COMMANDS = {"preprocess": "hetgmp.data.preprocess_cli"}
 
 
 def build_parser(modules: Sequence[str] = COMMAND_MODULES) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from hetgmp.config_file import ConfigFileParser
+
+    # (its class is every subcommand's too, so ``--config FILE`` works where a command adds it)
+    parser = ConfigFileParser(
         prog="hetgmp",
         description="Train CTR models with partitioned, mirrored, bounded-staleness embeddings.",
     )

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hetgmp.fmt import key_values
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,7 +82,9 @@ def _summary(args: argparse.Namespace, ds: Any, result_path: Path) -> None:
     res = json.loads(result_path.read_text())
     emb = res.get("embedding_train", {})
     print("\n=== demo summary ===")
-    print(f"data set        {ds.root} ({ds.meta.splits}, {ds.meta.num_embeddings} rows)")
+    print(
+        f"data set        {ds.root} ({key_values(ds.meta.splits)}, {ds.meta.num_embeddings} rows)"
+    )
     print(f"best possible   AUC {ds.meta.best_auc:.4f}" if ds.meta.best_auc else "")
     print(
         f"trained         AUC {res['val_auc']:.4f}  logloss {res['val_loss']:.4f}"

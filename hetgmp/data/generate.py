@@ -87,7 +87,6 @@ from hetgmp.data.planted_samples import (
     sample_users,
     solve_bias,
 )
-from hetgmp.metrics import roc_auc
 
 # The names that lived here before the split stay importable from here.
 __all__ = [
@@ -185,9 +184,11 @@ def _ordered_map(m: PlantedModel, ranges: list[tuple[int, int]], workers: int) -
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
+    from hetgmp.progress import auto_unless_off, bar_wanted
+
     return tqdm(
         total=total, unit="rows", unit_scale=True, desc="generate",
-        disable=not (enabled and sys.stderr.isatty()),
+        disable=not bar_wanted(auto_unless_off(enabled)),
     )  # fmt: skip
 
 
@@ -322,6 +323,8 @@ def _finish_meta(
         "bias": m.bias,
         "calibration": "see hetgmp.data.generate docstring; bench/bench_generate_calibrate.py",
     }  # fmt: skip
+    from hetgmp.metrics import roc_auc  # (here: it imports torch, seconds the CLI's --help skips)
+
     writer.meta.best_auc = roc_auc(np.concatenate(tally.test_labels), probs_all)
 
 

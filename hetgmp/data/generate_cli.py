@@ -46,7 +46,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     cfg = from_namespace(CriteoLikeConfig, args)
     ds = generate_from_config(args.out, cfg)
-    print(f"wrote {ds.root}: {ds.meta.splits}, {ds.meta.num_embeddings} rows, "
+    from hetgmp.fmt import key_values
+
+    print(f"wrote {ds.root}: {key_values(ds.meta.splits)}, {ds.meta.num_embeddings} rows, "
           f"best_auc={ds.meta.best_auc:.4f}")  # fmt: skip
     return 0
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from hetgmp.choices import DATA_ON_DEVICE  # (--help shows them without torch)
 from hetgmp.data.device_batches import (
     INT32_MAX,
     DeviceBatch,
@@ -25,7 +26,6 @@ from hetgmp.data.device_batches import (
 )
 from hetgmp.data.prefetch import ThreadSource
 
-DATA_ON_DEVICE = ("auto", "on", "off")
 AUTO_BUDGET_SHARE = 0.25  # of the device's free memory, when no budget is given
 
 

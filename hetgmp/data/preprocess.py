@@ -218,7 +218,7 @@ def _write_pass(
                     if mask.any():
                         dense = block.dense[mask] if block.dense is not None else None
                         writer.append(split, ids[mask], dense, block.labels[mask], check_ids=False)
-            prog.bytes_done(n)
+            prog.advance(n)  # (the bar counts rows here)
             prog.rows_done(n)
     t_pass2 = prog.close()
     log.info(prog.line())

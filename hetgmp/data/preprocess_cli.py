@@ -1,10 +1,12 @@
-"""``hetgmp preprocess <format> ...``: turn raw click logs into a dataset directory.
+"""hetgmp preprocess <format> ...: turn raw click logs into a dataset directory.
 
-Formats: ``criteo`` (Kaggle train.txt / day_N TSV), ``csv`` (any delimited file with a column
-spec), ``libsvm`` (libsvm/libfm ``label field:id:value``), ``parquet``, and the two real samples
-``criteo-sample`` and ``movielens``. All go through the same two-pass, bounded-memory pipeline
-(:mod:`hetgmp.data.preprocess`) and the same vocabulary rules (:mod:`hetgmp.data.vocab`).
+Formats: criteo (Kaggle train.txt / day_N TSV), csv (any delimited file with a column spec),
+libsvm (libsvm/libfm lines: label field:id:value), parquet, and the two real samples
+criteo-sample and movielens. All go through the same two-pass, bounded-memory pipeline
+(hetgmp.data.preprocess) and the same vocabulary rules (hetgmp.data.vocab).
 """
+
+# (the docstring is the command's --help description: plain text, no Sphinx markup)
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from hetgmp.data.delimited import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
 from hetgmp.data.vocab import ID_ORDERS
-
-DEFAULT_SHARED = Path("../shared/datasets")
+from hetgmp.fmt import key_values
+from hetgmp.progress import log_above_bars
 
 
 def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool = True) -> None:
@@ -89,6 +91,11 @@ def _reading_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_BLOCK_BYTES,
         help=f"bytes read per block (default: {DEFAULT_BLOCK_BYTES})",
     )
+    _output_args(p)
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    """Progress and overwriting (every format, movielens too)."""
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
@@ -122,7 +129,7 @@ def _done(ds: Dataset) -> int:
     bad = m.source.get("bad_lines", {}).get("skipped", 0)
     print(
         f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
-        f"{m.num_dense} dense, splits {m.splits}, skipped bad lines {bad}, "
+        f"{m.num_dense} dense, splits {key_values(m.splits)}, skipped bad lines {bad}, "
         f"fingerprint {m.fingerprint[:12]}"
     )
     return 0
@@ -213,39 +220,12 @@ def _run_parquet(args: argparse.Namespace) -> int:
     return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
 
 
-def _run_criteo_sample(args: argparse.Namespace) -> int:
-    from hetgmp.data.criteo_sample import convert_criteo_sample
-
-    return _done(
-        convert_criteo_sample(
-            args.src,
-            args.out,
-            reference=args.hetgmp_reference,
-            options=_options(args, "criteo-sample"),
-        )
-    )
-
-
-def _run_movielens(args: argparse.Namespace) -> int:
-    from hetgmp.data.movielens import convert_movielens
-
-    return _done(
-        convert_movielens(
-            args.src,
-            args.out,
-            test_fraction=args.test_fraction,
-            seed=args.seed,
-            id_order=args.id_order,
-            overwrite=args.overwrite,
-        )
-    )
-
-
 def _with_logging(fn):  # type: ignore[no-untyped-def]
     def run(args: argparse.Namespace) -> int:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-        return fn(args)
+        with log_above_bars():  # (pass lines while a bar is drawn)
+            return fn(args)
 
     return run
 
@@ -260,13 +240,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     fmt = top.add_subparsers(dest="format", metavar="<format>", required=True)
     # The order here is the order ``hetgmp preprocess --help`` lists the formats in.
+    from hetgmp.data.sample_cli import add_criteo_sample, add_movielens
+
     for add in (
         _add_criteo,
         _add_csv,
         _add_libsvm,
         _add_parquet,
-        _add_criteo_sample,
-        _add_movielens,
+        add_criteo_sample,
+        add_movielens,
     ):
         add(fmt)
 
@@ -292,10 +274,7 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
         description="Generic delimited file. Columns by header name (with --header) or 0-based "
         "index. Categorical values are hashed (64-bit FNV-1a); empty = missing.",
     )
-    p.add_argument("inputs", type=Path, nargs="*", help="files (before or after the options)")
-    p.add_argument("--label", required=True, help="label column (values 0/1)")
-    p.add_argument("--dense", nargs="*", default=[], help="dense (numeric) columns")
-    p.add_argument("--categorical", nargs="+", required=True, help="categorical columns")
+    _columns(p)
     p.add_argument("--delimiter", default=",", help="one character; '\\t' for tab (default: ,)")
     p.add_argument(
         "--header",
@@ -304,14 +283,26 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
         help="first line of each file is a header (default: on)",
     )
     p.add_argument("--quote-char", default="", help="quote character (default: none)")
+    _dense_transform(p)
+    _common(p)
+    p.set_defaults(func=_with_logging(_run_csv))
+
+
+def _columns(p: argparse.ArgumentParser) -> None:
+    """The inputs and the column spec of csv and parquet."""
+    p.add_argument("inputs", type=Path, nargs="*", help="files (before or after the options)")
+    p.add_argument("--label", required=True, help="label column (values 0/1)")
+    p.add_argument("--dense", nargs="*", default=[], help="dense (numeric) columns")
+    p.add_argument("--categorical", nargs="+", required=True, help="categorical columns")
+
+
+def _dense_transform(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dense-transform",
         choices=DENSE_TRANSFORMS,
         default="none",
-        help="log: log(max(x,0)+2); none (default: none)",
+        help="dense values as they are (none) or log(max(x, 0) + 2) (log) (default: none)",
     )
-    _common(p)
-    p.set_defaults(func=_with_logging(_run_csv))
 
 
 def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
@@ -321,7 +312,7 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
         description="libfm lines; each field one column, a missing field is a "
         "missing value; --dense-fields take the value as a feature.",
     )
-    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("inputs", type=Path, nargs="+", help="libsvm / libfm files (one stream)")
     p.add_argument(
         "--num-fields",
         type=int,
@@ -335,47 +326,14 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
         default=[],
         help="field indices whose value is a dense feature",
     )
-    p.add_argument("--dense-transform", choices=DENSE_TRANSFORMS, default="none")
+    _dense_transform(p)
     _common(p)
     p.set_defaults(func=_with_logging(_run_libsvm))
 
 
 def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
-    p.add_argument("inputs", type=Path, nargs="*", help="files (before or after the options)")
-    p.add_argument("--label", required=True)
-    p.add_argument("--dense", nargs="*", default=[])
-    p.add_argument("--categorical", nargs="+", required=True)
-    p.add_argument("--dense-transform", choices=DENSE_TRANSFORMS, default="none")
+    _columns(p)
+    _dense_transform(p)
     _common(p)
     p.set_defaults(func=_with_logging(_run_parquet))
-
-
-def _add_criteo_sample(fmt: argparse._SubParsersAction) -> None:
-    p = fmt.add_parser(
-        "criteo-sample",
-        help="the real 8000-row Criteo sample",
-        description="train.csv -> train, dev.csv + test.csv -> test. With --hetgmp-reference: "
-        "all 8000 rows as train, ids by first appearance, --min-count 1 (the "
-        "encoding HET-GMP's reference numbers assume; 37,100 rows).",
-    )
-    p.add_argument("src", type=Path, nargs="?", default=DEFAULT_SHARED / "criteo-sample")
-    p.add_argument("--hetgmp-reference", action=argparse.BooleanOptionalAction, default=False)
-    _common(p, split=False, test_file=False)
-    p.set_defaults(func=_with_logging(_run_criteo_sample))
-
-
-def _add_movielens(fmt: argparse._SubParsersAction) -> None:
-    p = fmt.add_parser(
-        "movielens",
-        help="MovieLens 100K as clicks (rating >= 4)",
-        description="7 fields: user, item, age_bucket, gender, occupation, zip_prefix, "
-        "primary_genre; ids by first appearance in u.data (default).",
-    )
-    p.add_argument("src", type=Path, nargs="?", default=DEFAULT_SHARED / "movielens-100k")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--test-fraction", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--id-order", choices=ID_ORDERS, default="first-appearance")
-    p.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False)
-    p.set_defaults(func=_with_logging(_run_movielens))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from tqdm import tqdm
 
 from hetgmp.data.bad_lines import BadLineReport
 from hetgmp.data.delimited_spec import RawBlock
+from hetgmp.progress import auto_unless_off, bar_wanted
 
 # The preprocess logger: lines keep their logger name whichever module writes them.
 log = logging.getLogger("hetgmp.preprocess")
@@ -49,16 +49,18 @@ class RowSource(Protocol):
 
 
 class Progress:
-    """A tqdm bar over input bytes plus one parseable log line per interval."""
+    """A tqdm bar over input bytes (``unit="B"``) or rows, plus one parseable log line per
+    interval: ``bytes=`` only where bytes are counted (pass 1), ``rows=`` always."""
 
     def __init__(self, total: int, desc: str, enabled: bool, unit: str = "B") -> None:
         self.desc = desc
+        self.unit = unit
         self.bar = tqdm(
             total=total,
             unit=unit,
             unit_scale=True,
             desc=desc,
-            disable=not (enabled and sys.stderr.isatty()),
+            disable=not bar_wanted(auto_unless_off(enabled)),
         )
         self.t0 = self.last = time.perf_counter()
         self.bytes = 0
@@ -66,6 +68,10 @@ class Progress:
 
     def bytes_done(self, n: int) -> None:
         self.bytes += n
+        self.bar.update(n)
+
+    def advance(self, n: int) -> None:
+        """Move a bar counted in rows (pass 2) by ``n``."""
         self.bar.update(n)
 
     def rows_done(self, n: int) -> None:
@@ -77,8 +83,9 @@ class Progress:
 
     def line(self) -> str:
         dt = max(time.perf_counter() - self.t0, 1e-9)
+        read = f"bytes={self.bytes} " if self.unit == "B" else ""
         return (
-            f"preprocess {self.desc} bytes={self.bytes} rows={self.rows} "
+            f"preprocess {self.desc} {read}rows={self.rows} "
             f"elapsed_s={dt:.1f} rows_per_s={self.rows / dt:.0f}"
         )
 

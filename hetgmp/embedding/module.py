@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetgmp.choices import EXCHANGES, REPLIES  # (--help shows them without torch)
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
 from hetgmp.embedding.counters import StepCounters
@@ -34,9 +35,6 @@ from hetgmp.embedding.transport.local import LocalStep
 from hetgmp.embedding.transport.padded import PaddedExchange
 from hetgmp.embedding.transport.step import Stepper
 from hetgmp.partition.plan import Plan
-
-REPLIES = ("stale", "all")
-EXCHANGES = ("exact", "padded")
 
 
 class DistributedEmbedding(nn.Module):

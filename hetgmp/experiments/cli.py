@@ -10,7 +10,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hetgmp.experiments.sweep import add_common_arguments, options_from
+from hetgmp.experiments.sweep import (
+    DEFAULT_BOUNDS,
+    DEFAULT_PARTS,
+    DEFAULT_STORE_RATES,
+    add_common_arguments,
+    options_from,
+)
+
+# (--help's description: plain text, no Sphinx markup)
+DESCRIPTION = (
+    "The sweeps of the paper's experiments: store-rate (mirrors), staleness (bound) and "
+    "partition (methods, predicted vs measured). Each writes a CSV, PNG plots and a markdown "
+    "table under --out, and resumes where it stopped. The scripts in examples/experiments/ "
+    "are the same commands."
+)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -67,8 +81,6 @@ def handle_partition(args: argparse.Namespace) -> int:
 
 
 def add_store_rate(sub: argparse._SubParsersAction) -> None:
-    from hetgmp.experiments.store_rate import DEFAULT_STORE_RATES
-
     p = sub.add_parser("store-rate", help="sweep --store_rate (bytes/sample, AUC, memory)")
     add_common_arguments(p)
     p.add_argument(
@@ -88,8 +100,6 @@ def add_store_rate(sub: argparse._SubParsersAction) -> None:
 
 
 def add_staleness(sub: argparse._SubParsersAction) -> None:
-    from hetgmp.experiments.staleness import DEFAULT_BOUNDS
-
     p = sub.add_parser("staleness", help="sweep --bound (AUC over samples seen)")
     add_common_arguments(p, eval_every=10)
     p.add_argument(
@@ -109,7 +119,6 @@ def add_staleness(sub: argparse._SubParsersAction) -> None:
 
 
 def add_partition(sub: argparse._SubParsersAction) -> None:
-    from hetgmp.experiments.partition_compare import DEFAULT_PARTS
     from hetgmp.partition.api import METHODS
 
     p = sub.add_parser("partition", help="compare partition methods: predicted vs measured")
@@ -132,7 +141,7 @@ def add_partition(sub: argparse._SubParsersAction) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``hetgmp experiment ...`` to the ``hetgmp`` command."""
     top = sub.add_parser(
-        "experiment", help="store-rate / staleness / partition sweeps", description=__doc__
+        "experiment", help="store-rate / staleness / partition sweeps", description=DESCRIPTION
     )
     exp = top.add_subparsers(dest="experiment", metavar="<experiment>", required=True)
     add_store_rate(exp)

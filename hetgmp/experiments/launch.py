@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetgmp.embedding.counters import KINDS
-from hetgmp.models import model_class
 from hetgmp.train.config import TrainConfig, resolve_dense_lr
 
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -179,6 +177,10 @@ def eval_curve(log_jsonl: Path) -> list[tuple[int, float, float]]:
 
 def result_row(spec: RunSpec, result_json: Path, seconds: float) -> dict[str, Any]:
     """Every parameter of ``spec`` plus the run's metrics, flat (one CSV row)."""
+    # (imported here: they import torch, which the experiment parsers and --help do without)
+    from hetgmp.embedding.counters import KINDS
+    from hetgmp.models import model_class
+
     res = json.loads(result_json.read_text(encoding="utf-8"))
     c = res.get("embedding_train_counters") or res.get("embedding_counters") or {}
     samples = max(1, int(res.get("samples_seen") or 0))

@@ -16,12 +16,17 @@ from hetgmp.experiments import plots
 from hetgmp.experiments.launch import RunSpec
 from hetgmp.experiments.predict import bytes_per_fetch, plan_prediction, predict_fetches
 from hetgmp.experiments.report import markdown_table, write_report
-from hetgmp.experiments.sweep import SweepOptions, ensure_plan, run_sweep, with_repeats
+from hetgmp.experiments.sweep import (
+    DEFAULT_PARTS,
+    SweepOptions,
+    ensure_plan,
+    run_sweep,
+    with_repeats,
+)
 from hetgmp.experiments.table import Row, RunTable, aggregate
 from hetgmp.models import model_class
 from hetgmp.partition.api import METHODS
 
-DEFAULT_PARTS = (2, 4, 8)
 PARTITION_DEFAULT_BATCH = 8192  # `hetgmp partition --batch-size` default
 METRICS = (
     "predicted_fetches_per_step", "predicted_fetches_per_step_actual_m", "remote_rows_per_step",

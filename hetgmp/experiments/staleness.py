@@ -12,10 +12,15 @@ from pathlib import Path
 
 from hetgmp.experiments import plots
 from hetgmp.experiments.report import COMMON_COLUMNS, markdown_table, write_report
-from hetgmp.experiments.sweep import SweepOptions, ensure_plan, run_sweep, with_repeats
+from hetgmp.experiments.sweep import (
+    DEFAULT_BOUNDS,
+    SweepOptions,
+    ensure_plan,
+    run_sweep,
+    with_repeats,
+)
 from hetgmp.experiments.table import RunTable, aggregate
 
-DEFAULT_BOUNDS = (0, 1, 10, 100, 1000)
 METRICS = (
     "val_auc", "val_logloss", "bytes_per_sample", "bytes_per_sample_ids",
     "bytes_per_sample_versions", "bytes_per_sample_values", "bytes_per_sample_gradients",

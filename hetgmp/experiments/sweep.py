@@ -18,11 +18,18 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hetgmp.config import add_arguments, from_namespace, option
+from hetgmp.config_file import add_config_option
 from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
 from hetgmp.experiments.table import Row, RunTable
+from hetgmp.progress import auto_unless_off, bar_wanted
 from hetgmp.train.config import resolve_dense_lr
 
 DEFAULT_TIMEOUT_S = 1800.0
+# The sweeps' default grids (here, not in their modules, which import matplotlib and torch:
+# the experiment parsers, and so --help, do without both)
+DEFAULT_STORE_RATES = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1)
+DEFAULT_BOUNDS = (0, 1, 10, 100, 1000)
+DEFAULT_PARTS = (2, 4, 8)
 
 
 def _at_least(n: int) -> Any:
@@ -79,7 +86,8 @@ class SweepOptions:
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
     threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
     timeout_s: float = option(
-        DEFAULT_TIMEOUT_S, help="seconds one run may take",
+        DEFAULT_TIMEOUT_S,
+        help="seconds one run may take",
         flags=("--timeout-s", "--timeout_s", "--timeout"),
     )
     progress: bool = option(True, help="progress bar over the sweep")
@@ -134,6 +142,7 @@ class SweepOptions:
 
 def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> None:
     """The options of :class:`SweepOptions` on an experiment's parser."""
+    add_config_option(p)
     add_arguments(p, SweepOptions)
     for action in p._actions:  # the staleness sweep evaluates along the way by default
         if action.dest == "eval_every":
@@ -225,7 +234,7 @@ def run_sweep(
         initial=skipped,
         unit="run",
         dynamic_ncols=True,
-        disable=not (opts.progress and sys.stderr.isatty()),
+        disable=not bar_wanted(auto_unless_off(opts.progress)),
     )
     try:
         for spec in todo:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import resource
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
 from hetgmp.data.format import Dataset
+from hetgmp.fmt import key_values
 from hetgmp.native import native
 from hetgmp.partition import baselines, cost
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES, metis_start
@@ -46,7 +46,10 @@ def peak_rss_mb() -> float:
 def _progress(total: int, desc: str, enabled: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, disable=not (enabled and sys.stderr.isatty()), leave=False)
+    from hetgmp.progress import auto_unless_off, bar_wanted
+
+    disable = not bar_wanted(auto_unless_off(enabled))
+    return tqdm(total=total, desc=desc, disable=disable, leave=False)
 
 
 @dataclasses.dataclass
@@ -182,7 +185,7 @@ def _start(job: _Job, method: str, seed: int, metis_max_edges: int) -> tuple[Any
             batch_size=job.batch_size, threads=job.threads,
         )  # fmt: skip
         job.timings["metis_s"] = time.perf_counter() - t
-        log.info("partition metis %s", job.extra["metis"])
+        log.info("partition metis %s", key_values(job.extra["metis"]))
     job.bar.update(1)
     return dp, ep
 

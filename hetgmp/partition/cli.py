@@ -16,11 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from hetgmp.config import add_arguments, from_namespace, option
+from hetgmp.config import add_arguments, from_namespace, option, to_dict
+from hetgmp.config_file import add_config_option
 from hetgmp.partition import baselines, cost
 from hetgmp.partition.api import DEFAULT_ROUNDS, DEFAULT_THETA, METHODS
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES
 from hetgmp.partition.plan import Plan, PlanError, load_plan, save_plan
+from hetgmp.progress import log_above_bars
 
 log = logging.getLogger("hetgmp.partition")
 
@@ -122,6 +124,9 @@ def run_partition(cfg: PartitionConfig) -> Plan:
         metis_max_edges=cfg.metis_max_edges,
         progress=cfg.progress,
     )
+    # the resolved options, as train's results file has them (``partition stats --json`` shows
+    # them, and that output loads back through ``--config``)
+    plan.meta["config"] = to_dict(cfg)
     save_plan(plan, cfg.out)
     return plan
 
@@ -201,7 +206,8 @@ def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict
 def _cmd_partition(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = from_namespace(PartitionConfig, args)
-    plan = run_partition(cfg)
+    with log_above_bars():  # (stage lines while a bar is drawn)
+        plan = run_partition(cfg)
     print(format_report(plan))
     print(f"wrote {cfg.out}")
     return 0
@@ -235,11 +241,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_parser_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``hetgmp partition`` and its ``verify`` / ``stats`` subcommands."""
+    add_config_option(p)
     add_arguments(p, PartitionConfig)
     p.set_defaults(func=_cmd_partition)
     actions = p.add_subparsers(dest="partition_command", metavar="{verify,stats}")
     v = actions.add_parser("verify", help="check a plan against a data set and print its report")
-    v.add_argument("plan", type=Path)
+    v.add_argument("plan", type=Path, help="plan file (part.npz)")
     v.add_argument(
         "--data",
         dest="verify_data",
@@ -247,9 +255,12 @@ def add_parser_options(p: argparse.ArgumentParser) -> None:
         required=True,
         help="dataset directory the plan was made for",
     )
-    v.add_argument("--threads", dest="threads", type=int, default=None)
+    v.add_argument(
+        "--threads", dest="threads", type=int, default=None,
+        help="OpenMP threads of the recomputed report (default: all cores)",
+    )  # fmt: skip
     v.set_defaults(func=_cmd_verify)
     s = actions.add_parser("stats", help="print the quality report stored in a plan")
-    s.add_argument("plan", type=Path)
+    s.add_argument("plan", type=Path, help="plan file (part.npz)")
     s.add_argument("--json", action="store_true", help="print the whole meta as JSON")
     s.set_defaults(func=_cmd_stats)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from hetgmp.config import add_arguments, from_namespace
+from hetgmp.config_file import add_config_option
 from hetgmp.train.config import TrainConfig
 
 DESCRIPTION = (
@@ -17,6 +18,7 @@ DESCRIPTION = (
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """The training options, shared by every entry point."""
+    add_config_option(parser)
     add_arguments(parser, TrainConfig)
 
 

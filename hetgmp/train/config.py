@@ -9,12 +9,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+# (the choices from hetgmp.choices: the parsers, and so --help, must not import torch)
+from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
-from hetgmp.data.pipeline import DATA_ON_DEVICE
-from hetgmp.embedding import EXCHANGES, REPLIES
-from hetgmp.embedding.kernels import KERNELS
-from hetgmp.models import MODELS
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -39,7 +37,7 @@ class TrainConfig:
         help="dataset directory, or the name of a prepared one under --cache-dir/datasets; the "
         f"default {DEFAULT_DATASET!r} is generated there on first use",
     )
-    model: str = option("wdl", help="CTR model", choices=sorted(MODELS))
+    model: str = option("wdl", help="CTR model", choices=MODEL_NAMES)
     val: bool = option(
         True, help="evaluate on the test split every --eval_every steps and at the end"
     )
@@ -217,7 +215,12 @@ class TrainConfig:
     )
     resume: bool = option(False, help="continue from the latest checkpoint in --checkpoint-dir")
     log_json: Path | None = option(None, help="JSON-lines log file (rank 0 writes it)")
-    progress: bool = option(True, help="tqdm progress bar on rank 0 (off when not a terminal)")
+    progress: bool | None = option(
+        None,
+        help="progress bar on rank 0; by default only when stderr is a terminal and no launcher "
+        "(mpirun, srun, torchrun: their ranks get a pty even when the output goes to a file) "
+        "started the run; --progress forces it, --no-progress turns it off",
+    )
     cache_dir: Path = option(DEFAULT_CACHE, help="where named/generated data sets live")
     default_samples: int = option(
         DEFAULT_SAMPLES,

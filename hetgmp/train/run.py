@@ -79,7 +79,9 @@ def resolve_dataset(cfg: TrainConfig, env: DistEnv, log: RunLog) -> Dataset:
             log.info(
                 f"generating the default data set ({cfg.default_samples} samples) into {default_dir}"
             )
-        ensure_default_dataset(cfg.cache_dir, cfg.default_samples, progress=cfg.progress)
+        ensure_default_dataset(
+            cfg.cache_dir, cfg.default_samples, progress=cfg.progress is not False
+        )
 
     on_rank0_then_all(env, generate)
     return open_dataset(default_dir)

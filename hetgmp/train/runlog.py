@@ -12,6 +12,7 @@ and the JSON-lines log (``--log-json``) carries the same fields, one object per 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tqdm import tqdm
+
+from hetgmp.progress import bar_wanted, log_above_bars
 
 
 def _fmt(v: Any) -> str:
@@ -40,7 +43,7 @@ class RunLog:
         *,
         active: bool,
         json_path: Path | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         stream: TextIO | None = None,
     ) -> None:
         self.active = active
@@ -49,13 +52,20 @@ class RunLog:
         if active and json_path is not None:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             self._json = open(json_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        # A bar only helps a person at a terminal; in CI logs it is noise.
-        self.progress = active and progress and self.stream.isatty()
+        # A bar only helps a person at a terminal (stderr, where it is drawn), and not under
+        # mpirun, whose ranks get a pty even when the job's output goes to a file
+        # (hetgmp.progress); progress=True forces it, on rank 0 only.
+        self.progress = active and bar_wanted(progress)
         self._bar: tqdm | None = None
+        self._redirect = contextlib.ExitStack()
 
     def start_bar(self, total: int, initial: int = 0) -> None:
         if self.progress:
-            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr
+            )
+            # other modules' log lines (warnings, the data pipeline) go above the bar too
+            self._redirect.enter_context(log_above_bars())
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -98,6 +108,7 @@ class RunLog:
             self._record("result", fields)
 
     def close(self) -> None:
+        self._redirect.close()
         if self._bar is not None:
             self._bar.close()
             self._bar = None

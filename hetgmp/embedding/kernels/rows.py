@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
+from hetgmp.choices import KERNELS  # (--help shows them without torch)
 from hetgmp.embedding.kernels.launcher import (
     _kernels,
     launch,
@@ -53,8 +54,6 @@ from hetgmp.embedding.kernels.launcher import (
     triton_available,
 )
 from hetgmp.embedding.ops import index_add_rows
-
-KERNELS = ("auto", "torch", "triton")
 
 
 def resolve(kernels: str, device: torch.device) -> str:

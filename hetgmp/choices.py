@@ -1,0 +1,14 @@
+"""The names the command line offers (models, kernels, exchanges, ...).
+
+They live here, in a module that imports nothing heavy, so that building the parsers (and so
+``hetgmp --help``) does not import torch: the modules that own the behaviour import their
+names from here, and ``tests/test_cli_help.py`` checks that the two agree.
+"""
+
+from __future__ import annotations
+
+MODEL_NAMES = ("dcn", "dfm", "dlrm", "wdl")  # hetgmp.models.MODELS' keys
+REPLIES = ("stale", "all")  # hetgmp.embedding.DistributedEmbedding(replies=...)
+EXCHANGES = ("exact", "padded")  # hetgmp.embedding.DistributedEmbedding(exchange=...)
+KERNELS = ("auto", "torch", "triton")  # hetgmp.embedding.kernels.resolve
+DATA_ON_DEVICE = ("auto", "on", "off")  # hetgmp.data.pipeline
