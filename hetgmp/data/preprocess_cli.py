@@ -1,7 +1,7 @@
 """``hetgmp preprocess <format> ...``: turn raw click logs into a dataset directory.
 
 Formats: ``criteo`` (Kaggle train.txt / day_N TSV), ``csv`` (any delimited file with a column
-spec), ``libsvm`` (libsvm/libfm ``label field:id:value``), ``parquet``, and the two real samples
+spec), ``libsvm`` (libsvm / libfm lines), ``parquet``, and the two real samples
 ``criteo-sample`` and ``movielens``. All go through the same two-pass, bounded-memory pipeline
 (:mod:`hetgmp.data.preprocess`) and the same vocabulary rules (:mod:`hetgmp.data.vocab`).
 """
@@ -22,6 +22,7 @@ from hetgmp.data.delimited import (
     resolve_columns,
 )
 from hetgmp.data.format import Dataset
+from hetgmp.data.libsvm_fields import LIBSVM_HELP
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
 from hetgmp.data.vocab import ID_ORDERS
 
@@ -180,17 +181,26 @@ def _run_csv(args: argparse.Namespace) -> int:
 def _run_libsvm(args: argparse.Namespace) -> int:
     from hetgmp.data.libsvm import LibsvmSource
 
-    def make(paths: list[Path], num_fields: int | None) -> LibsvmSource:
-        return LibsvmSource(
-            paths,
-            num_fields=num_fields,
+    src = LibsvmSource(
+        args.inputs,
+        num_fields=args.num_fields,
+        dense_fields=args.dense_fields,
+        dense_transform=args.dense_transform,
+        block_bytes=args.block_bytes,
+        field_map=args.field_map,
+    )
+    test = None
+    if args.test_file:
+        # the same fields and line form as the training files
+        test = LibsvmSource(
+            args.test_file,
+            num_fields=src.num_fields,
             dense_fields=args.dense_fields,
             dense_transform=args.dense_transform,
             block_bytes=args.block_bytes,
+            field_map=src.field_map,
+            form=src.form,
         )
-
-    src = make(args.inputs, args.num_fields)
-    test = make(args.test_file, src.num_fields) if args.test_file else None
     return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
 
 
@@ -317,16 +327,25 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
 def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "libsvm",
-        help="libsvm/libfm lines: label field:id:value ...",
-        description="libfm lines; each field one column, a missing field is a "
-        "missing value; --dense-fields take the value as a feature.",
+        help="libsvm (label index:value) or libfm (label field:id:value) lines",
+        description=LIBSVM_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("inputs", type=Path, nargs="+")
+    p.add_argument("inputs", type=Path, nargs="+", help="files (read as one stream)")
     p.add_argument(
         "--num-fields",
         type=int,
         default=None,
-        help="number of fields (default: 1 + largest field index, one extra scan)",
+        help="number of fields (default: 1 + the largest field: one extra scan of the input; "
+        "with --field-map, 1 + its largest field)",
+    )
+    p.add_argument(
+        "--field-map",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="plain libsvm lines: map feature index -> field ('index field' lines) instead "
+        "of taking the token's position as its field",
     )
     p.add_argument(
         "--dense-fields",
@@ -335,7 +354,12 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
         default=[],
         help="field indices whose value is a dense feature",
     )
-    p.add_argument("--dense-transform", choices=DENSE_TRANSFORMS, default="none")
+    p.add_argument(
+        "--dense-transform",
+        choices=DENSE_TRANSFORMS,
+        default="none",
+        help="log: log(max(x,0)+2); none (default: none)",
+    )
     _common(p)
     p.set_defaults(func=_with_logging(_run_libsvm))
 
