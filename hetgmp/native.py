@@ -26,3 +26,14 @@ def native() -> ModuleType:
     except ImportError as err:  # pragma: no cover - exercised by broken installs only
         raise NativeExtensionError(_FIX.format(err=err)) from err
     return _native
+
+
+def native_function(name: str):  # type: ignore[no-untyped-def]
+    """The extension's function ``name``, or :class:`NativeExtensionError` when the built
+    extension predates it (a stale ``.so`` from before a source change: rebuild)."""
+    fn = getattr(native(), name, None)
+    if fn is None:
+        raise NativeExtensionError(
+            _FIX.format(err=f"the built extension has no function {name!r} (it is out of date)")
+        )
+    return fn

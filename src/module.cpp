@@ -25,8 +25,9 @@ void register_info(pybind11::module_& m) {
 }  // namespace hetgmp
 
 PYBIND11_MODULE(_native, m) {
-  m.doc() = "hetgmp native hot loops (partition refinement, graph building)";
+  m.doc() = "hetgmp native hot loops (partition refinement, graph building, string hashing)";
   hetgmp::register_info(m);
   hetgmp::register_partition_graph(m);
   hetgmp::register_partition_refine(m);
+  hetgmp::register_string_hash(m);
 }

@@ -8,4 +8,5 @@ namespace hetgmp {
 void register_info(pybind11::module_& m);
 void register_partition_graph(pybind11::module_& m);   // partition_graph.cpp
 void register_partition_refine(pybind11::module_& m);  // partition_refine.cpp
+void register_string_hash(pybind11::module_& m);       // string_hash.cpp
 }  // namespace hetgmp

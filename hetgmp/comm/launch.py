@@ -1,7 +1,9 @@
-"""Process-group setup for ``mpirun``, ``torchrun`` or a single plain process.
+"""Process-group setup for ``mpirun`` (Open MPI, MPICH, Intel MPI), ``srun``, ``torchrun`` or a
+single plain process.
 
-The launcher's environment variables are read in exactly one place, :func:`detect_launch`, which
-returns a small frozen :class:`LaunchInfo`; everything else takes that value.
+The launcher's environment variables are read in exactly one place,
+:func:`hetgmp.comm.detect.detect_launch`, which returns a small frozen :class:`LaunchInfo`;
+everything else takes that value.
 
 Failure behaviour: the process group is created with ``timeout_s``. When a rank dies, its peers'
 next collective fails either at once (gloo sees the TCP connection close) or, if the peer hangs
@@ -12,81 +14,20 @@ rank and the collective. No rank waits forever.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import os
 import socket
 import sys
 import types
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hetgmp.comm.detect import LAUNCHERS, LaunchInfo, detect_launch
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import LaunchError
 
-LAUNCHERS = ("mpirun", "torchrun", "single")
-
-
-@dataclasses.dataclass(frozen=True)
-class LaunchInfo:
-    """What the launcher told this process: who it is and where to meet the others."""
-
-    launcher: str  # "mpirun", "torchrun" or "single"
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str | None = None
-    master_port: int | None = None
-
-
-def _int_var(environ: Mapping[str, str], name: str) -> int:
-    raw = environ[name]
-    try:
-        return int(raw)
-    except ValueError:
-        raise LaunchError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def detect_launch(environ: Mapping[str, str] | None = None) -> LaunchInfo:
-    """Read the launcher's variables (Open MPI's ``OMPI_COMM_WORLD_*``, torchrun's ``RANK`` ...).
-
-    ``MASTER_ADDR`` / ``MASTER_PORT`` are honoured under mpirun too when set; otherwise rank 0
-    picks them later (see :func:`init_distributed`).
-    """
-    env = os.environ if environ is None else environ
-    addr = env.get("MASTER_ADDR")
-    port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None
-    if "OMPI_COMM_WORLD_RANK" in env:
-        rank = _int_var(env, "OMPI_COMM_WORLD_RANK")
-        size = _int_var(env, "OMPI_COMM_WORLD_SIZE")
-        local = (
-            _int_var(env, "OMPI_COMM_WORLD_LOCAL_RANK")
-            if "OMPI_COMM_WORLD_LOCAL_RANK" in env
-            else 0
-        )
-        lsize = (
-            _int_var(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
-            if "OMPI_COMM_WORLD_LOCAL_SIZE" in env
-            else size
-        )
-        info = LaunchInfo("mpirun", rank, size, local, lsize, addr, port)
-    elif "RANK" in env and "WORLD_SIZE" in env:
-        rank = _int_var(env, "RANK")
-        size = _int_var(env, "WORLD_SIZE")
-        local = _int_var(env, "LOCAL_RANK") if "LOCAL_RANK" in env else rank
-        lsize = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else size
-        if addr is None or port is None:
-            raise LaunchError("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not")
-        info = LaunchInfo("torchrun", rank, size, local, lsize, addr, port)
-    else:
-        info = LaunchInfo("single", 0, 1, 0, 1, addr, port)
-    if not (0 <= info.rank < info.world_size):
-        raise LaunchError(f"rank {info.rank} is outside [0, {info.world_size}) ({info.launcher})")
-    return info
+__all__ = ["LAUNCHERS", "LaunchInfo", "detect_launch", "init_distributed", "shutdown"]
 
 
 def free_port() -> int:
@@ -175,8 +116,10 @@ def init_distributed(
 
     * single process: no process group, ``DistEnv`` with ``group=None``;
     * torchrun: ``MASTER_ADDR``/``MASTER_PORT`` from the environment;
-    * mpirun: rank 0 picks its address and a free port and broadcasts them with mpi4py
-      (unless ``MASTER_ADDR``/``MASTER_PORT`` are set).
+    * srun: the first host of the step and a port from the job id (see
+      :func:`hetgmp.comm.detect.slurm_rendezvous`), unless ``MASTER_ADDR``/``MASTER_PORT`` are set;
+    * mpirun (Open MPI, MPICH, Intel MPI): rank 0 picks its address and a free port and
+      broadcasts them with mpi4py (unless ``MASTER_ADDR``/``MASTER_PORT`` are set).
 
     gloo on CPU, NCCL on CUDA (``backend="auto"``). ``timeout_s`` bounds every collective.
     """
@@ -187,14 +130,8 @@ def init_distributed(
         env.launcher = info.launcher
         return env
     addr, port = info.master_addr, info.master_port
-    if info.launcher == "mpirun" and (addr is None or port is None):
-        try:
-            from mpi4py import MPI
-        except ImportError as err:
-            raise LaunchError(f"launched by mpirun but mpi4py is not importable: {err}") from err
-        chosen = (_my_address(), free_port()) if info.rank == 0 else None
-        addr, port = MPI.COMM_WORLD.bcast(chosen, root=0)
-    assert addr is not None and port is not None
+    if addr is None or port is None:
+        addr, port = _mpi_rendezvous(info)
     return connect(
         rank=info.rank,
         world_size=info.world_size,
@@ -206,6 +143,30 @@ def init_distributed(
         local_rank=info.local_rank,
         timeout_s=timeout_s,
     )
+
+
+def _mpi_rendezvous(info: LaunchInfo) -> tuple[str, int]:
+    """Rank 0's address and a free port, broadcast with mpi4py (mpirun / mpich launches)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise LaunchError(
+            f"launched by {info.launcher} but mpi4py is not importable ({err}); install it, "
+            "or set MASTER_ADDR and MASTER_PORT (docs/multinode.md)"
+        ) from err
+    comm = MPI.COMM_WORLD
+    if (comm.Get_rank(), comm.Get_size()) != (info.rank, info.world_size):
+        # e.g. mpi4py built against Open MPI in a job started by MPICH's mpiexec: each
+        # process is then a world of its own and the broadcast would never meet the others
+        raise LaunchError(
+            f"the launcher ({info.launcher}) says rank {info.rank} of {info.world_size}, but "
+            f"mpi4py sees rank {comm.Get_rank()} of {comm.Get_size()}: mpi4py is built against "
+            "another MPI than the one that started the job; set MASTER_ADDR and MASTER_PORT "
+            "(docs/multinode.md) or install mpi4py against this MPI"
+        )
+    chosen = (_my_address(), free_port()) if info.rank == 0 else None
+    addr, port = comm.bcast(chosen, root=0)
+    return str(addr), int(port)
 
 
 def _drop_captured_references(pg: Any) -> int:
@@ -283,7 +244,9 @@ def abort_job(env: DistEnv, err: BaseException) -> None:
     Why: Open MPI's ``mpirun`` waits for every process, so one peer that hangs (stopped, or
     blocked in a collective that can never complete) kept the job alive forever after this rank
     had reported its timeout. ``MPI_Abort`` makes ``mpirun`` kill every rank. (torchrun's agent
-    already ends the other workers when one fails; one process has no peers.)"""
+    already ends the other workers when one fails; MPICH / Intel MPI's Hydra ends the job when
+    a process exits with an error; srun does with ``--kill-on-bad-exit=1``, see
+    docs/multinode.md; one process has no peers.)"""
     if env.launcher != "mpirun" or env.world_size <= 1:
         return
     print(f"hetgmp rank {env.rank}: error: {err}", file=sys.stderr, flush=True)

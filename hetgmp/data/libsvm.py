@@ -1,15 +1,23 @@
-"""Streaming reader for libsvm / libfm lines: ``label field:id:value field:id:value ...``.
+"""Streaming reader for libsvm / libfm lines.
 
-Every ``field`` is one column of the dataset (0-based); a line holds at most one token per
-field (a repeated field is a bad line), and a field absent from a line is a missing value.
-By default every field is categorical with raw id ``id`` (``value`` is ignored, as in libfm
-one-hot data); fields named in ``dense_fields`` are dense features whose value is ``value``
-(``id`` ignored). The number of fields is ``num_fields`` or, when not given, one more than the
-largest field index in the input (found by an extra vectorized scan).
+Two forms (one per input, detected from its first feature token; see
+:mod:`hetgmp.data.libsvm_fields`):
+
+* libfm ``label field:id:value ...``: ``field`` is the column (0-based);
+* plain libsvm ``label index:value ...``: the i-th token is field i (default), or
+  ``field_map`` maps each feature index to its field; ``index`` is the id.
+
+A line holds at most one token per field (a repeated field is a bad line), and a field absent
+from a line is a missing value. By default every field is categorical with raw id ``id`` /
+``index`` (``value`` is ignored, as in one-hot data); fields named in ``dense_fields`` are dense
+features whose value is ``value``. The number of fields is ``num_fields`` or, when not given,
+one more than the largest field in the input (an extra vectorized scan; the field map's largest
+field with a map). Labels are 0/1, or libsvm's -1/+1 read as 0/1 (logged once).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +34,7 @@ from hetgmp.data.bad_lines import (
     BAD_NUMBER,
     DUPLICATE_FIELD,
     EMPTY_LINE,
+    WRONG_FIELD_COUNT,
     BadInputError,
     BadLine,
     BadLineReport,
@@ -33,10 +42,20 @@ from hetgmp.data.bad_lines import (
 )
 from hetgmp.data.delimited import DEFAULT_BLOCK_BYTES
 from hetgmp.data.delimited_spec import RawBlock, transform_dense
+from hetgmp.data.libsvm_fields import (
+    LABEL_MAPPING,
+    LIBFM,
+    FieldMap,
+    LineForm,
+    detect_form,
+    load_field_map,
+    map_labels,
+)
 from hetgmp.data.text_chunks import iter_chunks
 from hetgmp.data.vocab import MISSING_KEY, int_keys
 
 _UINT_RE = r"^[0-9]+$"
+log = logging.getLogger(__name__)
 
 
 def _np(a: pa.Array) -> np.ndarray:
@@ -44,7 +63,12 @@ def _np(a: pa.Array) -> np.ndarray:
 
 
 class LibsvmSource:
-    """Blocks of validated rows from libsvm/libfm files."""
+    """Blocks of validated rows from libsvm/libfm files.
+
+    ``form``: the inputs' line form (detected from the first feature token when None; the test
+    file's source is given the training source's, so both must agree). ``field_map``: a
+    ``--field-map`` file (or a loaded :class:`FieldMap`), plain libsvm lines only.
+    """
 
     unit = "line"
 
@@ -56,6 +80,8 @@ class LibsvmSource:
         dense_fields: list[int] | None = None,
         dense_transform: str = "none",
         block_bytes: int = DEFAULT_BLOCK_BYTES,
+        field_map: Path | FieldMap | None = None,
+        form: LineForm | None = None,
     ) -> None:
         if not paths:
             raise ValueError("no input files given")
@@ -67,17 +93,42 @@ class LibsvmSource:
         self.dense_fields = sorted(set(dense_fields or []))
         self.dense_transform = dense_transform
         transform_dense(np.zeros(1), dense_transform)
-        if num_fields is None:
-            num_fields = self._scan_num_fields()
-        if num_fields < 1:
-            raise ValueError(f"--num-fields must be >= 1, got {num_fields}")
-        self.num_fields = int(num_fields)
+        self.form = form if form is not None else detect_form(self.paths)
+        if field_map is not None and self.form.kind == LIBFM:
+            raise ValueError(
+                f"--field-map is for plain libsvm lines (index:value), but {self.form.path} is "
+                f"libfm (field:id:value, line {self.form.line}): its fields are in the tokens"
+            )
+        self.field_map = (
+            load_field_map(Path(field_map)) if isinstance(field_map, (str, Path)) else field_map
+        )
+        self._signed_labels_logged = False
+        self.num_fields = self._resolve_num_fields(num_fields)
         bad = [f for f in self.dense_fields if not 0 <= f < self.num_fields]
         if bad:
             raise ValueError(f"--dense-fields {bad} outside 0..{self.num_fields - 1}")
         self.cat_fields = [f for f in range(self.num_fields) if f not in self.dense_fields]
         if not self.cat_fields:
             raise ValueError("every field is dense; at least one categorical field is needed")
+
+    @property
+    def by_position(self) -> bool:
+        """Plain libsvm lines without a field map: the token's position is its field."""
+        return self.form.kind != LIBFM and self.field_map is None
+
+    def _resolve_num_fields(self, num_fields: int | None) -> int:
+        if num_fields is None:
+            num_fields = (
+                self.field_map.num_fields if self.field_map is not None else self._scan_num_fields()
+            )
+        if num_fields < 1:
+            raise ValueError(f"--num-fields must be >= 1, got {num_fields}")
+        if self.field_map is not None and num_fields < self.field_map.num_fields:
+            raise ValueError(
+                f"--num-fields {num_fields}: --field-map {self.field_map.path} names field "
+                f"{self.field_map.num_fields - 1}"
+            )
+        return int(num_fields)
 
     def _scan_num_fields(self) -> int:
         top = -1
@@ -88,7 +139,7 @@ class LibsvmSource:
                 if parsed is not None and parsed["field"].size:
                     top = max(top, int(parsed["field"][parsed["ok"]].max(initial=-1)))
         if top < 0:
-            raise BadInputError(f"{self.paths[0]}: no field:id:value tokens found")
+            raise BadInputError(f"{self.paths[0]}: no valid {self.form.kind} tokens found")
         return top + 1
 
     @property
@@ -110,6 +161,13 @@ class LibsvmSource:
             "num_fields": self.num_fields,
             "dense_fields": self.dense_fields,
             "dense_transform": self.dense_transform,
+            "form": self.form.kind,
+            "fields": (
+                "in the tokens"
+                if self.form.kind == LIBFM
+                else ("token position" if self.field_map is None else self.field_map.path)
+            ),
+            "labels": LABEL_MAPPING,
         }
 
     def _tokens(self, path: str, first_line: int, buf: bytes, report: BadLineReport):
@@ -125,36 +183,58 @@ class LibsvmSource:
         except pa.ArrowInvalid as err:
             raise BadInputError(f"{path}:lines {first_line}..: not UTF-8 text ({err})") from err
         toks = pc.utf8_split_whitespace(arr)
-        ntok = _np(pc.list_value_length(toks)).astype(np.int64)
+        # the split keeps empty strings between repeated spaces, at the ends of a line and for
+        # an empty line (``""`` -> ``[""]``): drop them, so a blank line is empty
         flat = pc.list_flatten(toks)
         parent = _np(pc.list_parent_indices(toks)).astype(np.int64)
+        nonempty = _np(pc.not_equal(flat, ""))
+        flat, parent = flat.filter(pa.array(nonempty)), parent[nonempty]
+        ntok = np.bincount(parent, minlength=len(raw)).astype(np.int64)
         starts = np.concatenate([[0], np.cumsum(ntok)[:-1]])
         is_label = np.arange(len(flat)) == starts[parent]
-        label_tok = flat.filter(pa.array(is_label))
         feat_tok = flat.filter(pa.array(~is_label))
         feat_row = parent[~is_label]
-        parts = pc.split_pattern(feat_tok, ":")
-        nparts = _np(pc.list_value_length(parts))
-        three = nparts == 3
-        # Pad malformed tokens so every token has three parts to index.
-        fixed = pc.if_else(pa.array(three), feat_tok, "x:x:x")
-        p3 = pc.list_flatten(pc.split_pattern(fixed, ":"))
-        f_s, i_s, v_s = (p3.take(pa.array(np.arange(j, len(p3), 3))) for j in range(3))
-        f_ok = _np(pc.match_substring_regex(f_s, _UINT_RE))
-        i_ok = _np(pc.match_substring_regex(i_s, _UINT_RE))
-        v_ok = _np(pc.match_substring_regex(v_s, FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
-        ok = three & f_ok & i_ok & v_ok
-        field = to_float(f_s, f_ok).astype(np.int64)
-        return {
+        t = {
             "lines": lines,
             "ntok": ntok,
-            "label": label_tok,
+            "label": flat.filter(pa.array(is_label)),
             "feat": feat_tok,
             "row": feat_row,
+        }
+        t.update(self._features(feat_tok, feat_row, ntok))
+        return t
+
+    def _features(self, feat: pa.Array, row: np.ndarray, ntok: np.ndarray) -> dict[str, Any]:
+        """Field, id and value of every feature token, and which tokens are well formed."""
+        k = self.form.parts
+        nparts = _np(pc.list_value_length(pc.split_pattern(feat, ":")))
+        shaped = nparts == k
+        # Pad malformed tokens so every token has k parts to index.
+        fixed = pc.if_else(pa.array(shaped), feat, ":".join(["x"] * k))
+        flat = pc.list_flatten(pc.split_pattern(fixed, ":"))
+        cols = [flat.take(pa.array(np.arange(j, len(flat), k))) for j in range(k)]
+        i_s, v_s = cols[-2], cols[-1]
+        i_ok = _np(pc.match_substring_regex(i_s, _UINT_RE))
+        v_ok = _np(pc.match_substring_regex(v_s, FLOAT_RE)) & _np(pc.not_equal(v_s, ""))
+        ids = to_float(i_s, i_ok)
+        known = np.ones(row.size, dtype=bool)
+        if self.form.kind == LIBFM:
+            f_ok = _np(pc.match_substring_regex(cols[0], _UINT_RE))
+            field = to_float(cols[0], f_ok).astype(np.int64)
+        elif self.field_map is None:
+            f_ok = known
+            # the token's position after the label (tokens come in line order)
+            first = np.concatenate([[0], np.cumsum(np.maximum(ntok - 1, 0))[:-1]])
+            field = np.arange(row.size, dtype=np.int64) - first[row]
+        else:
+            f_ok = known
+            field, known = self.field_map.lookup(ids.astype(np.int64))
+        ok = shaped & f_ok & i_ok & v_ok
+        return {
             "ok": ok,
+            "known": known | ~ok,  # (an unknown index is reported only for a well-formed token)
             "field": field,
-            "id": to_float(i_s, i_ok),
-            "id_str": i_s,
+            "id": ids,
             "value": to_float(v_s, v_ok),
         }
 
@@ -193,19 +273,37 @@ class LibsvmSource:
 
         empty = t["ntok"] == 0
         flag(empty, EMPTY_LINE, lambda i: "empty line")
-        # Labels: one per non-empty line, in line order.
+        labels = self._check_labels(t, empty, flag)
+        good_tok = self._check_tokens(t, flag)
+        report.handle(bad)
+        return labels, flagged, good_tok
+
+    def _check_labels(self, t: dict[str, Any], empty: np.ndarray, flag: Any) -> np.ndarray:
+        """Labels as 0/1 (one per non-empty line, in line order); flags the bad ones."""
+        n = len(t["lines"])
         has = np.flatnonzero(~empty)
         lab_arr = t["label"]
         lab_ok_t = _np(pc.match_substring_regex(lab_arr, FLOAT_RE))
-        lab_val_t = to_float(lab_arr, lab_ok_t)
+        lab_val_t, valid, signed = map_labels(to_float(lab_arr, lab_ok_t))
         labels = np.zeros(n, dtype=np.float64)
         labels[has] = lab_val_t
         lab_ok = np.ones(n, dtype=bool)
-        lab_ok[has] = lab_ok_t & ((lab_val_t == 0.0) | (lab_val_t == 1.0))
+        lab_ok[has] = lab_ok_t & valid
         lab_pos = np.full(n, -1)
         lab_pos[has] = np.arange(has.size)
-        flag(~lab_ok, BAD_LABEL, lambda i: f"label {lab_arr[int(lab_pos[i])].as_py()!r} is not 0/1")
+        flag(
+            ~lab_ok,
+            BAD_LABEL,
+            lambda i: f"label {lab_arr[int(lab_pos[i])].as_py()!r} is not 0/1 (or libsvm's -1/+1)",
+        )
+        if signed and not self._signed_labels_logged:
+            self._signed_labels_logged = True
+            log.info("libsvm labels: -1 is read as 0 and +1 as 1")
+        return labels
 
+    def _check_tokens(self, t: dict[str, Any], flag: Any) -> np.ndarray:
+        """Flag malformed, unmapped, out-of-range and repeated fields; the usable tokens."""
+        n = len(t["lines"])
         row, ok, field = t["row"], t["ok"], t["field"]
         tok_idx = np.arange(row.size)
         bad_tok = np.full(n, -1)
@@ -213,9 +311,27 @@ class LibsvmSource:
         flag(
             bad_tok >= 0,
             BAD_NUMBER,
-            lambda i: f"token {t['feat'][int(bad_tok[i])].as_py()!r} is not field:id:value",
+            lambda i: self.form.mismatch(t["feat"][int(bad_tok[i])].as_py()),
         )
-        out_of_range = ok & (field >= self.num_fields)
+        if self.by_position:
+            nfeat = np.maximum(t["ntok"] - 1, 0)
+            flag(
+                (t["ntok"] > 0) & (nfeat != self.num_fields),
+                WRONG_FIELD_COUNT,
+                lambda i: (
+                    f"{nfeat[i]} features, expected {self.num_fields}: in index:value "
+                    "lines the i-th feature is field i, so every line needs one per field "
+                    "(--field-map FILE maps feature index -> field for lines that differ)"
+                ),
+            )
+        unknown = np.full(n, -1)
+        unknown[row[~t["known"]]] = t["id"][~t["known"]]
+        flag(
+            unknown >= 0,
+            BAD_CATEGORY,
+            lambda i: f"feature index {unknown[i]} is not in --field-map {self.field_map.path}",
+        )
+        out_of_range = ok & t["known"] & (field >= self.num_fields)
         oor = np.full(n, -1)
         oor[row[out_of_range]] = field[out_of_range]
         flag(
@@ -223,15 +339,19 @@ class LibsvmSource:
             BAD_CATEGORY,
             lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)",
         )
-        good_tok = ok & ~out_of_range
+        good_tok = ok & t["known"] & ~out_of_range
         r, f = row[good_tok], field[good_tok]
         order = np.lexsort((f, r))
         dup = (r[order][1:] == r[order][:-1]) & (f[order][1:] == f[order][:-1])
         dup_field = np.full(n, -1)
         dup_field[r[order][1:][dup]] = f[order][1:][dup]
-        flag(dup_field >= 0, DUPLICATE_FIELD, lambda i: f"field {dup_field[i]} appears twice")
-        report.handle(bad)
-        return labels, flagged, good_tok
+        via_map = " (two of the line's feature indices map to it)" if self.field_map else ""
+        flag(
+            dup_field >= 0,
+            DUPLICATE_FIELD,
+            lambda i: f"field {dup_field[i]} appears twice{via_map}",
+        )
+        return good_tok
 
     def _rows(
         self,

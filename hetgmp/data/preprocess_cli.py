@@ -24,6 +24,7 @@ from hetgmp.data.delimited import (
     resolve_columns,
 )
 from hetgmp.data.format import Dataset
+from hetgmp.data.libsvm_fields import LIBSVM_HELP
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
 from hetgmp.data.vocab import ID_ORDERS
 from hetgmp.fmt import key_values
@@ -187,17 +188,26 @@ def _run_csv(args: argparse.Namespace) -> int:
 def _run_libsvm(args: argparse.Namespace) -> int:
     from hetgmp.data.libsvm import LibsvmSource
 
-    def make(paths: list[Path], num_fields: int | None) -> LibsvmSource:
-        return LibsvmSource(
-            paths,
-            num_fields=num_fields,
+    src = LibsvmSource(
+        args.inputs,
+        num_fields=args.num_fields,
+        dense_fields=args.dense_fields,
+        dense_transform=args.dense_transform,
+        block_bytes=args.block_bytes,
+        field_map=args.field_map,
+    )
+    test = None
+    if args.test_file:
+        # the same fields and line form as the training files
+        test = LibsvmSource(
+            args.test_file,
+            num_fields=src.num_fields,
             dense_fields=args.dense_fields,
             dense_transform=args.dense_transform,
             block_bytes=args.block_bytes,
+            field_map=src.field_map,
+            form=src.form,
         )
-
-    src = make(args.inputs, args.num_fields)
-    test = make(args.test_file, src.num_fields) if args.test_file else None
     return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
 
 
@@ -308,16 +318,25 @@ def _dense_transform(p: argparse.ArgumentParser) -> None:
 def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser(
         "libsvm",
-        help="libsvm/libfm lines: label field:id:value ...",
-        description="libfm lines; each field one column, a missing field is a "
-        "missing value; --dense-fields take the value as a feature.",
+        help="libsvm (label index:value) or libfm (label field:id:value) lines",
+        description=LIBSVM_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("inputs", type=Path, nargs="+", help="libsvm / libfm files (one stream)")
     p.add_argument(
         "--num-fields",
         type=int,
         default=None,
-        help="number of fields (default: 1 + largest field index, one extra scan)",
+        help="number of fields (default: 1 + the largest field: one extra scan of the input; "
+        "with --field-map, 1 + its largest field)",
+    )
+    p.add_argument(
+        "--field-map",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="plain libsvm lines: map feature index -> field ('index field' lines) instead "
+        "of taking the token's position as its field",
     )
     p.add_argument(
         "--dense-fields",

@@ -3,9 +3,9 @@
 Shared by every reader (Criteo TSV, generic delimited, libsvm, parquet):
 
 * **Keys.** A raw value becomes a ``uint64`` key: Criteo's hashed categoricals are parsed from
-  hex exactly (:func:`hex_keys`), other strings are hashed with 64-bit FNV-1a
-  (:func:`string_keys`; a collision between two distinct strings of one field has probability
-  about ``n**2 / 2**65``), integer categories are used as they are. A missing (empty / null)
+  hex exactly (:func:`hex_keys`), other strings are hashed with 64-bit FNV-1a in the native
+  extension (:func:`string_keys`; a collision between two distinct strings of one field has
+  probability about ``n**2 / 2**65``), integer categories are used as they are. A missing (empty / null)
   value is the reserved key :data:`MISSING_KEY`: it is treated as one more value of the field.
 * **Counting** (:class:`KeyCounter`) keeps, per field, sorted unique keys and their counts in
   numpy arrays (plus the first row where each key appeared, when first-appearance order is
@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from hetgmp.native import native_function
 
 MISSING_KEY = np.uint64(2**64 - 1)
 ID_ORDERS = ("frequency", "first-appearance")
@@ -140,16 +142,36 @@ def hex_keys(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return keys, invalid
 
 
-def string_keys(arr: pa.Array) -> np.ndarray:
-    """64-bit FNV-1a hash of every string; empty/null -> :data:`MISSING_KEY`."""
-    if not (
+def _as_string_array(arr: pa.Array) -> pa.Array:
+    if (
         pa.types.is_string(arr.type)
         or pa.types.is_binary(arr.type)
         or pa.types.is_large_string(arr.type)
         or pa.types.is_large_binary(arr.type)
     ):
-        arr = arr.cast(pa.string())
-    starts, lengths, data = _string_buffers(arr)
+        return arr
+    return arr.cast(pa.string())
+
+
+def string_keys(arr: pa.Array) -> np.ndarray:
+    """64-bit FNV-1a hash of every string; empty/null -> :data:`MISSING_KEY`.
+
+    Computed by the native extension (one pass over the bytes, whatever the value lengths);
+    :func:`string_keys_numpy` is the same function in numpy, kept as the reference it is
+    tested against. There is no fallback: a missing extension raises
+    :class:`hetgmp.native.NativeExtensionError`.
+    """
+    starts, lengths, data = _string_buffers(_as_string_array(arr))
+    return native_function("fnv1a_keys")(starts, lengths, data)
+
+
+def string_keys_numpy(arr: pa.Array) -> np.ndarray:
+    """:func:`string_keys` as a vectorized numpy loop over byte positions (the reference).
+
+    Slow when one value is long: every position up to the longest value costs a pass over
+    the whole array.
+    """
+    starts, lengths, data = _string_buffers(_as_string_array(arr))
     h = np.full(len(starts), _FNV_OFFSET, dtype=np.uint64)
     maxlen = int(lengths.max()) if len(lengths) else 0
     with np.errstate(over="ignore"):

@@ -129,7 +129,9 @@ def train_command(spec: RunSpec, run_dir: Path, *, threads: int = 1) -> list[str
 
 def launch_env() -> dict[str, str]:
     """Environment for mpirun: root allowed (containers), no inherited rank variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMIX_"))}
+    # (a torchrun worker's variables win over mpirun's in hetgmp.comm.detect: drop them too)
+    inherited = ("OMPI_COMM_WORLD", "PMIX_", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(inherited)}
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

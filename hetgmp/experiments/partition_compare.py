@@ -42,6 +42,7 @@ def run_partition_compare(
     parts: tuple[int, ...] = DEFAULT_PARTS,
 ) -> tuple[list[str], Path]:
     """Run (or resume) the comparison and write CSV, PNG, markdown; returns (errors, csv path)."""
+    plots.require()  # before the runs: their plots are made after them
     bad = [m for m in methods if m not in METHODS]
     if bad:
         raise ValueError(f"--methods: unknown {bad}; choose from {list(METHODS)}")

@@ -1,21 +1,51 @@
-"""PNG plots of the sweeps (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of the sweeps (matplotlib, Agg backend: no display needed).
+
+matplotlib is an optional dependency (the ``plots`` extra): it is imported when a plot is made,
+and the experiments call :func:`require` before their runs, so a missing matplotlib is one
+clear error at the start rather than a traceback after hours of runs.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from hetgmp.embedding.counters import KINDS
+from hetgmp.experiments.table import Row
 
-from hetgmp.embedding.counters import KINDS  # noqa: E402
-from hetgmp.experiments.table import Row  # noqa: E402
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 DPI = 90
+INSTALL_HINT = "pip install 'hetgmp[plots]' (in a checkout: pip install -e '.[plots]')"
+
+
+class PlotsUnavailableError(RuntimeError):
+    """matplotlib, needed for the experiments' plots, is not installed."""
+
+
+def pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the Agg backend, or :class:`PlotsUnavailableError`."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise PlotsUnavailableError(
+            f"the experiment plots need matplotlib, an optional dependency: {INSTALL_HINT}"
+        ) from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
+
+
+def require() -> None:
+    """Raise :class:`PlotsUnavailableError` now if plots cannot be made later."""
+    pyplot()
 
 
 def _vals(rows: Sequence[Row], key: str) -> np.ndarray:
@@ -26,7 +56,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -40,7 +70,7 @@ def plot_store_rate(agg: Sequence[Row], path: Path, title: str = "") -> Path:
     """Bytes/sample by kind and AUC vs store rate (mean over repeats, bars = std)."""
     rows = sorted(agg, key=lambda r: float(r["store_rate"]))
     x = _vals(rows, "store_rate")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     a1.errorbar(
         x,
         _vals(rows, "bytes_per_sample"),
@@ -83,7 +113,7 @@ def mean_curve(raw: Sequence[Row]) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_staleness(raw: Sequence[Row], agg: Sequence[Row], path: Path, title: str = "") -> Path:
     """AUC vs samples seen, one line per bound; final AUC and bytes/sample vs bound."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     bounds = sorted({int(r["bound"]) for r in raw})
     for b in bounds:
         xs, ys = mean_curve([r for r in raw if int(r["bound"]) == b])
@@ -109,7 +139,7 @@ def plot_staleness(raw: Sequence[Row], agg: Sequence[Row], path: Path, title: st
 
 def plot_partition(agg: Sequence[Row], path: Path, title: str = "") -> Path:
     """Predicted vs measured remote rows per step (y = x, +-20 %), and bytes/sample per method."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     methods = sorted({str(r["method"]) for r in agg})
     parts = sorted({int(r["ranks"]) for r in agg})
     markers = dict(zip(parts, "os^Dv<>p", strict=False))

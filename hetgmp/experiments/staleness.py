@@ -36,6 +36,7 @@ def run_staleness(
     plan: Path | None = None,
 ) -> tuple[list[str], Path]:
     """Run (or resume) the ablation and write CSV, PNG, markdown; returns (errors, csv path)."""
+    plots.require()  # before the runs: their plots are made after them
     if any(b < 0 for b in bounds):
         raise ValueError(f"--bounds must be >= 0, got {list(bounds)}")
     if not 0.0 <= store_rate <= 1.0:

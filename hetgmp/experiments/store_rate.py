@@ -39,6 +39,7 @@ def run_store_rate(
     plan: Path | None = None,
 ) -> tuple[list[str], Path]:
     """Run (or resume) the sweep and write CSV, PNG, markdown; returns (errors, csv path)."""
+    plots.require()  # before the runs: their plots are made after them
     if any(not 0.0 <= s <= 1.0 for s in store_rates):
         raise ValueError(f"--store-rates must lie in [0, 1], got {list(store_rates)}")
     if bound < 0:
