@@ -158,8 +158,12 @@ def make_plan(
 
     if env is None or env.world_size == 1:
         return make()
+
+    def write() -> None:  # (the plan travels as a file, not pickled to every rank)
+        make()
+
+    on_rank0(env, write)
     assert out is not None
-    on_rank0(env, lambda: (make(), None)[1])  # (the plan travels as a file, not pickled)
     return _load_plan(out)
 
 

@@ -203,3 +203,23 @@ def test_import_hetgmp_stays_light() -> None:
     p = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True,
                        text=True, timeout=60)  # fmt: skip
     assert p.returncode == 0 and p.stdout.strip() == "hetgmp.api", p.stderr
+
+
+def test_keep_checkpoints_is_honoured(tiny_dataset, tmp_path: Path) -> None:
+    """--keep-checkpoints / keep_checkpoints= prunes older checkpoints (it was never passed on,
+    so 2 were always kept), in the CLI path and the API alike."""
+    env = DistEnv.single("cpu")
+    cfg = TrainConfig(
+        dataset=str(tiny_dataset.root), iter=12, progress=False, val=False, threads=1,
+        checkpoint_dir=tmp_path / "cli", checkpoint_every=4, keep_checkpoints=1, **SHARED, **LOOP,
+    )  # fmt: skip
+    train(validate(cfg), env)
+    assert sorted(p.name for p in (tmp_path / "cli").glob("step-*")) == ["step-00000012"]
+    trainer = hetgmp.Trainer(
+        hetgmp.build_model(tiny_dataset, env, **SHARED), tiny_dataset, env, iters=12,
+        checkpoint_dir=tmp_path / "api", checkpoint_every=4, keep_checkpoints=3, evaluate=False,
+        verbose=False, **LOOP,
+    )  # fmt: skip
+    trainer.fit()
+    names = sorted(p.name for p in (tmp_path / "api").glob("step-*"))
+    assert names == ["step-00000004", "step-00000008", "step-00000012"]

@@ -138,12 +138,12 @@ class Trainer:
         stream: TextIO | None = None,
         **options: Any,
     ) -> None:
-        self.config = trainer_config(model, dataset, options)
+        self._config = trainer_config(model, dataset, options)
         built: BuildRecord | None = getattr(model, BUILD_ATTR, None)
         if plan is None and built is not None:
             plan = built.plan
         self.env, self.dataset, self.plan = env, dataset, plan
-        cfg = self.config
+        cfg = self._config
         self._log = RunLog(
             active=env.is_main and verbose, json_path=cfg.log_json, progress=False, stream=stream
         )
@@ -167,7 +167,7 @@ class Trainer:
 
     def options(self) -> dict[str, Any]:
         """Every resolved option of this run (what checkpoints record)."""
-        return to_dict(self.config)
+        return to_dict(self._config)
 
     def fit(self) -> dict[str, Any]:
         """Train to ``iters`` global steps (or ``epochs`` epochs), from the restored position
@@ -185,7 +185,7 @@ class Trainer:
     def batches(self, epoch: int = 0) -> Iterator[Batch | None]:
         """This rank's batches of one epoch for a loop of your own, then ``None`` until every
         rank has had :attr:`steps_per_epoch` of them: pass each to :meth:`step`."""
-        cfg = self.config
+        cfg = self._config
         loader = BatchLoader(
             self.dataset.train, cfg.batch_size, indices=self._loop.indices,
             shuffle=cfg.shuffle, seed=cfg.seed, epoch=epoch,
@@ -223,7 +223,7 @@ class Trainer:
 
         Collective: the table's ``state_dict`` flushes pending updates first, and every rank
         writes the rows it owns. It loads under any rank count or plan (:meth:`load`)."""
-        root = Path(directory) if directory is not None else self.config.checkpoint_dir
+        root = Path(directory) if directory is not None else self._config.checkpoint_dir
         if root is None:
             raise ValueError("Trainer.save: give a directory (or checkpoint_dir= to the Trainer)")
         return save_trainer(self._loop, root)

@@ -40,6 +40,7 @@ def save_trainer(tr: Trainer, root: Path | None = None) -> Path:
         embedding_state=tr.model.embedding.state_dict(),
         # (samples_seen: global training samples of the whole run so far, resumes included)
         info={**tr.info, "config": to_dict(tr.cfg), "samples_seen": tr.samples_total},
+        keep=tr.cfg.keep_checkpoints,  # (was never passed: --keep-checkpoints had no effect)
     )
     tr.log.info(f"checkpoint {path}", step=tr.position.step)
     return path
