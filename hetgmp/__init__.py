@@ -3,6 +3,9 @@
 Offline, :mod:`hetgmp.partition` places samples and embedding rows on workers so that each
 worker mostly touches rows it owns; online, :mod:`hetgmp.embedding` keeps primary rows plus
 mirrors of hot remote rows, synchronised under a bounded staleness.
+
+The Python API -- ``hetgmp.distributed``, ``open_dataset``, ``make_plan``, ``build_model``,
+``Trainer`` ... -- is :mod:`hetgmp.api`, importable from here (docs/python_api.md).
 """
 
 __version__ = "0.1.0"

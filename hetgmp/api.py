@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.launch import abort_job, init_distributed, shutdown
@@ -57,6 +57,8 @@ __all__ = [
     "build_model", "distributed", "generate_dataset", "init", "load_plan", "on_rank0",
     "make_plan", "open_dataset", "save_plan", "shutdown",
 ]  # fmt: skip
+
+T = TypeVar("T")
 
 # build_model's keyword options: the model and its table (TrainConfig fields, CLI defaults).
 MODEL_OPTIONS = (
@@ -95,9 +97,10 @@ def distributed(
         shutdown(env, wait_for_peers=finished)
 
 
-def on_rank0(env: DistEnv | None, fn: Any) -> Any:
-    """Run ``fn()`` on rank 0 only (e.g. write a file the others then read); every rank gets
-    its result, or raises its error, so none waits forever (collective)."""
+def on_rank0(env: DistEnv | None, fn: Callable[[], T]) -> T | None:
+    """Run ``fn()`` on rank 0 only (e.g. write a file the others then read); rank 0 gets its
+    result, the others None, and if it fails every rank raises the error, so none waits forever
+    (collective: the others wait for rank 0)."""
     if env is None:
         return fn()
     return _on_rank0_then_all(env, fn)
