@@ -143,7 +143,21 @@ class DistributedEmbedding(nn.Module):
         self._prefetched = prep
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step."""
+        """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step.
+
+        Rules for callers (docs/python_api.md):
+
+        * **Collective: every rank calls it every step**, in the same order as the others,
+          also a rank that has run out of samples: it passes an empty ``[0, F]`` batch, so the
+          peers still meet it at the step's exchanges (evaluation and :meth:`flush` likewise).
+        * **It applies the previous step's update first.** The gradient that reaches the rows
+          through ``backward`` is only captured; owners apply it during the *next* forward (or
+          :meth:`flush`). Read values after a :meth:`flush` (``state_dict`` and evaluation
+          flush for you).
+        * Each row gets one update of its summed gradient, so to train like one process on the
+          global batch, scale the loss by the **global** batch (sum of per-sample losses /
+          samples over all ranks) and sum dense gradients over ranks (``hetgmp.Trainer`` does).
+        """
         if self._local:
             return self._forward_local(ids)
         err = input_problem(ids)
@@ -194,7 +208,12 @@ class DistributedEmbedding(nn.Module):
         self, *args: Any, destination: dict[str, Any] | None = None, prefix: str = "",
         keep_vars: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
-        """(Collective: flushes first) ``{"ids", "weight", "opt_state"}`` of the rows this rank owns."""
+        """``{"ids", "weight", "opt_state"}`` of the rows this rank owns, keyed by global id.
+
+        **Collective**: it flushes first (pushes every pending gradient and mirror delta to the
+        owners): every rank calls it at the same point, also through a parent's ``state_dict``.
+        :meth:`load_state_dict` takes any union of the ranks' dicts (any rank count or plan).
+        """
         self.flush()
         sd = self.store.owned_rows()
         if destination is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetgmp.config import to_dict
@@ -24,21 +25,25 @@ def compat_info(info: dict[str, Any]) -> dict[str, Any]:
     return {k: info[k] for k in COMPAT_KEYS if k in info}
 
 
-def save_trainer(tr: Trainer) -> None:
-    """Flush the table and write a checkpoint at the current position (collective)."""
-    assert tr.cfg.checkpoint_dir is not None
+def save_trainer(tr: Trainer, root: Path | None = None) -> Path:
+    """Flush the table and write a checkpoint at the current position under ``root`` (default:
+    the run's checkpoint directory); returns its directory (collective)."""
+    root = root if root is not None else tr.cfg.checkpoint_dir
+    assert root is not None
     tr.model.embedding.flush()
     dense = {"model": tr.model.dense_state_dict(), "optimizer": tr.dense_opt.state_dict()}
     path = save_checkpoint(
-        tr.cfg.checkpoint_dir,
+        root,
         tr.env,
         position=tr.position,
         dense_state=dense,
         embedding_state=tr.model.embedding.state_dict(),
         # (samples_seen: global training samples of the whole run so far, resumes included)
         info={**tr.info, "config": to_dict(tr.cfg), "samples_seen": tr.samples_total},
+        keep=tr.cfg.keep_checkpoints,  # (was never passed: --keep-checkpoints had no effect)
     )
     tr.log.info(f"checkpoint {path}", step=tr.position.step)
+    return path
 
 
 def restore_trainer(tr: Trainer, ck: LoadedCheckpoint) -> None:

@@ -27,7 +27,7 @@ from hetgmp.config import to_dict
 from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 from hetgmp.data.format import Dataset, DatasetError, open_dataset
 from hetgmp.data.loader import rank_sample_indices
-from hetgmp.models import build_model, model_class
+from hetgmp.models import CTRModel, build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
@@ -99,17 +99,12 @@ def load_checked_plan(cfg: TrainConfig, env: DistEnv, ds: Dataset, log: RunLog) 
     """The ``--partition`` plan, refused when made for other data or another rank count; none
     given but mirrors asked for: one made here (random owners, mirrors by local frequency)."""
     if cfg.partition is None and cfg.store_rate > 0 and env.world_size > 1:
-        from hetgmp.partition.fallback import local_frequency_plan
-
         log.info(
             f"no --partition given but --store_rate {cfg.store_rate}: random row owners, "
             "contiguous sample shards, each rank mirrors the rows its own samples use most "
             "(as HET-GMP without a partition; `hetgmp partition` makes a better plan)"
         )
-        idx = rank_sample_indices(len(ds.train), env.rank, env.world_size, None)
-        return local_frequency_plan(
-            ds.train.sparse, idx, ds.meta.num_embeddings, env.world_size, env.rank, cfg.seed
-        )
+        return fallback_plan(ds, env, cfg.seed)
     if cfg.partition is None:
         why = " (one rank owns every row: --store_rate has nothing to mirror)" * (
             cfg.store_rate > 0
@@ -117,15 +112,31 @@ def load_checked_plan(cfg: TrainConfig, env: DistEnv, ds: Dataset, log: RunLog) 
         log.info(f"no --partition given: hash placement of rows, contiguous sample shards{why}")
         return None
     plan = load_plan(cfg.partition)
+    check_plan(plan, ds, env, where=str(cfg.partition))
+    log.info(f"plan {cfg.partition}: {plan.nparts} parts, method {plan.meta.get('method', '?')}")
+    return plan
+
+
+def fallback_plan(ds: Dataset, env: DistEnv, seed: int) -> Plan:
+    """HET-GMP's placement without a plan: random row owners, contiguous sample shards, and
+    each rank's mirrors ranked by how often its own samples use them."""
+    from hetgmp.partition.fallback import local_frequency_plan
+
+    idx = rank_sample_indices(len(ds.train), env.rank, env.world_size, None)
+    return local_frequency_plan(
+        ds.train.sparse, idx, ds.meta.num_embeddings, env.world_size, env.rank, seed
+    )
+
+
+def check_plan(plan: Plan, ds: Dataset, env: DistEnv, *, where: str) -> None:
+    """Refuse a plan made for other data or another rank count (PlanError naming ``where``)."""
     plan.check_matches(
         num_samples=ds.meta.splits.get("train", len(ds.train)),
         num_rows=ds.meta.num_embeddings,
         fingerprint=ds.fingerprint or None,
         world_size=env.world_size,
-        where=str(cfg.partition),
+        where=where,
     )
-    log.info(f"plan {cfg.partition}: {plan.nparts} parts, method {plan.meta.get('method', '?')}")
-    return plan
 
 
 def distributed_embedding(
@@ -156,13 +167,60 @@ def distributed_embedding(
 def set_threads(cfg: TrainConfig, env: DistEnv) -> None:
     """CPU threads per rank; on CUDA the float32 matmul precision (TF32 by default: torch's
     own default, full fp32, ran the WDL MLP at ~25 TFLOP/s on an H200, issue 14)."""
+    apply_threads(env, cfg.threads, cfg.matmul_precision)
+
+
+def apply_threads(env: DistEnv, threads: int = 0, matmul_precision: str = "high") -> None:
+    """:func:`set_threads` from its two values (0 threads: the cores shared among the ranks)."""
     if env.device.type == "cuda":
-        torch.set_float32_matmul_precision(cfg.matmul_precision)
-        torch.backends.cudnn.allow_tf32 = cfg.matmul_precision != "highest"
+        torch.set_float32_matmul_precision(matmul_precision)
+        torch.backends.cudnn.allow_tf32 = matmul_precision != "highest"
     if env.device.type != "cpu":
         return
-    n = cfg.threads or max(1, (os.cpu_count() or 1) // max(1, env.world_size))
+    n = threads or max(1, (os.cpu_count() or 1) // max(1, env.world_size))
     torch.set_num_threads(n)
+
+
+def build_ctr_model(
+    cfg: TrainConfig,
+    env: DistEnv,
+    ds: Dataset,
+    plan: Plan | None,
+    *,
+    embedding_factory: EmbeddingFactory = distributed_embedding,
+    log: RunLog | None = None,
+) -> CTRModel:
+    """``cfg.model`` around the table ``embedding_factory`` makes for ``ds`` and ``plan``, with
+    the dense part seeded by ``cfg.seed`` (identical on every rank). Collective: a distributed
+    table meets the other ranks when it is built. The CLI and :mod:`hetgmp.api` both build here."""
+    table_dim = model_class(cfg.model).table_dim(cfg.embed_dim)
+    torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+    emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
+    if log is not None and hasattr(emb, "kernels") and hasattr(emb, "replies"):
+        log.info(
+            f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
+            f"replies {emb.replies} (--replies {cfg.replies}), exchange "
+            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
+        )
+    return build_model(
+        cfg.model,
+        emb,
+        num_fields=ds.meta.num_fields,
+        num_dense=ds.meta.num_dense,
+        embed_dim=cfg.embed_dim,
+    )
+
+
+def run_info(cfg: TrainConfig, ds: Dataset, plan_path: Path | None) -> dict[str, Any]:
+    """The run's identity, recorded in checkpoints and checked when one is restored."""
+    return {
+        "model": cfg.model,
+        "embed_dim": cfg.embed_dim,
+        "table_dim": model_class(cfg.model).table_dim(cfg.embed_dim),
+        "num_rows": ds.meta.num_embeddings,
+        "dataset_fingerprint": ds.fingerprint,
+        "plan_fingerprint": plan_fingerprint(plan_path) if plan_path else None,
+    }
 
 
 def build_trainer(
@@ -171,31 +229,9 @@ def build_trainer(
     """Open the data set and plan, build the table and the model, wrap them in a trainer."""
     ds = resolve_dataset(cfg, env, log)
     plan = load_checked_plan(cfg, env, ds, log)
-    table_dim = model_class(cfg.model).table_dim(cfg.embed_dim)
-    torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
-    emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
-    if hasattr(emb, "kernels") and hasattr(emb, "replies"):
-        log.info(
-            f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
-            f"replies {emb.replies} (--replies {cfg.replies}), exchange "
-            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
-        )
-    model = build_model(
-        cfg.model,
-        emb,
-        num_fields=ds.meta.num_fields,
-        num_dense=ds.meta.num_dense,
-        embed_dim=cfg.embed_dim,
-    )
+    model = build_ctr_model(cfg, env, ds, plan, embedding_factory=embedding_factory, log=log)
     indices = rank_sample_indices(len(ds.train), env.rank, env.world_size, plan)
-    info = {
-        "model": cfg.model,
-        "embed_dim": cfg.embed_dim,
-        "table_dim": table_dim,
-        "num_rows": ds.meta.num_embeddings,
-        "dataset_fingerprint": ds.fingerprint,
-        "plan_fingerprint": plan_fingerprint(cfg.partition) if cfg.partition else None,
-    }
+    info = run_info(cfg, ds, cfg.partition)
     return Trainer(cfg, env, ds, model, log, indices=indices, info=info)
 
 

@@ -116,7 +116,11 @@ class Trainer:
     def step(self, batch: Batch | None, global_batch: int) -> tuple[float, float, int]:
         """One global step on this rank's host ``batch`` (None: nothing left). Returns this
         rank's (loss sum, correct predictions, samples); reading them waits for the device
-        (:meth:`fit` keeps them on the device instead)."""
+        (:meth:`fit` keeps them on the device instead).
+
+        Collective: every rank calls it every step, with None once out of data (the table
+        needs every rank at every exchange). The loss is scaled by ``global_batch``, the
+        samples of this step over all ranks; the rows' update is applied at the next step."""
         db = self._empty if batch is None else host_to_device(batch, self.env.device)
         loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
