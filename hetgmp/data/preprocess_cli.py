@@ -23,6 +23,7 @@ from hetgmp.data.delimited import (
 )
 from hetgmp.data.format import Dataset
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
+from hetgmp.data.preprocess_vocab import add_vocab_args
 from hetgmp.data.vocab import ID_ORDERS
 
 DEFAULT_SHARED = Path("../shared/datasets")
@@ -43,6 +44,7 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool =
         default="frequency",
         help="order of ids within a field (default: frequency)",
     )
+    add_vocab_args(p)
     _split_args(p, split=split, test_file=test_file)
     _reading_args(p)
 
@@ -114,6 +116,8 @@ def _options(args: argparse.Namespace, name: str) -> PreprocessOptions:
         progress=args.progress,
         name=name,
         overwrite=args.overwrite,
+        reserve_rare_id=args.reserve_rare_id,
+        vocab_from=args.vocab_from,
     )
 
 
