@@ -111,6 +111,24 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     return keys, labels, lines
 
 
+def _source_meta(src: str | Path, id_order: str, test_fraction: float, seed: int) -> dict:
+    """meta.json's ``source``: the input, the derived fields, ids and split."""
+    return {
+        "kind": "movielens-100k",
+        "input": str(src),
+        "label": "rating >= 4",
+        "fields": {
+            "age_bucket": "age // 10",
+            "zip_prefix": "first 3 characters of zip",
+            "primary_genre": "first genre flagged in u.item (latin-1), -1 for none",
+        },
+        "id_order": id_order,
+        "split": "random by splitmix64(seed, u.data line)",
+        "test_fraction": test_fraction,
+        "seed": seed,
+    }
+
+
 def convert_movielens(
     src: str | Path,
     out: str | Path,
@@ -154,20 +172,7 @@ def convert_movielens(
             id_order=id_order,
             reserve_rare=False,
         ),  # fmt: skip
-        source={
-            "kind": "movielens-100k",
-            "input": str(src),
-            "label": "rating >= 4",
-            "fields": {
-                "age_bucket": "age // 10",
-                "zip_prefix": "first 3 characters of zip",
-                "primary_genre": "first genre flagged in u.item (latin-1)",
-            },
-            "id_order": id_order,
-            "split": "random by splitmix64(seed, u.data line)",
-            "test_fraction": test_fraction,
-            "seed": seed,
-        },
+        source=_source_meta(src, id_order, test_fraction, seed),
         stats={
             "positive_rate": float(labels.mean()),
             "distinct_values": [v.num_values for v in vocabs],

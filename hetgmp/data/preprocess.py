@@ -43,6 +43,7 @@ from hetgmp.data.preprocess_stream import Progress, RowSource, log, prefetch, so
 from hetgmp.data.preprocess_vocab import CountedIds, FieldIds, VocabIds, open_vocab_from
 from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab, splitmix64
 from hetgmp.data.vocab_files import write_vocabulary
+from hetgmp.data.vocab_store import Vocabulary
 
 __all__ = [
     "SPLIT_MODES", "PreprocessOptions", "RowSource", "log", "preprocess", "random_split_mask",
@@ -122,13 +123,8 @@ def preprocess(
         if rows_in["train"] == 0:
             where = ", ".join(str(p) for p in source.paths)
             raise BadInputError(f"{where}: no valid data rows ({report.summary()})")
-        ids: FieldIds
-        if counter is not None:
-            vocabs = _build_vocabs(counter, num_fields, opt)
-            del counter
-            ids = CountedIds(vocabs, make_fields(field_names, [v.cardinality for v in vocabs]))
-        else:
-            ids = VocabIds(vocab)
+        ids = _field_ids(counter, vocab, field_names, opt)
+        del counter
         offsets = np.array([f.offset for f in ids.fields], dtype=np.int64)
         tail_start = _tail_start(rows_in["train"], opt, test_source is not None)
 
@@ -192,6 +188,20 @@ def _build_vocabs(counter: KeyCounter, num_fields: int, opt: PreprocessOptions) 
             )
         )
     return vocabs
+
+
+def _field_ids(
+    counter: KeyCounter | None,
+    vocab: Vocabulary | None,
+    field_names: list[str],
+    opt: PreprocessOptions,
+) -> FieldIds:
+    """Ids from pass 1's counts, or from the ``--vocab-from`` vocabulary."""
+    if counter is None:
+        assert vocab is not None  # one of the two is always set by preprocess
+        return VocabIds(vocab)
+    vocabs = _build_vocabs(counter, len(field_names), opt)
+    return CountedIds(vocabs, make_fields(field_names, [v.cardinality for v in vocabs]))
 
 
 def _tail_start(train_rows: int, opt: PreprocessOptions, has_test_files: bool) -> int:
