@@ -75,6 +75,7 @@ def _corrupt_bytes(path):
     ("unsorted", "keys not strictly increasing", "keys not strictly increasing"),
     ("flip", None, "sha256 differs"),
     ("ids_range", "ids outside", "ids outside"),
+    ("dup_ids", "two keys share one id", "two keys share one id"),
     ("missing", "vocabulary file is missing", "vocabulary file is missing"),
     ("wrong_dtype", "expected uint64", "expected uint64"),
 ])  # fmt: skip
@@ -95,6 +96,11 @@ def test_corrupted_vocab_file_is_named(criteo_dir, damage, load_error, verify_er
     elif damage == "ids_range":
         ids = np.load(ids_path)
         ids[1] = e["cardinality"] + 5
+        np.save(ids_path, ids)
+        bad = ids_path
+    elif damage == "dup_ids":
+        ids = np.load(ids_path)
+        ids[1] = ids[0]
         np.save(ids_path, ids)
         bad = ids_path
     elif damage == "missing":
