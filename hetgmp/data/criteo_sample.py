@@ -52,6 +52,7 @@ def convert_criteo_sample(
             id_order="first-appearance",
             min_count=1,
             test_fraction=0.0,
+            reserve_rare_id=False,
             name="criteo-sample-hetgmp-reference",
         )
         return preprocess(DelimitedSource(paths, criteo_spec(), kind="criteo-tsv"), out, opt)

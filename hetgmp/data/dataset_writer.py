@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -182,8 +183,13 @@ def write_dataset(
     stats: dict[str, Any] | None = None,
     best_auc: float | None = None,
     overwrite: bool = False,
+    extra_files: Callable[[Path], None] | None = None,
 ) -> Dataset:
-    """Write in-memory arrays ``{split: (sparse, dense, labels)}`` as a dataset directory."""
+    """Write in-memory arrays ``{split: (sparse, dense, labels)}`` as a dataset directory.
+
+    ``extra_files(tmp)`` may add files (e.g. the vocabulary) to the directory before it is
+    renamed into place.
+    """
     w = DatasetWriter(out, fields, num_dense, name=name, overwrite=overwrite)
     try:
         for split, (sp, de, lb) in splits.items():
@@ -191,6 +197,8 @@ def write_dataset(
         w.meta.source = dict(source or {})
         w.meta.stats = dict(stats or {})
         w.meta.best_auc = best_auc
+        if extra_files is not None:
+            extra_files(w.tmp)
         return w.close()
     except BaseException:
         w.abort()

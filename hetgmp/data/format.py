@@ -7,6 +7,11 @@ Layout (file names compatible with HET-GMP's preprocessed Criteo directories)::
     train_dense_feats.npy        float32 [N, num_dense]            (absent when num_dense == 0)
     train_labels.npy             float32 [N, 1]
     test_*.npy                   the same for the test split
+    vocab/                       the vocabulary (raw key -> id per field, rare / missing ids,
+                                 the dense transform; preprocessed data only), see
+                                 :mod:`hetgmp.data.vocab_files`
+
+The full format, vocabulary included, is documented in ``docs/dataset_format.md``.
 
 Arrays are opened with ``mmap_mode="r"`` so data sets larger than RAM work. ids are int32 when
 ``num_embeddings < 2**31`` and int64 otherwise. The *fingerprint* is a SHA-256 over the shapes,

@@ -5,22 +5,41 @@ fields: ``user``, ``item``, ``age_bucket`` (age // 10), ``gender``, ``occupation
 ``zip_prefix`` (first 3 characters of the zip code), ``primary_genre`` (the first genre flagged
 in ``u.item``, which is latin-1). No dense features. Ids per field in order of first appearance
 in ``u.data`` (so the user and item ids follow the rating log, as HET-GMP's graph experiments
-assume), or by descending frequency. Train/test: a rating goes to test when
+assume), or by descending frequency. Keys: the integers (user, item, age bucket, genre index,
+-1 for none) by the ``int`` scheme, the strings (gender, occupation, zip prefix) by ``fnv1a64``,
+so the saved vocabulary (``vocab/``) encodes these derived values of new ratings. Train/test: a rating goes to test when
 ``splitmix64(seed, line)`` falls below ``test_fraction`` (deterministic; 0 = everything train).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from hetgmp.data.bad_lines import BadInputError
 from hetgmp.data.format import Dataset, make_fields, write_dataset
 from hetgmp.data.preprocess import random_split_mask
-from hetgmp.data.vocab import KeyCounter, build_vocab, int_keys
+from hetgmp.data.vocab import KeyCounter, build_vocab, int_keys, string_keys
+from hetgmp.data.vocab_files import write_vocabulary
 
 FIELDS = ("user", "item", "age_bucket", "gender", "occupation", "zip_prefix", "primary_genre")
+_STRING_FIELDS = (3, 4, 5)  # gender, occupation, zip_prefix
+
+
+@dataclasses.dataclass
+class MovielensInput:
+    """What the saved vocabulary records about MovieLens input (no raw-file reader)."""
+
+    field_names: tuple[str, ...] = FIELDS
+    dense_names: tuple[str, ...] = ()
+    kind: str = "movielens-100k"
+
+    @property
+    def key_schemes(self) -> list[str]:
+        return ["fnv1a64" if f in _STRING_FIELDS else "int" for f in range(len(FIELDS))]
 
 
 def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[list[str]]:
@@ -68,12 +87,8 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     labels = np.empty(n, dtype=np.float32)
     lines = np.empty(n, dtype=np.int64)
     path = src / "u.data"
-    strings: dict[str, int] = {}  # small closed vocabularies: map to ints, then key them
-
-    def code(s: str) -> int:
-        return strings.setdefault(s, len(strings))
-
-    raw = np.empty((n, len(FIELDS)), dtype=np.int64)
+    raw = np.zeros((n, len(FIELDS)), dtype=np.int64)
+    text: list[list[str]] = [[] for _ in _STRING_FIELDS]
     for k, r in enumerate(data):
         uid = _int(path, r[0], "user id", r[1])
         iid = _int(path, r[0], "item id", r[2])
@@ -85,19 +100,33 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
         if not 1 <= rating <= 5:
             raise BadInputError(f"{path}:line {r[0]}: rating {rating} is not in 1..5")
         age_b, gender, occ, zip3 = users[uid]
-        raw[k] = (
-            uid,
-            iid,
-            age_b,
-            code("g:" + gender),
-            code("o:" + occ),
-            code("z:" + zip3),
-            genres[iid],
-        )
+        raw[k, [0, 1, 2, 6]] = (uid, iid, age_b, genres[iid])
+        for j, value in enumerate((gender, occ, zip3)):
+            text[j].append(value)
         labels[k] = 1.0 if rating >= 4 else 0.0
         lines[k] = r[0]
     keys[:] = int_keys(raw.ravel()).reshape(raw.shape)
+    for j, f in enumerate(_STRING_FIELDS):
+        keys[:, f] = string_keys(pa.array(text[j], pa.string()))
     return keys, labels, lines
+
+
+def _source_meta(src: str | Path, id_order: str, test_fraction: float, seed: int) -> dict:
+    """meta.json's ``source``: the input, the derived fields, ids and split."""
+    return {
+        "kind": "movielens-100k",
+        "input": str(src),
+        "label": "rating >= 4",
+        "fields": {
+            "age_bucket": "age // 10",
+            "zip_prefix": "first 3 characters of zip",
+            "primary_genre": "first genre flagged in u.item (latin-1), -1 for none",
+        },
+        "id_order": id_order,
+        "split": "random by splitmix64(seed, u.data line)",
+        "test_fraction": test_fraction,
+        "seed": seed,
+    }
 
 
 def convert_movielens(
@@ -134,20 +163,16 @@ def convert_movielens(
         num_dense=0,
         name="movielens-100k",
         overwrite=overwrite,
-        source={
-            "kind": "movielens-100k",
-            "input": str(src),
-            "label": "rating >= 4",
-            "fields": {
-                "age_bucket": "age // 10",
-                "zip_prefix": "first 3 characters of zip",
-                "primary_genre": "first genre flagged in u.item (latin-1)",
-            },
-            "id_order": id_order,
-            "split": "random by splitmix64(seed, u.data line)",
-            "test_fraction": test_fraction,
-            "seed": seed,
-        },
+        extra_files=lambda tmp: write_vocabulary(
+            tmp,
+            fields,
+            vocabs,
+            MovielensInput(),
+            min_count=1,
+            id_order=id_order,
+            reserve_rare=False,
+        ),  # fmt: skip
+        source=_source_meta(src, id_order, test_fraction, seed),
         stats={
             "positive_rate": float(labels.mean()),
             "distinct_values": [v.num_values for v in vocabs],

@@ -14,6 +14,12 @@ Train/test split (``split``): ``tail`` puts the last ``test_fraction`` of the va
 (Criteo logs are in time order, so this is a forward-in-time holdout); ``random`` puts a row in
 test when ``splitmix64(seed, file index, line number)`` falls below ``test_fraction`` (a pure
 function of the line's position). With separate test files, all their rows go to test.
+The vocabulary (every field's kept keys and ids, the rare / missing ids, the dense transform)
+is saved in the output's ``vocab/`` (:mod:`hetgmp.data.vocab_files`). With ``vocab_from`` an
+existing data set's vocabulary is used instead of counting: pass 1 only reads and spills, values
+not in it take the field's unseen id, and the output has the same fields, offsets and
+``num_embeddings`` (:mod:`hetgmp.data.preprocess_vocab`).
+
 Layout: reading (row sources, prefetch, progress) is in :mod:`hetgmp.data.preprocess_stream`,
 the spill file in :mod:`hetgmp.data.preprocess_spill`; this module holds the options and the two
 passes.
@@ -34,7 +40,10 @@ from hetgmp.data.delimited import RawBlock
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
 from hetgmp.data.preprocess_spill import Spill
 from hetgmp.data.preprocess_stream import Progress, RowSource, log, prefetch, source_blocks
+from hetgmp.data.preprocess_vocab import CountedIds, FieldIds, VocabIds, open_vocab_from
 from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab, splitmix64
+from hetgmp.data.vocab_files import write_vocabulary
+from hetgmp.data.vocab_store import Vocabulary
 
 __all__ = [
     "SPLIT_MODES", "PreprocessOptions", "RowSource", "log", "preprocess", "random_split_mask",
@@ -57,6 +66,8 @@ class PreprocessOptions:
     progress: bool = True
     name: str = ""
     overwrite: bool = False
+    reserve_rare_id: bool = False
+    vocab_from: Path | None = None  # encode with this data set's vocabulary (no counting)
 
     def check(self) -> None:
         if self.min_count < 1:
@@ -99,9 +110,12 @@ def preprocess(
     num_fields = len(field_names)
     num_dense = len(source.dense_names)
 
+    vocab = open_vocab_from(opt, source, test_source)
     # Pass 1: parse, validate and count; the parsed blocks go to a spill file for pass 2.
     report = BadLineReport(opt.on_bad_line, unit=getattr(source, "unit", "line"))
-    counter = KeyCounter(num_fields, track_first=opt.id_order == "first-appearance")
+    counter = None
+    if vocab is None:
+        counter = KeyCounter(num_fields, track_first=opt.id_order == "first-appearance")
     keep_lines = test_source is None and opt.split == "random" and opt.test_fraction > 0.0
     spill = Spill(Path(out).resolve().parent, keep_lines=keep_lines)
     try:
@@ -109,20 +123,20 @@ def preprocess(
         if rows_in["train"] == 0:
             where = ", ".join(str(p) for p in source.paths)
             raise BadInputError(f"{where}: no valid data rows ({report.summary()})")
-        vocabs = _build_vocabs(counter, num_fields, opt)
+        ids = _field_ids(counter, vocab, field_names, opt)
         del counter
-        fields = make_fields(field_names, [v.cardinality for v in vocabs])
-        offsets = np.array([f.offset for f in fields], dtype=np.int64)
+        offsets = np.array([f.offset for f in ids.fields], dtype=np.int64)
         tail_start = _tail_start(rows_in["train"], opt, test_source is not None)
 
         # Pass 2: map the spilled blocks to ids and write.
-        writer = DatasetWriter(out, fields, num_dense, name=opt.name, overwrite=opt.overwrite)
+        writer = DatasetWriter(out, ids.fields, num_dense, name=opt.name, overwrite=opt.overwrite)
         try:
             t_pass2, positives = _write_pass(
-                spill, num_dense, vocabs, offsets, writer, opt, tail_start, rows_in
+                spill, num_dense, ids, offsets, writer, opt, tail_start, rows_in
             )
-            _finish_meta(writer, source, test_source, opt, report, vocabs, rows_in,
+            _finish_meta(writer, source, test_source, opt, report, ids, rows_in,
                          positives, t_pass1, t_pass2)  # fmt: skip
+            _save_vocabulary(writer, ids, source, opt)
             ds = writer.close()
         except BaseException:
             writer.abort()
@@ -139,14 +153,18 @@ def _count_pass(
     total_bytes: int,
     opt: PreprocessOptions,
     report: BadLineReport,
-    counter: KeyCounter,
+    counter: KeyCounter | None,
     spill: Spill,
 ) -> tuple[dict[str, int], float]:
-    """Pass 1: count every block's keys and spill it; rows per role and the pass's seconds."""
+    """Pass 1: count every block's keys (unless a vocabulary is given) and spill it; rows per
+    role and the pass's seconds."""
     rows_in = {"train": 0, "test": 0}
-    prog = Progress(total_bytes, "pass 1/2 (count)", opt.progress)
+    prog = Progress(
+        total_bytes, "pass 1/2 (" + ("count" if counter else "read") + ")", opt.progress
+    )
     for role, file_index, block in source_blocks(sources, report, prog):
-        counter.add(block.keys)
+        if counter is not None:
+            counter.add(block.keys)
         spill.put(role, file_index, block)
         rows_in[role] += len(block)
     t_pass1 = prog.close()
@@ -160,9 +178,30 @@ def _build_vocabs(counter: KeyCounter, num_fields: int, opt: PreprocessOptions) 
     for f in range(num_fields):
         keys, counts, first = counter.field(f)
         vocabs.append(
-            build_vocab(keys, counts, first, min_count=opt.min_count, id_order=opt.id_order)
+            build_vocab(
+                keys,
+                counts,
+                first,
+                min_count=opt.min_count,
+                id_order=opt.id_order,
+                reserve_rare=opt.reserve_rare_id,
+            )
         )
     return vocabs
+
+
+def _field_ids(
+    counter: KeyCounter | None,
+    vocab: Vocabulary | None,
+    field_names: list[str],
+    opt: PreprocessOptions,
+) -> FieldIds:
+    """Ids from pass 1's counts, or from the ``--vocab-from`` vocabulary."""
+    if counter is None:
+        assert vocab is not None  # one of the two is always set by preprocess
+        return VocabIds(vocab)
+    vocabs = _build_vocabs(counter, len(field_names), opt)
+    return CountedIds(vocabs, make_fields(field_names, [v.cardinality for v in vocabs]))
 
 
 def _tail_start(train_rows: int, opt: PreprocessOptions, has_test_files: bool) -> int:
@@ -176,7 +215,7 @@ def _tail_start(train_rows: int, opt: PreprocessOptions, has_test_files: bool) -
 def _write_pass(
     spill: Spill,
     num_dense: int,
-    vocabs: list[FieldVocab],
+    field_ids: FieldIds,
     offsets: np.ndarray,
     writer: DatasetWriter,
     opt: PreprocessOptions,
@@ -195,9 +234,9 @@ def _write_pass(
 
             def map_fields(fs: range, block: RawBlock = block, ids: np.ndarray = ids) -> None:
                 for f in fs:
-                    ids[:, f] = vocabs[f].lookup(block.keys[:, f]) + offsets[f]
+                    ids[:, f] = field_ids.local(f, block.keys[:, f]) + offsets[f]
 
-            nf = len(vocabs)
+            nf = len(offsets)
             step = -(-nf // workers)
             list(pool.map(map_fields, [range(a, min(a + step, nf)) for a in range(0, nf, step)]))
             if role == "test":
@@ -231,7 +270,7 @@ def _finish_meta(
     test_source: RowSource | None,
     opt: PreprocessOptions,
     report: BadLineReport,
-    vocabs: list[FieldVocab],
+    field_ids: FieldIds,
     rows_in: dict[str, int],
     positives: int,
     t_pass1: float,
@@ -242,30 +281,30 @@ def _finish_meta(
     writer.meta.source = {
         **source.describe(),
         "test_inputs": test_source.describe()["inputs"] if test_source is not None else None,
-        "min_count": opt.min_count,
-        "id_order": opt.id_order,
-        "id_layout": (
-            "per field: kept values (count >= min_count) get 0..k-1 by "
-            + (
-                "descending count, ties by key"
-                if opt.id_order == "frequency"
-                else "first appearance in input order"
-            )
-            + "; values below min_count share the rare id k (present only if such values "
-            "exist); a missing categorical is one more value (own id if frequent enough, "
-            "else the rare id); global id = field offset + local id"
-        ),
+        **field_ids.source_meta(opt),
         "split": ("test files" if test_source is not None else opt.split),
         "test_fraction": opt.test_fraction if test_source is None else None,
         "seed": opt.seed,
-        "rare_local_id": [v.rare_id for v in vocabs],
-        "missing_local_id": [v.missing_id for v in vocabs],
         "bad_lines": report.to_dict(),
         "rows_read": total_rows,
         "seconds": {"pass1": round(t_pass1, 3), "pass2": round(t_pass2, 3)},
     }
-    writer.meta.stats = {
-        "positive_rate": positives / max(total_rows, 1),
-        "distinct_values": [v.num_values for v in vocabs],
-        "rare_values": [v.num_rare_values for v in vocabs],
-    }
+    writer.meta.stats = {"positive_rate": positives / max(total_rows, 1), **field_ids.stats()}
+
+
+def _save_vocabulary(
+    writer: DatasetWriter, field_ids: FieldIds, source: RowSource, opt: PreprocessOptions
+) -> None:
+    """``vocab/`` in the writer's temporary directory, so it appears with the data."""
+    if isinstance(field_ids, CountedIds):
+        write_vocabulary(
+            writer.tmp,
+            field_ids.fields,
+            field_ids.vocabs,
+            source,
+            min_count=opt.min_count,
+            id_order=opt.id_order,
+            reserve_rare=opt.reserve_rare_id,
+        )
+    else:
+        field_ids.copy_files(writer.tmp)

@@ -26,6 +26,7 @@ from hetgmp.data.delimited import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.libsvm_fields import LIBSVM_HELP
 from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
+from hetgmp.data.preprocess_vocab import add_vocab_args
 from hetgmp.data.vocab import ID_ORDERS
 from hetgmp.fmt import key_values
 from hetgmp.progress import log_above_bars
@@ -46,6 +47,7 @@ def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool =
         default="frequency",
         help="order of ids within a field (default: frequency)",
     )
+    add_vocab_args(p)
     _split_args(p, split=split, test_file=test_file)
     _reading_args(p)
 
@@ -122,6 +124,8 @@ def _options(args: argparse.Namespace, name: str) -> PreprocessOptions:
         progress=args.progress,
         name=name,
         overwrite=args.overwrite,
+        reserve_rare_id=args.reserve_rare_id,
+        vocab_from=args.vocab_from,
     )
 
 

@@ -2,7 +2,9 @@
 
 Opening a data set (:func:`hetgmp.data.format.open_dataset`) checks shapes cheaply; verifying reads
 every byte: it recomputes the content fingerprint and compares it with ``meta.json``, checks that
-every id lies in its field's range, that labels are 0/1 and that dense features are finite.
+every id lies in its field's range, that labels are 0/1 and that dense features are finite, and,
+when the directory holds a vocabulary (``vocab/``), that its manifest matches ``meta.json``'s
+fields and every key / id file is sound (shape, sorted keys, ids in range, sha256).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from hetgmp.data.format import (
     compute_fingerprint,
     open_dataset,
 )
+from hetgmp.data.vocab_files import MANIFEST, check_field, has_vocabulary, read_manifest, vocab_dir
+from hetgmp.data.vocab_input import VocabError
 
 _ROWS = 1 << 18  # rows per chunk while scanning
 
@@ -71,7 +75,35 @@ def verify_dataset(path: str | os.PathLike[str]) -> VerifyReport:
             rep.bad(f"{split}: {err}")
             continue
         _check_split(ds, split, arrays, rep)
+    _check_vocabulary(ds, rep)
     return rep
+
+
+def _check_vocabulary(ds: Dataset, rep: VerifyReport) -> None:
+    """The vocabulary against ``meta.json`` and byte by byte; absent is fine (older data)."""
+    if not has_vocabulary(ds.root):
+        rep.good("vocabulary: absent (written before vocabularies were saved, or generated)")
+        return
+    try:
+        m = read_manifest(ds.root)
+    except VocabError as err:
+        rep.bad(str(err))
+        return
+    where = vocab_dir(ds.root) / MANIFEST
+    got = [(e["name"], e["offset"], e["cardinality"]) for e in m["fields"]]
+    want = [(f.name, f.offset, f.cardinality) for f in ds.meta.fields]
+    if got != want:
+        rep.bad(f"{where}: fields (name, offset, cardinality) {got} differ from meta.json's {want}")
+        return
+    problems = [p for e in m["fields"] for p in check_field(ds.root, e, checksums=True)]
+    for p in problems:
+        rep.bad(p)
+    if not problems:
+        keys = sum(int(e["num_keys"]) for e in m["fields"])
+        rep.good(
+            f"vocabulary v{m['vocab_version']}: {len(m['fields'])} fields, {keys} keys, sorted, "
+            "ids in range, checksums match"
+        )
 
 
 def _check_split(ds: Dataset, split: str, arrays, rep: VerifyReport) -> None:
@@ -139,6 +171,8 @@ def describe(ds: Dataset) -> list[str]:
         f"fields       {m.num_fields} categorical, {m.num_dense} dense",
         f"rows         {m.num_embeddings} embedding rows, ids {m.id_dtype}",
         f"fingerprint  {m.fingerprint}",
+        "vocabulary   "
+        + ("vocab/ (hetgmp.data.vocab_store.Vocabulary)" if has_vocabulary(ds.root) else "none"),
     ]
     if m.best_auc is not None:
         lines.append(f"best_auc     {m.best_auc:.6f} (AUC of the true probabilities on test)")

@@ -13,8 +13,10 @@ Shared by every reader (Criteo TSV, generic delimited, libsvm, parquet):
   vocabulary, not by the input, and no Python object exists per value.
 * **Ids** (:class:`FieldVocab`): keys seen at least ``min_count`` times get ids ``0..k-1``
   ordered by descending count (ties by key) or by first appearance; all others share one
-  per-field *rare* id ``k``, which exists only when the field has such values. So a missing
-  value gets its own id when it is frequent enough, else the rare id.
+  per-field *rare* id ``k``, which exists only when the field has such values (or when it is
+  reserved, ``--reserve-rare-id``). So a missing value gets its own id when it is frequent
+  enough, else the rare id. The saved form of these maps, and encoding new data with them, is
+  :mod:`hetgmp.data.vocab_store`.
 """
 
 from __future__ import annotations
@@ -304,8 +306,14 @@ def build_vocab(
     *,
     min_count: int,
     id_order: str,
+    reserve_rare: bool = False,
 ) -> FieldVocab:
-    """Assign contiguous local ids to the counted keys of one field (see module docstring)."""
+    """Assign contiguous local ids to the counted keys of one field (see module docstring).
+
+    ``reserve_rare`` gives the field its rare id ``k`` even when no value is below
+    ``min_count``, so a value unseen here (a later ``--vocab-from`` run, serving) has an id of
+    its own instead of sharing one with a real value.
+    """
     if id_order not in ID_ORDERS:
         raise ValueError(f"--id-order: {id_order!r} is not one of {ID_ORDERS}")
     kept = np.flatnonzero(counts >= min_count)
@@ -316,7 +324,7 @@ def build_vocab(
             raise ValueError("first-appearance order needs counts made with track_first=True")
         order = kept[np.argsort(first[kept], kind="stable")]
     k = int(order.size)
-    has_rare = k < keys.size
+    has_rare = k < keys.size or reserve_rare
     ids = np.full(keys.size, k, dtype=np.int64)
     ids[order] = np.arange(k, dtype=np.int64)
     missing_id = None
