@@ -43,6 +43,12 @@ CASES = textwrap.dedent(
                 # it is an in-place update of the table given
                 t = table.clone()
                 assert scatter_add_rows(t, idx, src, 1.0, backend="triton") is t
+                # an autocast (bf16) gradient is added in float32, both backends
+                src16 = src.to(torch.bfloat16)
+                want = scatter_add_rows_reference(table.clone(), idx.long(), src16.float(), -0.1)
+                for backend in ("torch", "triton"):
+                    got = scatter_add_rows(table.clone(), idx, src16, -0.1, backend=backend)
+                    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         # gather_rows: forward = index_select, backward = per-row sums (F.embedding's)
         values = torch.randn(30, 24, generator=g).to(device)
         inv = (torch.rand(500, generator=g) ** 4 * 30).long().to(device)
@@ -121,6 +127,16 @@ CASES = textwrap.dedent(
                     assert torch.equal(torch.sort(leaders).values, uniq), backend
                     seen += uniq.numel()
                     assert int(step) == uniq.numel() and int(total) == seen, (backend, step, total)
+                # rows in the autocast dtype: converted in the kernel, the same leaders
+                slots = mark_local(ids, pos_map, flag, step, rows, backend=backend)
+                v16, lead16 = take_local(
+                    table, slots, pos_map, flag, step, total, backend=backend,
+                    out_dtype=torch.bfloat16,
+                )
+                assert v16.dtype == torch.bfloat16, backend
+                # (to bf16's precision: the interpreter may round otherwise than the GPU)
+                torch.testing.assert_close(v16.float(), table[slots], rtol=8e-3, atol=1e-6)
+                assert torch.equal(lead16.long(), lead), backend
         print("ok")
 
     def check_trial():

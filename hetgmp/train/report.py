@@ -77,6 +77,7 @@ def timing_results(tr: Trainer) -> dict[str, Any]:
     run = tr.run_step
     out["step_graph"] = tr.graph_note or "whole step"  # why not, or what is captured
     out["graph_replays"] = getattr(run, "replays", 0)
+    out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)
     return out
 
 

@@ -73,8 +73,9 @@ class Trainer:
         self.log = log
         self.indices = indices
         self.info = dict(info or {})  # identity of the run, checked when resuming
+        self.amp = cfg.amp if cfg.amp is not None else env.device.type == "cuda"
         self.train_step = TrainStep(
-            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=cfg.amp
+            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=self.amp
         )
         self.run_step: TrainStep | GraphedStep = self.train_step
         self.graph_note = graph_support(
@@ -285,7 +286,7 @@ class Trainer:
             self.dataset.test,
             self.env,
             batch_size=self.cfg.eval_batch_size,
-            amp=self.cfg.amp,
+            amp=self.amp,
             prefetch=self.cfg.prefetch_batches,
         )
         for k, v in local_counters(self.model.embedding).items():

@@ -118,7 +118,7 @@ def scatter_add_rows_reference(
     """``table[idx[i]] += alpha * src[i]`` for every ``i`` (repeats add up): torch's
     ``index_add_`` through :func:`hetgmp.embedding.ops.index_add_rows` (which skips an empty
     ``idx``)."""
-    return index_add_rows(table, idx, src, alpha)
+    return index_add_rows(table, idx, src.to(table.dtype), alpha)
 
 
 def scatter_add_rows(
@@ -134,7 +134,8 @@ def scatter_add_rows(
     Triton kernel skips a negative index (padding entries: no atomics on a shared dummy row);
     the torch reference needs every index in range. ``idx`` and ``src`` may also come in any
     shapes ``[...]`` and ``[..., D]`` of ``n`` and ``n * D`` elements (the one-rank step passes
-    its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path)."""
+    its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path). ``src``
+    may be bf16 / fp16 (an autocast gradient): it is added in float32, without a cast copy."""
     if backend == "torch" or idx.numel() == 0:
         if idx.dim() != 1:
             idx = idx.reshape(-1)
@@ -153,7 +154,9 @@ def scatter_add_rows(
         )
     if not table.is_contiguous():
         raise ValueError("scatter_add_rows needs a contiguous table")
-    src = src.to(torch.float32).contiguous()
+    if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        src = src.to(torch.float32)
+    src = src.contiguous()
     idx = idx.contiguous()
     block_r, block_d = row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
@@ -280,6 +283,7 @@ def take_local(
     total_count: torch.Tensor,
     *,
     backend: str = "torch",
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Second half (after :func:`mark_local` with the same ``slots`` and ``pos_map``), one
     kernel: returns ``(table[slots], lead)`` where ``lead[i] = pos_map[slots[i]]`` is the
@@ -287,7 +291,8 @@ def take_local(
     occurrence per distinct row); adds the number of distinct rows to ``step_count`` and
     ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call. ``slots`` may
     have any shape ``[...]``: the rows come as ``[..., D]`` (a tensor of its own, not a view),
-    ``lead`` flat ``[n]`` over the flattened slots."""
+    ``lead`` flat ``[n]`` over the flattened slots. ``out_dtype`` (default: the table's): the
+    rows' dtype, e.g. bf16 under autocast (converted in the kernel: no separate cast pass)."""
     n = slots.numel()
     d = table.shape[1]
     if backend == "torch":
@@ -297,6 +302,8 @@ def take_local(
         step_count += k
         total_count += k
         flag.zero_()
+        if out_dtype is not None and out_dtype != table.dtype:
+            return take_rows_reference(table, flat).to(out_dtype).view(*slots.shape, d), lead
         if slots.dim() == 1:
             return take_rows_reference(table, flat), lead
         out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
@@ -304,7 +311,8 @@ def take_local(
         return out, lead
     k = _kernels()
     triton, kernel = k.triton, k.take_local
-    out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
+    dtype = table.dtype if out_dtype is None else out_dtype
+    out = torch.empty(*slots.shape, d, dtype=dtype, device=table.device)
     lead = torch.empty(n, dtype=torch.int32, device=table.device)
     slots = slots.contiguous()  # (the kernel reads it as a flat array)
     block_r, block_d = row_tiles(triton, d)

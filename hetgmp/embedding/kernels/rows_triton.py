@@ -36,6 +36,7 @@ def scatter_add_rows_kernel(
         cols = d0 + tl.arange(0, BLOCK_D)
         m = rmask[:, None] & (cols < D)[None, :]
         g = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+        g = g.to(tl.float32)  # (a bf16 / fp16 gradient is added in float32)
         tl.atomic_add(
             table_ptr + dst_row[:, None] + cols[None, :], g * alpha, mask=m, sem="relaxed"
         )
@@ -50,6 +51,7 @@ def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: 
         cols = d0 + tl.arange(0, BLOCK_D)
         m = rmask[:, None] & (cols < D)[None, :]
         v = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
+        v = v.to(dst_ptr.dtype.element_ty)  # (rows may leave in the autocast dtype)
         tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
 
 
