@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetgmp.choices import EXCHANGES, REPLIES  # (--help shows them without torch)
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
 from hetgmp.embedding.counters import StepCounters
@@ -26,9 +24,14 @@ from hetgmp.embedding.kernels import resolve as resolve_kernels
 from hetgmp.embedding.lookup import _LocalLookup, _PaddedLookup
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.optim import SparseOptimizer
-from hetgmp.embedding.placement import owner_array, plan_placement
+from hetgmp.embedding.options import (
+    check_sizes,
+    concrete,
+    placement_of,
+    resolve_exchange,
+    resolve_replies,
+)
 from hetgmp.embedding.profile import PhaseTimer
-from hetgmp.embedding.protocol import I32_MAX
 from hetgmp.embedding.store import RowStore
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
@@ -70,14 +73,14 @@ class DistributedEmbedding(nn.Module):
         cuda_graphs: bool = True, graph_collectives: bool = True,
     ) -> None:  # fmt: skip
         super().__init__()
-        _check_sizes(num_rows, dim, bound, store_rate)
+        check_sizes(num_rows, dim, bound, store_rate)
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
         self.env, self.device, self.audit = env, env.device, audit
-        self.replies = _resolve_replies(replies, env)
+        self.replies = resolve_replies(replies, env)
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
-        self.exchange = _resolve_exchange(exchange, self.opt, self.replies, audit, env)
-        owner, mirrors = _placement(plan, self.num_rows, env, placement, store_rate, seed)
+        self.exchange = resolve_exchange(exchange, self.opt, self.replies, audit, env)
+        owner, mirrors = placement_of(plan, self.num_rows, env, placement, store_rate, seed)
         self.store = RowStore(
             self.num_rows, self.dim, rank=env.rank, world=env.world_size, device=env.device,
             owner=owner, mirrors=mirrors, opt=self.opt, seed=seed, init_scale=init_scale,
@@ -108,7 +111,7 @@ class DistributedEmbedding(nn.Module):
         # the leaf the autograd nodes hang on (see lookup._LocalLookup; a plain attribute, not
         # a parameter: it never gets a gradient) and the device ids need not be moved from
         self._anchor = torch.zeros((), requires_grad=True)
-        self._ids_device = _concrete(env.device)
+        self._ids_device = concrete(env.device)
 
     # Assigned every step: nn.Module.__setattr__ checks every assignment for parameters,
     # buffers and submodules (~7 us each on the host, measured with cProfile).
@@ -355,56 +358,3 @@ class DistributedEmbedding(nn.Module):
         # ids by sorting, where index backward scatters with atomics that serialise on hot
         # rows (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
         return F.embedding(batch.inv.view(shape), values)
-
-
-def _check_sizes(num_rows: int, dim: int, bound: int, store_rate: float) -> None:
-    if num_rows < 1 or dim < 1:
-        raise ValueError(f"num_rows and dim must be >= 1, got {num_rows} and {dim}")
-    if not 0 <= bound < I32_MAX:
-        # lags travel as int32; a larger bound would be "never sync" anyway
-        raise ValueError(f"bound must be in [0, 2**31 - 1), got {bound}")
-    if not 0.0 <= store_rate <= 1.0:
-        raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
-
-
-def _resolve_replies(replies: str, env: DistEnv) -> str:
-    if replies not in (*REPLIES, "auto"):
-        raise ValueError(f"replies must be 'auto' or one of {REPLIES}, got {replies!r}")
-    if replies == "auto":  # measured on 2x H200 (NVLink): "all" 1.2-1.45x faster per step
-        return "all" if env.backend == "nccl" else "stale"
-    return replies
-
-
-def _resolve_exchange(
-    exchange: str, opt: SparseOptimizer, replies: str, audit: bool, env: DistEnv
-) -> str:
-    if exchange not in (*EXCHANGES, "auto"):
-        raise ValueError(f"exchange must be 'auto' or one of {EXCHANGES}, got {exchange!r}")
-    padded_ok = replies == "all" and not audit
-    if exchange == "padded" and not padded_ok:
-        raise ValueError(
-            "exchange='padded' needs replies='all' and audit off; got "
-            f"replies={replies!r} (after 'auto': 'all' on NCCL, 'stale' otherwise), "
-            f"audit={audit}"
-        )
-    if exchange == "auto":  # (one rank: its own step uses neither)
-        return "padded" if padded_ok and env.device.type == "cuda" else "exact"
-    return exchange
-
-
-def _placement(
-    plan: Plan | None, num_rows: int, env: DistEnv, placement: str, store_rate: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """(owner per row, this rank's mirror row ids)."""
-    if plan is not None:
-        return plan_placement(plan, num_rows, env.world_size, env.rank, store_rate)
-    if store_rate > 0:
-        raise ValueError("store_rate > 0 needs a plan (it ranks the rows to mirror)")
-    return owner_array(num_rows, env.world_size, placement, seed), np.zeros(0, np.int64)
-
-
-def _concrete(dev: torch.device) -> torch.device:
-    """``dev`` with its index (cuda without one: the current device)."""
-    if dev.type == "cuda" and dev.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return dev
