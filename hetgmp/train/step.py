@@ -16,6 +16,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch
 from hetgmp.models import CTRModel
 from hetgmp.train.dense_sync import GradBucket
+from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 
@@ -29,9 +30,17 @@ class TrainStep:
         self.env = env
         self.model = model
         self.amp = amp
-        self.dense_params = model.dense_parameters()
-        self.bucket = GradBucket(env, self.dense_params)
-        self.optimizer = make_dense_optimizer(optimizer, self.dense_params, lr, env.device)
+        self.dense_params = params = model.dense_parameters()
+        # Adam on CUDA: over flat buffers (hetgmp.train.flat_adam says why)
+        flat = env.device.type == "cuda" and optimizer == "adam" and bool(params)
+        flat = flat and all(p.dtype == torch.float32 for p in params)
+        flat_params = flatten_parameters(params) if flat else None
+        self.bucket = GradBucket(env, params)
+        self.optimizer: torch.optim.Optimizer
+        if flat_params is not None:
+            self.optimizer = FlatAdam(params, flat_params, self.bucket.flat, lr=lr)
+        else:
+            self.optimizer = make_dense_optimizer(optimizer, params, lr, env.device)
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
         # apply the embedding's row update right after backward, not at the next forward
         # (one rank; what a whole-step CUDA graph needs: hetgmp.train.graphed)
