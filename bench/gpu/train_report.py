@@ -216,16 +216,25 @@ def headline_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def phase_rows(records: list[dict[str, Any]]) -> list[str]:
-    """Per-phase ms/step of the CLI runs that report ``step_ms`` (``--profile-steps``)."""
+    """Per-phase ms/step of the CLI runs that report ``step_ms`` (``--profile-steps``). With the
+    whole-step CUDA graph the profiled steps run eagerly (their phases are split by events);
+    ``graph ms`` is the device time of a replayed step and ``GPU busy`` its share of the
+    measured wall time per step."""
     rows = [r for r in records if isinstance(r.get("step_ms"), dict)]
     if not rows:
         return ["(no run reported per-phase times: the CLI has no `--profile-steps` yet)"]
-    lines = ["| model | batch/GPU | GPUs | " + " | ".join(PHASES) + " |",
-             "|---|---|---|" + "---|" * len(PHASES)]  # fmt: skip
+    lines = ["| model | batch/GPU | GPUs | variant | " + " | ".join(PHASES)
+             + " | graph ms | step ms | GPU busy |",
+             "|---|---|---|---|" + "---|" * (len(PHASES) + 3)]  # fmt: skip
     for r in rows:
         ms = r["step_ms"]
-        lines.append(f"| {r['model']} | {r['batch']} | {r['gpus']} | "
-                     + " | ".join(fmt(ms.get(p), ".3f") for p in PHASES) + " |")  # fmt: skip
+        graph, step = ms.get("graph_replay_ms"), r.get("ms_per_step")
+        busy = f"{100 * graph / step:.0f} %" if graph and step else "-"
+        lines.append(f"| {r['model']} | {r['batch']} | {r['gpus']} | {r.get('variant', '')} | "
+                     + " | ".join(fmt(ms.get(p), ".3f") for p in PHASES)
+                     + f" | {fmt(graph, '.3f')} | {fmt(step, '.3f')} | {busy} |")  # fmt: skip
+    lines += ["", "(phases: eager profiled steps when the step is a CUDA graph; `graph ms`: one "
+              "replayed step's device time; GPU busy = graph ms / measured ms per step)"]
     return lines
 
 
@@ -342,6 +351,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     r = sub.add_parser("report")
     r.add_argument("--records", type=Path, required=True)
     r.add_argument("--dataset", type=Path, required=True)
+    r.add_argument("--dataset-meta", type=json.loads, default=None,
+                   help="the data set's shape as JSON (num_fields, num_dense, num_rows, "
+                   "train_samples, test_samples) when DIR is not on this machine (re-reporting "
+                   "records brought back from a GPU machine)")  # fmt: skip
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--command", default="bash bench/gpu/train_gpu.sh")
     r.add_argument("--steps", default="?")
@@ -359,7 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         append(a.records, rec)
     else:
         records = read_records(a.records)
-        meta = {**dataset_meta(a.dataset), "command": a.command, "steps": a.steps}
+        shape = dataset_meta(a.dataset) if a.dataset_meta is None else {
+            "dataset": str(a.dataset), **a.dataset_meta}  # fmt: skip
+        meta = {**shape, "command": a.command, "steps": a.steps}
         write_report(records, a.out, meta)
         print(short_table(records))
     return 0
