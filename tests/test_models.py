@@ -116,31 +116,11 @@ def test_dense_state_roundtrip_and_mismatch() -> None:
         c.load_dense_state_dict(a.dense_state_dict())
 
 
-def test_wdl_fused_first_layer_equals_the_concatenated_formula() -> None:
-    """WDL computes its wide logit as one more output of the deep part's first layer, over the
-    embedding and dense parts separately (no concatenated input): outputs and every gradient
-    must equal the textbook ``wide(x) + deep_out(deep(x))`` on ``x = [flat embeddings, dense]``."""
-    import torch
-    from torch import nn
-
-    from hetgmp.models.ctr import WDL
+def _wdl_textbook(m, sparse, dense):
     from hetgmp.models.layers import flat_inputs
 
-    torch.manual_seed(0)
-    for num_dense in (3, 0):
-        m = WDL(nn.Embedding(50, 4), 6, num_dense, 4).double()
-        sparse = torch.randint(0, 50, (17, 6))
-        dense = torch.randn(17, num_dense, dtype=torch.float64) if num_dense else None
-        out = m(sparse, dense)
-        out.pow(2).sum().backward()
-        got = [p.grad.clone() for p in m.parameters()]
-        m.zero_grad()
-        x = flat_inputs(m.embedding(sparse), dense)
-        want = m.wide(x) + m.deep_out(m.deep(x))
-        want.pow(2).sum().backward()
-        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
-        for g, p in zip(got, m.parameters(), strict=True):
-            torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-12)
+    x = flat_inputs(m.embedding(sparse), dense)
+    return m.wide(x) + m.deep_out(m.deep(x))
 
 
 def _deepfm_textbook(m, sparse, dense):
@@ -165,15 +145,15 @@ def _dcn_textbook(m, sparse, dense):
     return m.out(torch.cat([m.cross(x), m.deep(x)], dim=1))
 
 
-@pytest.mark.parametrize("name", ["dcn", "dfm"])
+@pytest.mark.parametrize("name", ["wdl", "dcn", "dfm"])
 def test_first_layer_without_concatenation_equals_the_textbook_formula(name: str) -> None:
-    """DCN and DeepFM run their deep part's first layer (and DCN its output layer) on the
-    embedding and dense parts separately, with aligned weight copies and padded outputs:
-    outputs and every gradient must equal the formula on the concatenated input."""
+    """The deep part's first layer (with WDL's wide logit as one more output) and DCN's output
+    layer run on the embedding and dense parts separately, on aligned weight copies with padded
+    outputs: outputs and every gradient must equal the formula on the concatenated input."""
     import torch
     from torch import nn
 
-    textbook = {"dcn": _dcn_textbook, "dfm": _deepfm_textbook}[name]
+    textbook = {"wdl": _wdl_textbook, "dcn": _dcn_textbook, "dfm": _deepfm_textbook}[name]
     torch.manual_seed(0)
     for num_dense in (3, 0):
         width = 5 if name == "dfm" else 4
