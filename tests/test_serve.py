@@ -186,3 +186,16 @@ def test_min_count_drops_rows_to_rare_row_or_zero_row(tiny_dataset, tmp_path) ->
     assert m["rows"]["dropped_rows"] > 0 and m["rows"]["counts"].startswith("training split")
     ids, dense = _arrays(tiny_dataset.test)
     assert hetgmp.serve.load(out).score(ids, dense).shape == (len(ids),)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rows_on_device_and_host_cache_score_as_cpu(tiny_dataset, tmp_path) -> None:
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m")
+    ids, dense = _arrays(tiny_dataset.test)
+    want = hetgmp.serve.load(out).score(ids, dense).numpy()
+    for rows, cache in (("device", None), ("host", 11), ("auto", None)):
+        s = hetgmp.serve.load(out, device="cuda", rows=rows, gpu_cache_rows=cache)
+        got = s.score(ids, dense).cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
