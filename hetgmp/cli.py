@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "hetgmp.partition.cli",  # partition
     "hetgmp.train.cli",  # train
     "hetgmp.experiments.cli",  # experiment
+    "hetgmp.serve.cli",  # export, predict
 )
 # Subcommands whose module alone is loaded when they are run. No command module imports torch
 # at the top (its handlers do), so --help, which loads all, starts in a fraction of a second

@@ -27,6 +27,8 @@ def _run(*argv: str) -> subprocess.CompletedProcess[str]:
         ["-m", "hetgmp", "train", "--help"],
         ["-m", "hetgmp", "experiment", "staleness", "--help"],
         ["-m", "hetgmp", "partition", "--help"],
+        ["-m", "hetgmp", "export", "--help"],
+        ["-m", "hetgmp", "predict", "--help"],
         ["examples/hetuctr.py", "--help"],
     ],
 )

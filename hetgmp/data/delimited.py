@@ -97,7 +97,11 @@ class DelimitedSource:
             raise ValueError("--block-bytes must be positive")
         self.kind = kind
         self._names = [f"c{i}" for i in range(spec.num_columns)]
-        self._used = [spec.label, *spec.dense, *spec.categorical]
+        self._used = [
+            *([] if spec.label is None else [spec.label]),
+            *spec.dense,
+            *spec.categorical,
+        ]
         self._fast_ok = (
             spec.dense_kind == "int"
             and spec.categorical_kind == "hex"
@@ -124,7 +128,7 @@ class DelimitedSource:
             "inputs": [{"path": str(p), "bytes": os.path.getsize(p)} for p in self.paths],
             "delimiter": s.delimiter,
             "header": s.header,
-            "label_column": s.column_names[s.label],
+            "label_column": None if s.label is None else s.column_names[s.label],
             "dense_columns": self.dense_names,
             "categorical_columns": self.field_names,
             "dense_kind": s.dense_kind,
@@ -272,7 +276,7 @@ class DelimitedSource:
             invalid[0] += 1
             return "skip"
 
-        types = {self._names[spec.label]: pa.int8()}
+        types = {} if spec.label is None else {self._names[spec.label]: pa.int8()}
         types.update({self._names[c]: pa.int64() for c in spec.dense})
         types.update({self._names[c]: pa.binary(_FAST_HEX_WIDTH) for c in spec.categorical})
         try:
@@ -304,12 +308,15 @@ class DelimitedSource:
         """Labels, hex keys and dense values of a typed table; None if any value needs checks."""
         spec = self.spec
         n = table.num_rows
-        lab = table.column(self._names[spec.label])
-        if lab.null_count:
-            return None
-        labels = _chunked_numpy(lab)
-        if not ((labels == 0) | (labels == 1)).all():
-            return None
+        if spec.label is None:
+            labels = np.full(n, np.nan)
+        else:
+            lab = table.column(self._names[spec.label])
+            if lab.null_count:
+                return None
+            labels = _chunked_numpy(lab)
+            if not ((labels == 0) | (labels == 1)).all():
+                return None
         keys = np.empty((n, len(spec.categorical)), dtype=np.uint64)
         for j, c in enumerate(spec.categorical):
             got = hex8_keys(table.column(self._names[c]).combine_chunks())

@@ -48,7 +48,7 @@ class DelimitedSpec:
     """Which column is what in a delimited file (0-based column indices)."""
 
     num_columns: int
-    label: int
+    label: int | None  # None: the rows carry no label (files to score); labels read as NaN
     dense: list[int]
     categorical: list[int]
     column_names: list[str]
@@ -60,7 +60,7 @@ class DelimitedSpec:
     dense_transform: str = "none"
 
     def check(self) -> None:
-        used = [self.label, *self.dense, *self.categorical]
+        used = [*([] if self.label is None else [self.label]), *self.dense, *self.categorical]
         if len(set(used)) != len(used):
             raise ValueError("a column is used twice among --label/--dense/--categorical")
         for c in used:

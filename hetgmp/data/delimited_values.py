@@ -45,13 +45,16 @@ def convert_columns(
             )
             flagged[:] |= new
 
-    # Label: a number equal to 0 or 1.
-    lab = col(spec.label)
-    lab_ok = pc.match_substring_regex(lab, _FLOAT_RE).to_numpy(zero_copy_only=False)
-    lab_ok &= pc.not_equal(pc.utf8_trim_whitespace(lab), "").to_numpy(zero_copy_only=False)
-    labels = _to_float(lab, lab_ok)
-    lab_ok &= (labels == 0.0) | (labels == 1.0)
-    report_rows(~lab_ok, BAD_LABEL, spec.label, "not a 0/1 label", lab)
+    # Label: a number equal to 0 or 1 (NaN for label-less rows to score).
+    if spec.label is None:
+        labels = np.full(n, np.nan)
+    else:
+        lab = col(spec.label)
+        lab_ok = pc.match_substring_regex(lab, _FLOAT_RE).to_numpy(zero_copy_only=False)
+        lab_ok &= pc.not_equal(pc.utf8_trim_whitespace(lab), "").to_numpy(zero_copy_only=False)
+        labels = _to_float(lab, lab_ok)
+        lab_ok &= (labels == 0.0) | (labels == 1.0)
+        report_rows(~lab_ok, BAD_LABEL, spec.label, "not a 0/1 label", lab)
 
     dense = None
     if spec.dense:

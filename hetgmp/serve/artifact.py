@@ -1,0 +1,117 @@
+"""The serving artifact's layout, manifest and checksums (no torch: ``--help`` stays light).
+
+``MODEL_DIR/`` (format ``hetgmp-serving``, version 1; docs/serving.md)::
+
+    manifest.json      written last: format, version, model, shapes, dtype, row map, and
+                       every other file's size and SHA-256
+    dense.pt2          the dense part: a torch.export program (rows [B, F, D], dense [B, n]) ->
+                       logits [B, 1], dynamic batch
+    dense.onnx         the same module through torch.onnx (absent when onnx is not installed;
+                       the manifest says why)
+    rows.safetensors   "rows" [R, D] (fp32 / bf16 / fp16); with --min-count also "index"
+                       int64 [num_rows] (global id -> row of "rows"); "counts" int64 [num_rows]
+                       when training access counts are known
+    config.json        the resolved training config of the checkpoint
+    vocab/             the dataset's vocabulary (docs/dataset_format.md), when it had one
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+ARTIFACT_FORMAT = "hetgmp-serving"
+ARTIFACT_VERSION = 1
+MANIFEST = "manifest.json"
+PROGRAM = "dense.pt2"
+ONNX = "dense.onnx"
+ROWS = "rows.safetensors"
+CONFIG = "config.json"
+VOCAB = "vocab"
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+class ArtifactError(ValueError):
+    """A serving artifact is missing, corrupted, foreign or newer than supported; names the file."""
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_records(root: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {bytes, sha256}}`` of every file under ``root`` but the manifest."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and rel not in (MANIFEST, f".{MANIFEST}.tmp"):
+            out[rel] = {"bytes": p.stat().st_size, "sha256": sha256(p)}
+    return out
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
+    """Add the file records and write ``manifest.json`` atomically (it is written last)."""
+    full = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, **manifest}
+    full["files"] = file_records(root)
+    tmp = root / f".{MANIFEST}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(full, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MANIFEST)
+    return root / MANIFEST
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of ``root``, checked for format and version (not the files yet)."""
+    mpath = Path(root) / MANIFEST
+    if not Path(root).is_dir():
+        raise ArtifactError(f"{root}: serving artifact directory does not exist")
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ArtifactError(f"{mpath}: missing; {root} is not a serving artifact") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{mpath}: not valid JSON, truncated or corrupted ({err})") from err
+    if not isinstance(m, dict) or m.get("format") != ARTIFACT_FORMAT:
+        got = m.get("format") if isinstance(m, dict) else None
+        raise ArtifactError(
+            f"{mpath}: not a hetgmp serving artifact (format {got!r}, expected "
+            f"{ARTIFACT_FORMAT!r}); make one with `hetgmp export CHECKPOINT --out DIR`"
+        )
+    version = m.get("version")
+    if not isinstance(version, int) or version > ARTIFACT_VERSION:
+        raise ArtifactError(
+            f"{mpath}: artifact version {version!r} is newer than this hetgmp supports "
+            f"({ARTIFACT_VERSION}); upgrade hetgmp"
+        )
+    for key in ("files", "model", "num_rows", "table_dim", "num_fields", "num_dense", "dtype"):
+        if key not in m:
+            raise ArtifactError(f"{mpath}: malformed, lacks {key!r}")
+    return m
+
+
+def verify_files(root: Path, manifest: dict[str, Any], *, checksums: bool = True) -> None:
+    """Every file the manifest lists exists with its size (and SHA-256 when ``checksums``)."""
+    for rel, rec in manifest["files"].items():
+        p = Path(root) / rel
+        if not p.is_file():
+            raise ArtifactError(f"{p}: missing from serving artifact {root}")
+        size = p.stat().st_size
+        if size != rec["bytes"]:
+            raise ArtifactError(
+                f"{p}: {size} bytes, the manifest records {rec['bytes']} (truncated or replaced)"
+            )
+        if checksums and sha256(p) != rec["sha256"]:
+            raise ArtifactError(f"{p}: SHA-256 differs from {MANIFEST} (corrupted or replaced)")
+    for needed in (PROGRAM, ROWS):
+        if needed not in manifest["files"]:
+            raise ArtifactError(f"{Path(root) / MANIFEST}: lists no {needed}")

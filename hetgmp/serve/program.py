@@ -1,0 +1,119 @@
+"""The dense part of a CTR model as a standalone module over gathered rows, and its exports.
+
+A training model looks its rows up through a (distributed) embedding whose lookup has
+data-dependent steps (``.item()``, unique, exchanges), which ``torch.export`` cannot trace. Serving
+gathers the rows itself (:mod:`hetgmp.serve.scorer`), so the exported program takes the rows
+``[B, F, D]`` and the dense features ``[B, num_dense]`` and holds only the dense layers: the
+model with its embedding replaced by the identity on rows. Nothing in it depends on data
+values, and the batch dimension is dynamic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetgmp.models import CTRModel, build_model
+
+
+class RowsIdentity(nn.Module):
+    """An "embedding" whose input already is the rows: ``forward(rows [B, F, D]) -> rows``."""
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows
+
+
+class DenseProgram(nn.Module):
+    """``forward(rows [B, F, D] float32, dense [B, num_dense] float32) -> logits [B, 1]``."""
+
+    def __init__(self, model: CTRModel) -> None:
+        super().__init__()
+        if not isinstance(model.embedding, RowsIdentity):
+            raise TypeError("DenseProgram needs a model built around RowsIdentity")
+        self.model = model
+        self.num_dense = model.num_dense
+
+    def forward(self, rows: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        return self.model(rows, dense if self.num_dense else None)
+
+
+def build_dense_program(
+    model: str,
+    state: dict[str, torch.Tensor],
+    *,
+    num_fields: int,
+    num_dense: int,
+    embed_dim: int,
+) -> DenseProgram:
+    """The model ``model`` with the checkpoint's dense ``state``, over gathered rows (eval mode)."""
+    net = build_model(
+        model, RowsIdentity(), num_fields=num_fields, num_dense=num_dense, embed_dim=embed_dim
+    )
+    net.load_dense_state_dict(state)
+    return DenseProgram(net).eval()
+
+
+def example_inputs(
+    batch: int, num_fields: int, table_dim: int, num_dense: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs of the program's shapes (for tracing and for benchmarks)."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(batch, num_fields, table_dim, generator=g) * 0.01
+    return rows, torch.rand(batch, num_dense, generator=g)
+
+
+def export_program(program: DenseProgram, path: Path, table_dim: int) -> dict[str, Any]:
+    """``torch.export`` the program with a dynamic batch and save it as ``.pt2``."""
+    f, nd = program.model.num_fields, program.num_dense
+    batch = torch.export.Dim("batch", min=1, max=1 << 24)
+    ep = torch.export.export(
+        program,
+        example_inputs(8, f, table_dim, nd),
+        dynamic_shapes={"rows": {0: batch}, "dense": {0: batch}},
+    )
+    torch.export.save(ep, str(path))
+    return {
+        "file": path.name,
+        "inputs": {
+            "rows": ["batch", f, table_dim, "float32"],
+            "dense": ["batch", nd, "float32"],
+        },
+        "output": {"logits": ["batch", 1, "float32"]},
+        "torch": torch.__version__,
+    }
+
+
+def export_onnx(program: DenseProgram, path: Path, table_dim: int) -> dict[str, Any]:
+    """The same module through ``torch.onnx.export`` when onnx is installed; else a note."""
+    try:
+        import onnx  # noqa: F401  (optional: only to know whether the exporter can run)
+    except ImportError:
+        return {"file": None, "note": "onnx is not installed (pip install onnx onnxscript)"}
+    f, nd = program.model.num_fields, program.num_dense
+    try:
+        torch.onnx.export(
+            program,
+            example_inputs(8, f, table_dim, nd),
+            str(path),
+            input_names=["rows", "dense"],
+            output_names=["logits"],
+            dynamic_axes={"rows": {0: "batch"}, "dense": {0: "batch"}, "logits": {0: "batch"}},
+        )
+    except Exception as err:  # noqa: BLE001 - ONNX is optional; say why it is absent
+        path.unlink(missing_ok=True)
+        return {"file": None, "note": f"torch.onnx.export failed: {type(err).__name__}: {err}"}
+    return {"file": path.name, "note": "same inputs and output as the torch.export program"}
+
+
+def load_program(path: Path, device: torch.device | str = "cpu") -> Any:
+    """The saved program as a callable module on ``device`` (constants made during tracing,
+    such as DLRM's interaction indices, move with it)."""
+    ep = torch.export.load(str(path))
+    if torch.device(device).type != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        ep = move_to_device_pass(ep, torch.device(device))
+    return ep.module()

@@ -1,0 +1,201 @@
+"""Load a serving artifact and score: ``hetgmp.serve.load(MODEL_DIR) -> Scorer``.
+
+::
+
+    scorer = hetgmp.serve.load("model/", device="cuda")
+    p = scorer.score(ids, dense)              # global ids [B, F] int64, dense [B, num_dense]
+    p = scorer.score_raw({"C1": ["68fd1e64", ...], ...}, raw_dense)   # through the vocabulary
+
+Loading checks the manifest and every file's SHA-256; errors are
+:class:`~hetgmp.serve.artifact.ArtifactError` naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from hetgmp.serve.artifact import (
+    PROGRAM,
+    ROWS,
+    VOCAB,
+    ArtifactError,
+    read_manifest,
+    verify_files,
+)
+from hetgmp.serve.program import load_program
+from hetgmp.serve.rows import CachedRows, DeviceRows, hot_order
+
+ROW_PLACES = ("auto", "device", "host")
+_AUTO_SHARE = 0.5  # rows="auto": the table goes on the GPU when it takes at most this share
+
+
+class Scorer:
+    """Scores samples with an exported model; see the module docstring."""
+
+    def __init__(
+        self, root: Path, manifest: dict[str, Any], program: Any, rows: Any, index: Any
+    ) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.program = program
+        self.rows = rows
+        self.index = index  # global id -> table row (--min-count artifacts), or None
+        self.device = rows.device
+        self.num_rows = int(manifest["num_rows"])
+        self.num_fields = int(manifest["num_fields"])
+        self.num_dense = int(manifest["num_dense"])
+        self._vocab: Any = None
+
+    @property
+    def vocabulary(self) -> Any:
+        """The artifact's :class:`~hetgmp.data.vocab_store.Vocabulary` (error if it has none)."""
+        if self._vocab is None:
+            if not self.manifest.get("vocabulary"):
+                raise ArtifactError(
+                    f"{self.root / 'manifest.json'}: this artifact has no vocabulary (its data "
+                    "set had none); score preprocessed ids with Scorer.score"
+                )
+            from hetgmp.data.vocab_store import Vocabulary
+
+            self._vocab = Vocabulary.load(self.root)
+        return self._vocab
+
+    def _inputs(self, ids: Any, dense: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.as_tensor(ids)
+        if ids.dim() != 2 or ids.shape[1] != self.num_fields:
+            raise ValueError(f"ids of shape {tuple(ids.shape)}, expected [B, {self.num_fields}]")
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"ids must be int64 (or int32) global ids, got {ids.dtype}")
+        ids = ids.to(self.device, torch.int64, non_blocking=True)
+        b = ids.shape[0]
+        if dense is None:
+            if self.num_dense:
+                raise ValueError(f"the model takes {self.num_dense} dense features; got none")
+            dense = torch.zeros(b, 0)
+        dense = torch.as_tensor(dense).to(self.device, torch.float32, non_blocking=True)
+        if dense.shape != (b, self.num_dense):
+            raise ValueError(
+                f"dense of shape {tuple(dense.shape)}, expected [{b}, {self.num_dense}]"
+            )
+        return ids, dense
+
+    def logits(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
+        """Logits ``[B]`` (float32, on the scorer's device) of global ids ``[B, F]``."""
+        ids, dense = self._inputs(ids, dense)
+        if ids.shape[0] == 0:
+            return torch.zeros(0, device=self.device)
+        if check and bool(((ids < 0) | (ids >= self.num_rows)).any()):
+            bad = ids[(ids < 0) | (ids >= self.num_rows)][0].item()
+            raise ValueError(f"id {bad} is outside the table's 0..{self.num_rows - 1}")
+        if self.index is not None:
+            ids = self.index[ids]
+        with torch.inference_mode():
+            return self.program(self.rows.lookup(ids), dense).reshape(-1)
+
+    def score(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
+        """Click probabilities ``[B]`` (float32, on the scorer's device) of global ids."""
+        return torch.sigmoid(self.logits(ids, dense, check=check))
+
+    def encode_raw(
+        self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(global ids [B, F], stored dense [B, num_dense]) of raw values by field name (missing:
+        None or ""; raw dense: NaN = missing), exactly as preprocessing encodes them."""
+        vocab = self.vocabulary
+        absent = [n for n in vocab.field_names if n not in categorical]
+        if absent:
+            raise KeyError(f"raw values lack fields {absent}; fields: {vocab.field_names}")
+        cols = [vocab.encode_values(n, categorical[n]) for n in vocab.field_names]
+        ids = np.stack(cols, axis=1)
+        if dense is None:
+            raw = np.full((ids.shape[0], self.num_dense), np.nan)
+        else:
+            raw = np.asarray(dense, dtype=np.float64).reshape(ids.shape[0], -1)
+        return ids, vocab.transform_dense(raw)
+
+    def score_raw(
+        self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
+    ) -> torch.Tensor:
+        """Click probabilities of raw values (see :meth:`encode_raw`)."""
+        ids, d = self.encode_raw(categorical, dense)
+        return self.score(ids, d, check=False)
+
+
+def _read_rows(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise ArtifactError(f"{path}: unreadable safetensors file ({err})") from err
+    if "rows" not in tensors or tensors["rows"].dim() != 2:
+        raise ArtifactError(f"{path}: holds no 2-D 'rows' tensor")
+    return tensors
+
+
+def _place_rows(
+    tensors: dict[str, torch.Tensor],
+    manifest: dict[str, Any],
+    device: torch.device,
+    rows: str,
+    gpu_cache_rows: int | None,
+) -> Any:
+    table = tensors["rows"]
+    if rows == "auto":
+        rows = "device"
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if table.numel() * table.element_size() > _AUTO_SHARE * free:
+                rows = "host"
+    if rows == "device" and gpu_cache_rows is None:
+        return DeviceRows(table, device)
+    if gpu_cache_rows is None:  # host rows, cache as large as the budget allows
+        per_row = table.shape[1] * table.element_size() + 4
+        budget = torch.cuda.mem_get_info(device)[0] * _AUTO_SHARE if device.type == "cuda" else 0
+        gpu_cache_rows = int(budget // per_row)
+    order = hot_order(
+        table.shape[0], manifest["fields"], tensors.get("counts"), tensors.get("index")
+    )
+    return CachedRows(table, device, gpu_cache_rows, order)
+
+
+def load(
+    model_dir: str | Path,
+    device: str | torch.device = "cpu",
+    rows: str = "auto",
+    *,
+    gpu_cache_rows: int | None = None,
+    verify: bool = True,
+) -> Scorer:
+    """Open a serving artifact made by ``hetgmp export``.
+
+    ``rows``: ``device`` keeps the whole table on ``device``; ``host`` keeps it in (pinned) host
+    memory with the ``gpu_cache_rows`` hottest rows cached on ``device`` (default: as many as
+    half the free GPU memory holds); ``auto`` picks ``device`` when the table takes at most half
+    the free memory. ``verify``: check every file's SHA-256 (sizes are always checked)."""
+    root = Path(model_dir)
+    if rows not in ROW_PLACES:
+        raise ValueError(f"rows={rows!r}: choose one of {', '.join(ROW_PLACES)}")
+    dev = torch.device(device)
+    manifest = read_manifest(root)
+    verify_files(root, manifest, checksums=verify)
+    tensors = _read_rows(root / ROWS)
+    want = manifest["rows"]["shape"]
+    if list(tensors["rows"].shape) != want:
+        raise ArtifactError(
+            f"{root / ROWS}: rows of shape {list(tensors['rows'].shape)}, manifest says {want}"
+        )
+    try:
+        program = load_program(root / PROGRAM, dev)
+    except Exception as err:  # noqa: BLE001 - any deserialisation failure means a bad file
+        raise ArtifactError(f"{root / PROGRAM}: cannot load the exported program ({err})") from err
+    store = _place_rows(tensors, manifest, dev, rows, gpu_cache_rows)
+    index = tensors.get("index")
+    if manifest.get("vocabulary") and not (root / VOCAB).is_dir():
+        raise ArtifactError(f"{root / VOCAB}: missing from serving artifact {root}")
+    return Scorer(root, manifest, program, store, None if index is None else index.to(dev))

@@ -1,0 +1,201 @@
+"""Serving: export a checkpoint, load it, score; predict raw files; refuse bad artifacts.
+
+The anchor: the exported artifact scores the test split exactly as the training model's own
+evaluation does, for a checkpoint written by 2 real gloo ranks (its rows are split across two
+shards), and ``hetgmp predict`` on raw Criteo lines equals preprocessing them with the same
+vocabulary and scoring the ids.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from test_ingest_criteo import criteo_lines, write
+from test_train import _cfg, local_factory
+from test_vocab_roundtrip import unseen_criteo_lines
+
+import hetgmp.serve
+from hetgmp.cli import main
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.data.format import open_dataset
+from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.export import ExportOptions, export_checkpoint
+from hetgmp.serve.table import apply_min_count
+from hetgmp.train.evaluate import gather_rows, score_split
+from hetgmp.train.run import build_trainer, distributed_embedding, train
+from hetgmp.train.runlog import RunLog
+
+
+def _arrays(split) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.from_numpy(np.array(split.sparse, dtype=np.int64)),
+        torch.from_numpy(np.array(split.dense, dtype=np.float32)),
+    )
+
+
+def _train_and_score(env: DistEnv, cfg) -> np.ndarray:
+    """Train on this rank, then the model's own evaluation scores of the whole test split."""
+    trainer = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
+    trainer.fit()
+    probs, labels = score_split(trainer.model, trainer.dataset.test, env, batch_size=32)
+    return gather_rows(env, torch.stack([probs, labels]))[0].numpy()
+
+
+@pytest.mark.parametrize("model", ["wdl", "dlrm"])
+def test_export_of_a_two_rank_checkpoint_scores_as_training_evaluates(
+    tiny_dataset, tmp_path, model
+) -> None:
+    ck = tmp_path / "ck"
+    cfg = _cfg(tiny_dataset.root, model=model, iter=6, checkpoint_dir=ck, val=False, threads=1)
+    want = spawn_ranks(_train_and_score, 2, cfg, timeout_s=180)[0]
+    manifest = json.loads((ck / "step-00000006" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    ids, dense = _arrays(tiny_dataset.test)
+    for dtype, tol in (("fp32", 1e-6), ("bf16", 1e-2)):
+        out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
+        scorer = hetgmp.serve.load(out)
+        got = scorer.score(ids, dense).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+        assert json.loads((out / "manifest.json").read_text())["checkpoint"]["world_size"] == 2
+    # host rows with a small cache of the hottest rows score the same
+    cached = hetgmp.serve.load(out, rows="host", gpu_cache_rows=9)
+    assert cached.rows.cached_rows == 9
+    np.testing.assert_allclose(cached.score(ids, dense).numpy(), want, rtol=0, atol=1e-2)
+
+
+def _trained_checkpoint(ds_root: Path, tmp_path: Path) -> Path:
+    ck = tmp_path / "ck"
+    train(
+        _cfg(ds_root, iter=4, checkpoint_dir=ck, val=False),
+        DistEnv.single(),
+        embedding_factory=local_factory,
+    )
+    return ck
+
+
+def test_predict_raw_criteo_equals_preprocess_then_model(tmp_path) -> None:
+    cli = ["--no-progress", "--min-count", "2"]
+    raw = write(tmp_path / "train.tsv", criteo_lines(400, seed=0))
+    assert main(["preprocess", "criteo", str(raw), "--out", str(tmp_path / "A"), *cli]) == 0
+    ck = _trained_checkpoint(tmp_path / "A", tmp_path)
+    assert main(["export", str(ck), "--out", str(tmp_path / "model")]) == 0
+    lines = criteo_lines(120, seed=5) + unseen_criteo_lines(60)
+    lines.insert(30, "not\ta\tcriteo\tline")
+    new = write(tmp_path / "new.tsv", lines)
+    assert main(["preprocess", "criteo", str(new), "--out", str(tmp_path / "B"),
+                 "--vocab-from", str(tmp_path / "A"), "--test-fraction", "0",
+                 "--on-bad-line", "skip", "--no-progress"]) == 0  # fmt: skip
+    scorer = hetgmp.serve.load(tmp_path / "model")
+    want = scorer.score(*_arrays(open_dataset(tmp_path / "B").train)).numpy()
+    out = tmp_path / "scores.parquet"
+    assert main(["predict", str(tmp_path / "model"), str(new), "--format", "criteo",
+                 "--out", str(out), "--on-bad-line", "skip", "--no-progress",
+                 "--batch-size", "50"]) == 0  # fmt: skip
+    t = pq.read_table(out).to_pydict()
+    assert t["line"] == [k + 1 for k in range(len(lines)) if k != 30]
+    assert set(t["file"]) == {str(new)}
+    np.testing.assert_allclose(t["score"], want, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(t["label"], [float(x.split("\t")[0]) for x in t_lines(lines)])
+    # Criteo's unlabeled test files (39 columns) are detected; no label column is written
+    bare = write(tmp_path / "bare.tsv", [x.split("\t", 1)[1] for x in t_lines(lines)])
+    assert main(["predict", str(tmp_path / "model"), str(bare), "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    t = pq.read_table(out).to_pydict()
+    assert "label" not in t
+    np.testing.assert_allclose(t["score"], want, rtol=0, atol=1e-6)
+    # score_raw: raw values through the vocabulary
+    first = lines[0].split("\t")
+    raw_dense = [[float(v) if v else np.nan for v in first[1:14]]]
+    cats = {f"C{i + 1}": [first[14 + i]] for i in range(26)}
+    np.testing.assert_allclose(scorer.score_raw(cats, raw_dense).numpy(), want[:1], atol=1e-6)
+
+
+def t_lines(lines: list[str]) -> list[str]:
+    """The good lines (the bad one has 4 columns)."""
+    return [x for x in lines if x.count("\t") == 39]
+
+
+def test_predict_bad_line_stops_with_file_and_line(tmp_path, capsys) -> None:
+    raw = write(tmp_path / "train.tsv", criteo_lines(200, seed=0))
+    assert main(["preprocess", "criteo", str(raw), "--out", str(tmp_path / "A"),
+                 "--no-progress"]) == 0  # fmt: skip
+    ck = _trained_checkpoint(tmp_path / "A", tmp_path)
+    export_checkpoint(ck, tmp_path / "model")
+    lines = criteo_lines(20, seed=1)
+    lines[7] = lines[7].replace("\t", "\tx", 1)
+    new = write(tmp_path / "new.tsv", lines)
+    out = tmp_path / "s.parquet"
+    rc = main(["predict", str(tmp_path / "model"), str(new), "--out", str(out), "--no-progress"])
+    assert rc == 2 and f"{new}:line 8" in capsys.readouterr().err
+    assert not out.exists()
+    rc = main(["predict", str(tmp_path / "model"), str(new), "--out", str(out), "--format", "csv"])
+    assert rc == 2 and "read as criteo, not --format csv" in capsys.readouterr().err
+
+
+def test_corrupted_missing_and_foreign_artifacts_name_the_file(tiny_dataset, tmp_path) -> None:
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    good = export_checkpoint(ck, tmp_path / "m")
+    hetgmp.serve.load(good)
+    rows = good / "rows.safetensors"
+    data = bytearray(rows.read_bytes())
+    data[-3] ^= 0xFF
+    rows.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"rows\.safetensors: SHA-256 differs"):
+        hetgmp.serve.load(good)
+    export_checkpoint(ck, good, ExportOptions(overwrite=True))
+    (good / "dense.pt2").unlink()
+    with pytest.raises(ArtifactError, match=r"dense\.pt2: missing"):
+        hetgmp.serve.load(good)
+    export_checkpoint(ck, good, ExportOptions(overwrite=True))
+    (good / "config.json").write_text("{}")
+    with pytest.raises(ArtifactError, match=r"config\.json: 2 bytes"):
+        hetgmp.serve.load(good)
+    # a checkpoint is not an artifact; a truncated manifest; a newer version
+    with pytest.raises(ArtifactError, match=r"manifest\.json: not a hetgmp serving artifact"):
+        hetgmp.serve.load(ck / "step-00000004")
+    m = good / "manifest.json"
+    text = m.read_text()
+    m.write_text(text[: len(text) // 2])
+    with pytest.raises(ArtifactError, match=r"manifest\.json: not valid JSON"):
+        hetgmp.serve.load(good)
+    m.write_text(text.replace('"version": 1', '"version": 99'))
+    with pytest.raises(ArtifactError, match=r"manifest\.json: artifact version 99.*upgrade"):
+        hetgmp.serve.load(good)
+    with pytest.raises(ArtifactError, match=r"tmp.*exists; pass --overwrite"):
+        export_checkpoint(ck, good)
+
+
+def test_min_count_drops_rows_to_rare_row_or_zero_row(tiny_dataset, tmp_path) -> None:
+    table = torch.arange(10, dtype=torch.float32).reshape(5, 2) + 1
+    counts = np.array([9, 1, 5, 0, 7])
+    fields = [{"offset": 0, "cardinality": 3}, {"offset": 3, "cardinality": 2}]
+    rows, index, dropped = apply_min_count(table, counts, 5, fields, [2, None])
+    assert dropped == 2 and rows.shape == (4, 2)
+    # id 1 -> field 0's rare row (id 2); id 3 (field 1, no rare id) -> the zero row
+    assert index.tolist() == [0, 1, 1, 3, 2]
+    assert rows[3].abs().sum() == 0
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m", ExportOptions(min_count=40))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["rows"]["dropped_rows"] > 0 and m["rows"]["counts"].startswith("training split")
+    ids, dense = _arrays(tiny_dataset.test)
+    assert hetgmp.serve.load(out).score(ids, dense).shape == (len(ids),)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rows_on_device_and_host_cache_score_as_cpu(tiny_dataset, tmp_path) -> None:
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m")
+    ids, dense = _arrays(tiny_dataset.test)
+    want = hetgmp.serve.load(out).score(ids, dense).numpy()
+    for rows, cache in (("device", None), ("host", 11), ("auto", None)):
+        s = hetgmp.serve.load(out, device="cuda", rows=rows, gpu_cache_rows=cache)
+        got = s.score(ids, dense).cpu().numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
