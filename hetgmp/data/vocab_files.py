@@ -16,7 +16,6 @@ Reading checks what is cheap (presence, dtype, shape); :func:`check_field` reads
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 from hetgmp.data.dataset_meta import INT32_LIMIT, FieldInfo
 from hetgmp.data.vocab import MISSING_KEY, FieldVocab
 from hetgmp.data.vocab_input import VocabError, dense_record, input_record, key_schemes
+from hetgmp.filecheck import sha256
 
 VOCAB_DIR = "vocab"
 MANIFEST = "manifest.json"
@@ -54,14 +54,6 @@ def unseen_id(rare_id: int | None, missing_id: int | None, cardinality: int) -> 
     if missing_id is not None:
         return missing_id, "missing"
     return cardinality - 1, "last"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_vocabulary(
@@ -98,7 +90,7 @@ def write_vocabulary(
             "num_keys": int(kept.sum()),
             "keys_file": names["keys"],
             "ids_file": names["ids"],
-            "sha256": {k: _sha256(out / n) for k, n in names.items()},
+            "sha256": {k: sha256(out / n) for k, n in names.items()},
         })  # fmt: skip
     manifest = {
         "format": VOCAB_FORMAT,
@@ -217,6 +209,6 @@ def check_field(root: str | Path, entry: dict[str, Any], *, checksums: bool) -> 
             problems.append(f"{ip}: two keys share one id")
     for kind, path in (("keys", kp), ("ids", ip)):
         want = entry.get("sha256", {}).get(kind)
-        if checksums and want and _sha256(path) != want:
+        if checksums and want and sha256(path) != want:
             problems.append(f"{path}: sha256 differs from {MANIFEST} (file changed or corrupted)")
     return problems

@@ -17,11 +17,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from hetgmp.filecheck import check_listed, sha256
 
 ARTIFACT_FORMAT = "hetgmp-serving"
 ARTIFACT_VERSION = 1
@@ -36,15 +37,6 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 class ArtifactError(ValueError):
     """A serving artifact is missing, corrupted, foreign or newer than supported; names the file."""
-
-
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_records(root: Path) -> dict[str, dict[str, Any]]:
@@ -101,17 +93,10 @@ def read_manifest(root: Path) -> dict[str, Any]:
 
 def verify_files(root: Path, manifest: dict[str, Any], *, checksums: bool = True) -> None:
     """Every file the manifest lists exists with its size (and SHA-256 when ``checksums``)."""
-    for rel, rec in manifest["files"].items():
-        p = Path(root) / rel
-        if not p.is_file():
-            raise ArtifactError(f"{p}: missing from serving artifact {root}")
-        size = p.stat().st_size
-        if size != rec["bytes"]:
-            raise ArtifactError(
-                f"{p}: {size} bytes, the manifest records {rec['bytes']} (truncated or replaced)"
-            )
-        if checksums and sha256(p) != rec["sha256"]:
-            raise ArtifactError(f"{p}: SHA-256 differs from {MANIFEST} (corrupted or replaced)")
+    check_listed(
+        root, manifest["files"], ArtifactError, what=f"serving artifact {root}",
+        checksums=checksums,
+    )  # fmt: skip
     for needed in (PROGRAM, ROWS):
         if needed not in manifest["files"]:
             raise ArtifactError(f"{Path(root) / MANIFEST}: lists no {needed}")

@@ -19,7 +19,6 @@ file system (one host, or a shared mount).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import torch
 
 from hetgmp.comm.collectives import all_gather_object, barrier
 from hetgmp.comm.env import DistEnv
+from hetgmp.filecheck import check_listed, sha256
 
 CKPT_FORMAT = "hetgmp-checkpoint"
 CKPT_VERSION = 1
@@ -52,14 +52,6 @@ class Position:
     world_size: int = 1
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _tensors(obj: Any) -> Any:
     """numpy arrays -> tensors, recursively, so files load with ``weights_only=True``."""
     if isinstance(obj, np.ndarray):
@@ -76,7 +68,7 @@ def _save(obj: Any, path: Path) -> dict[str, Any]:
         torch.save(_tensors(obj), f)
         f.flush()
         os.fsync(f.fileno())
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return {"bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
 def rng_state() -> dict[str, Any]:
@@ -272,17 +264,7 @@ def open_checkpoint(path: Path, *, verify: bool = True) -> LoadedCheckpoint:
     for key in ("position", "files"):
         if key not in manifest:
             raise CheckpointError(f"{mpath}: malformed, lacks {key!r}")
-    for name, rec in manifest["files"].items():
-        fp = ck / name
-        if not fp.exists():
-            raise CheckpointError(f"{fp}: missing from checkpoint {ck}")
-        size = fp.stat().st_size
-        if size != rec["bytes"]:
-            raise CheckpointError(
-                f"{fp}: {size} bytes, the manifest records {rec['bytes']} (truncated or replaced)"
-            )
-        if verify and _sha256(fp) != rec["sha256"]:
-            raise CheckpointError(f"{fp}: SHA-256 differs from the manifest (corrupted)")
+    check_listed(ck, manifest["files"], CheckpointError, what=f"checkpoint {ck}", checksums=verify)
     return LoadedCheckpoint(ck, manifest)
 
 

@@ -8,7 +8,6 @@ distributed embedding and the model, restores a checkpoint when asked, trains an
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -27,6 +26,7 @@ from hetgmp.config import to_dict
 from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 from hetgmp.data.format import Dataset, DatasetError, open_dataset
 from hetgmp.data.loader import rank_sample_indices
+from hetgmp.filecheck import sha256
 from hetgmp.models import CTRModel, build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
@@ -88,11 +88,7 @@ def resolve_dataset(cfg: TrainConfig, env: DistEnv, log: RunLog) -> Dataset:
 
 
 def plan_fingerprint(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256(path)
 
 
 def load_checked_plan(cfg: TrainConfig, env: DistEnv, ds: Dataset, log: RunLog) -> Plan | None:
