@@ -1,10 +1,11 @@
 """The distributed embedding table (owned + mirrored rows, bounded staleness) and its
 single-process reference. Layout: docs/architecture.md."""
 
+from hetgmp.choices import EXCHANGES, REPLIES
 from hetgmp.embedding.counters import COUNTER_NAMES, format_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.module import EXCHANGES, REPLIES, DistributedEmbedding
+from hetgmp.embedding.module import DistributedEmbedding
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.reference import ReferenceEmbedding
 

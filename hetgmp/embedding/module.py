@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetgmp.choices import EXCHANGES, REPLIES  # (--help shows them without torch)
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
 from hetgmp.embedding.counters import StepCounters
@@ -26,10 +25,16 @@ from hetgmp.embedding.kernels import resolve as resolve_kernels
 from hetgmp.embedding.lookup import _LocalLookup, _PaddedLookup
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.options import (
+    check_sizes,
+    resolve_exchange,
+    resolve_replies,
+    resolve_sync,
+)
 from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.profile import PhaseTimer
-from hetgmp.embedding.protocol import I32_MAX
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
 from hetgmp.embedding.transport.padded import PaddedExchange
@@ -58,7 +63,11 @@ class DistributedEmbedding(nn.Module):
     ones have run on a GPU), captured as graphs. ``"auto"``: padded where it applies on CUDA with several ranks (one rank
     takes its own step; ``exchange`` then says ``"exact"``). Diagnostics: ``padded_rebuilds``
     (every capacity taken) and ``padded_presyncs`` (steps whose pre-sync part ran in fixed
-    shapes).
+    shapes). ``sync``: ``"collective"`` (every step one exchange among all ranks) or
+    ``"async"`` (CPU: each rank serves its owned rows from a ZeroMQ thread and ranks move at
+    their own pace within ``async_config.max_lag`` steps; see
+    :mod:`hetgmp.embedding.transport.async_step`); an async table holds sockets and a thread
+    until :meth:`close` (also called by :func:`hetgmp.comm.launch.shutdown`).
     """
 
     def __init__(
@@ -67,16 +76,20 @@ class DistributedEmbedding(nn.Module):
         optimizer: str = "sgd", lr: float = 0.01, init_scale: float = 0.01, seed: int = 0,
         adagrad_eps: float = 1e-10, adagrad_init: float = 0.0, audit: bool = False,
         kernels: str = "auto", replies: str = "stale", exchange: str = "auto",
-        cuda_graphs: bool = True, graph_collectives: bool = True,
+        cuda_graphs: bool = True, graph_collectives: bool = True, sync: str = "collective",
+        async_config: AsyncConfig | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        _check_sizes(num_rows, dim, bound, store_rate)
+        check_sizes(num_rows, dim, bound, store_rate)
         self.num_rows, self.dim, self.bound = int(num_rows), int(dim), int(bound)
         self.env, self.device, self.audit = env, env.device, audit
-        self.replies = _resolve_replies(replies, env)
+        self.replies = resolve_replies(replies, env)
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
-        self.exchange = _resolve_exchange(exchange, self.opt, self.replies, audit, env)
+        self.exchange = resolve_exchange(exchange, self.opt, self.replies, audit, env)
+        self.sync = resolve_sync(sync, exchange, env)
+        if self.sync == "async":
+            self.exchange = "exact"  # (what the logs report: rows move point to point)
         owner, mirrors = _placement(plan, self.num_rows, env, placement, store_rate, seed)
         self.store = RowStore(
             self.num_rows, self.dim, rank=env.rank, world=env.world_size, device=env.device,
@@ -101,7 +114,10 @@ class DistributedEmbedding(nn.Module):
             self._padded = PaddedExchange(
                 self._ctx, graphs=graphs, graph_collectives=bool(graph_collectives)
             )
-        self._stepper = Stepper(self._ctx, self._padded)
+        self._stepper: Stepper | AsyncStep = Stepper(self._ctx, self._padded)
+        if self.sync == "async" and not self._local:  # (one rank: nothing to sync)
+            self._stepper = AsyncStep(self._ctx, async_config or AsyncConfig())
+            env.closers.append(self.close)
         self._planner = BatchPlanner(s.slot_of, s.block_of, env.world_size, env.device)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: Prep | None = None
@@ -183,6 +199,12 @@ class DistributedEmbedding(nn.Module):
             return
         self._stepper.step(self._planner.prepare(empty), op=OP_FLUSH, error=None, training=True)
 
+    def close(self) -> None:
+        """Release what the table holds beyond memory (``sync="async"``: its service thread,
+        sockets and ZeroMQ context; idempotent; a no-op otherwise)."""
+        if isinstance(self._stepper, AsyncStep):
+            self._stepper.close()
+
     def apply_pending(self) -> None:
         """One rank: apply the last backward's row update now instead of at the next forward
         (identical arithmetic; a whole-step CUDA graph needs the update inside its step).
@@ -198,7 +220,11 @@ class DistributedEmbedding(nn.Module):
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        return self._ctx.counters.total()
+        total = self._ctx.counters.total()
+        if isinstance(self._stepper, AsyncStep):  # (what this rank's service moved)
+            for k, v in self._stepper.service_bytes().items():
+                total[k] += v
+        return total
 
     def step_counters(self) -> dict[str, int]:
         """The last step's counters."""
@@ -355,41 +381,6 @@ class DistributedEmbedding(nn.Module):
         # ids by sorting, where index backward scatters with atomics that serialise on hot
         # rows (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
         return F.embedding(batch.inv.view(shape), values)
-
-
-def _check_sizes(num_rows: int, dim: int, bound: int, store_rate: float) -> None:
-    if num_rows < 1 or dim < 1:
-        raise ValueError(f"num_rows and dim must be >= 1, got {num_rows} and {dim}")
-    if not 0 <= bound < I32_MAX:
-        # lags travel as int32; a larger bound would be "never sync" anyway
-        raise ValueError(f"bound must be in [0, 2**31 - 1), got {bound}")
-    if not 0.0 <= store_rate <= 1.0:
-        raise ValueError(f"store_rate must be in [0, 1], got {store_rate}")
-
-
-def _resolve_replies(replies: str, env: DistEnv) -> str:
-    if replies not in (*REPLIES, "auto"):
-        raise ValueError(f"replies must be 'auto' or one of {REPLIES}, got {replies!r}")
-    if replies == "auto":  # measured on 2x H200 (NVLink): "all" 1.2-1.45x faster per step
-        return "all" if env.backend == "nccl" else "stale"
-    return replies
-
-
-def _resolve_exchange(
-    exchange: str, opt: SparseOptimizer, replies: str, audit: bool, env: DistEnv
-) -> str:
-    if exchange not in (*EXCHANGES, "auto"):
-        raise ValueError(f"exchange must be 'auto' or one of {EXCHANGES}, got {exchange!r}")
-    padded_ok = replies == "all" and not audit
-    if exchange == "padded" and not padded_ok:
-        raise ValueError(
-            "exchange='padded' needs replies='all' and audit off; got "
-            f"replies={replies!r} (after 'auto': 'all' on NCCL, 'stale' otherwise), "
-            f"audit={audit}"
-        )
-    if exchange == "auto":  # (one rank: its own step uses neither)
-        return "padded" if padded_ok and env.device.type == "cuda" else "exact"
-    return exchange
 
 
 def _placement(
