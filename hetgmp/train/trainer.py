@@ -74,8 +74,9 @@ class Trainer:
         self.indices = indices
         self.info = dict(info or {})  # identity of the run, checked when resuming
         self.train_step = TrainStep(
-            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=cfg.amp
-        )
+            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=cfg.amp,
+            sync_every=cfg.dense_sync_every,
+        )  # fmt: skip
         self.run_step: TrainStep | GraphedStep = self.train_step
         self.graph_note = graph_support(
             env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
@@ -128,6 +129,7 @@ class Trainer:
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
         """Flush the table and write a checkpoint at the current position (collective)."""
+        self.train_step.average_dense()
         save_trainer(self)
 
     def restore(self, ck: LoadedCheckpoint) -> None:
@@ -154,6 +156,7 @@ class Trainer:
         finally:
             source.close()
             self.profiler.remove_hooks()
+        self.train_step.average_dense()
         self.model.embedding.flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):
             self.run_eval()
@@ -278,6 +281,7 @@ class Trainer:
 
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""
+        self.train_step.average_dense()
         self.model.embedding.flush()
         before = local_counters(self.model.embedding)
         res = evaluate(
