@@ -23,8 +23,8 @@ $(VENV)/.deps-stamp: pyproject.toml
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q "torch>=2.4,<2.15"
 	$(PIP) install -q setuptools wheel "pybind11>=2.12" "cmake>=3.18" ninja
 	# test: the tools; plots: the experiments' PNGs (their tests make them); gpu: triton,
-	# whose kernels the tests also run in its interpreter on CPU
-	$(PIP) install -q --no-build-isolation -e ".[test,mpi,plots,gpu]"
+	# whose kernels the tests also run in its interpreter on CPU; async: pyzmq (--sync async)
+	$(PIP) install -q --no-build-isolation -e ".[test,mpi,plots,gpu,async]"
 	touch $@
 
 $(VENV)/.native-stamp: $(VENV)/.deps-stamp CMakeLists.txt setup.py $(wildcard src/*.cpp src/*.h)

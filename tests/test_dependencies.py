@@ -52,8 +52,9 @@ def test_optional_dependencies_sit_in_their_extras():
     assert _names(extras["plots"]) == {"matplotlib"}
     assert _names(extras["gpu"]) == {"triton"}
     assert "triton" not in _names(extras["test"])
+    assert _names(extras["async"]) == {"pyzmq"}
     # make install (what the tests run on) installs the extras the tests use
-    assert re.search(r'-e "\.\[test,mpi,plots,gpu\]"', (ROOT / "Makefile").read_text())
+    assert re.search(r'-e "\.\[test,mpi,plots,gpu,async\]"', (ROOT / "Makefile").read_text())
 
 
 @pytest.mark.parametrize("experiment", ["store_rate", "staleness", "partition_compare"])

@@ -30,9 +30,11 @@ from hetgmp.embedding.options import (
     placement_of,
     resolve_exchange,
     resolve_replies,
+    resolve_sync,
 )
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
 from hetgmp.embedding.transport.padded import PaddedExchange
@@ -61,7 +63,11 @@ class DistributedEmbedding(nn.Module):
     ones have run on a GPU), captured as graphs. ``"auto"``: padded where it applies on CUDA with several ranks (one rank
     takes its own step; ``exchange`` then says ``"exact"``). Diagnostics: ``padded_rebuilds``
     (every capacity taken) and ``padded_presyncs`` (steps whose pre-sync part ran in fixed
-    shapes).
+    shapes). ``sync``: ``"collective"`` (every step one exchange among all ranks) or
+    ``"async"`` (CPU: each rank serves its owned rows from a ZeroMQ thread and ranks move at
+    their own pace within ``async_config.max_lag`` steps; see
+    :mod:`hetgmp.embedding.transport.async_step`); an async table holds sockets and a thread
+    until :meth:`close` (also called by :func:`hetgmp.comm.launch.shutdown`).
     """
 
     def __init__(
@@ -70,7 +76,8 @@ class DistributedEmbedding(nn.Module):
         optimizer: str = "sgd", lr: float = 0.01, init_scale: float = 0.01, seed: int = 0,
         adagrad_eps: float = 1e-10, adagrad_init: float = 0.0, audit: bool = False,
         kernels: str = "auto", replies: str = "stale", exchange: str = "auto",
-        cuda_graphs: bool = True, graph_collectives: bool = True,
+        cuda_graphs: bool = True, graph_collectives: bool = True, sync: str = "collective",
+        async_config: AsyncConfig | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         check_sizes(num_rows, dim, bound, store_rate)
@@ -80,6 +87,9 @@ class DistributedEmbedding(nn.Module):
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
         self.exchange = resolve_exchange(exchange, self.opt, self.replies, audit, env)
+        self.sync = resolve_sync(sync, exchange, env)
+        if self.sync == "async":
+            self.exchange = "exact"  # (what the logs report: rows move point to point)
         owner, mirrors = placement_of(plan, self.num_rows, env, placement, store_rate, seed)
         self.store = RowStore(
             self.num_rows, self.dim, rank=env.rank, world=env.world_size, device=env.device,
@@ -104,7 +114,10 @@ class DistributedEmbedding(nn.Module):
             self._padded = PaddedExchange(
                 self._ctx, graphs=graphs, graph_collectives=bool(graph_collectives)
             )
-        self._stepper = Stepper(self._ctx, self._padded)
+        self._stepper: Stepper | AsyncStep = Stepper(self._ctx, self._padded)
+        if self.sync == "async" and not self._local:  # (one rank: nothing to sync)
+            self._stepper = AsyncStep(self._ctx, async_config or AsyncConfig())
+            env.closers.append(self.close)
         self._planner = BatchPlanner(s.slot_of, s.block_of, env.world_size, env.device)
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: Prep | None = None
@@ -186,6 +199,12 @@ class DistributedEmbedding(nn.Module):
             return
         self._stepper.step(self._planner.prepare(empty), op=OP_FLUSH, error=None, training=True)
 
+    def close(self) -> None:
+        """Release what the table holds beyond memory (``sync="async"``: its service thread,
+        sockets and ZeroMQ context; idempotent; a no-op otherwise)."""
+        if isinstance(self._stepper, AsyncStep):
+            self._stepper.close()
+
     def apply_pending(self) -> None:
         """One rank: apply the last backward's row update now instead of at the next forward
         (identical arithmetic; a whole-step CUDA graph needs the update inside its step).
@@ -201,7 +220,11 @@ class DistributedEmbedding(nn.Module):
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        return self._ctx.counters.total()
+        total = self._ctx.counters.total()
+        if isinstance(self._stepper, AsyncStep):  # (what this rank's service moved)
+            for k, v in self._stepper.service_bytes().items():
+                total[k] += v
+        return total
 
     def step_counters(self) -> dict[str, int]:
         """The last step's counters."""

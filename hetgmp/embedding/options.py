@@ -13,6 +13,8 @@ from hetgmp.embedding.placement import owner_array, plan_placement
 from hetgmp.embedding.protocol import I32_MAX
 from hetgmp.partition.plan import Plan
 
+SYNCS = ("collective", "async")
+
 
 def check_sizes(num_rows: int, dim: int, bound: int, store_rate: float) -> None:
     if num_rows < 1 or dim < 1:
@@ -65,3 +67,21 @@ def concrete(dev: torch.device) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def resolve_sync(sync: str, exchange: str, env: DistEnv) -> str:
+    """``collective`` or ``async``; refuses what ``async`` does not support yet."""
+    if sync not in SYNCS:
+        raise ValueError(f"sync must be one of {SYNCS}, got {sync!r}")
+    if sync == "async":
+        if env.device.type != "cpu":
+            raise ValueError(
+                f"sync='async' runs on CPU ranks only for now; this rank's device is {env.device} "
+                "(use --device cpu, or --sync collective on GPUs)"
+            )
+        if exchange == "padded":
+            raise ValueError(
+                "sync='async' moves rows point to point; exchange='padded' (fixed capacities of "
+                "the collective all-to-all) does not apply: use exchange='exact' or 'auto'"
+            )
+    return sync

@@ -175,6 +175,45 @@ class TrainConfig:
         "--replies all, or auto on NCCL); auto: padded where it applies on CUDA",
         choices=["auto", *EXCHANGES],
     )
+    sync: str = option(
+        "collective",
+        help="how ranks keep the embedding in sync: collective (every step one exchange among "
+        "all ranks, in lockstep) or async (CPU ranks: each rank serves its owned rows from a "
+        "ZeroMQ thread, the others read and push point to point, no global barrier; needs "
+        "pyzmq, the async extra)",
+        choices=["collective", "async"],
+    )
+    max_lag: int = option(
+        0,
+        help="--sync async: steps a rank may run ahead of the slowest (stale synchronous "
+        "parallel); 0 with --bound 0 trains as --sync collective",
+        check=_non_negative,
+        check_msg="must be >= 0",
+        flags=["--max-lag", "--max_lag"],
+    )
+    async_host: str = option(
+        "auto",
+        help="--sync async: address each rank's row service listens on (auto: the interface "
+        "this host uses for outbound traffic; 127.0.0.1 for one host); published to the peers "
+        "at start through the launch",
+        flags=["--async-host"],
+    )
+    async_port_base: int = option(
+        0,
+        help="--sync async: rank r listens on this port + r (0: a free port the OS picks)",
+        check=lambda v: 0 <= v <= 65535,
+        check_msg="must lie in [0, 65535]",
+        flags=["--async-port-base"],
+    )
+    dense_sync_every: int = option(
+        1,
+        help="--sync async: average the dense parameters over ranks every this many steps "
+        "(each rank steps on its own gradients in between); 1: sum the dense gradients every "
+        "step, as --sync collective",
+        check=_positive,
+        check_msg="must be >= 1",
+        flags=["--dense-sync-every"],
+    )
     eval_batch_size: int = option(
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
     )
@@ -256,6 +295,23 @@ class TrainConfig:
             raise ConfigError("resume: --resume needs --checkpoint-dir")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every: --checkpoint-every needs --checkpoint-dir")
+        self._check_sync()
+
+    def _check_sync(self) -> None:
+        """What ``--sync async`` does not support yet is refused here, by name."""
+        if self.sync == "collective":
+            for name, flag, default in (
+                ("max_lag", "--max-lag", 0), ("dense_sync_every", "--dense-sync-every", 1),
+            ):  # fmt: skip
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{name}: {flag} applies to --sync async only")
+            return
+        if self.device == "cuda":
+            raise ConfigError("sync: --sync async runs on CPU ranks only for now (--device cpu)")
+        if self.exchange == "padded":
+            raise ConfigError(
+                "sync: --sync async moves rows point to point; --exchange padded does not apply"
+            )
 
     @property
     def effective_dense_lr(self) -> float:

@@ -29,6 +29,21 @@ def sum_dense_grads(env: DistEnv, params: list[nn.Parameter]) -> None:
         offset += n
 
 
+@torch.no_grad()
+def average_params(env: DistEnv, params: list[nn.Parameter]) -> None:
+    """Replace every parameter by its mean over ranks (collective; ``--dense-sync-every k``
+    under ``--sync async``: ranks step on their own gradients and meet every ``k`` steps)."""
+    if env.world_size <= 1 or not params:
+        return
+    flat = torch.cat([p.reshape(-1) for p in params])
+    all_reduce_sum(env, flat)
+    flat /= env.world_size
+    offset = 0
+    for p in params:
+        p.copy_(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
 class GradBucket:
     """The dense parameters' gradients as views into one persistent flat buffer.
 

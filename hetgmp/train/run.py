@@ -157,7 +157,21 @@ def distributed_embedding(
         kernels=cfg.kernels,
         replies=cfg.replies,
         exchange=cfg.exchange,
+        sync=cfg.sync,
+        async_config=async_config(cfg),
     )
+
+
+def async_config(cfg: TrainConfig) -> Any:
+    """``--sync async``'s settings for the table (None with ``--sync collective``)."""
+    if cfg.sync != "async":
+        return None
+    from hetgmp.embedding.transport.async_step import AsyncConfig
+
+    return AsyncConfig(
+        max_lag=cfg.max_lag, host=cfg.async_host, port_base=cfg.async_port_base,
+        timeout_s=cfg.timeout_s,
+    )  # fmt: skip
 
 
 def set_threads(cfg: TrainConfig, env: DistEnv) -> None:
@@ -196,7 +210,9 @@ def build_ctr_model(
         log.info(
             f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
             f"replies {emb.replies} (--replies {cfg.replies}), exchange "
-            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange})"
+            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange}), sync "
+            f"{getattr(emb, 'sync', '?')}"
+            + (f" (--max-lag {cfg.max_lag})" if getattr(emb, "sync", "") == "async" else "")
         )
     return build_model(
         cfg.model,

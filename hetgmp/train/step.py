@@ -15,7 +15,7 @@ from torch import nn
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch
 from hetgmp.models import CTRModel
-from hetgmp.train.dense_sync import GradBucket
+from hetgmp.train.dense_sync import GradBucket, average_params
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
@@ -25,8 +25,9 @@ class TrainStep:
     """The model, its dense gradient bucket and optimizer, and the step that uses them."""
 
     def __init__(
-        self, env: DistEnv, model: CTRModel, *, optimizer: str, lr: float, amp: bool
-    ) -> None:
+        self, env: DistEnv, model: CTRModel, *, optimizer: str, lr: float, amp: bool,
+        sync_every: int = 1,
+    ) -> None:  # fmt: skip
         self.env = env
         self.model = model
         self.amp = amp
@@ -46,6 +47,9 @@ class TrainStep:
         # (one rank; what a whole-step CUDA graph needs: hetgmp.train.graphed)
         self.rows_now = False
         self._checked = False  # the bucket's views are verified after the first step
+        # dense sync: 1 = gradients summed every step; k > 1 = each rank steps on its own
+        # gradient and the parameters are averaged every k steps (--dense-sync-every)
+        self.sync_every, self.since_sync = sync_every, 0
 
     def __call__(
         self,
@@ -68,10 +72,17 @@ class TrainStep:
         if self.rows_now:
             self.model.embedding.apply_pending()
         marks.mark("fwd_bwd")
-        self.bucket.all_reduce()
+        if self.sync_every == 1:
+            self.bucket.all_reduce()
+        else:  # this rank's gradient at a global batch's scale (its local mean loss)
+            self.bucket.flat.mul_(self.env.world_size)
         marks.mark("sync")
         self.optimizer.step()
         self.bucket.zero_()
+        if self.sync_every > 1:
+            self.since_sync += 1
+            if self.since_sync == self.sync_every:
+                self.average_dense()
         marks.mark("opt")
         if not self._checked:  # a replaced .grad would silently miss the all-reduce
             self.bucket.check_views()
@@ -79,3 +90,11 @@ class TrainStep:
         with torch.no_grad():
             correct = ((logits > 0).float() == batch.labels).sum()
             return torch.stack([loss_sum.detach(), correct])
+
+    def average_dense(self) -> None:
+        """(``sync_every > 1``, collective) the dense parameters averaged over ranks now, so
+        every rank holds the same model (every k steps, and before evaluation, checkpoints and
+        the end of training)."""
+        if self.sync_every > 1 and self.since_sync:
+            average_params(self.env, self.dense_params)
+        self.since_sync = 0

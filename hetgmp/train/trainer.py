@@ -75,8 +75,9 @@ class Trainer:
         self.info = dict(info or {})  # identity of the run, checked when resuming
         self.amp = cfg.amp if cfg.amp is not None else env.device.type == "cuda"
         self.train_step = TrainStep(
-            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=self.amp
-        )
+            env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=self.amp,
+            sync_every=cfg.dense_sync_every,
+        )  # fmt: skip
         self.run_step: TrainStep | GraphedStep = self.train_step
         self.graph_note = graph_support(
             env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
@@ -129,6 +130,7 @@ class Trainer:
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
         """Flush the table and write a checkpoint at the current position (collective)."""
+        self.train_step.average_dense()
         save_trainer(self)
 
     def restore(self, ck: LoadedCheckpoint) -> None:
@@ -155,6 +157,7 @@ class Trainer:
         finally:
             source.close()
             self.profiler.remove_hooks()
+        self.train_step.average_dense()
         self.model.embedding.flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):
             self.run_eval()
@@ -279,6 +282,7 @@ class Trainer:
 
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""
+        self.train_step.average_dense()
         self.model.embedding.flush()
         before = local_counters(self.model.embedding)
         res = evaluate(

@@ -1,0 +1,132 @@
+"""The read phase of an asynchronous step (:mod:`.async_step`): one read request per owner,
+stale mirrors refreshed, the batch's rows gathered in block order, counters and audit record.
+The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
+:meth:`.async_service.AsyncService._read`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from hetgmp.embedding import protocol
+from hetgmp.embedding.batch import Batch
+from hetgmp.embedding.kernels import take_rows
+from hetgmp.embedding.transport import async_wire as wire
+from hetgmp.embedding.transport.async_peers import Peers
+from hetgmp.embedding.transport.audit import record_audit
+from hetgmp.embedding.transport.base import StepContext
+from hetgmp.embedding.transport.wire import f32
+
+
+def read_rows(
+    ctx: StepContext, lock: threading.RLock, peers: Peers, planned: tuple[Batch, list[int]],
+    bound: int, deferred: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """The batch's unique rows' values in block order (``planned``: the batch and its mirror
+    count per owner); ``bound``: this read's staleness bound."""
+    store, batch, nqm = ctx.store, planned[0], planned[1]
+    n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
+    with lock:
+        mver = store.version.index_select(0, batch.slot[n_o:n_m])
+    replies = _request(ctx, peers, batch, nqm, mver, bound)
+    r = _assemble(ctx, replies, nqm, batch.nqr)
+    q_lag = r["lag"]
+    refresh = q_lag > bound
+    values = torch.empty(batch.u.numel(), store.dim, device=store.device)
+    with lock:
+        ms = batch.slot[n_o:n_m]
+        state = r["mir_state"]
+        if ctx.send_all:
+            protocol.refresh_mirrors(store, ms, r["mir_vals"], r["mir_ver"], state, refresh)
+        elif r["mir_vals"].numel():
+            rs = ms[refresh]
+            protocol.refresh_mirrors(store, rs, r["mir_vals"], r["mir_ver"], state, None)
+        take_rows(store.weight, batch.slot[:n_m], out=values[:n_m], backend=ctx.kernels)
+        values[n_m:] = r["rem_vals"]
+    zero = store.zeros_w[0]
+    ctx.counters.set_rows_host(batch.n_own, sum(batch.nqr))
+    ctx.counters.rows_dev_step = protocol.read_counts(q_lag, bound, refresh, deferred, zero)
+    ctx.counters.accumulate_rows()
+    if ctx.audit:
+        _audit(ctx, batch, r, refresh, values, bound)
+    return values
+
+
+def _request(
+    ctx: StepContext, peers: Peers, batch: Batch, nqm: list[int], mver: torch.Tensor, bound: int
+) -> dict[int, dict[str, Any]]:
+    """One read per owner with queries; counts the bytes both ways."""
+    n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
+    mids, rids = batch.u[n_o:n_m].split(nqm), batch.u[n_m:].split(batch.nqr)
+    mv = mver.split(nqm)
+    meta = {"bound": bound, "send_all": bool(ctx.send_all)}
+    reqs = {
+        p: (wire.READ, meta, {"mids": mids[p], "mver": mv[p], "rids": rids[p]})
+        for p in range(ctx.env.world_size)
+        if nqm[p] + batch.nqr[p]
+    }
+    replies = peers.request_all(reqs, "async read")
+    n_ids = sum(sum(x.numel() for x in (q[2]["mids"], q[2]["rids"])) for q in reqs.values())
+    sent = {"ids": 8 * n_ids, "versions": 8 * batch.n_mir}
+    recv = {"versions": 0, "values": 0}
+    for a in replies.values():
+        recv["versions"] += wire.nbytes({k: a[k] for k in ("lag", "versions")})
+        recv["values"] += wire.nbytes({k: a[k] for k in ("values", "state") if k in a})
+    ctx.counters.count_bytes(sent=sent, recv=recv, reset=False)
+    return replies
+
+
+def _assemble(
+    ctx: StepContext, replies: dict[int, dict[str, Any]], nqm: list[int], nqr: list[int]
+) -> dict[str, Any]:
+    """The owners' answers in block order: lags; values, versions, state of the refreshed
+    mirrors (``mir_*``) and of the rows not stored here (``rem_*``)."""
+    store, sw, w = ctx.store, ctx.opt.state_width, ctx.env.world_size
+    d, dev = store.dim, store.device
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("lag", "mv", "rv", "mver", "rver")}
+    parts.update(ms=[], rs=[])
+    for p in range(w):
+        a = replies.get(p)
+        if a is None:
+            continue
+        k_m = a["values"].shape[0] - nqr[p]  # mirrors the owner sent a value for
+        parts["lag"].append(a["lag"])
+        for key, src in (("mv", "values"), ("mver", "versions"), ("ms", "state")):
+            if src in a:
+                parts[key].append(a[src][:k_m])
+                parts["r" + key[1:]].append(a[src][k_m:])
+    empty_i = torch.zeros(0, dtype=torch.int64, device=dev)
+
+    def cat(key: str, like: torch.Tensor) -> torch.Tensor:
+        return torch.cat(parts[key]) if parts[key] else like
+
+    empty_v = torch.zeros(0, d, device=dev)
+    return {
+        "lag": cat("lag", empty_i), "mir_vals": cat("mv", empty_v), "rem_vals": cat("rv", empty_v),
+        "mir_ver": cat("mver", empty_i), "rem_ver": cat("rver", empty_i),
+        "mir_state": cat("ms", torch.zeros(0, device=dev)) if sw else None,
+        "rem_state": cat("rs", torch.zeros(0, device=dev)) if sw else None,
+    }  # fmt: skip
+
+
+def _audit(
+    ctx: StepContext, batch: Batch, r: dict[str, Any], refresh: torch.Tensor,
+    values: torch.Tensor, bound: int,
+) -> None:  # fmt: skip
+    """The step's audit record (the exact transport's format, :func:`record_audit`; only this
+    thread changes the mirrors' ``pending``, so it reads the counts of the read)."""
+    sw = ctx.opt.state_width
+
+    def ext(ver: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
+        cols = [f32(ver).view(-1, 2)]
+        if sw:
+            cols.insert(0, state[:, None])
+        return torch.cat(cols, dim=1)
+
+    reply = {
+        "lag": r["lag"], "mir_vals": r["mir_vals"], "rem_vals": r["rem_vals"],
+        "mir_ext": ext(r["mir_ver"], r["mir_state"]), "rem_ext": ext(r["rem_ver"], r["rem_state"]),
+    }  # fmt: skip
+    ctx.last_audit = record_audit(ctx, batch, reply, refresh, values, bound)

@@ -1,0 +1,205 @@
+"""The per-rank row service of ``--sync async``: a thread with a ZeroMQ ROUTER socket that
+answers reads of the rows this rank owns and applies the gradients peers push to them, and the
+rank's table of its peers' clocks (stale synchronous parallel, see :mod:`.async_step`).
+
+Three requests (:mod:`.async_wire`):
+
+* **read** ``(mids, mver, rids)`` + the requester's ``bound`` and ``send_all``: the lag of every
+  mirror query (``owner version - mirror version``, :func:`protocol.lags`) and value, version
+  (and optimizer state) of the mirrors beyond the bound (every mirror with ``send_all``, as in
+  audit mode) and of every row not stored there, all read under the table lock at one moment;
+* **push** ``(ids, cnt, grad)``: applied at once with the owner's sparse optimizer
+  (:func:`protocol.apply_at_owner`, under the lock), then acknowledged, so that a worker that
+  has its acks knows its update is visible to every later read;
+* **clock** ``(rank, clock)``: a peer's progress (no answer).
+
+The lock is shared with the training thread, which takes it for its own use of the table
+(owned rows, mirror staging, reads); tensors are on the CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from hetgmp.comm.errors import CommError
+from hetgmp.embedding import protocol
+from hetgmp.embedding.transport import async_wire as wire
+from hetgmp.embedding.transport.base import StepContext
+
+POLL_MS = 50  # how often the service thread looks at its stop flag
+THREAD_PREFIX = "hetgmp-async-service"
+
+
+class AsyncService:
+    """The service of one rank: bound on ``host:port`` (0: a port the OS picks) at
+    construction, serving from :meth:`start` until :meth:`close`."""
+
+    def __init__(self, ctx: StepContext, lock: threading.RLock, host: str, port: int) -> None:
+        self.zmq = zmq = wire.import_zmq()
+        self.ctx, self.lock = ctx, lock
+        self.zctx = zmq.Context()
+        self.sock = self.zctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        try:
+            if port:
+                self.sock.bind(f"tcp://{host}:{port}")
+            else:
+                port = self.sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as err:
+            self.sock.close()
+            self.zctx.term()
+            raise CommError(
+                f"rank {ctx.env.rank}: the async row service cannot listen on {host}:{port} "
+                f"({err}); pick another --async-host / --async-port-base"
+            ) from err
+        self.endpoint = f"tcp://{host}:{port}"
+        w = ctx.env.world_size
+        self.clocks = [0] * w
+        self.clock_cv = threading.Condition()
+        self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
+        self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"{THREAD_PREFIX}-{ctx.env.rank}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop the thread, close the socket and terminate the context (idempotent)."""
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if not self.sock.closed:
+            self.sock.close(linger=0)
+        if not self.zctx.closed:
+            self.zctx.term()
+
+    # ------------------------------------------------------------------ clocks
+    def set_clock(self, rank: int, clock: int, gone: bool = False) -> None:
+        with self.clock_cv:
+            self.clocks[rank] = max(self.clocks[rank], clock)
+            if gone:
+                self.gone.add(rank)
+            self.clock_cv.notify_all()
+
+    def check_peer(self, peer: int, what: str) -> None:
+        """Raise if ``peer`` has closed its table or this service has failed."""
+        if self.failure is not None:
+            raise CommError(f"rank {self.ctx.env.rank}: the async row service failed") from (
+                self.failure
+            )
+        if peer in self.gone:
+            raise CommError(
+                f"rank {self.ctx.env.rank}: {what}: rank {peer} closed its table (it failed or "
+                "left early) while this rank still needed it"
+            )
+
+    def wait_clock(self, target: int, timeout_s: float, what: str) -> None:
+        """Block until every rank's clock is at least ``target``; a clear error after
+        ``timeout_s`` naming the slowest rank."""
+        with self.clock_cv:
+
+            def behind() -> list[int]:
+                return [r for r, c in enumerate(self.clocks) if c < target]
+
+            ok = self.clock_cv.wait_for(
+                lambda: not behind() or self.failure is not None or bool(self.gone & set(behind())),
+                timeout_s,
+            )
+            for r in behind():
+                self.check_peer(r, what)
+            if not ok:
+                slow = min(range(len(self.clocks)), key=self.clocks.__getitem__)
+                raise CommError(
+                    f"rank {self.ctx.env.rank}: {what}: waited {timeout_s:.0f}s for rank {slow} "
+                    f"(clock {self.clocks[slow]}, needed {target}) under --max-lag; it probably "
+                    "died or hangs"
+                )
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        poller = self.zmq.Poller()
+        poller.register(self.sock, self.zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(POLL_MS):
+                    continue
+                frames = self.sock.recv_multipart()
+                reply = self._handle(frames[1:])
+                if reply is not None:
+                    self.sock.send_multipart([frames[0], *reply])
+        except BaseException as err:  # noqa: BLE001 - handed to the training thread
+            self.failure = err
+            with self.clock_cv:
+                self.clock_cv.notify_all()
+
+    def _handle(self, frames: list[bytes]) -> list[bytes] | None:
+        try:
+            op, meta, arrays = wire.unpack(frames)
+            if op == wire.CLOCK:
+                self.set_clock(int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")))
+                return None
+            self._count("recv", arrays)
+            out = self._read(meta, arrays) if op == wire.READ else self._push(arrays)
+        except (ValueError, KeyError, IndexError, RuntimeError) as err:
+            return wire.pack(wire.REPLY, {"error": f"rank {self.ctx.env.rank}: {err}"}, {})
+        self._count("sent", out)
+        return wire.pack(wire.REPLY, {}, out)
+
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slots of owned rows ``ids``; ``ValueError`` for an id this rank does not own."""
+        store = self.ctx.store
+        if ids.numel() and (ids.min() < 0 or ids.max() >= store.num_rows):
+            raise ValueError("a request names a row id outside the table")
+        slots = store.slot_of.index_select(0, ids).long()
+        if slots.numel() and (slots.min() < 0 or slots.max() >= store.n_own):
+            raise ValueError("a request names a row this rank does not own")
+        return slots
+
+    def _read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        store, sw = self.ctx.store, self.ctx.opt.state_width
+        m_slot, r_slot = self._slots(a["mids"]), self._slots(a["rids"])
+        with self.lock:
+            lag = protocol.lags(store, m_slot, a["mver"])
+            need = lag > int(meta["bound"])
+            if meta["send_all"]:
+                need = torch.ones_like(need)
+            rows = torch.cat([m_slot[need], r_slot])
+            out = {
+                "lag": lag,
+                "values": store.weight.index_select(0, rows),
+                "versions": store.version.index_select(0, rows),
+            }
+            if sw:
+                out["state"] = store.opt_state.index_select(0, rows)
+        return out
+
+    def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        slots = self._slots(a["ids"])
+        grad = a["grad"].reshape(slots.numel(), self.ctx.store.dim)
+        store, empty = self.ctx.store, slots[:0]
+        with self.lock:
+            protocol.apply_at_owner(
+                store, self.ctx.opt, (empty, a["cnt"][:0], grad[:0]), (slots, a["cnt"], grad)
+            )
+        return {}
+
+    def _count(self, direction: str, arrays: dict[str, torch.Tensor]) -> None:
+        for name, t in arrays.items():
+            kind = _KIND_OF[name]
+            self.bytes[f"bytes_{direction}_{kind}"] += t.numel() * t.element_size()
+
+
+_KINDS = ("ids", "versions", "values", "gradients")
+# every array a request or reply carries, by counter kind (the lags count as versions)
+_KIND_OF = {
+    "mids": "ids", "rids": "ids", "ids": "ids", "mver": "versions", "cnt": "versions",
+    "grad": "gradients", "lag": "versions", "values": "values", "versions": "versions",
+    "state": "values",
+}  # fmt: skip

@@ -1,0 +1,216 @@
+"""``--sync async``: a multi-rank step without a global exchange (HET's way: each rank serves
+its owned rows from a ZeroMQ service thread, :mod:`.async_service`; workers refresh, fetch and
+push point to point, :mod:`.async_peers`). The same step interface as
+:class:`~.step.Stepper` (``step``, ``grads``), and the same rules (:mod:`..protocol`).
+
+A training step ``t`` of one rank has two phases, each ended by a tick of the rank's *clock*
+(``2t + 1`` after the push phase, ``2t + 2`` after the read phase), published to every peer:
+
+1. **push** (the last step's gradient): mirrors stage it (write rule) and the due ones push;
+   owned rows are updated here at once; rows not stored here push to their owners. Pushes are
+   acknowledged after the owner applied them.
+2. **read**: owned rows are read locally; one read request per owner carries the batch's mirror
+   ids with their versions and the rows not stored here; the owner answers with every mirror's
+   lag and the values of the mirrors beyond ``bound`` and of the rows not stored; stale
+   mirrors are refreshed (owner value + own unpushed delta) and the rows gathered.
+
+**Per-clock bound** (stale synchronous parallel): before the phase that ends at clock ``c``, a
+rank waits until every rank's clock is at least ``c - 1 - 2 * max_lag``. So no rank is more
+than ``max_lag`` steps ahead of the slowest, and with ``max_lag = 0`` every read of step ``t``
+sees every rank's step ``t - 1`` update and none of step ``t``: with ``bound = 0`` that is the
+collective path's arithmetic (SGD: equal up to float summation order; Adagrad: owners apply
+each push as it comes, one optimizer step per push instead of one per row per step).
+
+Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock;
+flush pushes everything pending and then meets every rank at a process-group barrier, so
+owners hold every update afterwards (flush is collective, as in the collective path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import torch
+
+from hetgmp.comm.collectives import barrier
+from hetgmp.embedding import protocol
+from hetgmp.embedding.batch import Batch, Prep, range_error
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.transport import async_wire as wire
+from hetgmp.embedding.transport.async_peers import connect_peers
+from hetgmp.embedding.transport.async_reads import read_rows
+from hetgmp.embedding.transport.async_service import AsyncService
+from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+    """Settings of ``--sync async``: ``max_lag`` steps a rank may run ahead of the slowest;
+    each rank's service listens on ``host`` at ``port_base + rank`` (``port_base`` 0: a port
+    the OS picks); ``timeout_s`` bounds every wait for a peer."""
+
+    max_lag: int = 0
+    host: str = "127.0.0.1"
+    port_base: int = 0
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_lag < 0:
+            raise ValueError(f"max_lag must be >= 0, got {self.max_lag}")
+        if not 0 <= self.port_base <= 65535:
+            raise ValueError(f"async port base must be in [0, 65535], got {self.port_base}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"async timeout must be > 0, got {self.timeout_s}")
+
+
+class AsyncStep:
+    """The asynchronous step engine of one rank (see the module docstring). Construction is
+    collective (the endpoints are published through the process group)."""
+
+    def __init__(self, ctx: StepContext, cfg: AsyncConfig) -> None:
+        env = ctx.env
+        if ctx.store.device.type != "cpu":
+            raise ValueError(
+                "--sync async runs on CPU ranks only for now (rows on the GPU through pinned "
+                f"host buffers are not implemented); this rank's device is {ctx.store.device}"
+            )
+        self.ctx, self.cfg = ctx, cfg
+        self.lock = threading.RLock()  # the table, shared with the service thread
+        port = cfg.port_base + env.rank if cfg.port_base else 0
+        self.service = AsyncService(ctx, self.lock, _bind_host(cfg.host), port)
+        try:
+            self.peers, self.endpoints = connect_peers(env, self.service, cfg.timeout_s)
+        except BaseException:
+            self.service.close()
+            raise
+        self.grads: tuple[Batch, torch.Tensor] | None = None
+        self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
+        self.closed = False
+
+    def step(
+        self, prep: Prep, *, op: int, error: str | None, training: bool
+    ) -> tuple[torch.Tensor, Batch]:
+        """One step (forward or flush); returns the unique rows' values in block order."""
+        ctx, r = self.ctx, self.ctx.env.rank
+        if self.closed:
+            raise RuntimeError(f"rank {r}: this table's async service is closed")
+        if error is None and bool(prep.bad):
+            error = range_error(prep.ids, ctx.store.num_rows)
+        if error:  # (the pending gradient stays for the next step, as in the collective path)
+            raise EmbeddingInputError(f"rank {r}: {error}")
+        evaluating = op == OP_FLUSH or not training
+        grads, self.grads = self.grads, None
+        lag2, c = 2 * self.cfg.max_lag, 2 * self.steps
+        if not evaluating:
+            self._wait(c - lag2, "push")
+        deferred = self._push_phase(grads, evaluating)
+        if op == OP_FLUSH:
+            barrier(ctx.env)  # every rank's pushes are applied before anyone reads owners
+            return self._flushed(prep, deferred)
+        if not evaluating:
+            self._tick(c + 1)
+            self._wait(c + 1 - lag2, "read")
+        bound = 0 if evaluating else ctx.bound
+        batch, nqm = _batch(prep, ctx.env.rank, ctx.env.world_size)
+        values = read_rows(ctx, self.lock, self.peers, (batch, nqm), bound, deferred)
+        if not evaluating:
+            self._tick(c + 2)
+            self.steps += 1
+        return values, batch
+
+    def close(self) -> None:
+        """Tell the peers, close the sockets, stop the service thread, end the ZeroMQ context."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.peers.close()
+        finally:
+            self.service.close()
+
+    def service_bytes(self) -> dict[str, int]:
+        """Bytes the service received and sent (by counter name)."""
+        return dict(self.service.bytes)
+
+    # ------------------------------------------------------------------ the phases
+    def _wait(self, target: int, phase: str) -> None:
+        self.service.wait_clock(target, self.cfg.timeout_s, f"async {phase} (--max-lag)")
+
+    def _tick(self, clock: int) -> None:
+        self.service.set_clock(self.ctx.env.rank, clock)
+        self.peers.publish_clock(clock)
+
+    def _push_phase(self, grads: tuple[Batch, torch.Tensor] | None, evaluating: bool) -> Any:
+        """Stage, apply own rows, push the rest; returns the deferred-mirror count."""
+        ctx, store, w = self.ctx, self.ctx.store, self.ctx.env.world_size
+        with self.lock:
+            if grads is not None and grads[0].n_mir:
+                pb, pg = grads
+                m0, m1 = pb.n_own, pb.n_own + pb.n_mir
+                protocol.stage_mirror_updates(
+                    store, ctx.opt, pb.slot[m0:m1], pg[m0:m1], pb.cnt[m0:m1]
+                )
+            due, per_owner, deferred = protocol.due_state(store, ctx.bound, push_all=evaluating)
+            di = torch.nonzero(due).view(-1) if due is not None else store.zeros_w[:0]
+            d_ids, d_cnt, d_grad = protocol.take_due(store, ctx.opt, di)
+            if grads is not None and grads[0].n_own:
+                pb, pg = grads
+                own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
+                empty = (own[0][:0], own[1][:0], own[2][:0])
+                protocol.apply_at_owner(store, ctx.opt, own, empty)
+        if grads is not None:
+            pb, pg = grads
+            r0 = pb.n_own + pb.n_mir
+            rem = (pb.u[r0:].split(pb.nqr), pb.cnt[r0:].split(pb.nqr), pg[r0:].split(pb.nqr))
+        else:
+            rem = ([d_ids[:0]] * w, [d_cnt[:0]] * w, [d_grad[:0]] * w)
+        nd = per_owner.tolist()
+        due_parts = (d_ids.split(nd), d_cnt.split(nd), d_grad.split(nd))
+        reqs = {}
+        for p in range(w):
+            ids = torch.cat([rem[0][p], due_parts[0][p]])
+            if ids.numel():
+                cnt = torch.cat([rem[1][p], due_parts[1][p]])
+                grad = torch.cat([rem[2][p], due_parts[2][p]]).contiguous()
+                reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
+        sent = sum(wire.nbytes(q[2]) for q in reqs.values())
+        self.peers.request_all(reqs, "async push")
+        n_p = sum(q[2]["ids"].numel() for q in reqs.values())
+        ctx.counters.count_bytes(
+            sent={"ids": 8 * n_p, "versions": 8 * n_p, "gradients": sent - 16 * n_p},
+            recv={}, reset=True,
+        )  # fmt: skip
+        ctx.counters.count_pushes(n_p)
+        return deferred
+
+    def _flushed(self, prep: Prep, deferred: Any) -> tuple[torch.Tensor, Batch]:
+        ctx, z = self.ctx, self.ctx.store.zeros_w[0]
+        ctx.counters.set_rows_host(0, 0)
+        ctx.counters.rows_dev_step = torch.stack([z, z, z, deferred.to(torch.int64), z])
+        ctx.counters.accumulate_rows()
+        batch = _batch(prep, ctx.env.rank, ctx.env.world_size)[0]
+        return torch.zeros(0, ctx.store.dim, device=ctx.store.device), batch
+
+
+def _batch(prep: Prep, rank: int, w: int) -> tuple[Batch, list[int]]:
+    """The step's :class:`Batch` from the plan's block sizes (read on the host), and its
+    mirror count per owner."""
+    blocks = prep.blocks.tolist()
+    n_own, nqm, nqr = blocks[rank], blocks[w : 2 * w], blocks[2 * w : 3 * w]
+    k = n_own + sum(nqm) + sum(nqr)
+    batch = Batch(
+        u=prep.u[:k], cnt=prep.cnt[:k], slot=prep.slot[:k], inv=prep.inv, n_own=n_own,
+        n_mir=sum(nqm), nqr=nqr, nqr_dev=None,
+    )  # fmt: skip
+    return batch, nqm
+
+
+def _bind_host(host: str) -> str:
+    """``auto``: the address of the interface this host uses for outbound traffic."""
+    if host != "auto":
+        return host
+    from hetgmp.comm.launch import _my_address
+
+    return _my_address()

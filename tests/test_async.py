@@ -1,0 +1,203 @@
+"""``--sync async`` (issue 17): the ZeroMQ row service and the asynchronous step, on spawned
+gloo CPU ranks, against the collective path and the protocol's invariants."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from test_embedding import (
+    BATCH,
+    DIM,
+    ROWS,
+    make_batches,
+    make_grads,
+    make_plan,
+    rank_slice,
+    step_loss,
+    union,
+)
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.embedding import DistributedEmbedding
+from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.transport.async_service import THREAD_PREFIX
+from hetgmp.embedding.transport.async_step import AsyncConfig
+
+pytest.importorskip("zmq")
+
+FAST = AsyncConfig(max_lag=0, host="127.0.0.1", timeout_s=20.0)
+
+
+def table(env: DistEnv, case: dict, sync: str, **kw) -> DistributedEmbedding:
+    plan = make_plan("plan", env.world_size, case["seed"])
+    return DistributedEmbedding(
+        ROWS, DIM, env, plan, store_rate=case["store_rate"], bound=case.get("bound", 0),
+        optimizer=case["optimizer"], lr=0.05, seed=case["seed"], adagrad_init=0.1,
+        sync=sync, async_config=case.get("async", FAST), **kw,
+    )  # fmt: skip
+
+
+def train(env: DistEnv, case: dict, sync: str) -> dict:
+    """Train a case; its owned rows after flush, counters, and the per-rank delays slept."""
+    emb = table(env, case, sync)
+    sl = rank_slice(env.rank, env.world_size)
+    rng = np.random.default_rng(env.rank)
+    for ids, g in zip(
+        make_batches(case["seed"], steps=6), make_grads(case["seed"], 6), strict=True
+    ):
+        if case.get("delay"):
+            time.sleep(float(rng.uniform(0, case["delay"])))
+        out = emb(torch.from_numpy(ids[sl]))
+        step_loss(out, torch.from_numpy(g[sl]), BATCH).backward()
+    sd = emb.state_dict()
+    out = {"sd": sd, "counters": emb.counters()}
+    emb.close()
+    return out
+
+
+def both_ways(env: DistEnv, cases: list[dict]) -> list[dict]:
+    return [{s: train(env, c, s) for s in ("collective", "async")} for c in cases]
+
+
+def test_bound0_maxlag0_equals_collective() -> None:
+    cases = [
+        {"optimizer": "sgd", "store_rate": 0.3, "seed": 1},
+        {"optimizer": "sgd", "store_rate": 0.0, "seed": 2, "delay": 0.02},
+    ]
+    results = spawn_ranks(both_ways, 2, cases, timeout_s=180)
+    for i in range(len(cases)):
+        coll = union([r[i]["collective"]["sd"] for r in results])
+        asyn = union([r[i]["async"]["sd"] for r in results])
+        assert torch.equal(coll["ids"], asyn["ids"])
+        torch.testing.assert_close(asyn["weight"], coll["weight"], rtol=1e-5, atol=1e-6)
+        for r in results:  # the same reads, row by row
+            for k in ("rows_owned", "rows_mirror_fresh", "rows_remote", "rows_requested"):
+                assert r[i]["async"]["counters"][k] == r[i]["collective"]["counters"][k], k
+
+
+# ---------------------------------------------------------------- bound > 0, audited, delays
+def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int) -> dict:
+    """SGD, lr 1, loss = sum of column 0: a value's column 0 counts the updates in it, so the
+    lag of every read can be measured from the values themselves (as test_embedding does)."""
+    world = env.world_size
+    cfg = AsyncConfig(max_lag=max_lag, host="127.0.0.1", timeout_s=30.0)
+    emb = DistributedEmbedding(
+        ROWS, DIM, env, make_plan("plan", world, seed), store_rate=0.5, bound=bound,
+        optimizer="sgd", lr=1.0, seed=seed, init_scale=0.01, audit=True, sync="async",
+        async_config=cfg,
+    )  # fmt: skip
+    init0 = initial_rows(torch.arange(ROWS), DIM, seed=seed, scale=0.01)[:, 0]
+    rng = np.random.default_rng(100 + env.rank)
+    worst, stale, requested = 0, 0, 0
+    for ids in make_batches(seed + bound, steps=10, batch=8 * world):
+        time.sleep(float(rng.uniform(0, 0.03)) * (1 + env.rank))  # uneven per-rank speeds
+        mine = ids[rank_slice(env.rank, world, 8 * world)]
+        emb(torch.from_numpy(mine))[..., 0].sum().backward()
+        a = emb.last_audit
+        m = a["is_mirror"] & ~a["refreshed"]
+        owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
+        assert torch.equal(owner_updates, a["owner_version"]), "owner version = its updates"
+        used = torch.round(init0[a["ids"]] - a["used_value"][:, 0]).long() - a["pending"]
+        lag = (owner_updates - used)[m]
+        assert torch.equal(lag, a["lag"][m]), "recorded lag = lag measured from values"
+        if lag.numel():
+            worst, stale = max(worst, int(lag.max())), stale + int((lag > 0).sum())
+        assert emb.step_counters()["rows_requested"] == np.unique(mine).size
+        requested += np.unique(mine).size
+    emb.flush()
+    out = {"worst": worst, "stale": stale, "requested": requested, "counters": emb.counters()}
+    emb.close()
+    return out
+
+
+@pytest.mark.parametrize("bound,max_lag", [(0, 2), (3, 2)])
+def test_every_read_within_bound_under_random_delays(bound: int, max_lag: int) -> None:
+    results = spawn_ranks(audited_async, 3, bound, max_lag, 5, timeout_s=180)
+    assert max(r["worst"] for r in results) <= bound
+    if bound == 0:
+        assert sum(r["stale"] for r in results) == 0
+    # counters add up: every byte sent is received somewhere, every read is classified
+    c = [r["counters"] for r in results]
+    for kind in ("ids", "versions", "values", "gradients"):
+        assert sum(x[f"bytes_sent_{kind}"] for x in c) == sum(x[f"bytes_recv_{kind}"] for x in c)
+    for r, x in zip(results, c, strict=True):
+        assert x["rows_requested"] == r["requested"]
+        assert x["rows_remote"] >= x["rows_mirror_refreshed"]
+    assert sum(x["pushes_sent"] for x in c) > 0
+
+
+# ---------------------------------------------------------------- failures and shutdown
+def dies_at_step_two(env: DistEnv, how: str) -> str:
+    emb = table(env, {"optimizer": "sgd", "store_rate": 0.3, "seed": 3,
+                      "async": AsyncConfig(max_lag=1, host="127.0.0.1", timeout_s=4.0)}, "async")  # fmt: skip
+    sl = rank_slice(env.rank, env.world_size)
+    for t, ids in enumerate(make_batches(3, steps=6)):
+        if env.rank == 1 and t == 2:
+            if how == "exit":
+                import os
+
+                os._exit(3)  # no goodbye: the peers must notice by their timeout
+            raise RuntimeError("rank 1 simulated crash")
+        emb(torch.from_numpy(ids[sl])).sum().backward()
+    return "finished"
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_dead_peer_gives_a_clear_error(how: str) -> None:
+    t0 = time.monotonic()
+    outcomes = spawn_ranks(
+        dies_at_step_two, 2, how, timeout_s=90, collective_timeout_s=20, raise_on_error=False
+    )
+    assert outcomes[1].status == ("error" if how == "raise" else "died")
+    o = outcomes[0]
+    assert o.status == "error" and o.error_type == "CommError", o
+    assert "rank 1" in o.message, o.message
+    if how == "raise":  # it said goodbye: no need to wait for the timeout
+        assert "closed its table" in o.message, o.message
+    else:
+        assert "within 4s" in o.message or "waited 4s" in o.message, o.message
+    assert time.monotonic() - t0 < 60
+
+
+def clean_shutdown(env: DistEnv) -> dict:
+    from hetgmp.comm.launch import shutdown
+
+    emb = table(env, {"optimizer": "adagrad", "store_rate": 0.3, "seed": 4}, "async")
+    sl = rank_slice(env.rank, env.world_size)
+    for ids in make_batches(4, steps=3):
+        emb(torch.from_numpy(ids[sl])).sum().backward()
+    emb.flush()
+    stepper = emb._stepper
+    alive_before = [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+    shutdown(env, wait_for_peers=True)  # runs the table's closer
+    return {
+        "before": alive_before,
+        "after": [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)],
+        "ctx_closed": stepper.service.zctx.closed,
+        "socks_closed": stepper.service.sock.closed
+        and all(s.closed for s in stepper.peers.socks.values()),
+    }
+
+
+def test_shutdown_leaves_no_thread_or_socket() -> None:
+    for r in spawn_ranks(clean_shutdown, 2, timeout_s=120):
+        assert len(r["before"]) == 1
+        assert r["after"] == [] and r["ctx_closed"] and r["socks_closed"]
+
+
+def test_async_refuses_what_it_does_not_support() -> None:
+    env = DistEnv(world_size=2, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="exchange='padded'"):
+        DistributedEmbedding(ROWS, DIM, env, sync="async", exchange="padded", replies="all")
+    with pytest.raises(ValueError, match="sync must be one of"):
+        DistributedEmbedding(ROWS, DIM, env, sync="bulk")
+    with pytest.raises(ValueError, match="max_lag"):
+        AsyncConfig(max_lag=-1)
+    cuda_env = DistEnv(world_size=2, device=torch.device("cuda"))
+    with pytest.raises(ValueError, match="CPU ranks only"):
+        DistributedEmbedding(ROWS, DIM, cuda_env, sync="async", kernels="torch")
