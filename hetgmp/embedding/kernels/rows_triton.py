@@ -153,3 +153,40 @@ def adagrad_rows_kernel(
         g = tl.load(g_ptr + g_row[:, None] + cols[None, :], mask=m, other=0.0)
         ws = w_ptr + w_row[:, None] + cols[None, :]
         tl.store(ws, tl.load(ws, mask=m) - g * scale[:, None], mask=m)
+
+
+@triton.jit
+def scatter_add_grouped_kernel(
+    table_ptr, idx_ptr, src_ptr, B, F, alpha, D: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr, MAX_GROUPS: tl.constexpr,
+):  # fmt: skip
+    # table[idx[b, f]] += alpha * src[b, f] for a [B, F] batch. A program takes one field's
+    # column of BLOCK_B samples (one column tile): entries that repeat an index in the block
+    # (a hot row of a small field) are summed in registers and added with one row of atomics
+    # per distinct index, the most repeated first, up to MAX_GROUPS; the rest add one by one.
+    # A negative index is skipped (padding).
+    f = tl.program_id(0)
+    b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cm = cols < D
+    occ = b.to(tl.int64) * F + f
+    idx = tl.load(idx_ptr + occ, mask=b < B, other=-1).to(tl.int64)
+    todo = idx >= 0
+    m2 = todo[:, None] & cm[None, :]
+    g = tl.load(src_ptr + occ[:, None] * D + cols[None, :], mask=m2, other=0.0)
+    g = g.to(tl.float32) * alpha
+    # how often each entry's index occurs in the block (pairwise: BLOCK_B^2 compares)
+    same = (idx[:, None] == idx[None, :]) & todo[None, :]
+    reps = tl.where(todo, tl.sum(same.to(tl.int32), axis=1), 0)
+    i = 0
+    while (i < MAX_GROUPS) & (tl.max(reps, axis=0) > 1):
+        top = tl.argmax(reps, axis=0)
+        c = tl.sum(tl.where(tl.arange(0, BLOCK_B) == top, idx, 0), axis=0)
+        grp = todo & (idx == c)
+        row = tl.sum(tl.where(grp[:, None], g, 0.0), axis=0)
+        tl.atomic_add(table_ptr + c * D + cols, row, mask=cm, sem="relaxed")
+        todo = todo & ~grp
+        reps = tl.where(grp, 0, reps)
+        i += 1
+    rest = todo[:, None] & cm[None, :]
+    tl.atomic_add(table_ptr + idx[:, None] * D + cols[None, :], g, mask=rest, sem="relaxed")
