@@ -24,8 +24,8 @@ CASES = textwrap.dedent(
     """
     import torch
     from hetgmp.embedding.kernels import (
-        gather_rows, mark_local, put_rows, scatter_add_grouped, scatter_add_rows,
-        scatter_add_rows_reference, take_local, take_rows,
+        gather_rows, mark_local, put_rows, scatter_add_rows, scatter_add_rows_reference,
+        take_local, take_rows,
     )
 
     def check(device):
@@ -60,29 +60,6 @@ CASES = textwrap.dedent(
         torch.testing.assert_close(out, values[inv], rtol=0, atol=0)
         out.backward(up)
         torch.testing.assert_close(got_v.grad, want_v.grad, rtol=1e-5, atol=1e-5)
-        # scatter_add_grouped == the flat update: batches under, at and over the 64-sample
-        # block; hot fields (2 values: the grouped sums), cold ones (singletons), skipped
-        # (negative) entries, more repeated indices per block than the kernel groups; dims
-        # under, at and over its 64-column tile; fp32 and bf16 gradients
-        for b, f, d in ((1, 1, 8), (63, 3, 20), (64, 2, 64), (300, 4, 130), (200, 1, 16)):
-            rows = 50
-            card = torch.tensor([2, 40, 7, 1000][:f])  # per field: its number of values
-            idx = (torch.rand(b, f, generator=g) ** 2 * card).long() % rows
-            idx[::7, 0] = -1
-            src = torch.randn(b, f, d, generator=g)
-            table = torch.randn(rows, d, generator=g)
-            keep = idx.reshape(-1) >= 0
-            for dt in (torch.float32, torch.bfloat16):
-                s = src.to(dt)
-                want = scatter_add_rows_reference(
-                    table.clone(), idx.reshape(-1)[keep], s.reshape(-1, d)[keep].float(), -0.5
-                )
-                for it in (torch.int64, torch.int32):
-                    got = scatter_add_grouped(
-                        table.clone().to(device), idx.to(it).to(device), s.to(device), -0.5,
-                        backend="triton",
-                    )
-                    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
         print("ok")
 
     def check_take(device):

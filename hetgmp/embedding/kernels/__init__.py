@@ -4,14 +4,11 @@
   lookup ``mark_local`` / ``take_local``, the differentiable ``gather_rows``) with their torch
   references and the backend choice (:func:`resolve`); the Triton code is in
   :mod:`.rows_triton`.
-* :mod:`.grouped`: ``scatter_add_grouped``, the row update of a ``[B, F]`` batch that sums an
-  index's repeats in registers before its atomics (the one-rank step).
 * :mod:`.launcher`: loading the Triton kernels and the cached launcher (:func:`launch`).
 * :mod:`.padded`: the padded exchange's segments as fused Triton kernels (:mod:`.padded_triton`),
   and :mod:`.padded_reference`, the same segments in torch ops (their reference).
 """
 
-from hetgmp.embedding.kernels.grouped import scatter_add_grouped
 from hetgmp.embedding.kernels.launcher import launch, triton_available
 from hetgmp.embedding.kernels.rows import (
     KERNELS,
@@ -37,7 +34,6 @@ __all__ = [
     "put_rows",
     "put_rows_reference",
     "resolve",
-    "scatter_add_grouped",
     "scatter_add_rows",
     "scatter_add_rows_reference",
     "take_local",

@@ -25,7 +25,7 @@ import torch
 @functools.lru_cache(maxsize=1)
 def _triton() -> Any:
     """The Triton row kernels (a namespace: ``triton``, ``scatter``, ``take``, ``take_local``,
-    ``mark_local``, ``put``, ``adagrad``, ``scatter_grouped``, ``compiled``, ``hooks``), or the import error's text if Triton is
+    ``mark_local``, ``put``, ``adagrad``, ``compiled``, ``hooks``), or the import error's text if Triton is
     unusable."""
     try:
         import triton
@@ -45,7 +45,7 @@ def _triton() -> Any:
     return SimpleNamespace(
         triton=triton, scatter=k.scatter_add_rows_kernel, take=k.take_rows_kernel,
         take_local=k.take_local_kernel, mark_local=k.mark_local_kernel, put=k.put_rows_kernel,
-        adagrad=k.adagrad_rows_kernel, scatter_grouped=k.scatter_add_grouped_kernel,
+        adagrad=k.adagrad_rows_kernel,
         compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
         hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
     )  # fmt: skip

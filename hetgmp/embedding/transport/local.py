@@ -21,7 +21,7 @@ import torch
 
 from hetgmp.embedding.batch import LocalBatch, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
-from hetgmp.embedding.kernels import mark_local, scatter_add_grouped, take_local
+from hetgmp.embedding.kernels import mark_local, scatter_add_rows, take_local
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
 
@@ -114,14 +114,13 @@ class LocalStep:
         opt = self.ctx.opt
         if pb.lead is None:  # (an empty batch)
             return
-        kernels = self.ctx.kernels
         if opt.name == "sgd":  # linear: every occurrence's gradient added directly
-            scatter_add_grouped(self.weight, pb.slot, pg, -opt.lr, backend=kernels)
+            opt.apply(self.weight, self.opt_state, pb.slot, pg)
             return
         # Row sums at the leader occurrence, then one update per row at its leader. (A fresh
         # contiguous buffer: the captured gradient may be an expanded view.)
         gsum = torch.zeros(pb.lead.numel(), pg.shape[-1], dtype=torch.float32, device=pg.device)
-        scatter_add_grouped(gsum, pb.lead.view(pb.slot.shape), pg, backend=kernels)
+        scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels)
         opt.apply_leaders(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead)
 
     def _check(self, ids: torch.Tensor) -> None:
