@@ -170,6 +170,9 @@ CASES = textwrap.dedent(
                     (out.sum() if t % 2 else out.pow(2).sum()).backward()
             for e in embs:
                 e.flush()
+                # Adagrad's row sums: a buffer the update leaves at zero (never refilled)
+                gsum = e._one._gsum
+                assert (gsum is None) == (opt == "sgd") and (gsum is None or not gsum.any())
             torch.testing.assert_close(embs[1].weight, embs[0].weight, rtol=1e-5, atol=1e-6)
         print("ok")
 
@@ -350,3 +353,21 @@ def test_launch_uses_normal_path_with_hooks_or_unusable_kernels(monkeypatch) -> 
     for _ in range(4):
         K2.launch(interp, (1,), (t, 3), {"BLOCK": 4})
     assert [e[0] for e in interp.log] == ["normal"] * 4 and not K2._launch_cache
+
+
+def test_adagrad_consume_zeroes_exactly_the_rows_it_used() -> None:
+    from hetgmp.embedding.kernels.adagrad import adagrad_rows, adagrad_rows_reference
+
+    g = torch.Generator().manual_seed(3)
+    weight, state = torch.randn(10, 4, generator=g), torch.rand(10, generator=g)
+    idx = torch.tensor([3, 5, 3, 7, 5])
+    lead = torch.tensor([0, 1, 0, 3, 1], dtype=torch.int32)  # leaders: entries 0, 1, 3
+    grad = torch.randn(5, 4, generator=g)
+    want_w, want_s = weight.clone(), state.clone()
+    adagrad_rows_reference(want_w, want_s, idx, grad.clone(), 0.1, 1e-7, lead=lead)
+    used = grad.clone()
+    adagrad_rows(weight, state, idx, used, 0.1, 1e-7, lead=lead, consume=True)
+    assert torch.equal(weight, want_w) and torch.equal(state, want_s)
+    assert not used[[0, 1, 3]].any() and torch.equal(used[[2, 4]], grad[[2, 4]])
+    with pytest.raises(ValueError, match="float32 contiguous"):
+        adagrad_rows(weight, state, idx, grad.t().contiguous().t(), 0.1, 1e-7, consume=True)

@@ -170,3 +170,25 @@ def test_first_layer_without_concatenation_equals_the_textbook_formula(name: str
         torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
         for g, p in zip(got, m.parameters(), strict=True):
             torch.testing.assert_close(g, p.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_bias_gradient_by_product_equals_nn_linear(dtype) -> None:
+    from hetgmp.models.layers import linear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(12, 5).to(dtype)
+    x = torch.randn(33, 12, dtype=dtype, requires_grad=True)
+    up = torch.randn(33, 5, dtype=dtype)
+    lin(x).backward(up)
+    want = [t.grad.clone() for t in (x, lin.weight, lin.bias)]
+    for t in (x, lin.weight, lin.bias):
+        t.grad = None
+    out = linear(x, lin)
+    # (bf16: the bias is added after the product's rounding, not inside it: one more rounding)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(out, lin(x), **tol)
+    out.backward(up)
+    tol = tol if dtype == torch.bfloat16 else {}
+    for got, w in zip((x.grad, lin.weight.grad, lin.bias.grad), want, strict=True):
+        torch.testing.assert_close(got, w, **tol)

@@ -86,16 +86,22 @@ class SparseOptimizer:
 
     def apply_leaders(
         self, weight: torch.Tensor, state: torch.Tensor, slots: torch.Tensor,
-        grad: torch.Tensor, lead: torch.Tensor,
+        grad: torch.Tensor, lead: torch.Tensor, *, consume: bool = False,
     ) -> None:  # fmt: skip
         """Like :meth:`apply` for ``slots`` that repeat: ``grad`` holds each row's summed
-        gradient at its leader entry (``lead[i] == i``), and only leaders update."""
+        gradient at its leader entry (``lead[i] == i``), and only leaders update.
+        ``consume``: the leaders' rows of ``grad`` are zeroed once used."""
         if self.name == "sgd":
             keep = lead.reshape(-1).long() == torch.arange(lead.numel(), device=lead.device)
             g = grad.reshape(-1, grad.shape[-1]) * keep[:, None]
             scatter_add_rows(weight, slots.reshape(-1), g, -self.lr, backend=self.kernels)
+            if consume:
+                grad.reshape(-1, grad.shape[-1])[keep] = 0
             return
-        adagrad_rows(weight, state, slots, grad, self.lr, self.eps, lead=lead, backend=self.kernels)
+        adagrad_rows(
+            weight, state, slots, grad, self.lr, self.eps, lead=lead, backend=self.kernels,
+            consume=consume,
+        )  # fmt: skip
 
     def apply_merged(
         self,

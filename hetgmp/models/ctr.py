@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hetgmp.models.layers import MLP, CrossNetwork, dot_interaction, first_layer, flat_inputs
+from hetgmp.models.layers import (
+    MLP,
+    CrossNetwork,
+    dot_interaction,
+    first_layer,
+    flat_inputs,
+    run_layers,
+)
 
 # HET-GMP's deep part for WDL / DCN / DeepFM.
 HETGMP_MLP = (256, 256, 256)
@@ -115,9 +122,7 @@ class WDL(CTRModel):
         first = self.deep[0]
         h = first_layer(self.lookup(sparse), dense, (first, self.wide))
         n = first.out_features
-        x = h[:, :n]
-        for layer in self._deep_rest:
-            x = layer(x)
+        x = run_layers(self._deep_rest, h[:, :n])
         return h[:, n : n + 1] + self.deep_out(x)
 
 
@@ -189,9 +194,7 @@ class DeepFM(CTRModel):
         # FM: 0.5 * ((sum v)^2 - sum v^2), summed over the embedding dimension.
         fm = 0.5 * (vec.sum(dim=1).pow(2) - vec.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
         h = first_layer(vec, dense, (self.deep[0],))[:, : self.deep[0].out_features]
-        for layer in tuple(self.deep)[1:]:
-            h = layer(h)
-        deep = self.deep_out(h)
+        deep = self.deep_out(run_layers(tuple(self.deep)[1:], h))
         return logit + fm + deep
 
 

@@ -37,15 +37,21 @@ def adagrad_rows_reference(
 def adagrad_rows(
     weight: torch.Tensor, state: torch.Tensor, idx: torch.Tensor, grad: torch.Tensor,
     lr: float, eps: float, *, keep: torch.Tensor | None = None, lead: torch.Tensor | None = None,
-    backend: str = "torch",
+    backend: str = "torch", consume: bool = False,
 ) -> None:  # fmt: skip
     """Row-wise Adagrad on rows ``idx`` (see the module docstring); ``weight [R, D]`` and
-    ``state [R]`` float32 contiguous, ``grad [n, D]`` (or ``[..., D]`` of ``n`` rows)."""
+    ``state [R]`` float32 contiguous, ``grad [n, D]`` (or ``[..., D]`` of ``n`` rows).
+    ``consume``: the selected rows of ``grad`` (float32, contiguous) are zeroed once used, so a
+    caller that adds only into selected rows keeps a zero buffer without refilling it."""
     idx = idx.reshape(-1)
+    if consume and (grad.dtype != torch.float32 or not grad.is_contiguous()):
+        raise ValueError("adagrad_rows(consume=True) needs a float32 contiguous gradient")
     if backend == "torch" or idx.numel() == 0:
-        adagrad_rows_reference(
-            weight, state, idx, grad.reshape(-1, grad.shape[-1]), lr, eps, keep=keep, lead=lead
-        )
+        flat = grad.reshape(-1, grad.shape[-1])
+        adagrad_rows_reference(weight, state, idx, flat, lr, eps, keep=keep, lead=lead)
+        if consume:
+            sel = _selected(idx, keep, lead)
+            flat[sel if sel is not None else slice(None)] = 0
         return
     n, d = idx.numel(), weight.shape[1]
     if grad.numel() != n * d or not weight.is_contiguous() or weight.dtype != torch.float32:
@@ -61,7 +67,7 @@ def adagrad_rows(
         launch(
             k.adagrad, (k.triton.cdiv(n, block_r),),
             (weight, state, idx.contiguous(), grad, sel.contiguous(), n, float(lr), float(eps)),
-            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SEL": mode},
+            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SEL": mode, "CONSUME": consume},
         )  # fmt: skip
 
 

@@ -124,10 +124,12 @@ def put_rows_kernel(
 def adagrad_rows_kernel(
     w_ptr, state_ptr, idx_ptr, g_ptr, sel_ptr, n, lr, eps,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SEL: tl.constexpr,
+    CONSUME: tl.constexpr,
 ):  # fmt: skip
     # row-wise Adagrad on rows idx[i] with gradient g[i]: s += mean(g^2), w -= lr g / (sqrt s
     # + eps); SEL 1: only entries with sel[i] != 0 (bool mask), SEL 2: only entries with
-    # sel[i] == i (int32 leader positions); a negative idx: skipped
+    # sel[i] == i (int32 leader positions); a negative idx: skipped; CONSUME: the selected
+    # gradient rows are set to zero once used
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
     idx = tl.load(idx_ptr + rows, mask=rmask, other=-1).to(tl.int64)
@@ -150,6 +152,9 @@ def adagrad_rows_kernel(
     for d0 in tl.static_range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         m = rmask[:, None] & (cols < D)[None, :]
-        g = tl.load(g_ptr + g_row[:, None] + cols[None, :], mask=m, other=0.0)
+        gs = g_ptr + g_row[:, None] + cols[None, :]
+        g = tl.load(gs, mask=m, other=0.0)
         ws = w_ptr + w_row[:, None] + cols[None, :]
         tl.store(ws, tl.load(ws, mask=m) - g * scale[:, None], mask=m)
+        if CONSUME:
+            tl.store(gs, tl.zeros_like(g), mask=m)

@@ -39,6 +39,7 @@ class LocalStep:
         self.device = dev = store.device
         self.grads: tuple[LocalBatch, torch.Tensor] | None = None
         self._pos_map: torch.Tensor | None = None  # row -> leader occurrence
+        self._gsum: torch.Tensor | None = None  # Adagrad row sums, zero between steps
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # CUDA: pending bad-id checks (ring slot of the pinned flag and its copy's event, the
         # batch), oldest first. Flags and events come from a ring made once: a pinned
@@ -117,11 +118,20 @@ class LocalStep:
         if opt.name == "sgd":  # linear: every occurrence's gradient added directly
             opt.apply(self.weight, self.opt_state, pb.slot, pg)
             return
-        # Row sums at the leader occurrence, then one update per row at its leader. (A fresh
-        # contiguous buffer: the captured gradient may be an expanded view.)
-        gsum = torch.zeros(pb.lead.numel(), pg.shape[-1], dtype=torch.float32, device=pg.device)
+        # Row sums at the leader occurrence, then one update per row at its leader. The sums
+        # go into a buffer kept at zero between steps: the update zeroes the leader rows it
+        # read, and only those were added to (a [B * F, D] fill is 0.035 ms of a 0.67 ms WDL
+        # step at batch 8192 on an H100). A smaller batch uses its prefix.
+        n = pb.lead.numel()
+        buf = self._gsum
+        if buf is None or buf.shape[0] < n or buf.shape[1] != pg.shape[-1]:
+            buf = torch.zeros(n, pg.shape[-1], dtype=torch.float32, device=pg.device)
+            self._gsum = buf
+        gsum = buf[:n]
         scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels)
-        opt.apply_leaders(self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead)
+        opt.apply_leaders(
+            self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead, consume=True
+        )
 
     def _check(self, ids: torch.Tensor) -> None:
         """This batch's out-of-range flag (set by :func:`mark_local`). On CPU it is read at
