@@ -129,6 +129,19 @@ def test_epoch_positions_are_the_loader_batches(tiny_dataset) -> None:
         np.testing.assert_array_equal(idx[pos[b * 16 : (b + 1) * 16]], loader.batch_indices(b))
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_device_epoch_positions_equal_the_host_reference(tiny_dataset, contiguous) -> None:
+    from hetgmp.data.device_batches import device_epoch_positions
+
+    n = len(tiny_dataset.train)
+    idx = np.arange(7, n - 3) if contiguous else _subset(n)
+    for bs, epoch in ((16, 0), (29, 3), (len(idx) + 5, 1)):  # (a tail; one short batch only)
+        loader = BatchLoader(tiny_dataset.train, bs, indices=idx, shuffle=True, seed=2, epoch=epoch)
+        stored = int(idx[0]) if contiguous else torch.from_numpy(idx)
+        got = device_epoch_positions(loader.order, stored, bs, torch.device("cpu"))
+        np.testing.assert_array_equal(got.numpy(), epoch_positions(loader, idx))
+
+
 def test_thread_errors_reach_the_training_thread(tiny_dataset) -> None:
     @dataclasses.dataclass(frozen=True)
     class Broken(EpochPlan):

@@ -17,6 +17,7 @@ resume position and the last partial batch are those of :class:`BatchLoader`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Iterator
 
@@ -136,20 +137,36 @@ class SyncSource:
 
 
 def resident_bytes(split: SplitArrays, num_samples: int, ids_int32: bool) -> int:
-    """Device bytes :class:`ResidentSource` needs for ``num_samples`` samples (plus positions)."""
+    """Device bytes :class:`ResidentSource` needs for ``num_samples`` samples (plus the epoch's
+    positions, the stored sample indices and, while an epoch starts, its order and sort)."""
     fields = int(split.sparse.shape[1])
     dense = 0 if split.dense is None else int(split.dense.shape[1])
-    return num_samples * (fields * (4 if ids_int32 else 8) + 4 * dense + 4 + 8)
+    return num_samples * (fields * (4 if ids_int32 else 8) + 4 * dense + 4 + 8 * 4)
 
 
 def epoch_positions(loader: BatchLoader, stored: np.ndarray) -> np.ndarray:
     """Positions in ``stored`` (sorted unique sample indices) of the epoch's samples, batch by
-    batch, each batch ascending: the order :meth:`BatchLoader.batch_indices` gives."""
+    batch, each batch ascending: the order :meth:`BatchLoader.batch_indices` gives. (The
+    reference of :func:`device_epoch_positions`.)"""
     pos = np.searchsorted(stored, loader.order)
     bs = loader.batch_size
     full = pos.size // bs * bs
     head = np.sort(pos[:full].reshape(-1, bs), axis=1).ravel()
     return np.concatenate([head, np.sort(pos[full:])])
+
+
+def device_epoch_positions(
+    order: np.ndarray, stored: torch.Tensor | int, batch_size: int, device: torch.device
+) -> torch.Tensor:
+    """:func:`epoch_positions` of the epoch whose sample order is ``order``, computed on
+    ``device``: ``stored`` the sorted stored sample indices as a device tensor, or the first one
+    when they are a contiguous range. Why: on the host, the search and the per-batch sorts of
+    Criteo Kaggle's 45.8M samples take seconds, as long as an epoch of training on one GPU."""
+    o = torch.from_numpy(order).to(device, non_blocking=False)
+    pos = o - stored if isinstance(stored, int) else torch.searchsorted(stored, o)
+    full = pos.numel() // batch_size * batch_size
+    head = pos[:full].view(-1, batch_size).sort(dim=1).values.view(-1)
+    return torch.cat([head, pos[full:].sort().values])
 
 
 class ResidentSource:
@@ -177,6 +194,14 @@ class ResidentSource:
         self.labels = self._upload(split.labels, torch.float32).reshape(-1, 1)
         self._epoch = -1
         self._positions = torch.zeros(0, dtype=torch.long, device=device)
+        lo, n = (int(self.stored[0]), self.stored.size) if self.stored.size else (0, 0)
+        contiguous = n == 0 or int(self.stored[-1]) == lo + n - 1  # (one rank: all samples)
+        self._stored: torch.Tensor | int = (
+            lo if contiguous else torch.from_numpy(self.stored).to(device)
+        )
+        # the next epoch's shuffle (a host permutation), drawn by a thread while this one trains
+        self._ahead: tuple[int, concurrent.futures.Future[np.ndarray]] | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetgmp-epoch")
 
     def _upload(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``self.stored`` of ``array`` as one device tensor, read chunk by chunk."""
@@ -201,16 +226,33 @@ class ResidentSource:
         if not slot.local:
             return slot, None
         if slot.epoch != self._epoch:
-            pos = epoch_positions(self.plan.loader(slot.epoch), self.stored)
-            self._positions = torch.from_numpy(pos).to(self.device)
-            self._epoch = slot.epoch
+            self._start_epoch(slot.epoch)
         bs = self.plan.batch_size
         pos = self._positions[slot.batch * bs : (slot.batch + 1) * bs]
         sparse = self.sparse.index_select(0, pos).long()
         dense = None if self.dense is None else self.dense.index_select(0, pos)
         return slot, DeviceBatch(sparse, dense, self.labels.index_select(0, pos))
 
+    def _start_epoch(self, epoch: int) -> None:
+        """This epoch's positions (its order from the thread when it drew it ahead), and the
+        next epoch's order drawn in the background."""
+        ahead = self._ahead
+        if ahead is not None and ahead[0] == epoch:
+            order = ahead[1].result()
+        else:
+            order = self.plan.loader(epoch).order
+        self._positions = device_epoch_positions(
+            order, self._stored, self.plan.batch_size, self.device
+        )
+        self._epoch = epoch
+        plan = self.plan
+        self._ahead = (epoch + 1, self._pool.submit(lambda: plan.loader(epoch + 1).order))
+
     def close(self) -> None:
-        """Drop the device copies (the memory returns to the caching allocator)."""
+        """Drop the device copies (the memory returns to the caching allocator) and stop the
+        thread (a shuffle it is drawing is not waited for)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ahead = None
         self.sparse = self.labels = self._positions = torch.zeros(0)
+        self._stored = 0
         self.dense = None
