@@ -3,6 +3,7 @@ into each other (checkpoints written before it, or on CPU, resume on CUDA and ba
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -61,3 +62,70 @@ def test_flat_adam_steps_like_torch_adam_and_shares_its_state_dict() -> None:
     _steps(d, ref_d, 2, 10)
     for pc, pd in zip(c.parameters(), d.parameters(), strict=True):
         torch.testing.assert_close(pc, pd, rtol=1e-5, atol=1e-6)
+
+
+FUSED_CHECK = """
+import pytest
+import torch
+from torch import nn
+from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
+
+def model(seed):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(300, 9), nn.ReLU(), nn.Linear(9, 1))  # 2.7k: 2 blocks, a tail
+    return net.to(DEVICE)
+
+a, b = model(0), model(0)
+params = list(a.parameters())
+flat = flatten_parameters(params)
+grads = torch.zeros_like(flat)
+off = 0
+for p in params:
+    p.grad = grads[off : off + p.numel()].view_as(p)
+    off += p.numel()
+fused = FlatAdam(params, flat, grads, lr=0.01, fused="triton")
+assert fused.fused
+ref = torch.optim.Adam(b.parameters(), lr=0.01)
+g = torch.Generator().manual_seed(1)
+for _ in range(6):
+    x = torch.randn(16, 300, generator=g).to(DEVICE)
+    for m, opt in ((a, fused), (b, ref)):
+        m(x).pow(2).mean().backward()
+        opt.step()
+        for p in m.parameters():
+            p.grad.zero_()
+for pa, pb in zip(a.parameters(), b.parameters()):
+    torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+sa, sb = fused.state_dict()["state"], ref.state_dict()["state"]
+for i in sb:
+    torch.testing.assert_close(sa[i]["exp_avg_sq"], sb[i]["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+print("ok")
+"""
+
+
+def test_fused_adam_kernel_steps_like_torch_adam_in_interpreter(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run(
+        [sys.executable, "-c", FUSED_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stdout + p.stderr
+
+
+def test_fused_choice_is_validated() -> None:
+    from hetgmp.train.adam_kernel import fused_adam_available
+
+    assert not fused_adam_available(torch.device("cpu"), "auto")  # auto: CUDA only
+    assert not fused_adam_available(torch.device("cpu"), "torch")
+    with pytest.raises(ValueError, match="fused must be"):
+        fused_adam_available(torch.device("cpu"), "yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_adam_kernel_steps_like_torch_adam_on_gpu() -> None:
+    exec(FUSED_CHECK.replace('DEVICE = "cpu"', 'DEVICE = "cuda"'), {})  # noqa: S102

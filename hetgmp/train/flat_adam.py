@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetgmp.train.adam_kernel import adam_flat_step, fused_adam_available
+
 
 def flatten_parameters(params: list[nn.Parameter]) -> torch.Tensor:
     """Move ``params``' values into one flat buffer and make each parameter a view of it (the
@@ -37,14 +39,18 @@ def flatten_parameters(params: list[nn.Parameter]) -> torch.Tensor:
 
 class FlatAdam(torch.optim.Adam):
     """``torch.optim.Adam(params, lr, betas, eps)`` on flat buffers (see the module docstring):
-    ``flat_params`` holds every parameter, ``flat_grads`` every gradient, in the same order."""
+    ``flat_params`` holds every parameter, ``flat_grads`` every gradient, in the same order.
+    ``fused``: ``auto`` (one Triton kernel per step on CUDA), ``triton`` or ``torch``."""
 
     def __init__(
         self, params: list[nn.Parameter], flat_params: torch.Tensor, flat_grads: torch.Tensor,
         *, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+        fused: str = "auto",
     ) -> None:  # fmt: skip
         super().__init__(params, lr=lr, betas=betas, eps=eps, capturable=True)
         self.flat_params, self.flat_grads = flat_params, flat_grads
+        # one Triton kernel per step (hetgmp.train.adam_kernel) or the torch ops below
+        self.fused = fused_adam_available(flat_params.device, fused)
         self.exp_avg = torch.zeros_like(flat_params)
         self.exp_avg_sq = torch.zeros_like(flat_params)
         self.step_t = torch.zeros((), dtype=torch.float32, device=flat_params.device)
@@ -70,6 +76,9 @@ class FlatAdam(torch.optim.Adam):
         lr, eps = group["lr"], group["eps"]
         g, m, v = self.flat_grads, self.exp_avg, self.exp_avg_sq
         self.step_t += 1
+        if self.fused:
+            adam_flat_step(self.flat_params, g, m, v, self.step_t, lr=lr, b1=b1, b2=b2, eps=eps)
+            return
         m.lerp_(g, 1 - b1)
         v.mul_(b2).addcmul_(g, g, value=1 - b2)
         bc1 = 1 - torch.pow(b1, self.step_t)
