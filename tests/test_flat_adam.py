@@ -65,8 +65,8 @@ def test_flat_adam_steps_like_torch_adam_and_shares_its_state_dict() -> None:
 
 
 FUSED_CHECK = """
-import pytest
 import torch
+DEVICE = "cpu"
 from torch import nn
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 
