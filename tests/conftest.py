@@ -19,6 +19,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(autouse=True)
+def _float32_matmul_precision_restored():
+    """A test that trains in-process sets torch's global TF32 switches (``--matmul_precision``
+    is a process setting); later tests comparing CUDA against CPU at fp32 tolerances must not
+    inherit them."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = None if torch is None else torch.get_float32_matmul_precision()
+    cudnn = None if torch is None else torch.backends.cudnn.allow_tf32
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_float32_matmul_precision(before or "highest")
+        torch.backends.cudnn.allow_tf32 = True if cudnn is None else cudnn
+
+
 @pytest.fixture
 def shared_datasets() -> Path:
     """``../shared/datasets`` (real samples, read in place); skip when it is absent."""
