@@ -133,6 +133,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(1) == 1 or x.shape[1] <= 1 else x.contiguous()
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _lp(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -150,7 +154,7 @@ class _CrossLogit(torch.autograd.Function):
             args = (xa, xb_, wcat, q, y, p, b, ka, kb, xa.stride(0), max(1, xb.stride(0)),
                     wcat.stride(0))  # fmt: skip
             consts = {"L": nl - 1, "LP": lp, "BLOCK_B": tiles.fwd_rows, "BLOCK_K": tiles.fwd_cols}
-            _launch(k.cross_fwd_kernel, (-(-b // tiles.fwd_rows),), args, consts)
+            _launch(k.cross_fwd_kernel, (_cdiv(b, tiles.fwd_rows),), args, consts)
         ctx.save_for_backward(xa, xb, wcat, q, p)
         ctx.tiles = tiles
         return y
@@ -170,10 +174,10 @@ def _backward(xa, xb, wcat, q, p, gy, tiles: Tiles) -> tuple[torch.Tensor, ...]:
     if b == 0:
         return gxa, gxb, torch.zeros_like(wcat), torch.zeros_like(q)
     bb, bk = tiles.bwd_rows, tiles.bwd_cols
-    chunks = -(-ka // bk) + -(-kb // bk)
-    groups = min(-(-b // bb), max(1, tiles.programs // chunks))
-    per_group = -(-(-(-b // groups)) // bb) * bb  # rows per group, a multiple of bb
-    groups = -(-b // per_group)
+    chunks = _cdiv(ka, bk) + _cdiv(kb, bk)
+    groups = min(_cdiv(b, bb), max(1, tiles.programs // chunks))
+    per_group = _cdiv(_cdiv(b, groups), bb) * bb  # rows per group, a multiple of bb
+    groups = _cdiv(b, per_group)
     part = torch.empty(groups, lp, ka + kb, dtype=torch.float32, device=xa.device)
     gq = torch.zeros(groups, lp, dtype=torch.float32, device=xa.device)
     gy = gy.contiguous().float()
@@ -239,7 +243,9 @@ def _trial(device: torch.device) -> str | None:
             got = [y.detach(), *(t.grad for t in ts)]
             if backend == "torch":
                 want = got
-            elif not all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(got, want)):
+            elif not all(
+                torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(got, want, strict=True)
+            ):
                 return "wrong result in a trial run"
     except Exception as e:  # noqa: BLE001 - any failure means "do not use it"
         return f"{type(e).__name__}: {e}"

@@ -25,15 +25,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _col(t, lidx, l):
-    """Column ``l`` of a ``[BLOCK_B, LP]`` tile as a ``[BLOCK_B]`` vector."""
-    return tl.sum(tl.where(lidx[None, :] == l, t, 0.0), axis=1)
+def _col(t, lidx, j):
+    """Column ``j`` of a ``[BLOCK_B, LP]`` tile as a ``[BLOCK_B]`` vector."""
+    return tl.sum(tl.where(lidx[None, :] == j, t, 0.0), axis=1)
 
 
 @triton.jit
 def _dots(acc, x_ptr, stride_x, rows64, rmask, w_ptr, stride_w, wcol0, width, lidx,
           L: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """``acc[:, l] += x[rows, :width] . w[l, wcol0 : wcol0 + width]`` for every ``l <= L``."""
+    """``acc[:, j] += x[rows, :width] . w[j, wcol0 : wcol0 + width]`` for every ``j <= L``."""
     cols = tl.arange(0, BLOCK_K)
     for k0 in range(0, width, BLOCK_K):
         c = k0 + cols
@@ -41,10 +41,10 @@ def _dots(acc, x_ptr, stride_x, rows64, rmask, w_ptr, stride_w, wcol0, width, li
         m = rmask[:, None] & cm[None, :]
         x = tl.load(x_ptr + rows64[:, None] * stride_x + c[None, :], mask=m, other=0.0)
         x = x.to(tl.float32)
-        for l in tl.static_range(L + 1):
-            w = tl.load(w_ptr + l * stride_w + wcol0 + c, mask=cm, other=0.0)
+        for j in tl.static_range(L + 1):
+            w = tl.load(w_ptr + j * stride_w + wcol0 + c, mask=cm, other=0.0)
             p = tl.sum(x * w[None, :], axis=1)
-            acc += tl.where(lidx[None, :] == l, p[:, None], 0.0)
+            acc += tl.where(lidx[None, :] == j, p[:, None], 0.0)
     return acc
 
 
@@ -62,8 +62,8 @@ def cross_fwd_kernel(xa_ptr, xb_ptr, w_ptr, q_ptr, y_ptr, p_ptr, B, Ka, Kb, stri
     acc = _dots(acc, xb_ptr, stride_b, rows64, rmask, w_ptr, stride_w, Ka, Kb, lidx, L, BLOCK_K)
     # x_l = x0 * a_l + c_l (a_0 = 1, c_l = b_0 + ... + b_{l-1}): s_l = x_l . w_l = a_l p_l + q_l
     a = tl.full((BLOCK_B,), 1.0, tl.float32)
-    for l in tl.static_range(L):
-        a = a + a * _col(acc, lidx, l) + tl.load(q_ptr + l)
+    for j in tl.static_range(L):
+        a = a + a * _col(acc, lidx, j) + tl.load(q_ptr + j)
     y = a * _col(acc, lidx, L) + tl.load(q_ptr + L)
     tl.store(y_ptr + rows, y, mask=rmask)
     tl.store(p_ptr + rows64[:, None] * LP + lidx[None, :], acc, mask=rmask[:, None])
@@ -74,20 +74,20 @@ def _row_grads(P, gy, q_ptr, lidx, L: tl.constexpr, LP: tl.constexpr):
     """Per row: the gradients of ``P`` (``dP``) and of ``q`` (``dq``), both ``[BLOCK_B, LP]``,
     from the saved dots ``P`` and the logit's gradient ``gy``."""
     a = gy * 0.0 + 1.0
-    A = tl.where(lidx[None, :] == 0, a[:, None], 0.0)  # A[:, l] = a_l
-    for l in tl.static_range(L):
-        a = a + a * _col(P, lidx, l) + tl.load(q_ptr + l)
-        A = tl.where(lidx[None, :] == l + 1, a[:, None], A)
+    A = tl.where(lidx[None, :] == 0, a[:, None], 0.0)  # A[:, j] = a_j
+    for j in tl.static_range(L):
+        a = a + a * _col(P, lidx, j) + tl.load(q_ptr + j)
+        A = tl.where(lidx[None, :] == j + 1, a[:, None], A)
     top = lidx[None, :] == L
     dP = tl.where(top, (gy * a)[:, None], 0.0)
     dq = tl.where(top, gy[:, None], 0.0)
     ga = gy * _col(P, lidx, L)  # d y / d a_L
-    for i in tl.static_range(L):  # l = L-1 .. 0: a_{l+1} = a_l (1 + p_l) + q_l
-        l = L - 1 - i
-        at = lidx[None, :] == l
-        dP = tl.where(at, (ga * _col(A, lidx, l))[:, None], dP)
+    for i in tl.static_range(L):  # j = L-1 .. 0: a_{j+1} = a_j (1 + p_j) + q_j
+        j = L - 1 - i
+        at = lidx[None, :] == j
+        dP = tl.where(at, (ga * _col(A, lidx, j))[:, None], dP)
         dq = tl.where(at, ga[:, None], dq)
-        ga = ga * (1.0 + _col(P, lidx, l))
+        ga = ga * (1.0 + _col(P, lidx, j))
     return dP, dq
 
 
@@ -113,11 +113,11 @@ def _bwd_tile(x_ptr, gx_ptr, stride_x, stride_gx, width, col0, wcol0, w_ptr, str
         x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=m, other=0.0)
         x = x.to(tl.float32)
         gx = tl.zeros((BLOCK_B, BLOCK_K), tl.float32)
-        for l in tl.static_range(L + 1):
-            w = tl.load(w_ptr + l * stride_w + wcol0 + cols, mask=cm, other=0.0)
-            dpl = _col(dP, lidx, l)
+        for j in tl.static_range(L + 1):
+            w = tl.load(w_ptr + j * stride_w + wcol0 + cols, mask=cm, other=0.0)
+            dpl = _col(dP, lidx, j)
             gx += dpl[:, None] * w[None, :]
-            acc_w += tl.where(lidx[:, None] == l, tl.sum(dpl[:, None] * x, axis=0)[None, :], 0.0)
+            acc_w += tl.where(lidx[:, None] == j, tl.sum(dpl[:, None] * x, axis=0)[None, :], 0.0)
         gx_at = gx_ptr + rows64[:, None] * stride_gx + cols[None, :]
         tl.store(gx_at, gx.to(gx_ptr.dtype.element_ty), mask=m)
     part = part_ptr + g.to(tl.int64) * LP * K
