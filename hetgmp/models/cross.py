@@ -86,10 +86,11 @@ def cross_logit_reference(
 def _weight_terms(
     weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], u: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``wcat = [w_0; ..; w_{L-1}; u]`` and ``q = (c_l . w_l for l < L, c_L . u)`` in float32,
-    differentiable (autograd carries ``dq`` to the biases)."""
-    wcat = torch.stack([*weights, u.reshape(-1)]).float()
-    b = torch.stack(list(biases)).float()
+    """``wcat = [w_0; ..; w_{L-1}; u]`` and ``q = (c_l . w_l for l < L, c_L . u)`` (at least
+    float32), differentiable (autograd carries ``dq`` to the biases)."""
+    wcat = torch.stack([*weights, u.reshape(-1)])
+    wcat = wcat.to(torch.promote_types(wcat.dtype, torch.float32))  # (float32, float64 kept)
+    b = torch.stack(list(biases)).to(wcat.dtype)
     c = torch.cat([b.new_zeros(1, b.shape[1]), b.cumsum(0)])  # c_0 = 0, .., c_L = sum b
     return wcat.contiguous(), (c * wcat).sum(1)
 
@@ -114,17 +115,18 @@ def cross_logit(
     backend: str = "torch",
     tiles: Tiles = TILES,
 ) -> torch.Tensor:
-    """``x_L . u`` for every row of the input ``[xa, xb]`` (``xb``: optional dense columns), as
-    float32 ``[B]``; ``backend`` "torch" (:func:`cross_logit_reference`) or "triton"."""
+    """``x_L . u`` for every row of the input ``[xa, xb]`` (``xb``: optional dense columns, taken
+    in ``xa``'s dtype), as float32 ``[B]``; ``backend`` "torch" (:func:`cross_logit_reference`)
+    or "triton". Float32 sums whatever ``xa``'s dtype; ``xa``'s gradient comes in its dtype."""
     _check(xa, xb, u.numel())
     if backend == "torch":
         return cross_logit_reference(xa, xb, weights, biases, u)
     if backend != "triton":
         raise ValueError(f"cross network backend must be 'torch' or 'triton', got {backend!r}")
     with torch.autocast(xa.device.type, enabled=False):
-        wcat, q = _weight_terms(weights, biases, u)
-        if xb is None:
-            xb = xa.new_empty(xa.shape[0], 0)
+        wcat, q = (t.float() for t in _weight_terms(weights, biases, u))  # (the kernels' dtype)
+        # the dense columns in the rows' dtype, as flat_inputs (and so the reference) has them
+        xb = xa.new_empty(xa.shape[0], 0) if xb is None else xb.to(xa.dtype)
         return _CrossLogit.apply(_rows(xa), _rows(xb), wcat, q, tiles)
 
 
@@ -179,7 +181,7 @@ def _backward(xa, xb, wcat, q, p, gy, tiles: Tiles) -> tuple[torch.Tensor, ...]:
     per_group = _cdiv(_cdiv(b, groups), bb) * bb  # rows per group, a multiple of bb
     groups = _cdiv(b, per_group)
     part = torch.empty(groups, lp, ka + kb, dtype=torch.float32, device=xa.device)
-    gq = torch.zeros(groups, lp, dtype=torch.float32, device=xa.device)
+    gq = torch.empty(groups, lp, dtype=torch.float32, device=xa.device)  # (all written)
     gy = gy.contiguous().float()
     xb_, gxb_ = (xb, gxb) if kb else (xa, gxa)  # (stand-ins, never read with Kb = 0)
     args = (xa, xb_, gxa, gxb_, wcat, q, p, gy, part, gq, b, ka, kb, xa.stride(0),
