@@ -10,6 +10,10 @@ A diagnosis, not a figure that counts (the CLI's samples/s do). Variants of the 
 - ``textbook``: ``wide(x) + deep_out(deep(x))`` on the concatenated input (HET-GMP's and plain
   PyTorch's way).
 
+and of DCN: ``repo`` (the cross layers in torch, ``--kernels torch``) and ``fused`` (the cross
+network on the Triton kernels of :mod:`hetgmp.models.cross`, what ``--kernels auto`` picks on
+CUDA).
+
 Prints ms per step of each and, for ``repo`` at each batch, the top kernels by GPU time.
 """
 
@@ -56,6 +60,8 @@ def make_step(name: str, variant: str, batch: int, dim: int, amp: bool):
     rows = torch.randn(batch, FIELDS, dim, device=dev).mul_(0.01).requires_grad_()
     model = build_model(name, Rows(rows), num_fields=FIELDS, num_dense=DENSE, embed_dim=dim)
     model = model.to(dev)
+    if variant == "fused":
+        model.use_kernels("triton", dev)
     params = model.dense_parameters()
     opt = torch.optim.Adam(params, lr=1e-3, fused=True, capturable=True)
     sparse = torch.zeros(batch, FIELDS, dtype=torch.int64, device=dev)
@@ -117,7 +123,7 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     lines = [f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, dim {args.dim}"]
-    combos = [("wdl", "repo"), ("wdl", "textbook"), ("dcn", "repo")]
+    combos = [("wdl", "repo"), ("wdl", "textbook"), ("dcn", "repo"), ("dcn", "fused")]
     for b in args.batch:
         for name, variant in combos:
             for amp in (False, True):

@@ -67,7 +67,13 @@ class MLP(nn.Sequential):
 
 
 class CrossNetwork(nn.Module):
-    """DCN cross layers: ``x_{l+1} = x_0 * (x_l . w_l) + b_l + x_l`` (Wang et al., 2017)."""
+    """DCN cross layers: ``x_{l+1} = x_0 * (x_l . w_l) + b_l + x_l`` (Wang et al., 2017).
+
+    ``backend`` ("torch" or "triton", set by :meth:`hetgmp.models.DCN.use_kernels`) is how
+    :meth:`logit` computes; :meth:`forward` is always the layers one by one in torch.
+    """
+
+    backend: str = "torch"
 
     def __init__(self, dim: int, num_layers: int) -> None:
         super().__init__()
@@ -82,6 +88,15 @@ class CrossNetwork(nn.Module):
         for w, b in zip(self.weights, self.biases, strict=True):
             x = x0 * (x @ w).unsqueeze(1) + b + x
         return x
+
+    def logit(self, xa: torch.Tensor, xb: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+        """``forward([xa, xb]) . u`` per row as float32 ``[B, 1]`` (DCN's cross logit) on
+        :attr:`backend`; the Triton kernels never build the concatenated input or any ``x_l``
+        (:mod:`hetgmp.models.cross`)."""
+        from hetgmp.models.cross import cross_logit
+
+        y = cross_logit(xa, xb, list(self.weights), list(self.biases), u, self.backend)
+        return y.unsqueeze(1)
 
 
 def dot_interaction(vectors: torch.Tensor) -> torch.Tensor:

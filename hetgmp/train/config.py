@@ -165,7 +165,8 @@ class TrainConfig:
     )
     kernels: str = option(
         "auto",
-        help="embedding row-update kernels (auto: Triton on CUDA, torch otherwise)",
+        help="Triton kernels for the embedding row updates and DCN's cross network (auto: "
+        "Triton on CUDA, torch otherwise)",
         choices=list(KERNELS),
     )
     exchange: str = option(

@@ -214,13 +214,17 @@ def build_ctr_model(
             f"{getattr(emb, 'sync', '?')}"
             + (f" (--max-lag {cfg.max_lag})" if getattr(emb, "sync", "") == "async" else "")
         )
-    return build_model(
+    model = build_model(
         cfg.model,
         emb,
         num_fields=ds.meta.num_fields,
         num_dense=ds.meta.num_dense,
         embed_dim=cfg.embed_dim,
     )
+    dense_kernels = model.use_kernels(cfg.kernels, env.device)  # (DCN's cross network)
+    if log is not None and dense_kernels is not None:
+        log.info(f"model: {cfg.model} cross kernels {dense_kernels} (--kernels {cfg.kernels})")
+    return model
 
 
 def run_info(cfg: TrainConfig, ds: Dataset, plan_path: Path | None) -> dict[str, Any]:
