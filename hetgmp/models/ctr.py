@@ -157,8 +157,7 @@ class DCN(CTRModel):
         # the deep part's first layer and the output layer without concatenations
         # (hetgmp.models.layers.first_layer says why)
         deep = first_layer(emb, dense, (self.deep[0],))[:, : self.deep[0].out_features]
-        for layer in self._deep_rest:
-            deep = layer(deep)
+        deep = run_layers(self._deep_rest, deep)
         return self._cross_logit(emb, dense) + F.linear(
             deep, self.out.weight[:, self.cross_dim :], self.out.bias
         )
