@@ -49,6 +49,12 @@ while [ $# -gt 0 ]; do
     *) echo "run8.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+# The knobs this call was given (the report's record of the command).
+KNOBS_SET=$(for k in DEVICE SMOKE STAGE RANKS SAMPLES CARD_SCALE MODEL EMBED_DIM BATCHES ITERS \
+  WARMUP EVAL_BATCH STORE_RATE BOUND METHOD ROUNDS BOUNDS STORE_RATES SWEEP_ITERS EVAL_EVERY \
+  CONT_SAMPLES CONT_STEPS A2A_SIZES_MB BUDGET_S CLI_MAX_S; do
+  if [ -n "${!k+x}" ]; then [[ "${!k}" == *" "* ]] && printf '%s="%s" ' "$k" "${!k}" || printf '%s=%s ' "$k" "${!k}"; fi
+done)
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 SMOKE=${SMOKE:-0}
@@ -129,7 +135,9 @@ RES=${RES_ARG:-${OUT:-bench/results}/run8}
 mkdir -p "$STATE/runs" "$WORK/data" "$RES"
 RECORDS="$STATE/records.jsonl" LOGF="$STATE/logs.txt"
 touch "$RECORDS"
-echo "$(date -u +%FT%TZ) $([ "$SMOKE" = 1 ] && echo 'SMOKE=1 ')DEVICE=$DEVICE STAGE=$STAGE RANKS=$NR bash bench/gpu/run8.sh $ARGS" >> "$STATE/calls.txt"
+COMMIT=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
+[ "$COMMIT" != unknown ] && [ -n "$(git status --porcelain -- hetgmp bench examples partition 2> /dev/null)" ] && COMMIT="$COMMIT+edits"
+echo "$(date -u +%FT%TZ) (commit $COMMIT, $NR ranks) ${KNOBS_SET}bash bench/gpu/run8.sh $ARGS" >> "$STATE/calls.txt"
 log() { echo "[run8 +$(($(date +%s) - T0))s] $*" | tee -a "$LOGF"; }
 left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
 cap() { local c=$(( $(left) - 20 )); [ "$c" -gt "$1" ] && c=$1; [ "$c" -lt 20 ] && c=0; echo "$c"; }

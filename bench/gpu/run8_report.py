@@ -128,12 +128,17 @@ def run_table(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def scaling_lines(rows: list[dict[str, Any]], ranks: int) -> list[str]:
+def scaling_lines(rows: list[dict[str, Any]], ranks: int, device: str) -> list[str]:
     if ranks < 2:
         return ["(1 rank on this machine: no scaling to measure; the 1-rank runs above are the "
                 "baseline a multi-GPU run of this script compares against)"]  # fmt: skip
     if not rows:
         return ["(no pair of finished 1-rank and N-rank CLI runs yet)"]
+    if device == "cpu":  # the ranks share the cores: their speed ratio says nothing of scaling
+        return [f"- batch {s['batch']}/rank, {s['launcher']}: {ranks} CPU ranks "
+                f"{rate(s['samples_per_s'])}/s vs 1 rank {rate(s['one_gpu_samples_per_s'])}/s "
+                f"(ratio {s['speedup']:.2f}; CPU ranks sharing cores: not a scaling figure)"
+                for s in rows]  # fmt: skip
     return [
         f"- batch {s['batch']}/rank, {s['launcher']}: {ranks} ranks {rate(s['samples_per_s'])}/s "
         f"vs 1 rank {rate(s['one_gpu_samples_per_s'])}/s = **{s['speedup']:.2f}x** "
@@ -188,7 +193,7 @@ def build_markdown(payload: dict[str, Any], res: Path) -> str:
     lines = [
         f"# The card's runs on {ranks} {unit} (`bench/gpu/run8.sh`)", "",
         f"- machine: {payload['machine']}",
-        f"- report written {payload['date']}; calls: "
+        f"- report written {payload['date']}; calls (date, commit, command): "
         + "; ".join(f"`{c}`" for c in payload["calls"]),
         f"- data: `{s['dataset']}`: {s.get('train_samples')} train / {s.get('test_samples')} "
         f"test samples, {s.get('num_fields')} fields, {s.get('num_rows')} rows; plan "
@@ -205,7 +210,7 @@ def build_markdown(payload: dict[str, Any], res: Path) -> str:
         lines += [CPU_NOTE, ""]
     lines += ["## Every run", "", *run_table(payload["records"]), "",
               "## Scaling against the CLI's own 1-GPU speed", "",
-              *scaling_lines(payload["scaling"], ranks), "",
+              *scaling_lines(payload["scaling"], ranks, payload["device"]), "",
               "## Bytes/sample against hash placement", "", *hash_lines(payload["bytes_vs_hash"]),
               "", "## All-to-all bandwidth (`bench/gpu/alltoall_bw.py`)", "",
               *a2a_lines(payload["alltoall"]), "", "![runs](run8.png)", ""]  # fmt: skip

@@ -158,10 +158,10 @@ stage_report() {
   local iters_text="one epoch"
   [ "$ITERS" = 0 ] || iters_text="$ITERS steps"
   local settings
-  settings=$(printf '{"dataset": "%s", "method": "%s", "rounds": %s, "plan_batch": %s, "model": "%s", "embed_dim": %s, "batches": "%s", "iters": %s, "iters_text": "%s", "warmup": %s, "store_rate": %s, "bound": %s, "bounds": "%s", "store_rates": "%s", "sweep_iters": %s, "eval_every": %s, "contender_samples": %s, "contender_steps": %s, "smoke": %s, "work": "%s"}' \
+  settings=$(printf '{"dataset": "%s", "method": "%s", "rounds": %s, "plan_batch": %s, "model": "%s", "embed_dim": %s, "batches": "%s", "iters": %s, "iters_text": "%s", "warmup": %s, "store_rate": %s, "bound": %s, "bounds": "%s", "store_rates": "%s", "sweep_iters": %s, "eval_every": %s, "contender_samples": %s, "contender_steps": %s, "smoke": %s, "work": "%s", "commit": "%s"}' \
     "$DS" "$METHOD" "$ROUNDS" "$B0" "$MODEL" "$EMBED_DIM" "${BATCH_LIST[*]}" "$ITERS" "$iters_text" \
     "$WARMUP" "$STORE_RATE" "$BOUND" "$BOUNDS" "$STORE_RATES" "$SWEEP_ITERS" "$EVAL_EVERY" \
-    "$CONT_SAMPLES" "$CONT_STEPS" "$SMOKE" "$STATE")
+    "$CONT_SAMPLES" "$CONT_STEPS" "$SMOKE" "$STATE" "$COMMIT")
   local ds=()
   [ -f "$DS/meta.json" ] && ds=(--dataset "$DS")
   $PY "${R8[@]}" report --work "$STATE" --out "$RES" "${ds[@]}" --ranks "$NR" \
