@@ -136,7 +136,7 @@ mkdir -p "$STATE/runs" "$WORK/data" "$RES"
 RECORDS="$STATE/records.jsonl" LOGF="$STATE/logs.txt"
 touch "$RECORDS"
 COMMIT=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
-[ "$COMMIT" != unknown ] && [ -n "$(git status --porcelain -- hetgmp bench examples partition 2> /dev/null)" ] && COMMIT="$COMMIT+edits"
+[ "$COMMIT" != unknown ] && [ -n "$(git status --porcelain --untracked-files=no -- hetgmp bench examples partition 2> /dev/null)" ] && COMMIT="$COMMIT+edits"
 echo "$(date -u +%FT%TZ) (commit $COMMIT, $NR ranks) ${KNOBS_SET}bash bench/gpu/run8.sh $ARGS" >> "$STATE/calls.txt"
 log() { echo "[run8 +$(($(date +%s) - T0))s] $*" | tee -a "$LOGF"; }
 left() { echo $((BUDGET_S - ($(date +%s) - T0))); }
