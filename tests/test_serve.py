@@ -25,6 +25,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.data.format import open_dataset
 from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.compiled import CompileError
 from hetgmp.serve.export import ExportOptions, export_checkpoint
 from hetgmp.serve.table import apply_min_count
 from hetgmp.train.evaluate import gather_rows, score_split
@@ -199,3 +200,50 @@ def test_cuda_rows_on_device_and_host_cache_score_as_cpu(tiny_dataset, tmp_path)
         s = hetgmp.serve.load(out, device="cuda", rows=rows, gpu_cache_rows=cache)
         got = s.score(ids, dense).cpu().numpy()
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) -> None:
+    """torch.compile of the rebuilt dense part (CPU: inductor's C++ backend), batches padded to
+    a bucket and split into chunks of max_batch, scores as the exported program run eagerly."""
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    ids, dense = _arrays(tiny_dataset.test)  # 100 samples: chunks of 64 and 36 (padded to 64)
+    for dtype in ("fp32", "bf16"):
+        out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
+        eager = hetgmp.serve.load(out)
+        assert not eager.compiled and eager.fast is None  # auto: compiled on CUDA only
+        fast = hetgmp.serve.load(out, compile=True, max_batch=64, warmup=())
+        assert fast.compiled and not fast.cuda_graphs
+        want = eager.score(ids, dense).numpy()
+        np.testing.assert_allclose(fast.score(ids, dense).numpy(), want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            fast.logits(ids, dense).numpy(), eager.logits(ids, dense).numpy(), rtol=0, atol=1e-5
+        )
+    # rows in host memory with a device cache: the gather stays eager, the dense part compiled
+    host = hetgmp.serve.load(out, rows="host", gpu_cache_rows=3, compile=True, max_batch=64,
+                             warmup=())  # fmt: skip
+    assert host.compiled and host.fast.step.table is None
+    np.testing.assert_allclose(host.score(ids, dense).numpy(), want, rtol=0, atol=1e-5)
+
+
+def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_path) -> None:
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m")
+    with pytest.raises(ValueError, match=r"compile='yes': choose 'auto', True or False"):
+        hetgmp.serve.load(out, compile="yes")
+    with pytest.raises(ValueError, match=r"cuda_graphs needs a CUDA device"):
+        hetgmp.serve.load(out, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"on_compile_error='maybe'"):
+        hetgmp.serve.load(out, compile=True, on_compile_error="maybe")
+    # an artifact whose program is not what this hetgmp's model code builds (here: the manifest
+    # names another model) cannot be compiled: an error naming why, or a warning and the
+    # exported program, uncompiled
+    m = out / "manifest.json"
+    m.write_text(m.read_text().replace('"model": "wdl"', '"model": "dcn"'))
+    with pytest.raises(CompileError, match=r"cannot rebuild the dense part.*dense state does not"):
+        hetgmp.serve.load(out, compile=True)
+    with pytest.warns(UserWarning, match=r"cannot rebuild the dense part.*runs uncompiled"):
+        s = hetgmp.serve.load(out, compile=True, on_compile_error="warn")
+    assert not s.compiled and s.fast is None
+    ids, dense = _arrays(tiny_dataset.test)
+    want = hetgmp.serve.load(out, compile=False).score(ids, dense)
+    np.testing.assert_allclose(s.score(ids, dense).numpy(), want.numpy(), rtol=0, atol=0)
