@@ -247,3 +247,27 @@ def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_pa
     ids, dense = _arrays(tiny_dataset.test)
     want = hetgmp.serve.load(out, compile=False).score(ids, dense)
     np.testing.assert_allclose(s.score(ids, dense).numpy(), want.numpy(), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cuda_compiled_graphs_score_as_eager(tiny_dataset, tmp_path, dtype) -> None:
+    """The default CUDA scorer (compiled, one CUDA graph per bucket) scores as the exported
+    program eagerly, over buckets, padding and chunks; a result outlives the next call."""
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m", ExportOptions(dtype=dtype))
+    ids, dense = _arrays(tiny_dataset.test)
+    eager = hetgmp.serve.load(out, device="cuda", compile=False, cuda_graphs=False)
+    fast = hetgmp.serve.load(out, device="cuda", max_batch=64)
+    assert fast.compiled and fast.cuda_graphs and eager.fast is None
+    first = fast.score(ids[:1], dense[:1])
+    for n in (1, 3, 64, 100):  # buckets 1, 4, 64; 100 = chunks 64 + 36
+        want = eager.score(ids[:n], dense[:n]).cpu().numpy()
+        np.testing.assert_allclose(fast.score(ids[:n], dense[:n]).cpu().numpy(), want, atol=1e-5)
+        got = fast.logits(ids[:n], dense[:n]).cpu().numpy()
+        np.testing.assert_allclose(got, eager.logits(ids[:n], dense[:n]).cpu().numpy(), atol=1e-5)
+    np.testing.assert_allclose(first.cpu().numpy(), want[:1], atol=1e-5)  # not overwritten
+    graphs = hetgmp.serve.load(out, device="cuda", compile=False)  # eager layers in graphs
+    assert graphs.cuda_graphs and not graphs.compiled
+    np.testing.assert_allclose(graphs.score(ids, dense).cpu().numpy(), want, atol=1e-5)

@@ -36,7 +36,7 @@ from hetgmp.serve.program import rebuild_dense_program
 
 MAX_BATCH = 65536
 ON_ERROR = ("raise", "warn")
-_RECOMPILE_LIMIT = 64  # every bucket is one more static-shape compilation of the same code
+_RECOMPILE_LIMIT = 128  # every bucket is one more static-shape compilation of the same code
 
 
 class CompileError(RuntimeError):
@@ -126,7 +126,8 @@ class FastPath:
             if graph is not None:
                 out = graph.replay(x, dense)
             else:
-                out = self._fn(_pad(x, size), _pad(dense, size))
+                with _recompiles():
+                    out = self._fn(_pad(x, size), _pad(dense, size))
             return out[1 if probs else 0][:b].clone()  # (the buffers are reused by the next call)
 
     def _prepare(self, size: int, x: torch.Tensor, dense: torch.Tensor) -> _Graph | None:
@@ -150,8 +151,7 @@ class FastPath:
 
     def _warm(self, sx: torch.Tensor, sd: torch.Tensor) -> None:
         """Run the step on the buffers (compiling it), on a side stream when graphs follow."""
-        cfg = torch._dynamo.config
-        with cfg.patch(recompile_limit=max(_RECOMPILE_LIMIT, cfg.recompile_limit)):
+        with _recompiles():
             if not self.graphs:
                 self._fn(sx, sd)
                 return
@@ -249,9 +249,17 @@ def build_fast_path(
     )  # fmt: skip
 
 
+def _recompiles() -> Any:
+    """Room for one static-shape compilation per bucket (and per scorer in the process: they
+    share the step's code), so Dynamo never falls back to running the step uncompiled."""
+    cfg = torch._dynamo.config
+    return cfg.patch(recompile_limit=max(_RECOMPILE_LIMIT, cfg.recompile_limit))
+
+
 def _pad(t: torch.Tensor, size: int) -> torch.Tensor:
-    """``t`` with zero rows appended up to ``size`` rows."""
-    if t.shape[0] == size:
+    """``t`` with zero rows appended up to ``size`` rows, as an inference tensor: a compiled
+    step is guarded on its inputs' kind, and the buckets were compiled on inference tensors."""
+    if t.shape[0] == size and t.is_inference():
         return t
     out = t.new_zeros((size, *t.shape[1:]))
     out[: t.shape[0]] = t
