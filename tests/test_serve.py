@@ -9,6 +9,7 @@ vocabulary and scoring the ids.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -271,3 +272,20 @@ def test_cuda_compiled_graphs_score_as_eager(tiny_dataset, tmp_path, dtype) -> N
     graphs = hetgmp.serve.load(out, device="cuda", compile=False)  # eager layers in graphs
     assert graphs.cuda_graphs and not graphs.compiled
     np.testing.assert_allclose(graphs.score(ids, dense).cpu().numpy(), want, atol=1e-5)
+
+
+def test_inference_benchmark_quick_cpu_smoke(tmp_path) -> None:
+    """``bench/gpu/inference.py --quick --devices cpu``: every contender (the compiled scorer
+    included) runs at every batch size and the report is written."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu.inference import main as bench_main
+
+    argv = ["--quick", "--devices", "cpu", "--batches", "1", "8", "--seconds", "0.05"]
+    assert bench_main([*argv, "--out-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "serving_cpu.json").read_text())
+    errors = [r for r in res["records"] if "error" in r]
+    assert not errors, errors
+    names = {r["contender"] for r in res["records"]}
+    assert {"hetgmp", "hetgmp+compile", "hetgmp+compile+bf16rows", "torch+compile"} <= names
+    assert {r["batch"] for r in res["records"]} == {1, 8}
+    assert "Best of each side" in (tmp_path / "serving_cpu.md").read_text()
