@@ -29,6 +29,7 @@ from hetgmp.serve.artifact import ArtifactError
 from hetgmp.serve.compiled import CompileError
 from hetgmp.serve.export import ExportOptions, export_checkpoint
 from hetgmp.serve.table import apply_min_count
+from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.evaluate import gather_rows, score_split
 from hetgmp.train.run import build_trainer, distributed_embedding, train
 from hetgmp.train.runlog import RunLog
@@ -58,6 +59,10 @@ def test_export_of_a_two_rank_checkpoint_scores_as_training_evaluates(
     want = spawn_ranks(_train_and_score, 2, cfg, timeout_s=180)[0]
     manifest = json.loads((ck / "step-00000006" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
+    shards = list(open_checkpoint(ck).embedding_shards())  # rank order, disjoint ids
+    assert [p.name for p, _ in shards] == ["embedding-0.pt", "embedding-1.pt"]
+    a, b = (set(sd["ids"].tolist()) for _, sd in shards)
+    assert a and b and not a & b
     ids, dense = _arrays(tiny_dataset.test)
     for dtype, tol in (("fp32", 1e-6), ("bf16", 1e-2)):
         out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
