@@ -230,6 +230,13 @@ def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) 
                              warmup=())  # fmt: skip
     assert host.compiled and host.fast.step.table is None
     np.testing.assert_allclose(host.score(ids, dense).numpy(), want, rtol=0, atol=1e-5)
+    # the dense part under bf16 autocast (training's --amp), the bf16 rows going in unwidened
+    for comp in (False, True):
+        amp = hetgmp.serve.load(out, amp=True, compile=comp, max_batch=64, warmup=())
+        assert amp.fast.step.amp and amp.compiled == comp
+        got = amp.score(ids, dense).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
+        assert np.abs(got - want).max() > 1e-7  # (bf16 arithmetic did run)
 
 
 def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_path) -> None:
@@ -246,7 +253,9 @@ def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_pa
     # exported program, uncompiled
     m = out / "manifest.json"
     m.write_text(m.read_text().replace('"model": "wdl"', '"model": "dcn"'))
-    with pytest.raises(CompileError, match=r"cannot rebuild the dense part.*dense state does not"):
+    with pytest.raises(
+        CompileError, match=r"cannot rebuild the dense part: .*dense state does not"
+    ):
         hetgmp.serve.load(out, compile=True)
     with pytest.warns(UserWarning, match=r"cannot rebuild the dense part.*runs uncompiled"):
         s = hetgmp.serve.load(out, compile=True, on_compile_error="warn")
@@ -278,20 +287,25 @@ def test_cuda_compiled_graphs_score_as_eager(tiny_dataset, tmp_path, dtype) -> N
     graphs = hetgmp.serve.load(out, device="cuda", compile=False)  # eager layers in graphs
     assert graphs.cuda_graphs and not graphs.compiled
     np.testing.assert_allclose(graphs.score(ids, dense).cpu().numpy(), want, atol=1e-5)
+    amp = hetgmp.serve.load(out, device="cuda", amp=True)  # bf16 autocast, compiled, graphs
+    assert amp.compiled and amp.cuda_graphs
+    np.testing.assert_allclose(amp.score(ids, dense).cpu().numpy(), want, atol=1e-2)
 
 
 def test_inference_benchmark_quick_cpu_smoke(tmp_path) -> None:
     """``bench/gpu/inference.py --quick --devices cpu``: every contender (the compiled scorer
-    included) runs at every batch size and the report is written."""
+    included) runs and the report is written (one batch size: each costs compilations)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.gpu.inference import main as bench_main
 
-    argv = ["--quick", "--devices", "cpu", "--batches", "1", "8", "--seconds", "0.05"]
+    argv = ["--quick", "--devices", "cpu", "--batches", "8", "--seconds", "0.05"]
     assert bench_main([*argv, "--out-dir", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "serving_cpu.json").read_text())
     errors = [r for r in res["records"] if "error" in r]
     assert not errors, errors
     names = {r["contender"] for r in res["records"]}
-    assert {"hetgmp", "hetgmp+compile", "hetgmp+compile+bf16rows", "torch+compile"} <= names
-    assert {r["batch"] for r in res["records"]} == {1, 8}
+    assert {"hetgmp", "hetgmp+compile", "hetgmp+compile+bf16rows", "hetgmp+compile+amp",
+            "torch+compile", "torch+compile+amp"} <= names  # fmt: skip
+    assert "autocast on both sides" in (tmp_path / "serving_cpu.md").read_text()
+    assert {r["batch"] for r in res["records"]} == {8}
     assert "Best of each side" in (tmp_path / "serving_cpu.md").read_text()

@@ -16,9 +16,13 @@ Contenders, all on the same table tensor:
   program's weights under ``torch.compile``, per power-of-two batch bucket); ``+graph`` (CUDA):
   the scorer's own CUDA graph per bucket; ``+compile+graph`` is what ``hetgmp.serve.load``
   gives on CUDA; ``+bf16rows``: the same over a bf16 table (``hetgmp export --dtype bf16``;
-  scores differ by ~1e-3, so it is left out of the best-of comparison);
+  scores differ by ~1e-3, so it is left out of the best-of comparison); ``+amp``: bf16 rows and
+  the dense part under bf16 autocast (``load(amp=True)``, as training's ``--amp``);
 * ``torch``: the model a PyTorch user writes (``nn.Embedding`` + the same layers), eager,
-  ``+compile`` and ``+compile+graph`` (``mode="reduce-overhead"``: CUDA graphs).
+  ``+compile`` and ``+compile+graph`` (``mode="reduce-overhead"``: CUDA graphs), and its best
+  compiled form under bf16 autocast (``+amp``).
+
+Best-of tables compare like with like: float32 on both sides, and autocast on both sides.
 
 Per (contender, batch): latency of single calls synchronised each (p50 / p99 / mean) and
 throughput of back-to-back calls (one sync at the end). The row gather alone is timed too and set
@@ -77,12 +81,13 @@ def _scorers(
         variants["hetgmp+compile+graph"] = (True, True, "fp32")
     best = "hetgmp+compile+graph" if cuda else "hetgmp+compile"
     variants[f"{best}+bf16rows"] = (True, cuda, "bf16")
+    variants[f"{best}+amp"] = (True, cuda, "bf16")  # + the dense part under bf16 autocast
     tables = {"fp32": table, "bf16": table.to(torch.bfloat16)}
     out = {}
     for name, (comp, graphs, dtype) in variants.items():
         fast = build_fast_path(
             exported, meta, tables[dtype], None, device, compile=comp, cuda_graphs=graphs,
-            mode=args.compile_mode,
+            mode=args.compile_mode, amp=name.endswith("+amp"),
         )  # fmt: skip
         rows = DeviceRows(tables[dtype], device)
         out[name] = Scorer(Path("."), meta, exported, rows, None, fast)
@@ -143,11 +148,19 @@ def contenders(w: dict[str, Any], device: torch.device) -> dict[str, Callable[..
     def theirs(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(plain(ids, dense).reshape(-1))
 
+    def theirs_amp(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return torch.sigmoid(plain(ids, dense).reshape(-1).float())
+
     out: dict[str, Callable[..., Any]] = {k: ours(s) for k, s in w["scorers"].items()}
     out["torch"] = theirs
     out["torch+compile"] = torch.compile(theirs, dynamic=False)
     if device.type == "cuda":
         out["torch+compile+graph"] = torch.compile(theirs, mode="reduce-overhead", dynamic=False)
+    best, mode = (
+        ("+compile+graph", "reduce-overhead") if device.type == "cuda" else ("+compile", None)
+    )
+    out[f"torch{best}+amp"] = torch.compile(theirs_amp, mode=mode, dynamic=False)
     return out
 
 
@@ -241,6 +254,24 @@ def run_device(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
     }
 
 
+def _best_of(res: dict[str, Any], title: str, keep: Callable[[str], bool]) -> list[str]:
+    """Markdown lines: the best throughput of each side per batch, among contenders ``keep``."""
+    lines = ["", f"Best of each side (throughput; {title}):", "",
+             "| batch | hetgmp | torch | ratio |", "|---|---|---|---|"]  # fmt: skip
+    for b in sorted({r["batch"] for r in res["records"]}):
+        ok = [r for r in res["records"] if r["batch"] == b and "error" not in r]
+        ok = [r for r in ok if keep(r["contender"])]
+        best = {
+            side: max(
+                (r["samples_per_s"] for r in ok if r["contender"].startswith(side)), default=0
+            )
+            for side in ("hetgmp", "torch")
+        }
+        ratio = best["hetgmp"] / best["torch"] if best["torch"] else float("nan")
+        lines.append(f"| {b} | {best['hetgmp']:.3g} | {best['torch']:.3g} | {ratio:.2f} |")
+    return lines
+
+
 def report_md(res: dict[str, Any]) -> str:
     m, wl = res["machine"], res["workload"]
     lines = [
@@ -261,28 +292,8 @@ def report_md(res: dict[str, Any]) -> str:
                 f"| {r['batch']} | {r['contender']} | {r['samples_per_s']:.3g} | "
                 f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} |"
             )
-    lines += [
-        "",
-        "Best of each side (throughput; fp32 rows on both):",
-        "",
-        "| batch | hetgmp | torch | ratio |",
-        "|---|---|---|---|",
-    ]
-    for b in sorted({r["batch"] for r in res["records"]}):
-        ok = [r for r in res["records"] if r["batch"] == b and "error" not in r]
-        ours = max(
-            (
-                r["samples_per_s"]
-                for r in ok
-                if r["contender"].startswith("hetgmp") and "bf16" not in r["contender"]
-            ),
-            default=0,
-        )
-        theirs = max(
-            (r["samples_per_s"] for r in ok if r["contender"].startswith("torch")), default=0
-        )
-        ratio = ours / theirs if theirs else float("nan")
-        lines.append(f"| {b} | {ours:.3g} | {theirs:.3g} | {ratio:.2f} |")
+    lines += _best_of(res, "fp32 on both sides", lambda n: "bf16" not in n and "amp" not in n)
+    lines += _best_of(res, "the dense part under bf16 autocast on both sides", lambda n: "amp" in n)
     lines += [
         "",
         f"Row gather alone vs its floor (read + write of B x F x D rows at the measured "

@@ -48,19 +48,28 @@ class ScoreStep(nn.Module):
     when ``table`` is given (the rows are gathered here), else gathered rows ``[B, F, D]``."""
 
     def __init__(
-        self, dense: nn.Module, table: torch.Tensor | None, index: torch.Tensor | None
+        self,
+        dense: nn.Module,
+        table: torch.Tensor | None,
+        index: torch.Tensor | None,
+        amp: bool = False,
     ) -> None:
         super().__init__()
         self.dense = dense
         self.table = table  # (plain attributes, not buffers: never saved nor moved)
         self.index = index
+        self.amp = amp  # the dense part under bf16 autocast, as training's --amp
 
     def forward(self, x: torch.Tensor, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.table is not None:
             if self.index is not None:
                 x = self.index[x]
-            x = self.table[x].float()
-        logits = self.dense(x, dense).reshape(-1)
+            x = self.table[x]
+        if not self.amp:
+            logits = self.dense(x.float(), dense).reshape(-1)
+        else:  # (bf16 rows go in as they are; no autocast cache: casts stay inside a graph)
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, cache_enabled=False):
+                logits = self.dense(x, dense).reshape(-1).float()
         return logits, torch.sigmoid(logits)
 
 
@@ -208,13 +217,15 @@ def build_fast_path(
     mode: str | None = None,
     max_batch: int = MAX_BATCH,
     on_error: str = "raise",
+    amp: bool = False,
 ) -> FastPath | None:
     """The fast path ``hetgmp.serve.load`` asks for, or None (the exported program, eager).
 
     ``table``: the rows when they are all on ``device`` (None: host rows, the gather stays
     eager). ``compile`` / ``cuda_graphs``: ``"auto"`` is on for CUDA (graphs: with the rows on
     the device). ``mode``: ``torch.compile``'s; those with CUDA graphs of their own
-    (``reduce-overhead``, ``max-autotune``) need ``cuda_graphs=False``."""
+    (``reduce-overhead``, ``max-autotune``) need ``cuda_graphs=False``. ``amp``: the dense
+    part under bf16 autocast (as training's and evaluation's ``--amp``; scores move by ~1e-3)."""
     cuda = device.type == "cuda"
     want_compile = _choice("compile", compile, cuda)
     want_graphs = _choice("cuda_graphs", cuda_graphs, cuda and table is not None)
@@ -226,23 +237,24 @@ def build_fast_path(
             "(pass cuda_graphs=False to use compile's, or mode 'max-autotune-no-cudagraphs')"
         )
     dense = program
-    if want_compile:
+    if want_compile or amp:  # (autocast is applied to the model code, not to the program)
         try:
             dense = rebuild_dense_program(program, manifest)
         except Exception as err:  # noqa: BLE001 - whatever it is, compiling cannot go on
-            why = f"cannot rebuild the dense part to compile it: {type(err).__name__}: {err}"
+            why = f"cannot rebuild the dense part: {type(err).__name__}: {err}"
             if on_error == "raise":
                 raise CompileError(
                     f"scorer fast path: {why}. Load with compile=False (the exported program, "
                     "uncompiled) or on_compile_error='warn'"
                 ) from err
             warnings.warn(
-                f"scorer fast path: {why}; the exported program runs uncompiled", stacklevel=3
+                f"scorer fast path: {why}; the exported program runs uncompiled (float32)",
+                stacklevel=3,
             )
-            want_compile = False
-    if not (want_compile or want_graphs):
+            want_compile = amp = False
+    if not (want_compile or want_graphs or amp):
         return None
-    step = ScoreStep(dense, table, index if table is not None else None)
+    step = ScoreStep(dense, table, index if table is not None else None, amp)
     return FastPath(
         step, device, compile=want_compile, graphs=want_graphs, mode=mode,
         max_batch=max_batch, on_error=on_error,

@@ -217,6 +217,7 @@ def load(
     on_compile_error: str = "raise",
     max_batch: int = MAX_BATCH,
     warmup: Sequence[int] = (1,),
+    amp: bool = False,
 ) -> Scorer:
     """Open a serving artifact made by ``hetgmp export``.
 
@@ -231,7 +232,8 @@ def load(
     ``rows`` on the device) replays each bucket as one CUDA graph. If either cannot be built,
     ``on_compile_error="raise"`` raises :class:`~hetgmp.serve.compiled.CompileError`, ``"warn"``
     warns why and goes on without it. ``warmup``: batch sizes compiled at load, so that a
-    failure shows here and first requests are not slow."""
+    failure shows here and first requests are not slow. ``amp``: the dense part under bf16
+    autocast, as training's ``--amp`` evaluates (scores move by ~1e-3; float32 by default)."""
     root = Path(model_dir)
     if rows not in ROW_PLACES:
         raise ValueError(f"rows={rows!r}: choose one of {', '.join(ROW_PLACES)}")
@@ -256,7 +258,7 @@ def load(
     fast = build_fast_path(
         program, manifest, store.table if isinstance(store, DeviceRows) else None, index, dev,
         compile=compile, cuda_graphs=cuda_graphs, mode=compile_mode, max_batch=max_batch,
-        on_error=on_compile_error,
+        on_error=on_compile_error, amp=amp,
     )  # fmt: skip
     scorer = Scorer(root, manifest, program, store, index, fast)
     if fast is not None:
