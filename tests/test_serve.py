@@ -221,7 +221,10 @@ def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) 
         fast = hetgmp.serve.load(out, compile=True, max_batch=64, warmup=())
         assert fast.compiled and not fast.cuda_graphs
         want = eager.score(ids, dense).numpy()
-        np.testing.assert_allclose(fast.score(ids, dense).numpy(), want, rtol=0, atol=1e-5)
+        got = fast.score(ids, dense)
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-5)
+        # ordinary tensors, the caller's to modify in place (not inference-mode tensors)
+        assert not got.is_inference() and not eager.logits(ids, dense).is_inference()
         np.testing.assert_allclose(
             fast.logits(ids, dense).numpy(), eager.logits(ids, dense).numpy(), rtol=0, atol=1e-5
         )

@@ -94,7 +94,7 @@ class _Graph:
 
 class FastPath:
     """Runs a :class:`ScoreStep` per bucket, compiled and / or as CUDA graphs; see the module
-    docstring. Call it under ``torch.inference_mode()``."""
+    docstring. It runs under ``torch.inference_mode()``; what it returns is an ordinary tensor."""
 
     def __init__(
         self,
@@ -129,15 +129,18 @@ class FastPath:
             return torch.cat(parts)
         size = bucket_of(b, m)
         with self._lock:
-            if size not in self._ready:
-                self._ready[size] = self._prepare(size, x, dense)
-            graph = self._ready[size]
-            if graph is not None:
-                out = graph.replay(x, dense)
-            else:
-                with _recompiles():
-                    out = self._fn(_pad(x, size), _pad(dense, size))
-            return out[1 if probs else 0][:b].clone()  # (the buffers are reused by the next call)
+            with torch.inference_mode():
+                if size not in self._ready:
+                    self._ready[size] = self._prepare(size, x, dense)
+                graph = self._ready[size]
+                if graph is not None:
+                    out = graph.replay(x, dense)
+                else:
+                    with _recompiles():
+                        out = self._fn(_pad(x, size), _pad(dense, size))
+            # a copy (the graph's buffers serve the next call), made outside inference mode so
+            # that the caller may modify it in place
+            return out[1 if probs else 0][:b].clone()
 
     def _prepare(self, size: int, x: torch.Tensor, dense: torch.Tensor) -> _Graph | None:
         """Compile bucket ``size`` on zero inputs, and capture it on CUDA."""

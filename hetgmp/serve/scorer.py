@@ -134,14 +134,16 @@ class Scorer:
     def _forward(self, ids: torch.Tensor, dense: torch.Tensor, *, probs: bool) -> torch.Tensor:
         if ids.shape[0] == 0:
             return torch.zeros(0, device=self.device)
+        if self.fast is not None and self.fast.step.table is not None:
+            return self.fast(ids, dense, probs=probs)  # gathers the rows itself
         with torch.inference_mode():
-            if self.fast is not None and self.fast.step.table is not None:
-                return self.fast(ids, dense, probs=probs)  # gathers the rows itself
             rows = self.rows.lookup(ids if self.index is None else self.index[ids])
-            if self.fast is not None:
-                return self.fast(rows, dense, probs=probs)
-            logits = self.program(rows, dense).reshape(-1)
-            return torch.sigmoid(logits) if probs else logits
+            if self.fast is None:
+                logits = self.program(rows, dense).reshape(-1)
+        if self.fast is not None:
+            return self.fast(rows, dense, probs=probs)
+        # (outside inference mode: the caller gets an ordinary tensor, modifiable in place)
+        return torch.sigmoid(logits) if probs else logits.clone()
 
     def encode_raw(
         self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
