@@ -9,6 +9,7 @@ vocabulary and scoring the ids.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,10 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.data.format import open_dataset
 from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.compiled import CompileError
 from hetgmp.serve.export import ExportOptions, export_checkpoint
 from hetgmp.serve.table import apply_min_count
+from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.evaluate import gather_rows, score_split
 from hetgmp.train.run import build_trainer, distributed_embedding, train
 from hetgmp.train.runlog import RunLog
@@ -56,6 +59,10 @@ def test_export_of_a_two_rank_checkpoint_scores_as_training_evaluates(
     want = spawn_ranks(_train_and_score, 2, cfg, timeout_s=180)[0]
     manifest = json.loads((ck / "step-00000006" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
+    shards = list(open_checkpoint(ck).embedding_shards())  # rank order, disjoint ids
+    assert [p.name for p, _ in shards] == ["embedding-0.pt", "embedding-1.pt"]
+    a, b = (set(sd["ids"].tolist()) for _, sd in shards)
+    assert a and b and not a & b
     ids, dense = _arrays(tiny_dataset.test)
     for dtype, tol in (("fp32", 1e-6), ("bf16", 1e-2)):
         out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
@@ -102,13 +109,14 @@ def test_predict_raw_criteo_equals_preprocess_then_model(tmp_path) -> None:
     assert set(t["file"]) == {str(new)}
     np.testing.assert_allclose(t["score"], want, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(t["label"], [float(x.split("\t")[0]) for x in t_lines(lines)])
-    # Criteo's unlabeled test files (39 columns) are detected; no label column is written
+    # Criteo's unlabeled test files (39 columns) are detected; no label column is written;
+    # the scorer compiled (--compile on) scores as the exported program
     bare = write(tmp_path / "bare.tsv", [x.split("\t", 1)[1] for x in t_lines(lines)])
     assert main(["predict", str(tmp_path / "model"), str(bare), "--out", str(out),
-                 "--no-progress"]) == 0  # fmt: skip
+                 "--no-progress", "--compile", "on"]) == 0  # fmt: skip
     t = pq.read_table(out).to_pydict()
     assert "label" not in t
-    np.testing.assert_allclose(t["score"], want, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(t["score"], want, rtol=0, atol=1e-5)  # (compiled)
     # score_raw: raw values through the vocabulary
     first = lines[0].split("\t")
     raw_dense = [[float(v) if v else np.nan for v in first[1:14]]]
@@ -199,3 +207,108 @@ def test_cuda_rows_on_device_and_host_cache_score_as_cpu(tiny_dataset, tmp_path)
         s = hetgmp.serve.load(out, device="cuda", rows=rows, gpu_cache_rows=cache)
         got = s.score(ids, dense).cpu().numpy()
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) -> None:
+    """torch.compile of the rebuilt dense part (CPU: inductor's C++ backend), batches padded to
+    a bucket and split into chunks of max_batch, scores as the exported program run eagerly."""
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    ids, dense = _arrays(tiny_dataset.test)  # 100 samples: chunks of 64 and 36 (padded to 64)
+    for dtype in ("fp32", "bf16"):
+        out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
+        eager = hetgmp.serve.load(out)
+        assert not eager.compiled and eager.fast is None  # auto: compiled on CUDA only
+        fast = hetgmp.serve.load(out, compile=True, max_batch=64, warmup=())
+        assert fast.compiled and not fast.cuda_graphs
+        want = eager.score(ids, dense).numpy()
+        got = fast.score(ids, dense)
+        np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-5)
+        # ordinary tensors, the caller's to modify in place (not inference-mode tensors)
+        assert not got.is_inference() and not eager.logits(ids, dense).is_inference()
+        np.testing.assert_allclose(
+            fast.logits(ids, dense).numpy(), eager.logits(ids, dense).numpy(), rtol=0, atol=1e-5
+        )
+    # rows in host memory with a device cache: the gather stays eager, the dense part compiled
+    host = hetgmp.serve.load(out, rows="host", gpu_cache_rows=3, compile=True, max_batch=64,
+                             warmup=())  # fmt: skip
+    assert host.compiled and host.fast.step.table is None
+    np.testing.assert_allclose(host.score(ids, dense).numpy(), want, rtol=0, atol=1e-5)
+    # the dense part under bf16 autocast (training's --amp), the bf16 rows going in unwidened
+    for comp in (False, True):
+        amp = hetgmp.serve.load(out, amp=True, compile=comp, max_batch=64, warmup=())
+        assert amp.fast.step.amp and amp.compiled == comp
+        got = amp.score(ids, dense).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-2)
+        assert np.abs(got - want).max() > 1e-7  # (bf16 arithmetic did run)
+
+
+def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_path) -> None:
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m")
+    with pytest.raises(ValueError, match=r"compile='yes': choose 'auto', True or False"):
+        hetgmp.serve.load(out, compile="yes")
+    with pytest.raises(ValueError, match=r"cuda_graphs needs a CUDA device"):
+        hetgmp.serve.load(out, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"on_compile_error='maybe'"):
+        hetgmp.serve.load(out, compile=True, on_compile_error="maybe")
+    # an artifact whose program is not what this hetgmp's model code builds (here: the manifest
+    # names another model) cannot be compiled: an error naming why, or a warning and the
+    # exported program, uncompiled
+    m = out / "manifest.json"
+    m.write_text(m.read_text().replace('"model": "wdl"', '"model": "dcn"'))
+    with pytest.raises(
+        CompileError, match=r"cannot rebuild the dense part: .*dense state does not"
+    ):
+        hetgmp.serve.load(out, compile=True)
+    with pytest.warns(UserWarning, match=r"cannot rebuild the dense part.*runs uncompiled"):
+        s = hetgmp.serve.load(out, compile=True, on_compile_error="warn")
+    assert not s.compiled and s.fast is None
+    ids, dense = _arrays(tiny_dataset.test)
+    want = hetgmp.serve.load(out, compile=False).score(ids, dense)
+    np.testing.assert_allclose(s.score(ids, dense).numpy(), want.numpy(), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cuda_compiled_graphs_score_as_eager(tiny_dataset, tmp_path, dtype) -> None:
+    """The default CUDA scorer (compiled, one CUDA graph per bucket) scores as the exported
+    program eagerly, over buckets, padding and chunks; a result outlives the next call."""
+    ck = _trained_checkpoint(tiny_dataset.root, tmp_path)
+    out = export_checkpoint(ck, tmp_path / "m", ExportOptions(dtype=dtype))
+    ids, dense = _arrays(tiny_dataset.test)
+    eager = hetgmp.serve.load(out, device="cuda", compile=False, cuda_graphs=False)
+    fast = hetgmp.serve.load(out, device="cuda", max_batch=64)
+    assert fast.compiled and fast.cuda_graphs and eager.fast is None
+    first = fast.score(ids[:1], dense[:1])
+    for n in (1, 3, 64, 100):  # buckets 1, 4, 64; 100 = chunks 64 + 36
+        want = eager.score(ids[:n], dense[:n]).cpu().numpy()
+        np.testing.assert_allclose(fast.score(ids[:n], dense[:n]).cpu().numpy(), want, atol=1e-5)
+        got = fast.logits(ids[:n], dense[:n]).cpu().numpy()
+        np.testing.assert_allclose(got, eager.logits(ids[:n], dense[:n]).cpu().numpy(), atol=1e-5)
+    np.testing.assert_allclose(first.cpu().numpy(), want[:1], atol=1e-5)  # not overwritten
+    graphs = hetgmp.serve.load(out, device="cuda", compile=False)  # eager layers in graphs
+    assert graphs.cuda_graphs and not graphs.compiled
+    np.testing.assert_allclose(graphs.score(ids, dense).cpu().numpy(), want, atol=1e-5)
+    amp = hetgmp.serve.load(out, device="cuda", amp=True)  # bf16 autocast, compiled, graphs
+    assert amp.compiled and amp.cuda_graphs
+    np.testing.assert_allclose(amp.score(ids, dense).cpu().numpy(), want, atol=1e-2)
+
+
+def test_inference_benchmark_quick_cpu_smoke(tmp_path) -> None:
+    """``bench/gpu/inference.py --quick --devices cpu``: every contender (the compiled scorer
+    included) runs and the report is written (one batch size: each costs compilations)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.gpu.inference import main as bench_main
+
+    argv = ["--quick", "--devices", "cpu", "--batches", "8", "--seconds", "0.05"]
+    assert bench_main([*argv, "--out-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "serving_cpu.json").read_text())
+    errors = [r for r in res["records"] if "error" in r]
+    assert not errors, errors
+    names = {r["contender"] for r in res["records"]}
+    assert {"hetgmp", "hetgmp+compile", "hetgmp+compile+bf16rows", "hetgmp+compile+amp",
+            "torch+compile", "torch+compile+amp"} <= names  # fmt: skip
+    assert "autocast on both sides" in (tmp_path / "serving_cpu.md").read_text()
+    assert {r["batch"] for r in res["records"]} == {8}
+    assert "Best of each side" in (tmp_path / "serving_cpu.md").read_text()

@@ -10,12 +10,19 @@ weights are random (speed does not depend on them). Inputs are resident on the d
 
 Contenders, all on the same table tensor:
 
-* ``hetgmp``: :class:`hetgmp.serve.Scorer` as ``hetgmp.serve.load`` builds it: the exported
-  ``torch.export`` program (``dense.pt2``, saved and loaded back) over rows gathered from the
-  table; ``hetgmp+compile`` the same gather + program under ``torch.compile``; ``+graph``
-  (CUDA) captured as one CUDA graph per batch size;
+* ``hetgmp``: :class:`hetgmp.serve.Scorer` over the exported ``torch.export`` program
+  (``dense.pt2``, saved and loaded back), uncompiled, rows gathered from the table;
+  ``+compile``: the fast path of :mod:`hetgmp.serve.compiled` (the dense part rebuilt from the
+  program's weights under ``torch.compile``, per power-of-two batch bucket); ``+graph`` (CUDA):
+  the scorer's own CUDA graph per bucket; ``+compile+graph`` is what ``hetgmp.serve.load``
+  gives on CUDA; ``+bf16rows``: the same over a bf16 table (``hetgmp export --dtype bf16``;
+  scores differ by ~1e-3, so it is left out of the best-of comparison); ``+amp``: bf16 rows and
+  the dense part under bf16 autocast (``load(amp=True)``, as training's ``--amp``);
 * ``torch``: the model a PyTorch user writes (``nn.Embedding`` + the same layers), eager,
-  ``+compile`` and ``+compile+graph`` (``mode="reduce-overhead"``: CUDA graphs).
+  ``+compile`` and ``+compile+graph`` (``mode="reduce-overhead"``: CUDA graphs), and its best
+  compiled form under bf16 autocast (``+amp``).
+
+Best-of tables compare like with like: float32 on both sides, and autocast on both sides.
 
 Per (contender, batch): latency of single calls synchronised each (p50 / p99 / mean) and
 throughput of back-to-back calls (one sync at the end). The row gather alone is timed too and set
@@ -44,6 +51,7 @@ if __package__ in (None, ""):  # run as a script: make `bench.gpu` and `hetgmp` 
 from bench.gpu.data import cardinalities  # noqa: E402
 from bench.gpu.timing import copy_bandwidth, machine_info  # noqa: E402
 from hetgmp.models import build_model, model_class  # noqa: E402
+from hetgmp.serve.compiled import build_fast_path  # noqa: E402
 from hetgmp.serve.program import (  # noqa: E402
     DenseProgram,
     RowsIdentity,
@@ -57,6 +65,35 @@ BATCHES = (1, 64, 1024, 8192, 65536)
 NUM_DENSE = 13
 
 
+def _scorers(
+    args: argparse.Namespace, head: DenseProgram, table: torch.Tensor, meta: dict[str, Any],
+    device: torch.device,
+) -> dict[str, Scorer]:  # fmt: skip
+    """hetgmp's contenders: one Scorer per (compile, CUDA graphs, row dtype), as
+    ``hetgmp.serve.load`` builds them, over the exported program saved and loaded back."""
+    with tempfile.TemporaryDirectory() as tmp:
+        export_program(head, Path(tmp) / "dense.pt2", meta["table_dim"])
+        exported = load_program(Path(tmp) / "dense.pt2", device)
+    cuda = device.type == "cuda"
+    variants = {"hetgmp": (False, False, "fp32"), "hetgmp+compile": (True, False, "fp32")}
+    if cuda:
+        variants["hetgmp+graph"] = (False, True, "fp32")
+        variants["hetgmp+compile+graph"] = (True, True, "fp32")
+    best = "hetgmp+compile+graph" if cuda else "hetgmp+compile"
+    variants[f"{best}+bf16rows"] = (True, cuda, "bf16")
+    variants[f"{best}+amp"] = (True, cuda, "bf16")  # + the dense part under bf16 autocast
+    tables = {"fp32": table, "bf16": table.to(torch.bfloat16)}
+    out = {}
+    for name, (comp, graphs, dtype) in variants.items():
+        fast = build_fast_path(
+            exported, meta, tables[dtype], None, device, compile=comp, cuda_graphs=graphs,
+            mode=args.compile_mode, amp=name.endswith("+amp"),
+        )  # fmt: skip
+        rows = DeviceRows(tables[dtype], device)
+        out[name] = Scorer(Path("."), meta, exported, rows, None, fast)
+    return out
+
+
 def build(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """The table, the ids, the dense head (random weights) and both contenders' modules."""
     cards = cardinalities(args.card_scale)
@@ -68,18 +105,15 @@ def build(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     head = build_model(
         args.model, RowsIdentity(), num_fields=fields, num_dense=NUM_DENSE, embed_dim=args.dim
     ).eval()
-    program = DenseProgram(head).eval()
-    with tempfile.TemporaryDirectory() as tmp:
-        export_program(program, Path(tmp) / "dense.pt2", dim)
-        exported = load_program(Path(tmp) / "dense.pt2", device)
-    fields_meta = [
-        {"name": f"C{i + 1}", "cardinality": int(c), "offset": int(o)}
-        for i, (c, o) in enumerate(zip(cards, offsets, strict=True))
-    ]
-    manifest = {"num_rows": num_rows, "num_fields": fields, "num_dense": NUM_DENSE}
-    scorer = Scorer(
-        Path("."), {**manifest, "fields": fields_meta}, exported, DeviceRows(table, device), None
-    )
+    meta = {
+        "model": args.model, "embed_dim": args.dim, "table_dim": dim, "num_rows": num_rows,
+        "num_fields": fields, "num_dense": NUM_DENSE,
+        "fields": [
+            {"name": f"C{i + 1}", "cardinality": int(c), "offset": int(o)}
+            for i, (c, o) in enumerate(zip(cards, offsets, strict=True))
+        ],
+    }  # fmt: skip
+    scorers = _scorers(args, DenseProgram(head).eval(), table, meta, device)
     plain = build_model(
         args.model,
         nn.Embedding.from_pretrained(table, freeze=True),
@@ -93,7 +127,7 @@ def build(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     n = max(args.batches)
     ids = np.floor(rng.random((n, fields)) ** 4 * cards).astype(np.int64) + offsets
     return {
-        "scorer": scorer,
+        "scorers": scorers,
         "plain": plain,
         "table": table,
         "ids": torch.from_numpy(ids).to(device),
@@ -106,49 +140,28 @@ def build(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 def contenders(w: dict[str, Any], device: torch.device) -> dict[str, Callable[..., Any]]:
     """name -> fn(ids, dense) -> probabilities."""
-    scorer, plain, table, program = w["scorer"], w["plain"], w["table"], w["scorer"].program
+    plain = w["plain"]
 
-    def ours(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return scorer.score(ids, dense, check=False)
-
-    def ours_fused(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(program(table[ids], dense).reshape(-1))
+    def ours(scorer: Scorer) -> Callable[..., Any]:
+        return lambda ids, dense: scorer.score(ids, dense, check=False)
 
     def theirs(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(plain(ids, dense).reshape(-1))
 
-    out: dict[str, Callable[..., Any]] = {"hetgmp": ours, "torch": theirs}
-    cuda = device.type == "cuda"
-    out["hetgmp+compile"] = torch.compile(ours_fused, dynamic=False)
+    def theirs_amp(ids: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return torch.sigmoid(plain(ids, dense).reshape(-1).float())
+
+    out: dict[str, Callable[..., Any]] = {k: ours(s) for k, s in w["scorers"].items()}
+    out["torch"] = theirs
     out["torch+compile"] = torch.compile(theirs, dynamic=False)
-    if cuda:
-        out["hetgmp+graph"] = ("graph", ours)  # type: ignore[assignment]
+    if device.type == "cuda":
         out["torch+compile+graph"] = torch.compile(theirs, mode="reduce-overhead", dynamic=False)
+    best, mode = (
+        ("+compile+graph", "reduce-overhead") if device.type == "cuda" else ("+compile", None)
+    )
+    out[f"torch{best}+amp"] = torch.compile(theirs_amp, mode=mode, dynamic=False)
     return out
-
-
-def cuda_graphed(
-    fn: Callable[..., Any], ids: torch.Tensor, dense: torch.Tensor
-) -> Callable[..., Any]:
-    """``fn`` captured as one CUDA graph for these shapes; inputs are copied into its buffers."""
-    s_ids, s_dense = ids.clone(), dense.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(3):
-            fn(s_ids, s_dense)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.inference_mode():
-        s_out = fn(s_ids, s_dense)
-
-    def run(i: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        s_ids.copy_(i, non_blocking=True)
-        s_dense.copy_(d, non_blocking=True)
-        graph.replay()
-        return s_out
-
-    return run
 
 
 def _sync(device: torch.device) -> None:
@@ -191,6 +204,24 @@ def measure(
     }
 
 
+def _gather(
+    w: dict[str, Any], ids: torch.Tensor, dense: torch.Tensor, device: torch.device,
+    args: argparse.Namespace, bw: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The row gather alone (``table[ids]``, and ``index_select`` of the flat ids), fp32 and
+    bf16 rows, and its floor (read + write at ``bw``)."""
+    bf16 = next(s.rows.table for s in w["scorers"].values() if s.rows.table.dtype != torch.float32)
+    out: dict[str, Any] = {"batch": ids.shape[0]}
+    for key, table in (("", w["table"]), ("bf16_", bf16)):
+        g = measure(lambda i, d, t=table: t[i], ids, dense, device, args)
+        out[f"{key}gather_ms"] = g["mean_ms"]
+        nbytes = 2.0 * ids.numel() * w["dim"] * table.element_size()
+        out[f"{key}floor_ms"] = nbytes / bw * 1e3
+    g = measure(lambda i, d: w["table"].index_select(0, i.reshape(-1)), ids, dense, device, args)
+    out["index_select_ms"] = g["mean_ms"]
+    return out
+
+
 def run_device(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     w = build(args, device)
     fns = contenders(w, device)
@@ -200,15 +231,12 @@ def run_device(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
         ids, dense = w["ids"][:b].contiguous(), w["dense"][:b].contiguous()
         for name, fn in fns.items():
             try:
-                f = cuda_graphed(fn[1], ids, dense) if isinstance(fn, tuple) else fn
-                rec = measure(f, ids, dense, device, args)
+                rec = measure(fn, ids, dense, device, args)
             except Exception as err:  # noqa: BLE001 - a contender that cannot run is reported
                 rec = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
             records.append({"contender": name, "batch": b, **rec})
             print(json.dumps(records[-1]), flush=True)
-        g = measure(lambda i, d: w["table"][i], ids, dense, device, args)
-        floor_ms = 2.0 * b * w["fields"] * w["dim"] * 4 / bw * 1e3
-        gathers.append({"batch": b, "gather_ms": g["mean_ms"], "floor_ms": floor_ms})
+        gathers.append(_gather(w, ids, dense, device, args, bw))
     return {
         "machine": machine_info(device),
         "workload": {
@@ -224,6 +252,24 @@ def run_device(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
         "gathers": gathers,
         "command": " ".join(sys.argv),
     }
+
+
+def _best_of(res: dict[str, Any], title: str, keep: Callable[[str], bool]) -> list[str]:
+    """Markdown lines: the best throughput of each side per batch, among contenders ``keep``."""
+    lines = ["", f"Best of each side (throughput; {title}):", "",
+             "| batch | hetgmp | torch | ratio |", "|---|---|---|---|"]  # fmt: skip
+    for b in sorted({r["batch"] for r in res["records"]}):
+        ok = [r for r in res["records"] if r["batch"] == b and "error" not in r]
+        ok = [r for r in ok if keep(r["contender"])]
+        best = {
+            side: max(
+                (r["samples_per_s"] for r in ok if r["contender"].startswith(side)), default=0
+            )
+            for side in ("hetgmp", "torch")
+        }
+        ratio = best["hetgmp"] / best["torch"] if best["torch"] else float("nan")
+        lines.append(f"| {b} | {best['hetgmp']:.3g} | {best['torch']:.3g} | {ratio:.2f} |")
+    return lines
 
 
 def report_md(res: dict[str, Any]) -> str:
@@ -246,35 +292,22 @@ def report_md(res: dict[str, Any]) -> str:
                 f"| {r['batch']} | {r['contender']} | {r['samples_per_s']:.3g} | "
                 f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} |"
             )
+    lines += _best_of(res, "fp32 on both sides", lambda n: "bf16" not in n and "amp" not in n)
+    lines += _best_of(res, "the dense part under bf16 autocast on both sides", lambda n: "amp" in n)
     lines += [
         "",
-        "Best of each side (throughput):",
-        "",
-        "| batch | hetgmp | torch | ratio |",
-        "|---|---|---|---|",
-    ]
-    for b in sorted({r["batch"] for r in res["records"]}):
-        ok = [r for r in res["records"] if r["batch"] == b and "error" not in r]
-        ours = max(
-            (r["samples_per_s"] for r in ok if r["contender"].startswith("hetgmp")), default=0
-        )
-        theirs = max(
-            (r["samples_per_s"] for r in ok if r["contender"].startswith("torch")), default=0
-        )
-        ratio = ours / theirs if theirs else float("nan")
-        lines.append(f"| {b} | {ours:.3g} | {theirs:.3g} | {ratio:.2f} |")
-    lines += [
-        "",
-        f"Row gather alone vs its floor (read + write of B x F x D fp32 rows at the measured "
+        f"Row gather alone vs its floor (read + write of B x F x D rows at the measured "
         f"copy bandwidth, {res['copy_bandwidth_gbps']:.0f} GB/s):",
         "",
-        "| batch | gather ms | floor ms | gather / floor |",
-        "|---|---|---|---|",
+        "| batch | gather ms | index_select ms | floor ms | gather / floor | bf16 gather ms "
+        "| bf16 floor ms |",
+        "|---|---|---|---|---|---|---|",
     ]
     for g in res["gathers"]:
         lines.append(
-            f"| {g['batch']} | {g['gather_ms']:.3f} | {g['floor_ms']:.3f} | "
-            f"{g['gather_ms'] / g['floor_ms']:.1f} |"
+            f"| {g['batch']} | {g['gather_ms']:.3f} | {g['index_select_ms']:.3f} | "
+            f"{g['floor_ms']:.3f} | {g['gather_ms'] / g['floor_ms']:.1f} | "
+            f"{g['bf16_gather_ms']:.3f} | {g['bf16_floor_ms']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -292,13 +325,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="time budget per point")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument(
-        "--quick", action="store_true", help="smoke run: tiny table, dim 16, batches 1 64 256"
+        "--compile-mode", default=None, help="torch.compile mode of hetgmp's compiled scorers"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny table, dim 16, batches 1 64 256 (unless given)",
     )
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = p.parse_args(argv)
-    if args.quick:
-        args.card_scale, args.dim, args.batches = 0.0005, 16, [1, 64, 256]
-        args.iters, args.seconds, args.warmup = 10, 0.5, 2
+    if args.quick:  # (options given explicitly keep their value)
+        quick = {"card_scale": 0.0005, "dim": 16, "batches": [1, 64, 256], "iters": 10,
+                 "seconds": 0.5, "warmup": 2}  # fmt: skip
+        for key, value in quick.items():
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
     names = args.devices.split(",") if args.devices != "auto" else ["cuda", "cpu"]
     devices = [torch.device(n) for n in names if n != "cuda" or torch.cuda.is_available()]
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@
     probs = scorer.score(ids, dense)
 
 The artifact format is in docs/serving.md. This package's ``__init__`` imports no torch (the
-command line's ``--help`` loads it); :func:`load` and :class:`Scorer` are imported on first use.
+command line's ``--help`` loads it); :func:`load`, :class:`Scorer` and :class:`CompileError` (the
+fast path could not be built) are imported on first use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from hetgmp.serve.artifact import ARTIFACT_FORMAT, ARTIFACT_VERSION, ArtifactError
 
-__all__ = ["ARTIFACT_FORMAT", "ARTIFACT_VERSION", "ArtifactError", "Scorer", "load"]
+__all__ = ["ARTIFACT_FORMAT", "ARTIFACT_VERSION", "ArtifactError", "CompileError", "Scorer", "load"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from hetgmp.serve import scorer
 
         return getattr(scorer, name)
+    if name == "CompileError":
+        from hetgmp.serve.compiled import CompileError
+
+        return CompileError
     raise AttributeError(f"module 'hetgmp.serve' has no attribute {name!r}")

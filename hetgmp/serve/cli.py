@@ -50,6 +50,7 @@ def _run_predict(args: argparse.Namespace) -> int:
         on_bad_line=args.on_bad_line,
         batch_size=args.batch_size,
         device=args.device,
+        compile={"auto": "auto", "on": True, "off": False}[args.compile],
         progress=args.progress,
     )
     with log_above_bars():
@@ -121,6 +122,13 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--batch-size", type=int, default=65536, help="rows per forward pass")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="torch.compile the scorer, with CUDA graphs on CUDA (auto: on CUDA); a failure "
+        "stops with the reason (off: the exported program, uncompiled)",
+    )
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

@@ -41,6 +41,7 @@ class PredictOptions:
     batch_size: int = 65536
     block_bytes: int | None = None
     device: str = "cpu"
+    compile: Any = "auto"  # hetgmp.serve.load's: "auto" (on CUDA), True, False
     progress: bool = True
 
 
@@ -120,7 +121,7 @@ def predict_files(
     opts = opts or PredictOptions()
     if opts.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {opts.batch_size}")
-    scorer = load(model_dir, device=opts.device)
+    scorer = load(model_dir, device=opts.device, compile=opts.compile)
     source, labeled = open_reader(scorer, [Path(p) for p in paths], opts)
     report = BadLineReport(opts.on_bad_line, unit=getattr(source, "unit", "line"))
     fields = [("file", pa.string()), ("line", pa.int64()), ("score", pa.float32())]

@@ -108,6 +108,41 @@ def export_onnx(program: DenseProgram, path: Path, table_dim: int) -> dict[str, 
     return {"file": path.name, "note": "same inputs and output as the torch.export program"}
 
 
+def rebuild_dense_program(program: Any, manifest: dict[str, Any]) -> DenseProgram:
+    """The exported ``program`` (as :func:`load_program` returns it) rebuilt as a
+    :class:`DenseProgram` of this hetgmp's model code with the program's weights, on the
+    program's device, so that ``torch.compile`` can take it (Dynamo does not trace an exported
+    program's module). Raises ``ValueError`` when the weights do not fit the model or the two
+    disagree on example inputs (the artifact was made by a hetgmp whose model code differs)."""
+    # the model's weights are under "model."; constants made while tracing are not weights
+    state = {
+        k.removeprefix("model."): v.detach()
+        for k, v in program.state_dict().items()
+        if k.startswith("model.")
+    }
+    device = next(iter(state.values())).device
+    dense = build_dense_program(
+        manifest["model"],
+        {k: v.cpu() for k, v in state.items()},
+        num_fields=int(manifest["num_fields"]),
+        num_dense=int(manifest["num_dense"]),
+        embed_dim=int(manifest["embed_dim"]),
+    ).to(device)
+    rows, extra = example_inputs(
+        8, dense.model.num_fields, int(manifest["table_dim"]), dense.num_dense
+    )
+    rows, extra = rows.to(device), extra.to(device)
+    with torch.inference_mode():
+        want, got = program(rows, extra), dense(rows, extra)
+    if not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+        diff = float((got - want).abs().max())
+        raise ValueError(
+            f"the rebuilt {manifest['model']} differs from the exported program by {diff:.3g} "
+            "on example inputs (the artifact was exported by another hetgmp version)"
+        )
+    return dense
+
+
 def load_program(path: Path, device: torch.device | str = "cpu") -> Any:
     """The saved program as a callable module on ``device`` (constants made during tracing,
     such as DLRM's interaction indices, move with it)."""

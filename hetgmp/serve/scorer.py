@@ -29,6 +29,7 @@ from hetgmp.serve.artifact import (
     read_manifest,
     verify_files,
 )
+from hetgmp.serve.compiled import MAX_BATCH, FastPath, build_fast_path
 from hetgmp.serve.program import load_program
 from hetgmp.serve.rows import CachedRows, DeviceRows, hot_order
 
@@ -40,13 +41,20 @@ class Scorer:
     """Scores samples with an exported model; see the module docstring."""
 
     def __init__(
-        self, root: Path, manifest: dict[str, Any], program: Any, rows: Any, index: Any
+        self,
+        root: Path,
+        manifest: dict[str, Any],
+        program: Any,
+        rows: Any,
+        index: Any,
+        fast: FastPath | None = None,
     ) -> None:
         self.root = root
         self.manifest = manifest
-        self.program = program
+        self.program = program  # the exported program's module (portable path, eager)
         self.rows = rows
         self.index = index  # global id -> table row (--min-count artifacts), or None
+        self.fast = fast  # the compiled / CUDA-graph path, or None: the program, eager
         self.device = rows.device
         self.num_rows = int(manifest["num_rows"])
         self.num_fields = int(manifest["num_fields"])
@@ -89,19 +97,53 @@ class Scorer:
     def logits(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
         """Logits ``[B]`` (float32, on the scorer's device) of global ids ``[B, F]``."""
         ids, dense = self._inputs(ids, dense)
-        if ids.shape[0] == 0:
-            return torch.zeros(0, device=self.device)
-        if check and bool(((ids < 0) | (ids >= self.num_rows)).any()):
-            bad = ids[(ids < 0) | (ids >= self.num_rows)][0].item()
-            raise ValueError(f"id {bad} is outside the table's 0..{self.num_rows - 1}")
-        if self.index is not None:
-            ids = self.index[ids]
-        with torch.inference_mode():
-            return self.program(self.rows.lookup(ids), dense).reshape(-1)
+        if check:
+            self._check(ids)
+        return self._forward(ids, dense, probs=False)
 
     def score(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
         """Click probabilities ``[B]`` (float32, on the scorer's device) of global ids."""
-        return torch.sigmoid(self.logits(ids, dense, check=check))
+        ids, dense = self._inputs(ids, dense)
+        if check:
+            self._check(ids)
+        return self._forward(ids, dense, probs=True)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the dense part runs compiled (``torch.compile``)."""
+        return self.fast is not None and self.fast.compiled
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether each batch bucket runs as one CUDA graph."""
+        return self.fast is not None and self.fast.graphs
+
+    def warmup(self, batch_sizes: Sequence[int]) -> None:
+        """Compile (and capture) the buckets of these batch sizes now rather than on first use."""
+        for b in batch_sizes:
+            self.score(torch.zeros(int(b), self.num_fields, dtype=torch.int64),
+                       torch.zeros(int(b), self.num_dense))  # fmt: skip
+
+    def _check(self, ids: torch.Tensor) -> None:
+        bad = (ids < 0) | (ids >= self.num_rows)
+        if bool(bad.any()):
+            raise ValueError(
+                f"id {ids[bad][0].item()} is outside the table's 0..{self.num_rows - 1}"
+            )
+
+    def _forward(self, ids: torch.Tensor, dense: torch.Tensor, *, probs: bool) -> torch.Tensor:
+        if ids.shape[0] == 0:
+            return torch.zeros(0, device=self.device)
+        if self.fast is not None and self.fast.step.table is not None:
+            return self.fast(ids, dense, probs=probs)  # gathers the rows itself
+        with torch.inference_mode():
+            rows = self.rows.lookup(ids if self.index is None else self.index[ids])
+            if self.fast is None:
+                logits = self.program(rows, dense).reshape(-1)
+        if self.fast is not None:
+            return self.fast(rows, dense, probs=probs)
+        # (outside inference mode: the caller gets an ordinary tensor, modifiable in place)
+        return torch.sigmoid(logits) if probs else logits.clone()
 
     def encode_raw(
         self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
@@ -171,13 +213,29 @@ def load(
     *,
     gpu_cache_rows: int | None = None,
     verify: bool = True,
+    compile: Any = "auto",
+    cuda_graphs: Any = "auto",
+    compile_mode: str | None = None,
+    on_compile_error: str = "raise",
+    max_batch: int = MAX_BATCH,
+    warmup: Sequence[int] = (1,),
+    amp: bool = False,
 ) -> Scorer:
     """Open a serving artifact made by ``hetgmp export``.
 
     ``rows``: ``device`` keeps the whole table on ``device``; ``host`` keeps it in (pinned) host
     memory with the ``gpu_cache_rows`` hottest rows cached on ``device`` (default: as many as
     half the free GPU memory holds); ``auto`` picks ``device`` when the table takes at most half
-    the free memory. ``verify``: check every file's SHA-256 (sizes are always checked)."""
+    the free memory. ``verify``: check every file's SHA-256 (sizes are always checked).
+
+    The fast path (:mod:`hetgmp.serve.compiled`): ``compile`` (``"auto"``: on CUDA) runs the
+    dense part rebuilt from the program's weights under ``torch.compile`` (``compile_mode``),
+    per power-of-two batch bucket up to ``max_batch``; ``cuda_graphs`` (``"auto"``: on CUDA with
+    ``rows`` on the device) replays each bucket as one CUDA graph. If either cannot be built,
+    ``on_compile_error="raise"`` raises :class:`~hetgmp.serve.compiled.CompileError`, ``"warn"``
+    warns why and goes on without it. ``warmup``: batch sizes compiled at load, so that a
+    failure shows here and first requests are not slow. ``amp``: the dense part under bf16
+    autocast, as training's ``--amp`` evaluates (scores move by ~1e-3; float32 by default)."""
     root = Path(model_dir)
     if rows not in ROW_PLACES:
         raise ValueError(f"rows={rows!r}: choose one of {', '.join(ROW_PLACES)}")
@@ -198,4 +256,13 @@ def load(
     index = tensors.get("index")
     if manifest.get("vocabulary") and not (root / VOCAB).is_dir():
         raise ArtifactError(f"{root / VOCAB}: missing from serving artifact {root}")
-    return Scorer(root, manifest, program, store, None if index is None else index.to(dev))
+    index = None if index is None else index.to(dev)
+    fast = build_fast_path(
+        program, manifest, store.table if isinstance(store, DeviceRows) else None, index, dev,
+        compile=compile, cuda_graphs=cuda_graphs, mode=compile_mode, max_batch=max_batch,
+        on_error=on_compile_error, amp=amp,
+    )  # fmt: skip
+    scorer = Scorer(root, manifest, program, store, index, fast)
+    if fast is not None:
+        scorer.warmup(warmup)
+    return scorer

@@ -30,11 +30,9 @@ def gather_table(ck: LoadedCheckpoint, num_rows: int, table_dim: int) -> torch.T
     """float32 ``[num_rows, table_dim]`` from every shard; every id 0..num_rows-1 exactly once."""
     table = torch.empty(num_rows, table_dim, dtype=torch.float32)
     seen = torch.zeros(num_rows, dtype=torch.int32)
-    for name in ck._embedding_files():
-        sd = ck._load_mapped(name)
+    for where, sd in ck.embedding_shards():
         ids = sd["ids"].to(torch.int64)
         weight = sd["weight"]
-        where = ck.path / name
         if weight.dim() != 2 or weight.shape != (ids.numel(), table_dim):
             raise ArtifactError(
                 f"{where}: weight of shape {tuple(weight.shape)}, expected "
@@ -62,8 +60,7 @@ def gather_table(ck: LoadedCheckpoint, num_rows: int, table_dim: int) -> torch.T
 def checkpoint_counts(ck: LoadedCheckpoint, num_rows: int) -> np.ndarray | None:
     """Per-row access counts saved in the shards (key ``counts``), or None when they have none."""
     counts = np.zeros(num_rows, np.int64)
-    for name in ck._embedding_files():
-        sd = ck._load_mapped(name)
+    for _, sd in ck.embedding_shards():
         if "counts" not in sd:
             return None
         counts[sd["ids"].to(torch.int64).numpy()] = sd["counts"].to(torch.int64).numpy()

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,15 @@ class LoadedCheckpoint:
             (n for n in self.manifest["files"] if n.startswith("embedding-")),
             key=lambda n: int(n[len("embedding-") : -3]),
         )
+
+    def embedding_shards(self) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+        """Every rank's shard of the table, one at a time and in rank order, as ``(file,
+        state)``: ``state`` holds ``ids`` (global ids), ``weight`` ``[len(ids), table_dim]``,
+        ``opt_state`` and, when recorded, ``counts``, memory-mapped (only what is indexed is
+        read). Shards hold disjoint ids whose union is the table, whatever the rank count; a
+        shard that is not a table's is a :class:`CheckpointError` naming the file."""
+        for name in self._embedding_files():
+            yield self.path / name, self._load_mapped(name)
 
     def embedding_union(self) -> dict[str, Any]:
         """All ranks' rows concatenated: ``{"ids", "weight", "opt_state"}`` keyed by global id."""
