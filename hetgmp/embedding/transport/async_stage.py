@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 ALIGN = 64  # byte offset of every array in a staging buffer (any dtype view is aligned)
+# Reuse buffers on the CPU too (tests: the CUDA path's buffer logic in real CPU runs).
+REUSE_ON_CPU = False
 
 
 def _round_up(n: int) -> int:
@@ -86,13 +88,13 @@ class TableLock:
 class HostStage:
     """Host buffers between the wire and ``device``, for ONE thread (not thread-safe).
 
-    ``reuse`` (default: on CUDA) keeps grow-only buffers (pinned on CUDA) instead of fresh
-    ones per message; on the CPU it is for tests of the buffer logic."""
+    ``reuse`` (default: on CUDA, or with ``REUSE_ON_CPU``) keeps grow-only buffers (pinned on
+    CUDA) instead of fresh ones per message; on the CPU it is for tests of the buffer logic."""
 
     def __init__(self, device: torch.device, reuse: bool | None = None) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self.reuse = self.cuda if reuse is None else bool(reuse)
+        self.reuse = (self.cuda or REUSE_ON_CPU) if reuse is None else bool(reuse)
         self._in = self._host(0)
         self._in_used = 0  # bytes of ``_in`` handed out since :meth:`begin_receive`
         self._in_pending = False  # a copy out of ``_in`` may still run (``_in_done`` says)
