@@ -50,7 +50,7 @@ def train_on_gpu(env: DistEnv, case: dict, sync: str) -> dict:
     emb = DistributedEmbedding(
         ROWS, DIM, genv, make_plan("plan", env.world_size, case["seed"]),
         store_rate=case["store_rate"], bound=0, optimizer="sgd", lr=0.05, seed=case["seed"],
-        sync=sync, async_config=FAST, replies=case.get("replies", "stale"),
+        sync=sync, async_config=FAST, replies=case.get("replies", "stale"), exchange="exact",
     )  # fmt: skip
     assert emb.store.weight.is_cuda
     if sync == "async":

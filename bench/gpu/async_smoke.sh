@@ -20,11 +20,15 @@ log() { echo "[async_smoke +${SECONDS}s] $*"; }
 
 if ! $PY -c "import zmq" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
   log "installing carried wheels: $(ls .whl/*.whl | xargs -n1 basename | tr '\n' ' ')"
-  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/async_wheels.log" 2>&1
+  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+    > "$OUT/async_wheels.log" 2>&1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-$PY -c "import zmq" || { log "FAILED: no pyzmq (carry its wheel in .whl/, see bench/gpu/README.md)"; exit 2; }
+if ! $PY -c "import zmq"; then
+  log "FAILED: no pyzmq (carry its wheel in .whl/, see bench/gpu/README.md)"
+  exit 2
+fi
 if ! $PY -c "from hetgmp.native import native; native()" 2> /dev/null; then
   log "building the native extension"
   $PY setup.py build_ext --inplace > "$OUT/async_build.log" 2>&1 || { log "FAILED: build"; exit 2; }
@@ -32,8 +36,8 @@ fi
 $PY -c "import torch; print('torch', torch.__version__, 'gpus', torch.cuda.device_count())"
 
 log "CUDA tests of the async transport"
-timeout 480 $PY -m pytest tests/test_async_stage.py tests/test_async_gpu.py -v -rs -p no:cacheprovider \
-  --junitxml "$OUT/async_pytest.xml" > "$OUT/async_pytest.log" 2>&1
+timeout 480 $PY -m pytest tests/test_async_stage.py tests/test_async_gpu.py -v -rs \
+  -p no:cacheprovider --junitxml "$OUT/async_pytest.xml" > "$OUT/async_pytest.log" 2>&1
 RC=$?
 grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$OUT/async_pytest.log" | tail -20
 log "tests: exit $RC (log: $OUT/async_pytest.log)"

@@ -17,7 +17,8 @@ The lock (:class:`~.async_stage.TableLock`) is shared with the training thread, 
 for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
 device: the thread runs on a CUDA stream of its own (the lock orders it with the training
 thread's), requests arrive through pinned host buffers and one copy to the device, reads are
-gathered on the device and copied to pinned buffers for the reply (:class:`~.async_stage.HostStage`).
+gathered on the device and copied to pinned buffers for the reply
+(:class:`~.async_stage.HostStage`).
 """
 
 from __future__ import annotations

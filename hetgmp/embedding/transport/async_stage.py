@@ -115,9 +115,9 @@ class HostStage:
         """Host copies of every message's arrays, for :func:`.async_wire.pack`; valid until the
         next call (the wire copies them into the ZeroMQ message at once). Without ``reuse``
         the host arrays themselves (contiguous)."""
-        if not self.reuse:
-            return [{k: t.detach().contiguous().cpu() for k, t in m.items()} for m in messages]
         flat = [t for m in messages for t in m.values()]
+        if not self.reuse or not flat:  # (an acknowledgement carries no array: no wait)
+            return [{k: t.detach().contiguous().cpu() for k, t in m.items()} for m in messages]
         offs, total = layout([t.numel() * t.element_size() for t in flat])
         if total > self._out.numel():
             self._out = self._grow(self._out, total)

@@ -23,8 +23,9 @@ each push as it comes, one optimizer step per push instead of one per row per st
 
 Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock,
 but their push phase waits as a training step's does (its pushes must not reach an owner while
-a peer still reads the step before); flush pushes everything pending and then meets every rank at a process-group barrier, so
-owners hold every update afterwards (flush is collective, as in the collective path).
+a peer still reads the step before); flush pushes everything pending and then meets every
+rank at a process-group barrier, so owners hold every update afterwards (flush is collective,
+as in the collective path).
 
 The same code runs on CPU and CUDA ranks (``device = store.device``): on CUDA the rows stay on
 the device and messages pass through pinned host buffers (:mod:`.async_stage`).

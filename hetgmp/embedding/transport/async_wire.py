@@ -4,8 +4,9 @@ A message is ``[op, header, *arrays]``: ``op`` one of the byte strings below, ``
 small JSON object (scalars, and the dtype and shape of every array frame, in order), then one
 frame per array with its raw bytes. No pickle: a frame from the network is only ever read as
 numbers. Arrays are sent from host memory and received into the device's through
-:class:`~.async_stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere else in the package, lazily, so that ``--sync
-collective`` never needs it (:func:`import_zmq` says how to install it).
+:class:`~.async_stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere
+else in the package, lazily, so that ``--sync collective`` never needs it (:func:`import_zmq`
+says how to install it).
 """
 
 from __future__ import annotations
