@@ -175,7 +175,7 @@ class AsyncStep:
             ids = torch.cat([rem[0][p], due_parts[0][p]])
             if ids.numel():
                 cnt = torch.cat([rem[1][p], due_parts[1][p]])
-                grad = torch.cat([rem[2][p], due_parts[2][p]]).contiguous()
+                grad = torch.cat([rem[2][p], due_parts[2][p]]).float().contiguous()
                 reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
         sent = sum(wire.nbytes(q[2]) for q in reqs.values())
         self.peers.request_all(reqs, "async push")
