@@ -64,7 +64,7 @@ class DistributedEmbedding(nn.Module):
     takes its own step; ``exchange`` then says ``"exact"``). Diagnostics: ``padded_rebuilds``
     (every capacity taken) and ``padded_presyncs`` (steps whose pre-sync part ran in fixed
     shapes). ``sync``: ``"collective"`` (every step one exchange among all ranks) or
-    ``"async"`` (CPU: each rank serves its owned rows from a ZeroMQ thread and ranks move at
+    ``"async"`` (each rank serves its owned rows from a ZeroMQ thread and ranks move at
     their own pace within ``async_config.max_lag`` steps; see
     :mod:`hetgmp.embedding.transport.async_step`); an async table holds sockets and a thread
     until :meth:`close` (also called by :func:`hetgmp.comm.launch.shutdown`).

@@ -73,15 +73,9 @@ def resolve_sync(sync: str, exchange: str, env: DistEnv) -> str:
     """``collective`` or ``async``; refuses what ``async`` does not support yet."""
     if sync not in SYNCS:
         raise ValueError(f"sync must be one of {SYNCS}, got {sync!r}")
-    if sync == "async":
-        if env.device.type != "cpu":
-            raise ValueError(
-                f"sync='async' runs on CPU ranks only for now; this rank's device is {env.device} "
-                "(use --device cpu, or --sync collective on GPUs)"
-            )
-        if exchange == "padded":
-            raise ValueError(
-                "sync='async' moves rows point to point; exchange='padded' (fixed capacities of "
-                "the collective all-to-all) does not apply: use exchange='exact' or 'auto'"
-            )
+    if sync == "async" and exchange == "padded":
+        raise ValueError(
+            "sync='async' moves rows point to point; exchange='padded' (fixed capacities of "
+            "the collective all-to-all) does not apply: use exchange='exact' or 'auto'"
+        )
     return sync

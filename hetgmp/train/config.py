@@ -136,7 +136,8 @@ class TrainConfig:
     )
     backend: str = option(
         "auto",
-        help="torch.distributed backend (auto: nccl on cuda, gloo on cpu)",
+        help="torch.distributed backend (auto: nccl on cuda, gloo on cpu; gloo also moves "
+        "CUDA tensors, so several ranks can share one GPU, e.g. for tests)",
         choices=["auto", "gloo", "nccl"],
     )
     amp: bool | None = option(
@@ -307,8 +308,6 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ConfigError(f"{name}: {flag} applies to --sync async only")
             return
-        if self.device == "cuda":
-            raise ConfigError("sync: --sync async runs on CPU ranks only for now (--device cpu)")
         if self.exchange == "padded":
             raise ConfigError(
                 "sync: --sync async moves rows point to point; --exchange padded does not apply"

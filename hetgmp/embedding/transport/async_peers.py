@@ -3,7 +3,9 @@ connected to the endpoints the ranks published at start (:func:`connect_peers`).
 
 Requests to several owners go out together and their answers are collected in any order; each
 socket carries at most one request at a time (a step sends one read, or one push, per owner),
-so the answer on a socket is the answer to its request. Clock messages have no answer. A peer
+so the answer on a socket is the answer to its request. Arrays go out from, and answers come in
+to, the table's device through this thread's :class:`~.async_stage.HostStage` (pinned buffers
+on CUDA). Clock messages have no answer. A peer
 that does not answer within the timeout, or that said it closed its table, is a
 :class:`~hetgmp.comm.errors.CommError` naming it.
 """
@@ -20,6 +22,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import CommError
 from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_service import AsyncService
+from hetgmp.embedding.transport.async_stage import HostStage
 
 SLICE_MS = 100  # waits are cut in slices to notice a peer that said it closed
 CLOSE_LINGER_MS = 500  # how long a closing socket may still deliver its last message
@@ -35,6 +38,7 @@ class Peers:
     ) -> None:
         zmq = service.zmq
         self.rank, self.service, self.timeout_s = env.rank, service, timeout_s
+        self.stage = HostStage(service.ctx.store.device)  # (the training thread's)
         self.socks: dict[int, Any] = {}
         for p, ep in enumerate(endpoints):
             if p != env.rank:
@@ -44,9 +48,12 @@ class Peers:
                 self.socks[p] = s
 
     def request_all(self, reqs: dict[int, Request], what: str) -> dict[int, dict[str, Any]]:
-        """Send every request, then collect every answer: ``{peer: arrays}``."""
-        for p, (op, meta, arrays) in reqs.items():
-            self.socks[p].send_multipart(wire.pack(op, meta, arrays))
+        """Send every request, then collect every answer: ``{peer: arrays}`` (on the table's
+        device)."""
+        hosts = self.stage.to_host([arrays for _, _, arrays in reqs.values()])
+        for (p, (op, meta, _)), host in zip(reqs.items(), hosts, strict=True):
+            self.socks[p].send_multipart(wire.pack(op, meta, host))
+        self.stage.begin_receive()
         out = {}
         for p in reqs:
             out[p] = self._answer(p, what)
@@ -61,7 +68,7 @@ class Peers:
                     f"rank {self.rank}: {what}: rank {p} did not answer within "
                     f"{self.timeout_s:.0f}s; it probably died or hangs"
                 )
-        _, meta, arrays = wire.unpack(sock.recv_multipart())
+        _, meta, arrays = wire.unpack(sock.recv_multipart(), self.stage)
         if "error" in meta:
             raise CommError(f"rank {self.rank}: {what}: rank {p} refused: {meta['error']}")
         return arrays

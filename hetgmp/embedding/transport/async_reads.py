@@ -5,7 +5,6 @@ The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -15,13 +14,14 @@ from hetgmp.embedding.batch import Batch
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_peers import Peers
+from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.audit import record_audit
 from hetgmp.embedding.transport.base import StepContext
 from hetgmp.embedding.transport.wire import f32
 
 
 def read_rows(
-    ctx: StepContext, lock: threading.RLock, peers: Peers, planned: tuple[Batch, list[int]],
+    ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]],
     bound: int, deferred: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """The batch's unique rows' values in block order (``planned``: the batch and its mirror

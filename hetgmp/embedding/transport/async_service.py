@@ -13,12 +13,17 @@ Three requests (:mod:`.async_wire`):
   has its acks knows its update is visible to every later read;
 * **clock** ``(rank, clock)``: a peer's progress (no answer).
 
-The lock is shared with the training thread, which takes it for its own use of the table
-(owned rows, mirror staging, reads); tensors are on the CPU.
+The lock (:class:`~.async_stage.TableLock`) is shared with the training thread, which takes it
+for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
+device: the thread runs on a CUDA stream of its own (the lock orders it with the training
+thread's), requests arrive through pinned host buffers and one copy to the device, reads are
+gathered on the device and copied to pinned buffers for the reply
+(:class:`~.async_stage.HostStage`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -27,6 +32,7 @@ import torch
 from hetgmp.comm.errors import CommError
 from hetgmp.embedding import protocol
 from hetgmp.embedding.transport import async_wire as wire
+from hetgmp.embedding.transport.async_stage import HostStage, TableLock
 from hetgmp.embedding.transport.base import StepContext
 
 POLL_MS = 50  # how often the service thread looks at its stop flag
@@ -37,9 +43,12 @@ class AsyncService:
     """The service of one rank: bound on ``host:port`` (0: a port the OS picks) at
     construction, serving from :meth:`start` until :meth:`close`."""
 
-    def __init__(self, ctx: StepContext, lock: threading.RLock, host: str, port: int) -> None:
+    def __init__(self, ctx: StepContext, lock: TableLock, host: str, port: int) -> None:
         self.zmq = zmq = wire.import_zmq()
         self.ctx, self.lock = ctx, lock
+        dev = ctx.store.device
+        self.stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
+        self.stage = HostStage(dev)  # (this thread's)
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -123,25 +132,39 @@ class AsyncService:
                 )
 
     # ------------------------------------------------------------------ the thread
+    def _on_device(self) -> contextlib.AbstractContextManager[Any]:
+        """The thread's CUDA device and stream (both are per thread), or nothing on the CPU."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.ctx.store.device))
+        stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
     def _run(self) -> None:
         poller = self.zmq.Poller()
         poller.register(self.sock, self.zmq.POLLIN)
         try:
-            while not self._stop.is_set():
-                if not poller.poll(POLL_MS):
-                    continue
-                frames = self.sock.recv_multipart()
-                reply = self._handle(frames[1:])
-                if reply is not None:
-                    self.sock.send_multipart([frames[0], *reply])
+            with self._on_device():
+                self._serve(poller)
         except BaseException as err:  # noqa: BLE001 - handed to the training thread
             self.failure = err
             with self.clock_cv:
                 self.clock_cv.notify_all()
 
+    def _serve(self, poller: Any) -> None:
+        while not self._stop.is_set():
+            if not poller.poll(POLL_MS):
+                continue
+            frames = self.sock.recv_multipart()
+            reply = self._handle(frames[1:])
+            if reply is not None:
+                self.sock.send_multipart([frames[0], *reply])
+
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
-            op, meta, arrays = wire.unpack(frames)
+            self.stage.begin_receive()
+            op, meta, arrays = wire.unpack(frames, self.stage)
             if op == wire.CLOCK:
                 self.set_clock(int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")))
                 return None
@@ -150,15 +173,17 @@ class AsyncService:
         except (ValueError, KeyError, IndexError, RuntimeError) as err:
             return wire.pack(wire.REPLY, {"error": f"rank {self.ctx.env.rank}: {err}"}, {})
         self._count("sent", out)
-        return wire.pack(wire.REPLY, {}, out)
+        return wire.pack(wire.REPLY, {}, self.stage.to_host([out])[0])
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor:
-        """Slots of owned rows ``ids``; ``ValueError`` for an id this rank does not own."""
+        """Slots of owned rows ``ids``; ``ValueError`` for an id this rank does not own (one
+        look at the host, on CUDA a wait for this thread's stream)."""
         store = self.ctx.store
-        if ids.numel() and (ids.min() < 0 or ids.max() >= store.num_rows):
-            raise ValueError("a request names a row id outside the table")
-        slots = store.slot_of.index_select(0, ids).long()
-        if slots.numel() and (slots.min() < 0 or slots.max() >= store.n_own):
+        inside = (ids >= 0) & (ids < store.num_rows)
+        slots = store.slot_of.index_select(0, ids.clamp(0, store.num_rows - 1)).long()
+        if ids.numel() and not bool((inside & (slots >= 0) & (slots < store.n_own)).all()):
+            if not bool(inside.all()):
+                raise ValueError("a request names a row id outside the table")
             raise ValueError("a request names a row this rank does not own")
         return slots
 

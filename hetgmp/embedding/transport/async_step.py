@@ -21,15 +21,19 @@ sees every rank's step ``t - 1`` update and none of step ``t``: with ``bound = 0
 collective path's arithmetic (SGD: equal up to float summation order; Adagrad: owners apply
 each push as it comes, one optimizer step per push instead of one per row per step).
 
-Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock;
-flush pushes everything pending and then meets every rank at a process-group barrier, so
-owners hold every update afterwards (flush is collective, as in the collective path).
+Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock,
+but their push phase waits as a training step's does (its pushes must not reach an owner while
+a peer still reads the step before); flush pushes everything pending and then meets every
+rank at a process-group barrier, so owners hold every update afterwards (flush is collective,
+as in the collective path).
+
+The same code runs on CPU and CUDA ranks (``device = store.device``): on CUDA the rows stay on
+the device and messages pass through pinned host buffers (:mod:`.async_stage`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import torch
@@ -42,6 +46,7 @@ from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_peers import connect_peers
 from hetgmp.embedding.transport.async_reads import read_rows
 from hetgmp.embedding.transport.async_service import AsyncService
+from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
 
 
@@ -71,13 +76,8 @@ class AsyncStep:
 
     def __init__(self, ctx: StepContext, cfg: AsyncConfig) -> None:
         env = ctx.env
-        if ctx.store.device.type != "cpu":
-            raise ValueError(
-                "--sync async runs on CPU ranks only for now (rows on the GPU through pinned "
-                f"host buffers are not implemented); this rank's device is {ctx.store.device}"
-            )
         self.ctx, self.cfg = ctx, cfg
-        self.lock = threading.RLock()  # the table, shared with the service thread
+        self.lock = TableLock(ctx.store.device)  # the table, shared with the service thread
         port = cfg.port_base + env.rank if cfg.port_base else 0
         self.service = AsyncService(ctx, self.lock, _bind_host(cfg.host), port)
         try:
@@ -103,11 +103,13 @@ class AsyncStep:
         evaluating = op == OP_FLUSH or not training
         grads, self.grads = self.grads, None
         lag2, c = 2 * self.cfg.max_lag, 2 * self.steps
-        if not evaluating:
-            self._wait(c - lag2, "push")
+        # (also before a flush or evaluation: its pushes must not reach an owner while a peer
+        # still reads this step's values, or that peer sees an update from its future)
+        self._wait(c - lag2, "flush" if op == OP_FLUSH else "push")
         deferred = self._push_phase(grads, evaluating)
         if op == OP_FLUSH:
             barrier(ctx.env)  # every rank's pushes are applied before anyone reads owners
+            self.lock.fence()  # (CUDA: reads of the table after flush follow the service's work)
             return self._flushed(prep, deferred)
         if not evaluating:
             self._tick(c + 1)
@@ -173,7 +175,7 @@ class AsyncStep:
             ids = torch.cat([rem[0][p], due_parts[0][p]])
             if ids.numel():
                 cnt = torch.cat([rem[1][p], due_parts[1][p]])
-                grad = torch.cat([rem[2][p], due_parts[2][p]]).contiguous()
+                grad = torch.cat([rem[2][p], due_parts[2][p]]).float().contiguous()
                 reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
         sent = sum(wire.nbytes(q[2]) for q in reqs.values())
         self.peers.request_all(reqs, "async push")

@@ -3,8 +3,10 @@
 A message is ``[op, header, *arrays]``: ``op`` one of the byte strings below, ``header`` a
 small JSON object (scalars, and the dtype and shape of every array frame, in order), then one
 frame per array with its raw bytes. No pickle: a frame from the network is only ever read as
-numbers. pyzmq is imported here and nowhere else in the package, lazily, so that ``--sync
-collective`` never needs it (:func:`import_zmq` says how to install it).
+numbers. Arrays are sent from host memory and received into the device's through
+:class:`~.async_stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere
+else in the package, lazily, so that ``--sync collective`` never needs it (:func:`import_zmq`
+says how to install it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from hetgmp.embedding.transport.async_stage import HostStage
 
 READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
 OPS = (READ, PUSH, CLOCK)
@@ -33,19 +37,27 @@ def import_zmq() -> ModuleType:
     return zmq
 
 
-def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[bytes]:
-    """``[op, header, *array bytes]`` (CPU tensors of the dtypes in ``_DTYPES``)."""
+def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[Any]:
+    """``[op, header, *array bytes]`` (host tensors of the dtypes in ``_DTYPES``; on CUDA what
+    :meth:`.async_stage.HostStage.to_host` gives). The array frames are views of the tensors'
+    memory: send them at once (ZeroMQ's copying send copies them into the message)."""
     specs, frames = [], []
     for name, t in arrays.items():
         t = t.detach().contiguous()
+        if t.device.type != "cpu" or _DTYPES.get(str(t.dtype).removeprefix("torch.")) is None:
+            raise ValueError(f"async message array {name!r}: {t.dtype} on {t.device} (host "
+                             f"tensors of {sorted(_DTYPES)} only)")  # fmt: skip
         specs.append([name, str(t.dtype).removeprefix("torch."), list(t.shape)])
-        frames.append(t.numpy().tobytes())
+        frames.append(memoryview(t.numpy().reshape(-1).view(np.uint8)))
     header = json.dumps({"meta": meta, "arrays": specs}).encode()
     return [op, header, *frames]
 
 
-def unpack(frames: list[bytes]) -> tuple[bytes, dict[str, Any], dict[str, torch.Tensor]]:
-    """The inverse of :func:`pack`; raises ``ValueError`` on a malformed message."""
+def unpack(
+    frames: list[Any], stage: HostStage
+) -> tuple[bytes, dict[str, Any], dict[str, torch.Tensor]]:
+    """The inverse of :func:`pack`, the arrays on ``stage``'s device (laid out through its
+    host buffers); raises ``ValueError`` on a malformed message."""
     if len(frames) < 2:
         raise ValueError(f"async message with {len(frames)} frames (need op and header)")
     op = bytes(frames[0])
@@ -53,13 +65,18 @@ def unpack(frames: list[bytes]) -> tuple[bytes, dict[str, Any], dict[str, torch.
     specs = head["arrays"]
     if len(specs) != len(frames) - 2:
         raise ValueError(f"async message names {len(specs)} arrays, carries {len(frames) - 2}")
-    arrays = {}
+    typed = []
     for (name, dtype, shape), raw in zip(specs, frames[2:], strict=True):
         if dtype not in _DTYPES:
             raise ValueError(f"async message array {name!r} has unsupported dtype {dtype!r}")
-        buf = np.frombuffer(bytes(raw), dtype=dtype).copy()  # (writable, owned)
-        arrays[name] = torch.from_numpy(buf).reshape(shape)
-    return op, head["meta"], arrays
+        shape = tuple(int(x) for x in shape)
+        want = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+        if min(shape, default=0) < 0 or len(raw) != want:
+            raise ValueError(
+                f"async message array {name!r}: {len(raw)} bytes for {dtype} {list(shape)}"
+            )
+        typed.append((str(name), _DTYPES[dtype], shape))
+    return op, head["meta"], stage.receive(typed, frames[2:])
 
 
 def nbytes(arrays: dict[str, torch.Tensor]) -> int:

@@ -1,0 +1,191 @@
+"""Where ``--sync async`` meets the table's device: the lock the training thread and the service
+thread share (:class:`TableLock`) and the host buffers messages pass through
+(:class:`HostStage`). The rest of the transport is the same code on the CPU and on CUDA
+(``device = store.device``).
+
+On the CPU the lock is a plain reentrant lock, and messages are read into fresh host buffers.
+On CUDA the rows, versions and optimizer state stay on the device, and each thread enqueues its
+work on the table on its own stream (the training thread on its current stream, the service on
+a stream of its own), so the lock also orders the streams: whoever takes it makes its stream
+wait, through an event, for what the last holder enqueued (no device-wide synchronization).
+Messages go through grow-only pinned host buffers, one set per thread: arrays to send are
+copied device -> pinned (non-blocking, then one wait on an event of this thread's stream) and
+the wire copies them into the ZeroMQ message; a message received is laid out in a pinned buffer
+and copied to the device in one non-blocking copy, and the buffer is written again only once an
+event says that copy has finished.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+ALIGN = 64  # byte offset of every array in a staging buffer (any dtype view is aligned)
+# Reuse buffers on the CPU too (tests: the CUDA path's buffer logic in real CPU runs).
+REUSE_ON_CPU = False
+
+
+def _round_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
+    """Aligned offsets of arrays of ``nbytes`` bytes laid out one after the other, and the
+    total size."""
+    offs, end = [], 0
+    for n in nbytes:
+        offs.append(end)
+        end += _round_up(n)
+    return offs, end
+
+
+class TableLock:
+    """The table's reentrant lock, shared by the training thread and the service thread; on
+    CUDA it also orders their streams (see the module docstring). Use it as a context
+    manager; :meth:`fence` only orders (the current stream waits for the last holder)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._lock = threading.RLock()
+        self._cuda = device.type == "cuda"
+        self._depth = 0  # (changed by the holder only)
+        self._last: tuple[int, Any] | None = None  # (stream handle, event) of the last release
+        self._events: dict[int, Any] = {}  # one event per stream, re-recorded at each release
+
+    def __enter__(self) -> TableLock:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self._cuda and self._last is not None:
+            stream = torch.cuda.current_stream(self.device)
+            if self._last[0] != stream.cuda_stream:  # (same stream: already in order)
+                stream.wait_event(self._last[1])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._depth == 1 and self._cuda:
+                stream = torch.cuda.current_stream(self.device)
+                event = self._events.get(stream.cuda_stream)
+                if event is None:
+                    event = self._events[stream.cuda_stream] = torch.cuda.Event()
+                # (a wait enqueued earlier keeps waiting for the record it saw: CUDA semantics)
+                event.record(stream)
+                self._last = (stream.cuda_stream, event)
+        finally:
+            self._depth -= 1
+            self._lock.release()
+
+    def fence(self) -> None:
+        """Order the current stream after everything enqueued on the table so far."""
+        with self:
+            pass
+
+
+class HostStage:
+    """Host buffers between the wire and ``device``, for ONE thread (not thread-safe).
+
+    ``reuse`` (default: on CUDA, or with ``REUSE_ON_CPU``) keeps grow-only buffers (pinned on
+    CUDA) instead of fresh ones per message; on the CPU it is for tests of the buffer logic."""
+
+    def __init__(self, device: torch.device, reuse: bool | None = None) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.reuse = (self.cuda or REUSE_ON_CPU) if reuse is None else bool(reuse)
+        self._in = self._host(0)
+        self._in_used = 0  # bytes of ``_in`` handed out since :meth:`begin_receive`
+        self._in_pending = False  # a copy out of ``_in`` may still run (``_in_done`` says)
+        self._in_done = torch.cuda.Event() if self.cuda else None
+        self._out = self._host(0)
+        self._out_done = torch.cuda.Event() if self.cuda else None
+        self.grown = 0  # buffer (re)allocations, for tests and diagnostics
+
+    def _host(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.cuda and nbytes > 0)
+
+    def _grow(self, old: torch.Tensor, need: int) -> torch.Tensor:
+        self.grown += 1
+        return self._host(max(need, 2 * old.numel()))
+
+    # ------------------------------------------------------------------ device -> wire
+    def to_host(self, messages: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """Host copies of every message's arrays, for :func:`.async_wire.pack`; valid until the
+        next call (the wire copies them into the ZeroMQ message at once). Without ``reuse``
+        the host arrays themselves (contiguous)."""
+        flat = [t for m in messages for t in m.values()]
+        if not self.reuse or not flat:  # (an acknowledgement carries no array: no wait)
+            return [{k: t.detach().contiguous().cpu() for k, t in m.items()} for m in messages]
+        offs, total = layout([t.numel() * t.element_size() for t in flat])
+        if total > self._out.numel():
+            self._out = self._grow(self._out, total)
+        out, it = [], iter(zip(flat, offs, strict=True))
+        for m in messages:
+            host = {}
+            for k in m:
+                t, off = next(it)
+                dst = _view(self._out, off, t.dtype, tuple(t.shape))
+                host[k] = dst.copy_(t.detach(), non_blocking=self.cuda)
+            out.append(host)
+        if self.cuda:  # (waits for this thread's stream only)
+            self._out_done.record(torch.cuda.current_stream(self.device))
+            self._out_done.synchronize()
+        return out
+
+    # ------------------------------------------------------------------ wire -> device
+    def begin_receive(self) -> None:
+        """Start a new batch of received messages: the earlier ones' host bytes are no longer
+        needed (on CUDA: once their copies to the device have finished)."""
+        if self._in_pending:
+            self._in_done.synchronize()
+            self._in_pending = False
+        self._in_used = 0
+
+    def receive(
+        self, specs: list[tuple[str, torch.dtype, tuple[int, ...]]], raws: Sequence[Any]
+    ) -> dict[str, torch.Tensor]:
+        """The arrays of one message (``specs``: name, dtype, shape; ``raws``: their bytes,
+        sizes checked by the caller) on the device; on CUDA the copy to the device is
+        non-blocking on the current stream (later work on that stream sees the data)."""
+        if not specs:
+            return {}
+        sizes = [_nbytes(dtype, shape) for _, dtype, shape in specs]
+        offs, total = layout(sizes)
+        host = self._take_in(total)
+        hv = host.numpy()
+        for off, n, raw in zip(offs, sizes, raws, strict=True):
+            if n:
+                hv[off : off + n] = np.frombuffer(raw, dtype=np.uint8, count=n)
+        dev = host
+        if self.cuda:
+            dev = host.to(self.device, non_blocking=True)
+            self._in_done.record(torch.cuda.current_stream(self.device))
+            self._in_pending = True
+        return {
+            name: _view(dev, off, dtype, shape)
+            for (name, dtype, shape), off in zip(specs, offs, strict=True)
+        }
+
+    def _take_in(self, total: int) -> torch.Tensor:
+        if not self.reuse:
+            return self._host(total)
+        if self._in_used + total > self._in.numel():
+            # (views handed out earlier keep the old buffer alive; pinned memory freed after a
+            # non-blocking copy is reused by torch's host allocator only once the copy is done)
+            self._in = self._grow(self._in, total)
+            self._in_used = 0
+        start = self._in_used
+        self._in_used += total
+        return self._in[start : start + total]
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _view(buf: torch.Tensor, off: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """``buf[off:]`` (uint8, ``off`` aligned) seen as an array of ``dtype`` and ``shape``."""
+    n = _nbytes(dtype, shape)
+    return buf[off : off + n].view(dtype).view(shape)
