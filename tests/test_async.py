@@ -197,7 +197,7 @@ def test_async_refuses_what_it_does_not_support() -> None:
     with pytest.raises(ValueError, match="sync must be one of"):
         DistributedEmbedding(ROWS, DIM, env, sync="bulk")
     with pytest.raises(ValueError, match="max_lag"):
-        AsyncConfig(max_lag=-1)
+        AsyncConfig(max_lag=-2)
     cuda_env = DistEnv(world_size=2, device=torch.device("cuda"))
     with pytest.raises(ValueError, match="CPU ranks only"):
         DistributedEmbedding(ROWS, DIM, cuda_env, sync="async", kernels="torch")

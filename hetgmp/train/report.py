@@ -111,4 +111,5 @@ def results(tr: Trainer) -> dict[str, Any]:
     out["samples_seen"] = tr.samples_total  # (the whole run, resumes included)
     out["samples_this_process"] = tr.samples_seen
     out["memory"] = memory_report(tr.env, tr.model.embedding)
+    out.update(tr.extra_results)
     return out

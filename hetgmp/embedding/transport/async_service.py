@@ -11,7 +11,10 @@ Three requests (:mod:`.async_wire`):
 * **push** ``(ids, cnt, grad)``: applied at once with the owner's sparse optimizer
   (:func:`protocol.apply_at_owner`, under the lock), then acknowledged, so that a worker that
   has its acks knows its update is visible to every later read;
-* **clock** ``(rank, clock)``: a peer's progress (no answer).
+* **clock** ``(rank, clock, samples)``: a peer's progress (no answer): its clock and the
+  training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`);
+* other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
+  :mod:`hetgmp.train.dense_server`), answered by their handler.
 
 The lock is shared with the training thread, which takes it for its own use of the table
 (owned rows, mirror staging, reads); tensors are on the CPU.
@@ -20,6 +23,7 @@ The lock is shared with the training thread, which takes it for its own use of t
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +62,9 @@ class AsyncService:
         self.endpoint = f"tcp://{host}:{port}"
         w = ctx.env.world_size
         self.clocks = [0] * w
+        self.samples = [0] * w  # training samples each rank has taken (clock messages)
+        # extra request kinds: op -> handler(meta, arrays) -> reply arrays (service thread)
+        self.handlers: dict[bytes, Callable[[dict[str, Any], dict[str, torch.Tensor]], Any]] = {}
         self.clock_cv = threading.Condition()
         self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
         self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
@@ -81,9 +88,10 @@ class AsyncService:
             self.zctx.term()
 
     # ------------------------------------------------------------------ clocks
-    def set_clock(self, rank: int, clock: int, gone: bool = False) -> None:
+    def set_clock(self, rank: int, clock: int, gone: bool = False, samples: int = 0) -> None:
         with self.clock_cv:
             self.clocks[rank] = max(self.clocks[rank], clock)
+            self.samples[rank] = max(self.samples[rank], samples)
             if gone:
                 self.gone.add(rank)
             self.clock_cv.notify_all()
@@ -100,18 +108,31 @@ class AsyncService:
                 "left early) while this rank still needed it"
             )
 
-    def wait_clock(self, target: int, timeout_s: float, what: str) -> None:
+    def wait_clock(
+        self, target: int, timeout_s: float, what: str, budget: int | None = None
+    ) -> bool:
         """Block until every rank's clock is at least ``target``; a clear error after
-        ``timeout_s`` naming the slowest rank."""
+        ``timeout_s`` naming the slowest rank. With ``budget``: stop waiting as soon as the
+        ranks' samples add up to it, and return False then (True: the clocks are there)."""
         with self.clock_cv:
 
             def behind() -> list[int]:
                 return [r for r, c in enumerate(self.clocks) if c < target]
 
+            def spent() -> bool:
+                return budget is not None and sum(self.samples) >= budget
+
             ok = self.clock_cv.wait_for(
-                lambda: not behind() or self.failure is not None or bool(self.gone & set(behind())),
+                lambda: (
+                    not behind()
+                    or spent()
+                    or self.failure is not None
+                    or bool(self.gone & set(behind()))
+                ),
                 timeout_s,
             )
+            if spent():
+                return False
             for r in behind():
                 self.check_peer(r, what)
             if not ok:
@@ -121,6 +142,7 @@ class AsyncService:
                     f"(clock {self.clocks[slow]}, needed {target}) under --max-lag; it probably "
                     "died or hangs"
                 )
+            return True
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -143,8 +165,13 @@ class AsyncService:
         try:
             op, meta, arrays = wire.unpack(frames)
             if op == wire.CLOCK:
-                self.set_clock(int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")))
+                self.set_clock(
+                    int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
+                    int(meta.get("samples", 0)),
+                )  # fmt: skip
                 return None
+            if op in self.handlers:  # (counted by their owner, not as embedding bytes)
+                return wire.pack(wire.REPLY, {}, self.handlers[op](meta, arrays))
             self._count("recv", arrays)
             out = self._read(meta, arrays) if op == wire.READ else self._push(arrays)
         except (ValueError, KeyError, IndexError, RuntimeError) as err:
