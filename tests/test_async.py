@@ -68,6 +68,9 @@ def test_bound0_maxlag0_equals_collective() -> None:
     cases = [
         {"optimizer": "sgd", "store_rate": 0.3, "seed": 1},
         {"optimizer": "sgd", "store_rate": 0.0, "seed": 2, "delay": 0.02},
+        # row-wise Adagrad: owners apply a step's pushes in one update per row (drain)
+        {"optimizer": "adagrad", "store_rate": 0.3, "seed": 6, "delay": 0.02},
+        {"optimizer": "adagrad", "store_rate": 0.0, "seed": 7},
     ]
     results = spawn_ranks(both_ways, 2, cases, timeout_s=180)
     for i in range(len(cases)):

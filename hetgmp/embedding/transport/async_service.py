@@ -8,9 +8,13 @@ Three requests (:mod:`.async_wire`):
   mirror query (``owner version - mirror version``, :func:`protocol.lags`) and value, version
   (and optimizer state) of the mirrors beyond the bound (every mirror with ``send_all``, as in
   audit mode) and of every row not stored there, all read under the table lock at one moment;
-* **push** ``(ids, cnt, grad)``: applied at once with the owner's sparse optimizer
-  (:func:`protocol.apply_at_owner`, under the lock), then acknowledged, so that a worker that
-  has its acks knows its update is visible to every later read;
+* **push** ``(ids, cnt, grad)``: buffered (under the lock) and acknowledged; the buffer, with
+  the owner's own rows' gradient of its step (:meth:`AsyncService.stash_own`), is applied with
+  the owner's sparse optimizer in one :func:`protocol.apply_at_owner` call right before the
+  next read of this rank's rows (:meth:`AsyncService.drain`: a peer's read, or the owner's own
+  read phase), so a worker that has its acks knows its update is visible to every later read,
+  and a row gets one optimizer step for all the pushes of a step (row-wise Adagrad then
+  equals the collective path at ``--bound 0 --max-lag 0``);
 * **clock** ``(rank, clock, samples)``: a peer's progress (no answer): its clock and the
   training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`);
 * other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
@@ -69,6 +73,9 @@ class AsyncService:
         self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
         self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
         self.failure: BaseException | None = None
+        # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
+        self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(
             target=self._run, name=f"{THREAD_PREFIX}-{ctx.env.rank}", daemon=True
@@ -144,6 +151,32 @@ class AsyncService:
                 )
             return True
 
+    # ------------------------------------------------------------------ buffered updates
+    def stash_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """The owner's own rows' ``(slots, counts, grads)`` of its step, applied at the next
+        :meth:`drain` together with the pushes (one optimizer step per row)."""
+        with self.lock:
+            if self.own is not None:
+                self.drain()
+            self.own = own
+
+    def drain(self) -> None:
+        """Apply the buffered pushes and own gradient in one update (before any read)."""
+        with self.lock:
+            if self.own is None and not self.buffered:
+                return
+            own, pushed, self.own, self.buffered = self.own, self.buffered, None, []
+            store = self.ctx.store
+            if own is None:
+                z = store.zeros_w[:0]
+                own = (z, z, torch.zeros(0, store.dim, device=store.device))
+            if pushed:
+                parts = (torch.cat([q[i] for q in pushed]) for i in range(3))
+                push = tuple(parts)
+            else:
+                push = (own[0][:0], own[1][:0], own[2][:0])
+            protocol.apply_at_owner(store, self.ctx.opt, own, push)  # type: ignore[arg-type]
+
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         poller = self.zmq.Poller()
@@ -193,6 +226,7 @@ class AsyncService:
         store, sw = self.ctx.store, self.ctx.opt.state_width
         m_slot, r_slot = self._slots(a["mids"]), self._slots(a["rids"])
         with self.lock:
+            self.drain()
             lag = protocol.lags(store, m_slot, a["mver"])
             need = lag > int(meta["bound"])
             if meta["send_all"]:
@@ -210,11 +244,8 @@ class AsyncService:
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         slots = self._slots(a["ids"])
         grad = a["grad"].reshape(slots.numel(), self.ctx.store.dim)
-        store, empty = self.ctx.store, slots[:0]
         with self.lock:
-            protocol.apply_at_owner(
-                store, self.ctx.opt, (empty, a["cnt"][:0], grad[:0]), (slots, a["cnt"], grad)
-            )
+            self.buffered.append((slots, a["cnt"], grad))
         return {}
 
     def _count(self, direction: str, arrays: dict[str, torch.Tensor]) -> None:

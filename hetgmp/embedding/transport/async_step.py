@@ -18,8 +18,9 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
 rank waits until every rank's clock is at least ``c - 1 - 2 * max_lag``. So no rank is more
 than ``max_lag`` steps ahead of the slowest, and with ``max_lag = 0`` every read of step ``t``
 sees every rank's step ``t - 1`` update and none of step ``t``: with ``bound = 0`` that is the
-collective path's arithmetic (SGD: equal up to float summation order; Adagrad: owners apply
-each push as it comes, one optimizer step per push instead of one per row per step).
+collective path's arithmetic (SGD and row-wise Adagrad: owners buffer the pushes and their own
+rows' gradient and apply them in one update per row before the next read, see
+:meth:`AsyncService.drain`; equal up to float summation order).
 
 ``max_lag = -1`` lifts the per-clock bound (no clock waits; the per-row ``bound`` still holds).
 The clock messages also carry the training samples each rank has taken (:meth:`AsyncStep.commit`)
@@ -117,7 +118,8 @@ class AsyncStep:
             self._wait(c - lag2, "push")
         deferred = self._push_phase(grads, evaluating)
         if op == OP_FLUSH:
-            barrier(ctx.env)  # every rank's pushes are applied before anyone reads owners
+            barrier(ctx.env)  # every rank's pushes are in before anyone reads owners
+            self.service.drain()
             return self._flushed(prep, deferred)
         if not evaluating:
             self._tick(c + 1)
@@ -125,6 +127,7 @@ class AsyncStep:
             self._wait(c + 1 - lag2, "read")
         bound = 0 if evaluating else ctx.bound
         batch, nqm = _batch(prep, ctx.env.rank, ctx.env.world_size)
+        self.service.drain()  # (this step's own rows and the pushes, one update per row)
         values = read_rows(ctx, self.lock, self.peers, (batch, nqm), bound, deferred)
         if not evaluating:
             self._tick(c + 2)
@@ -187,8 +190,7 @@ class AsyncStep:
             if grads is not None and grads[0].n_own:
                 pb, pg = grads
                 own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
-                empty = (own[0][:0], own[1][:0], own[2][:0])
-                protocol.apply_at_owner(store, ctx.opt, own, empty)
+                self.service.stash_own(own)  # (applied with the pushes: service.drain)
         if grads is not None:
             pb, pg = grads
             r0 = pb.n_own + pb.n_mir
