@@ -68,6 +68,9 @@ def test_bound0_maxlag0_equals_collective() -> None:
     cases = [
         {"optimizer": "sgd", "store_rate": 0.3, "seed": 1},
         {"optimizer": "sgd", "store_rate": 0.0, "seed": 2, "delay": 0.02},
+        # row-wise Adagrad: owners apply a step's pushes in one update per row (drain)
+        {"optimizer": "adagrad", "store_rate": 0.3, "seed": 6, "delay": 0.02},
+        {"optimizer": "adagrad", "store_rate": 0.0, "seed": 7},
     ]
     results = spawn_ranks(both_ways, 2, cases, timeout_s=180)
     for i in range(len(cases)):
@@ -197,4 +200,4 @@ def test_async_refuses_what_it_does_not_support() -> None:
     with pytest.raises(ValueError, match="sync must be one of"):
         DistributedEmbedding(ROWS, DIM, env, sync="bulk")
     with pytest.raises(ValueError, match="max_lag"):
-        AsyncConfig(max_lag=-1)
+        AsyncConfig(max_lag=-2)

@@ -214,6 +214,12 @@ class DistributedEmbedding(nn.Module):
         self._one.apply_pending()
 
     @property
+    def async_engine(self) -> AsyncStep | None:
+        """The ``sync="async"`` step engine of several ranks (its clocks, global progress and
+        service; :mod:`hetgmp.train.async_loop`), else None."""
+        return self._stepper if isinstance(self._stepper, AsyncStep) else None
+
+    @property
     def local_step(self) -> LocalStep | None:
         """The one-rank step engine (None with several ranks or audit)."""
         return self._one

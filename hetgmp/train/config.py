@@ -13,6 +13,7 @@ from pathlib import Path
 from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
+from hetgmp.train.straggle import straggle_ok
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -188,9 +189,13 @@ class TrainConfig:
     max_lag: int = option(
         0,
         help="--sync async: steps a rank may run ahead of the slowest (stale synchronous "
-        "parallel); 0 with --bound 0 trains as --sync collective",
-        check=_non_negative,
-        check_msg="must be >= 0",
+        "parallel; -1: unbounded). 0 keeps every rank at the same step (with --bound 0 it "
+        "trains as --sync collective); otherwise ranks run unequal step counts and training "
+        "ends on a global sample budget (--epochs x training samples, or --iter x ranks x "
+        "--batch-size), fast ranks doing more steps. A persistent straggler caps the lead at "
+        "--max-lag steps: then the others wait for it again",
+        check=lambda v: v >= -1,
+        check_msg="must be >= 0, or -1 for unbounded",
         flags=["--max-lag", "--max_lag"],
     )
     async_host: str = option(
@@ -209,12 +214,25 @@ class TrainConfig:
     )
     dense_sync_every: int = option(
         1,
-        help="--sync async: average the dense parameters over ranks every this many steps "
-        "(each rank steps on its own gradients in between); 1: sum the dense gradients every "
-        "step, as --sync collective",
+        help="--sync async: exchange the dense parameters every this many steps. With --max-lag "
+        "0: 1 sums the dense gradients every step, as --sync collective; k > 1 averages the "
+        "parameters over ranks every k steps (each rank steps on its own gradients in "
+        "between). With --max-lag != 0: each rank pushes its change every k steps to a dense "
+        "parameter server spread over the ranks' services and pulls the current value, "
+        "without meeting the others",
         check=_positive,
         check_msg="must be >= 1",
         flags=["--dense-sync-every"],
+    )
+    straggle: str = option(
+        "",
+        help="benchmark facility: RANK:FACTOR makes rank RANK a straggler, waiting (FACTOR-1) x "
+        "its own measured step time after each step (RANK:FACTOR:spin keeps its core busy "
+        "instead of sleeping); either --sync mode",
+        check=straggle_ok,
+        check_msg="must be RANK:FACTOR or RANK:FACTOR:spin with RANK >= 0 and FACTOR >= 1 "
+        "(e.g. 1:2)",
+        flags=["--straggle"],
     )
     eval_batch_size: int = option(
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
@@ -312,6 +330,25 @@ class TrainConfig:
             raise ConfigError(
                 "sync: --sync async moves rows point to point; --exchange padded does not apply"
             )
+        if not self.unequal_steps:
+            return
+        for name, flag, bad in (
+            ("eval_every", "--eval-every", self.eval_every != 0),
+            ("checkpoint_every", "--checkpoint-every", self.checkpoint_every != 0),
+            ("resume", "--resume", self.resume),
+        ):
+            if bad:
+                raise ConfigError(
+                    f"{name}: {flag} needs every rank at the same step; with --sync async and "
+                    f"--max-lag {self.max_lag} ranks run unequal step counts (evaluation and the "
+                    "checkpoint come at the end); use --max-lag 0 for it"
+                )
+
+    @property
+    def unequal_steps(self) -> bool:
+        """``--sync async`` with ``--max-lag`` != 0: ranks run unequal step counts until a
+        global sample budget (:mod:`hetgmp.train.async_loop`)."""
+        return self.sync == "async" and self.max_lag != 0
 
     @property
     def effective_dense_lr(self) -> float:

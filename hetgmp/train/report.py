@@ -72,7 +72,8 @@ def timing_results(tr: Trainer) -> dict[str, Any]:
     out: dict[str, Any] = dict(tr.clock.speeds())
     wait = out.pop("data_wait_ms")
     waits = all_gather_object(tr.env, wait)
-    out["data_wait_ms"] = None if wait is None else sum(waits) / len(waits)
+    timed = [w for w in waits if w is not None]  # (async: a rank may have run no step)
+    out["data_wait_ms"] = sum(timed) / len(timed) if timed else None
     out["data_source"] = tr.data_source
     run = tr.run_step
     out["step_graph"] = tr.graph_note or "whole step"  # why not, or what is captured
@@ -111,4 +112,5 @@ def results(tr: Trainer) -> dict[str, Any]:
     out["samples_seen"] = tr.samples_total  # (the whole run, resumes included)
     out["samples_this_process"] = tr.samples_seen
     out["memory"] = memory_report(tr.env, tr.model.embedding)
+    out.update(tr.extra_results)
     return out

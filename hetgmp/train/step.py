@@ -9,6 +9,8 @@ the sums only at TRAIN lines.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ from hetgmp.train.dense_sync import GradBucket, average_params
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
+
+if TYPE_CHECKING:
+    from hetgmp.train.dense_server import DenseServer
 
 
 class TrainStep:
@@ -50,6 +55,9 @@ class TrainStep:
         # dense sync: 1 = gradients summed every step; k > 1 = each rank steps on its own
         # gradient and the parameters are averaged every k steps (--dense-sync-every)
         self.sync_every, self.since_sync = sync_every, 0
+        # --sync async with unequal step counts: no collective at all, the dense parameters go
+        # through the ranks' services instead (hetgmp.train.dense_server; set by async_loop)
+        self.dense_server: DenseServer | None = None
 
     def __call__(
         self,
@@ -72,14 +80,16 @@ class TrainStep:
         if self.rows_now:
             self.model.embedding.apply_pending()
         marks.mark("fwd_bwd")
-        if self.sync_every == 1:
+        if self.sync_every == 1 and self.dense_server is None:
             self.bucket.all_reduce()
         else:  # this rank's gradient at a global batch's scale (its local mean loss)
             self.bucket.flat.mul_(self.env.world_size)
         marks.mark("sync")
         self.optimizer.step()
         self.bucket.zero_()
-        if self.sync_every > 1:
+        if self.dense_server is not None:
+            self.dense_server.after_step()
+        elif self.sync_every > 1:
             self.since_sync += 1
             if self.since_sync == self.sync_every:
                 self.average_dense()
@@ -94,7 +104,7 @@ class TrainStep:
     def average_dense(self) -> None:
         """(``sync_every > 1``, collective) the dense parameters averaged over ranks now, so
         every rank holds the same model (every k steps, and before evaluation, checkpoints and
-        the end of training)."""
-        if self.sync_every > 1 and self.since_sync:
+        the end of training). A no-op with a dense server (its ``finish`` does that)."""
+        if self.dense_server is None and self.sync_every > 1 and self.since_sync:
             average_params(self.env, self.dense_params)
         self.since_sync = 0

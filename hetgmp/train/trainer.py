@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from hetgmp.data.loader import Batch
 from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
 from hetgmp.models import CTRModel
 from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes
+from hetgmp.train.async_loop import run_async
 from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.embedding_stats import summarize_counters
@@ -48,6 +50,7 @@ from hetgmp.train.report import global_counters, local_counters, results
 from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.step import TrainStep
+from hetgmp.train.straggle import Straggler, parse_straggle
 
 __all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
 
@@ -108,6 +111,10 @@ class Trainer:
         self.eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
         self.samples_seen = 0  # global training samples of the steps run in this process
         self.samples_before = 0  # ... of the steps before a resumed checkpoint
+        self.straggler = Straggler(
+            parse_straggle(cfg.straggle), env.rank, env.world_size, env.device
+        )  # (--straggle: a benchmark facility)
+        self.extra_results: dict[str, Any] = {}  # (the async loop's per-rank figures)
 
     @property
     def samples_total(self) -> int:
@@ -148,14 +155,13 @@ class Trainer:
         """Train until ``--iter`` steps or ``--epochs`` epochs; returns the final results."""
         cfg = self.cfg
         self.info["steps_per_epoch"] = self.steps_per_epoch
-        self._note_repeats()
-        self.log.start_bar(self.total_steps, initial=self.position.step)
         self._counters0 = global_counters(self.env, self.model.embedding)
-        source = self._open_source()
         try:
-            self._loop(source)
+            if not run_async(self):  # (--sync async --max-lag != 0: unequal step counts)
+                self._note_repeats()
+                self.log.start_bar(self.total_steps, initial=self.position.step)
+                self._loop_lockstep()
         finally:
-            source.close()
             self.profiler.remove_hooks()
         self.train_step.average_dense()
         self.model.embedding.flush()
@@ -165,7 +171,7 @@ class Trainer:
             self.checkpoint()
         return self.results()
 
-    def _open_source(self) -> BatchSource:
+    def _loop_lockstep(self) -> None:
         cfg, pos = self.cfg, self.position
         plan = EpochPlan(self.dataset.train, self.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
         slots = step_slots(
@@ -176,6 +182,15 @@ class Trainer:
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
         )
+        source = self.open_source(plan, slots)
+        try:
+            self._loop(source)
+        finally:
+            source.close()
+
+    def open_source(self, plan: EpochPlan, slots: Iterator[Slot]) -> BatchSource:
+        """The batch source of ``plan`` following ``slots`` (logs which one, and why)."""
+        cfg = self.cfg
         opts = PipelineOptions(cfg.data_on_device, cfg.device_data_budget_gb, cfg.prefetch_batches)
         source, why = open_source(
             plan, slots, self.env.device, opts, num_rows=self.dataset.meta.num_embeddings
@@ -195,10 +210,12 @@ class Trainer:
         self.clock.resume()
         while self.position.step < self.total_steps:
             marks = self.profiler.begin(self.clock.steps_run)
+            self.straggler.begin()
             t0 = time.perf_counter()
             slot, batch = source.next()
             wait = time.perf_counter() - t0
             self._run_step(slot, batch, wait, interval, marks)
+            self.straggler.end()
             interval = self._boundaries(interval)
         self.clock.pause()
         if interval.steps:

@@ -8,10 +8,17 @@ Three requests (:mod:`.async_wire`):
   mirror query (``owner version - mirror version``, :func:`protocol.lags`) and value, version
   (and optimizer state) of the mirrors beyond the bound (every mirror with ``send_all``, as in
   audit mode) and of every row not stored there, all read under the table lock at one moment;
-* **push** ``(ids, cnt, grad)``: applied at once with the owner's sparse optimizer
-  (:func:`protocol.apply_at_owner`, under the lock), then acknowledged, so that a worker that
-  has its acks knows its update is visible to every later read;
-* **clock** ``(rank, clock)``: a peer's progress (no answer).
+* **push** ``(ids, cnt, grad)``: buffered (under the lock) and acknowledged; the buffer, with
+  the owner's own rows' gradient of its step (:meth:`AsyncService.stash_own`), is applied with
+  the owner's sparse optimizer in one :func:`protocol.apply_at_owner` call right before the
+  next read of this rank's rows (:meth:`AsyncService.drain`: a peer's read, or the owner's own
+  read phase), so a worker that has its acks knows its update is visible to every later read,
+  and a row gets one optimizer step for all the pushes of a step (row-wise Adagrad then
+  equals the collective path at ``--bound 0 --max-lag 0``);
+* **clock** ``(rank, clock, samples)``: a peer's progress (no answer): its clock and the
+  training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`);
+* other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
+  :mod:`hetgmp.train.dense_server`), answered by their handler.
 
 The lock (:class:`~.async_stage.TableLock`) is shared with the training thread, which takes it
 for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,10 +75,16 @@ class AsyncService:
         self.endpoint = f"tcp://{host}:{port}"
         w = ctx.env.world_size
         self.clocks = [0] * w
+        self.samples = [0] * w  # training samples each rank has taken (clock messages)
+        # extra request kinds: op -> handler(meta, arrays) -> reply arrays (service thread)
+        self.handlers: dict[bytes, Callable[[dict[str, Any], dict[str, torch.Tensor]], Any]] = {}
         self.clock_cv = threading.Condition()
         self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
         self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
         self.failure: BaseException | None = None
+        # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
+        self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(
             target=self._run, name=f"{THREAD_PREFIX}-{ctx.env.rank}", daemon=True
@@ -90,9 +104,10 @@ class AsyncService:
             self.zctx.term()
 
     # ------------------------------------------------------------------ clocks
-    def set_clock(self, rank: int, clock: int, gone: bool = False) -> None:
+    def set_clock(self, rank: int, clock: int, gone: bool = False, samples: int = 0) -> None:
         with self.clock_cv:
             self.clocks[rank] = max(self.clocks[rank], clock)
+            self.samples[rank] = max(self.samples[rank], samples)
             if gone:
                 self.gone.add(rank)
             self.clock_cv.notify_all()
@@ -109,18 +124,31 @@ class AsyncService:
                 "left early) while this rank still needed it"
             )
 
-    def wait_clock(self, target: int, timeout_s: float, what: str) -> None:
+    def wait_clock(
+        self, target: int, timeout_s: float, what: str, budget: int | None = None
+    ) -> bool:
         """Block until every rank's clock is at least ``target``; a clear error after
-        ``timeout_s`` naming the slowest rank."""
+        ``timeout_s`` naming the slowest rank. With ``budget``: stop waiting as soon as the
+        ranks' samples add up to it, and return False then (True: the clocks are there)."""
         with self.clock_cv:
 
             def behind() -> list[int]:
                 return [r for r, c in enumerate(self.clocks) if c < target]
 
+            def spent() -> bool:
+                return budget is not None and sum(self.samples) >= budget
+
             ok = self.clock_cv.wait_for(
-                lambda: not behind() or self.failure is not None or bool(self.gone & set(behind())),
+                lambda: (
+                    not behind()
+                    or spent()
+                    or self.failure is not None
+                    or bool(self.gone & set(behind()))
+                ),
                 timeout_s,
             )
+            if spent():
+                return False
             for r in behind():
                 self.check_peer(r, what)
             if not ok:
@@ -130,6 +158,37 @@ class AsyncService:
                     f"(clock {self.clocks[slow]}, needed {target}) under --max-lag; it probably "
                     "died or hangs"
                 )
+            return True
+
+    # ------------------------------------------------------------------ buffered updates
+    def stash_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """The owner's own rows' ``(slots, counts, grads)`` of its step, applied at the next
+        :meth:`drain` together with the pushes (one optimizer step per row)."""
+        with self.lock:
+            if self.own is not None:
+                self.drain()
+            self.own = own
+
+    def drain(self) -> None:
+        """Apply the buffered pushes and own gradient in one update (before any read)."""
+        with self.lock:
+            if self.own is None and not self.buffered:
+                return
+            own, pushed, self.own, self.buffered = self.own, self.buffered, None, []
+            if self.stream is not None:  # (made on one thread's stream, used on this one's)
+                stream = torch.cuda.current_stream(self.ctx.store.device)
+                for t in (*(own or ()), *(x for q in pushed for x in q)):
+                    t.record_stream(stream)
+            store = self.ctx.store
+            if own is None:
+                z = store.zeros_w[:0]
+                own = (z, z, torch.zeros(0, store.dim, device=store.device))
+            if pushed:
+                parts = (torch.cat([q[i] for q in pushed]) for i in range(3))
+                push = tuple(parts)
+            else:
+                push = (own[0][:0], own[1][:0], own[2][:0])
+            protocol.apply_at_owner(store, self.ctx.opt, own, push)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ the thread
     def _on_device(self) -> contextlib.AbstractContextManager[Any]:
@@ -166,8 +225,13 @@ class AsyncService:
             self.stage.begin_receive()
             op, meta, arrays = wire.unpack(frames, self.stage)
             if op == wire.CLOCK:
-                self.set_clock(int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")))
+                self.set_clock(
+                    int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
+                    int(meta.get("samples", 0)),
+                )  # fmt: skip
                 return None
+            if op in self.handlers:  # (counted by their owner, not as embedding bytes)
+                return wire.pack(wire.REPLY, {}, self.handlers[op](meta, arrays))
             self._count("recv", arrays)
             out = self._read(meta, arrays) if op == wire.READ else self._push(arrays)
         except (ValueError, KeyError, IndexError, RuntimeError) as err:
@@ -191,6 +255,7 @@ class AsyncService:
         store, sw = self.ctx.store, self.ctx.opt.state_width
         m_slot, r_slot = self._slots(a["mids"]), self._slots(a["rids"])
         with self.lock:
+            self.drain()
             lag = protocol.lags(store, m_slot, a["mver"])
             need = lag > int(meta["bound"])
             if meta["send_all"]:
@@ -207,12 +272,11 @@ class AsyncService:
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         slots = self._slots(a["ids"])
-        grad = a["grad"].reshape(slots.numel(), self.ctx.store.dim)
-        store, empty = self.ctx.store, slots[:0]
+        grad, cnt = a["grad"].reshape(slots.numel(), self.ctx.store.dim), a["cnt"]
+        if self.stage.reuse and not self.stage.cuda:  # (views of a buffer the next message reuses)
+            grad, cnt = grad.clone(), cnt.clone()
         with self.lock:
-            protocol.apply_at_owner(
-                store, self.ctx.opt, (empty, a["cnt"][:0], grad[:0]), (slots, a["cnt"], grad)
-            )
+            self.buffered.append((slots, cnt, grad))
         return {}
 
     def _count(self, direction: str, arrays: dict[str, torch.Tensor]) -> None:

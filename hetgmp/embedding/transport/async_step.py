@@ -18,8 +18,15 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
 rank waits until every rank's clock is at least ``c - 1 - 2 * max_lag``. So no rank is more
 than ``max_lag`` steps ahead of the slowest, and with ``max_lag = 0`` every read of step ``t``
 sees every rank's step ``t - 1`` update and none of step ``t``: with ``bound = 0`` that is the
-collective path's arithmetic (SGD: equal up to float summation order; Adagrad: owners apply
-each push as it comes, one optimizer step per push instead of one per row per step).
+collective path's arithmetic (SGD and row-wise Adagrad: owners buffer the pushes and their own
+rows' gradient and apply them in one update per row before the next read, see
+:meth:`AsyncService.drain`; equal up to float summation order).
+
+``max_lag = -1`` lifts the per-clock bound (no clock waits; the per-row ``bound`` still holds).
+The clock messages also carry the training samples each rank has taken (:meth:`AsyncStep.commit`)
+so that every rank sees the run's global progress (the budget stop rule of
+:mod:`hetgmp.train.async_loop`); a rank that stops training sets its clock to ``DONE_CLOCK``
+(:meth:`AsyncStep.finish`), so no peer waits for it any more.
 
 Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock,
 but their push phase waits as a training step's does (its pushes must not reach an owner while
@@ -49,11 +56,13 @@ from hetgmp.embedding.transport.async_service import AsyncService
 from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
 
+DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
+
 
 @dataclasses.dataclass(frozen=True)
 class AsyncConfig:
-    """Settings of ``--sync async``: ``max_lag`` steps a rank may run ahead of the slowest;
-    each rank's service listens on ``host`` at ``port_base + rank`` (``port_base`` 0: a port
+    """Settings of ``--sync async``: ``max_lag`` steps a rank may run ahead of the slowest
+    (-1: unbounded); each rank's service listens on ``host`` at ``port_base + rank`` (``port_base`` 0: a port
     the OS picks); ``timeout_s`` bounds every wait for a peer."""
 
     max_lag: int = 0
@@ -62,8 +71,8 @@ class AsyncConfig:
     timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_lag < 0:
-            raise ValueError(f"max_lag must be >= 0, got {self.max_lag}")
+        if self.max_lag < -1:
+            raise ValueError(f"max_lag must be >= 0, or -1 for unbounded; got {self.max_lag}")
         if not 0 <= self.port_base <= 65535:
             raise ValueError(f"async port base must be in [0, 65535], got {self.port_base}")
         if not self.timeout_s > 0:
@@ -87,6 +96,7 @@ class AsyncStep:
             raise
         self.grads: tuple[Batch, torch.Tensor] | None = None
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
+        self.samples = 0  # training samples this rank has taken (published with its clock)
         self.closed = False
 
     def step(
@@ -105,17 +115,21 @@ class AsyncStep:
         lag2, c = 2 * self.cfg.max_lag, 2 * self.steps
         # (also before a flush or evaluation: its pushes must not reach an owner while a peer
         # still reads this step's values, or that peer sees an update from its future)
-        self._wait(c - lag2, "flush" if op == OP_FLUSH else "push")
+        if self.cfg.max_lag >= 0:
+            self._wait(c - lag2, "flush" if op == OP_FLUSH else "push")
         deferred = self._push_phase(grads, evaluating)
         if op == OP_FLUSH:
-            barrier(ctx.env)  # every rank's pushes are applied before anyone reads owners
+            barrier(ctx.env)  # every rank's pushes are in before anyone reads owners
+            self.service.drain()
             self.lock.fence()  # (CUDA: reads of the table after flush follow the service's work)
             return self._flushed(prep, deferred)
         if not evaluating:
             self._tick(c + 1)
-            self._wait(c + 1 - lag2, "read")
+            if self.cfg.max_lag >= 0:
+                self._wait(c + 1 - lag2, "read")
         bound = 0 if evaluating else ctx.bound
         batch, nqm = _batch(prep, ctx.env.rank, ctx.env.world_size)
+        self.service.drain()  # (this step's own rows and the pushes, one update per row)
         values = read_rows(ctx, self.lock, self.peers, (batch, nqm), bound, deferred)
         if not evaluating:
             self._tick(c + 2)
@@ -132,6 +146,24 @@ class AsyncStep:
         finally:
             self.service.close()
 
+    # ------------------------------------------------------------------ the budget rule
+    def commit(self, samples: int) -> None:
+        """This rank takes a batch of ``samples`` for its next step: count them and tell the
+        peers at once (the clock stays), so the global progress they see is current."""
+        self.samples += samples
+        self._tick(2 * self.steps)
+
+    def wait_turn(self, budget: int) -> bool:
+        """Before a training step: wait until the per-clock bound lets this rank start it
+        (True), or until the samples of all ranks add up to ``budget`` (False: stop)."""
+        lag = self.cfg.max_lag
+        target = 2 * (self.steps - lag) if lag >= 0 else 0
+        return self.service.wait_clock(target, self.cfg.timeout_s, "async step (--max-lag)", budget)
+
+    def finish(self) -> None:
+        """This rank trains no more: its clock becomes ``DONE_CLOCK`` (no peer waits for it)."""
+        self._tick(DONE_CLOCK)
+
     def service_bytes(self) -> dict[str, int]:
         """Bytes the service received and sent (by counter name)."""
         return dict(self.service.bytes)
@@ -141,8 +173,8 @@ class AsyncStep:
         self.service.wait_clock(target, self.cfg.timeout_s, f"async {phase} (--max-lag)")
 
     def _tick(self, clock: int) -> None:
-        self.service.set_clock(self.ctx.env.rank, clock)
-        self.peers.publish_clock(clock)
+        self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
+        self.peers.publish_clock(clock, samples=self.samples)
 
     def _push_phase(self, grads: tuple[Batch, torch.Tensor] | None, evaluating: bool) -> Any:
         """Stage, apply own rows, push the rest; returns the deferred-mirror count."""
@@ -160,8 +192,7 @@ class AsyncStep:
             if grads is not None and grads[0].n_own:
                 pb, pg = grads
                 own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
-                empty = (own[0][:0], own[1][:0], own[2][:0])
-                protocol.apply_at_owner(store, ctx.opt, own, empty)
+                self.service.stash_own(own)  # (applied with the pushes: service.drain)
         if grads is not None:
             pb, pg = grads
             r0 = pb.n_own + pb.n_mir

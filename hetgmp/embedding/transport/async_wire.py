@@ -21,7 +21,8 @@ import torch
 from hetgmp.embedding.transport.async_stage import HostStage
 
 READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
-OPS = (READ, PUSH, CLOCK)
+DENSE = b"dense"  # a dense parameter shard's push-and-pull (hetgmp.train.dense_server)
+OPS = (READ, PUSH, CLOCK, DENSE)
 _DTYPES = {"int64": torch.int64, "float32": torch.float32}
 
 

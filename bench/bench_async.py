@@ -1,0 +1,193 @@
+"""Stragglers: ``--sync collective`` (lockstep) against ``--sync async`` on CPU ranks (issue 17).
+
+One rank is slowed by ``--straggle RANK:FACTOR`` (it waits ``FACTOR - 1`` times its own step
+time after each step) for FACTOR in 1 (none), 1.5, 2 and 4. For each mode and factor the same
+training (WDL, one epoch of the training split in samples) runs on spawned gloo CPU ranks; the
+global samples/s and the test AUC are recorded. The throughput ratio is samples/s with the
+straggler over samples/s without it, per mode; the AUC delta is against the lockstep run
+without straggler (``--bound 0``). Ideal ratios: lockstep ``1 / FACTOR`` (every rank waits for
+the straggler), async ``(W - 1 + 1 / FACTOR) / W`` (only the straggler slows down).
+
+Data: the generated Criteo-like set (made once under ``--work``) and MovieLens 100K, converted
+from ``../shared/datasets`` into ``--work`` (never into the repository).
+
+Writes ``bench/results/async_cpu.json``, ``.md`` and ``.png`` (machine, command, date).
+
+Usage: ``python bench/bench_async.py [--ranks 4] [--factors 1 1.5 2 4] [--samples 60000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hetgmp.comm.env import DistEnv  # noqa: E402
+from hetgmp.comm.spawn import spawn_ranks  # noqa: E402
+from hetgmp.config import validate  # noqa: E402
+from hetgmp.train.config import TrainConfig  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+MODES = ("collective", "async")
+
+
+def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict[str, Any]:
+    from hetgmp.train.run import train
+
+    return train(cfg, env)
+
+
+def datasets(a: argparse.Namespace) -> dict[str, Path]:
+    """The generated set (made once) and MovieLens 100K (converted once), under ``--work``."""
+    from hetgmp.data.generate import generate_criteo_like
+    from hetgmp.data.movielens import convert_movielens
+
+    out = {}
+    gen = a.work / f"criteo-like-{a.samples}"
+    if not (gen / "meta.json").exists():
+        generate_criteo_like(gen, num_samples=a.samples, seed=0, progress=False, overwrite=True)
+    out["generated"] = gen
+    src = a.shared / "movielens-100k"
+    if src.is_dir():
+        ml = a.work / "movielens-100k"
+        if not (ml / "meta.json").exists():
+            convert_movielens(src, ml, overwrite=True)
+        out["movielens-100k"] = ml
+    else:
+        print(f"{src} not found: movielens-100k skipped", flush=True)
+    return out
+
+
+def config(a: argparse.Namespace, data: Path, mode: str, factor: float) -> TrainConfig:
+    extra: dict[str, Any] = {}
+    if mode == "async":
+        extra = dict(
+            sync="async", bound=a.bound, max_lag=a.max_lag, async_host="127.0.0.1",
+            dense_sync_every=a.dense_sync_every,
+        )  # fmt: skip
+    straggle = f"{a.ranks - 1}:{factor:g}:{a.wait}" if factor > 1 else ""
+    return validate(TrainConfig(
+        dataset=str(data), model="wdl", batch_size=a.batch, embed_dim=8, epochs=1,
+        log_every=10_000, progress=False, device="cpu", threads=1, warmup_steps=0,
+        straggle=straggle, timeout_s=120.0, seed=0, **extra,
+    ))  # fmt: skip
+
+
+def run_one(a: argparse.Namespace, name: str, data: Path, mode: str, f: float) -> dict[str, Any]:
+    cfg = config(a, data, mode, f)
+    t0 = time.perf_counter()
+    res = spawn_ranks(_train_rank, a.ranks, cfg, timeout_s=900)[0]
+    row = {
+        "dataset": name, "mode": mode, "factor": f, "speed": res["speed"],
+        "auc": res.get("val_auc"), "samples": res["samples_seen"],
+        "train_seconds": res["train_seconds"], "wall_s": time.perf_counter() - t0,
+        "steps_per_rank": res.get("async", {}).get("steps_per_rank", [res["step"]] * a.ranks),
+    }  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]], ranks: int) -> None:
+    """Throughput ratio (vs the same mode without straggler), ideal ratio, AUC delta (vs
+    lockstep without straggler)."""
+    for r in rows:
+        same = [q for q in rows if q["dataset"] == r["dataset"]]
+        base = next(q for q in same if q["mode"] == r["mode"] and q["factor"] == 1)
+        ref = next(q for q in same if q["mode"] == "collective" and q["factor"] == 1)
+        r["ratio"] = r["speed"] / base["speed"]
+        f = r["factor"]
+        r["ideal"] = 1 / f if r["mode"] == "collective" else (ranks - 1 + 1 / f) / ranks
+        r["auc_delta"] = r["auc"] - ref["auc"]
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    from hetgmp.experiments.plots import pyplot
+
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name in sorted({r["dataset"] for r in rows}):
+        for mode, mark in zip(MODES, ("o", "s"), strict=True):
+            rs = sorted((r for r in rows if r["dataset"] == name and r["mode"] == mode),
+                        key=lambda r: r["factor"])  # fmt: skip
+            fs = [r["factor"] for r in rs]
+            ax1.plot(fs, [r["ratio"] for r in rs], marker=mark, label=f"{mode} ({name})")
+            ax2.plot(fs, [r["auc"] for r in rs], marker=mark, label=f"{mode} ({name})")
+    for mode, style in zip(MODES, (":", "--"), strict=True):
+        ideal = sorted({(r["factor"], r["ideal"]) for r in rows if r["mode"] == mode})
+        ax1.plot(*zip(*ideal, strict=True), style, color="grey", label=f"ideal {mode}")
+    ax1.set(xlabel="straggler factor", ylabel="samples/s ÷ no-straggler samples/s",
+            title="throughput kept", ylim=(0, 1.2))  # fmt: skip
+    ax2.set(xlabel="straggler factor", ylabel="test AUC", title="AUC")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    meta = {
+        "machine": f"{platform.node()} ({platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores)",
+        "command": "python " + " ".join(sys.argv),
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "ranks": a.ranks, "batch": a.batch, "bound": a.bound, "max_lag": a.max_lag,
+        "straggler_wait": a.wait, "dense_sync_every": a.dense_sync_every,
+    }  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "async_cpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, RESULTS / "async_cpu.png")
+    lines = [
+        "# Stragglers: lockstep (--sync collective) vs --sync async, CPU ranks",
+        "",
+        *(f"- {k}: `{v}`" for k, v in meta.items()),
+        "",
+        "| data | mode | straggler | samples/s | kept | ideal | AUC | AUC - bound 0 | steps/rank |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['mode']} | {r['factor']:g}x | {r['speed']:.0f} | "
+            f"{r['ratio']:.2f} | {r['ideal']:.2f} | {r['auc']:.4f} | {r['auc_delta']:+.4f} | "
+            f"{'/'.join(map(str, r['steps_per_rank']))} |"
+        )
+    lines += ["", "![throughput and AUC](async_cpu.png)", ""]
+    (RESULTS / "async_cpu.md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--factors", type=float, nargs="+", default=[1, 1.5, 2, 4])
+    p.add_argument("--samples", type=int, default=60_000, help="generated set size")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--bound", type=int, default=100)
+    p.add_argument("--max-lag", type=int, default=100)
+    p.add_argument("--dense-sync-every", type=int, default=1)
+    p.add_argument("--wait", choices=("sleep", "spin"), default="spin")
+    p.add_argument("--work", type=Path, default=Path("/tmp/hetgmp-bench-async"))
+    p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "datasets")
+    a = p.parse_args()
+    if 1 not in a.factors:
+        p.error("--factors must include 1 (the no-straggler baseline)")
+    a.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, data in datasets(a).items():
+        for mode in MODES:
+            for f in a.factors:
+                rows.append(run_one(a, name, data, mode, f))
+    add_ratios(rows, a.ranks)
+    write(a, rows)
+
+
+if __name__ == "__main__":
+    main()

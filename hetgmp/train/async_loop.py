@@ -1,0 +1,178 @@
+"""The training loop of ``--sync async`` with ``--max-lag`` != 0: ranks run unequal step
+counts, and training ends on a global sample budget.
+
+Under ``--sync collective`` (and ``--max-lag 0``) every rank runs the same global steps, so the
+slowest rank sets the pace. Here each rank trains at its own pace:
+
+* **Budget.** The run trains ``--epochs`` x the training samples (``--iter N``: ``N`` x ranks x
+  ``--batch-size``), summed over ranks. Each rank keeps drawing batches from its own shard,
+  cycling it epoch after epoch in :class:`~hetgmp.data.loader.BatchLoader`'s deterministic
+  order (shuffled by ``(seed, epoch)``), so a fast rank simply does more steps.
+* **Stop rule.** Before a step a rank *commits* its batch: the samples are added to its count,
+  which its clock messages carry to every peer (:meth:`AsyncStep.commit`). It starts the step
+  only while the samples of all ranks, as its service has seen them, stay below the budget;
+  else it stops and sets its clock to "done" so that nobody waits for it any more. As every
+  view is a lower bound of the true sum, the run trains at least the budget, and at most about
+  one batch per rank more (the batches committed while the others' last counts were in flight).
+* **Per-clock bound.** The wait before a step is the one of ``--max-lag``
+  (:meth:`AsyncStep.wait_turn`), interrupted when the budget is reached. A persistent
+  straggler therefore caps the fast ranks' lead at ``--max-lag`` steps, after which they move
+  at its pace again: ``--max-lag -1`` lifts the cap (the per-row ``--bound`` still holds).
+* **Dense parameters** go through :class:`~hetgmp.train.dense_server.DenseServer` (no
+  collective during training). The loss of a step is scaled as if every rank had this batch
+  (``ranks x len(batch)``), as in the collective path's steady state.
+
+The end is collective, as before: the dense server's final pull, the table's flush, evaluation,
+checkpoint (:meth:`Trainer.fit`). TRAIN lines during training show rank 0's own steps; the
+last one sums every rank's. ``speed`` is global samples over the slowest rank's loop time
+(no warm-up split).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hetgmp.comm.collectives import all_gather_object
+from hetgmp.data.device_batches import EpochPlan, step_slots
+from hetgmp.data.pipeline import BatchSource
+from hetgmp.train.accounting import Interval
+from hetgmp.train.checkpoint import Position
+from hetgmp.train.dense_server import DenseServer
+
+if TYPE_CHECKING:
+    from hetgmp.embedding.transport.async_step import AsyncStep
+    from hetgmp.train.trainer import Trainer
+
+
+def sample_budget(
+    cfg_iter: int, epochs: int, world: int, batch_size: int, counts: list[int]
+) -> int:
+    """Global training samples of an unequal-steps run (see the module docstring)."""
+    return cfg_iter * world * batch_size if cfg_iter else epochs * sum(counts)
+
+
+class AsyncLoop:
+    """One rank's budget-bound training (construction is collective: the dense server)."""
+
+    def __init__(self, tr: Trainer, engine: AsyncStep) -> None:
+        cfg, env = tr.cfg, tr.env
+        self.tr, self.engine = tr, engine
+        self.budget = sample_budget(cfg.iter, cfg.epochs, env.world_size, cfg.batch_size, tr.counts)
+        self.server = DenseServer(env, tr.dense_params, engine, cfg.dense_sync_every)
+        tr.train_step.dense_server = self.server
+        self.steps = 0
+        self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
+        self.seconds = 0.0
+        self.data_wait_s = 0.0
+
+    def run(self) -> None:
+        """Train until the budget is spent, then meet the others for the dense pull."""
+        tr, cfg = self.tr, self.tr.cfg
+        plan = EpochPlan(tr.dataset.train, tr.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
+        tr.log.info(
+            f"async: training until {self.budget} samples over all ranks (each rank cycles its "
+            f"own shard; --max-lag {cfg.max_lag}, dense exchange every {cfg.dense_sync_every} "
+            "step(s) through the ranks' services); TRAIN lines show rank 0's own steps"
+        )
+        total = -(-self.budget // max(1, cfg.batch_size * tr.env.world_size))
+        tr.log.start_bar(total)
+        t0 = time.perf_counter()
+        if plan.local_batches:
+            slots = step_slots(
+                plan, step=0, epoch=0, batch=0, steps_per_epoch=plan.local_batches,
+                total_steps=self.budget + 1,
+            )  # fmt: skip
+            source = tr.open_source(plan, slots)
+            try:
+                self._train(source)
+            finally:
+                source.close()
+        self.seconds = time.perf_counter() - t0
+        self.engine.finish()  # (nobody waits for this rank any more)
+        self.server.finish()
+        self._report()
+
+    def _train(self, source: BatchSource) -> None:
+        tr, w = self.tr, self.tr.env.world_size
+        iv = Interval(tr.env.device)
+        while self.engine.wait_turn(self.budget):
+            tr.straggler.begin()
+            t0 = time.perf_counter()
+            slot, batch = source.next()
+            wait = time.perf_counter() - t0
+            assert batch is not None  # (the slots of a rank's own epochs are all local)
+            self.engine.commit(len(batch))
+            stats = tr.run_step(batch, w * len(batch))
+            iv.add(stats, len(batch), len(batch), slot.epoch)
+            self.sums += stats
+            iv.data_wait_s += wait
+            self.data_wait_s += wait
+            self.steps += 1
+            tr.log.advance()
+            tr.straggler.end()
+            if self.steps % tr.cfg.log_every == 0:
+                self._log_local(iv)
+                iv = Interval(tr.env.device)
+
+    def _log_local(self, iv: Interval) -> None:
+        """Rank 0's own TRAIN line (no collective: the ranks are at different steps)."""
+        n = max(1, iv.samples)
+        loss, correct = iv.sums.tolist()
+        seen = sum(self.engine.service.samples)
+        fields: dict[str, Any] = {"loss": loss / n, "acc": correct / n, "rank_samples": iv.samples}
+        fields["progress"] = min(1.0, seen / max(1, self.budget))
+        fields["epoch"] = iv.epoch
+        self.tr.log.metrics("TRAIN", self.steps, fields)
+
+    def _report(self) -> None:
+        """(Collective) the run's totals: steps and samples per rank, global speed."""
+        tr, env = self.tr, self.tr.env
+        loss, correct = self.sums.tolist()
+        mine = (self.steps, self.engine.samples, self.seconds, loss, correct)
+        ranks = [tuple(r) for r in all_gather_object(env, mine)]
+        steps = [int(r[0]) for r in ranks]
+        samples = [int(r[1]) for r in ranks]
+        secs = max(float(r[2]) for r in ranks)
+        total = sum(samples)
+        tr.samples_seen = total
+        shard = max(1, sum(tr.counts))
+        tr.position = Position(max(steps), total // shard, 0, env.world_size)
+        clock = tr.clock  # (one segment: the whole loop, no warm-up split)
+        clock.warmup_steps, clock.steps_run = 0, self.steps
+        clock.timing.update(steady_s=secs, steady_samples=total)
+        clock.steady_data_wait_s = self.data_wait_s
+        tail = max(1, total)
+        tr.log.metrics(
+            "TRAIN",
+            max(steps),
+            {
+                "loss": sum(float(r[3]) for r in ranks) / tail,
+                "acc": sum(float(r[4]) for r in ranks) / tail,
+                "time": secs,
+                "speed": total / secs if secs > 0 else 0.0,
+                "samples": total,
+                "steps": "/".join(map(str, steps)),
+            },
+        )
+        tr.extra_results["async"] = {
+            "budget": self.budget,
+            "samples_per_rank": samples,
+            "steps_per_rank": steps,
+            "seconds_per_rank": [float(r[2]) for r in ranks],
+            "max_lag": tr.cfg.max_lag,
+            "dense_sync_every": tr.cfg.dense_sync_every,
+            **self.server.stats(),
+        }
+
+
+def run_async(tr: Trainer) -> bool:
+    """Run :class:`AsyncLoop` when this run trains with unequal step counts (True), else
+    leave the lockstep loop to the trainer (False)."""
+    engine = getattr(tr.model.embedding, "async_engine", None)
+    if not tr.cfg.unequal_steps or engine is None:  # (one rank: nothing to be unequal with)
+        return False
+    AsyncLoop(tr, engine).run()
+    return True

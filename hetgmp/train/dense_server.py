@@ -1,0 +1,123 @@
+"""Dense parameters under ``--sync async`` without a lockstep meeting: a parameter server
+spread over the ranks' async row services (:mod:`hetgmp.embedding.transport.async_service`).
+
+The dense parameters, flattened, are cut into ``W`` contiguous shards; rank ``p``'s service
+holds the *served value* of shard ``p``. Every rank trains its own copy with its own optimizer
+on its own gradient (the local mean loss's) and, every ``k`` steps (``--dense-sync-every k``),
+exchanges with every shard owner, point to point and at its own pace:
+
+* it sends its **delta** since its last pull (``copy - base``) for the owner's shard;
+* the owner adds ``delta / W`` to the shard (under a lock, in its service thread) and answers
+  with the shard's new value;
+* the answers, put together, become the rank's copy and its new base.
+
+So the served value moves by the *mean* of the ranks' progress: at ``k = 1`` with SGD and ranks
+in step it is the collective path's update (``-lr`` times the mean of the local gradients = the
+global batch's gradient), and a slow rank adds its fewer deltas without holding anyone up. The
+optimizer states (Adam's moments) stay per rank. :meth:`DenseServer.finish` (collective, at the
+end of training) pushes what is left, meets the other ranks once, and pulls the final value, so
+every rank evaluates and saves the same model.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetgmp.comm.collectives import barrier
+from hetgmp.comm.env import DistEnv
+from hetgmp.embedding.transport import async_wire as wire
+from hetgmp.embedding.transport.async_step import AsyncStep
+
+
+class DenseServer:
+    """This rank's shard of the served dense value, and its copy's exchanges with the others.
+
+    Construction is collective (every rank registers its shard before anyone exchanges)."""
+
+    def __init__(
+        self, env: DistEnv, params: list[nn.Parameter], engine: AsyncStep, every: int
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"--dense-sync-every must be >= 1, got {every}")
+        self.env, self.params, self.engine, self.every = env, params, engine, every
+        self.w, self.rank = env.world_size, env.rank
+        n = sum(p.numel() for p in params)
+        self.bounds = [n * i // self.w for i in range(self.w + 1)]
+        self.base = self._flat()  # the value of the last pull (identical on every rank)
+        lo, hi = self._span(self.rank)
+        self.shard = self.base[lo:hi].clone()
+        self.lock = threading.Lock()  # the shard, shared with the service thread
+        self.steps = 0
+        self.exchanges = 0
+        self.bytes_sent = 0  # delta bytes this rank sent to the other owners
+        engine.service.handlers[wire.DENSE] = self._serve
+        barrier(env)  # nobody exchanges before every shard is served
+
+    def _span(self, p: int) -> tuple[int, int]:
+        return self.bounds[p], self.bounds[p + 1]
+
+    @torch.no_grad()
+    def _flat(self) -> torch.Tensor:
+        if not self.params:
+            return torch.zeros(0)
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
+
+    def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """(service thread) add ``delta / W`` to the shard; answer with its new value."""
+        delta = arrays.get("delta")
+        if delta is None or delta.dtype != torch.float32 or delta.shape != self.shard.shape:
+            raise ValueError(
+                f"a dense push does not fit this rank's shard of {self.shard.numel()} values"
+            )
+        with self.lock:
+            self.shard.add_(delta, alpha=1.0 / self.w)
+            return {"value": self.shard.clone()}
+
+    def after_step(self) -> None:
+        """Count a local step; exchange every ``every`` steps."""
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.exchange()
+
+    @torch.no_grad()
+    def exchange(self) -> None:
+        """Push this rank's delta to every shard's owner and take the answered values."""
+        delta = self._flat() - self.base
+        reqs = {}
+        for p in range(self.w):
+            lo, hi = self._span(p)
+            if p != self.rank and hi > lo:
+                reqs[p] = (wire.DENSE, {}, {"delta": delta[lo:hi].contiguous()})
+                self.bytes_sent += 4 * (hi - lo)
+        lo, hi = self._span(self.rank)
+        own = self._serve({}, {"delta": delta[lo:hi].contiguous()})["value"]
+        answers = self.engine.peers.request_all(reqs, "async dense exchange")
+        order = sorted(reqs.keys() | {self.rank})
+        parts = [own if p == self.rank else answers[p]["value"] for p in order]
+        new = torch.cat(parts) if parts else self.base
+        self._assign(new)
+        self.base = new.clone()
+        self.exchanges += 1
+
+    @torch.no_grad()
+    def _assign(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    def finish(self) -> None:
+        """(Collective, once training has ended) push what is left, meet every rank, then
+        pull the final value: every rank holds the same dense parameters afterwards."""
+        self.exchange()
+        barrier(self.env)  # every rank's last delta is in its owner's shard
+        self.exchange()  # (a zero delta: a pure pull)
+
+    def stats(self) -> dict[str, int]:
+        """Exchanges and delta bytes sent by this rank (for the results)."""
+        return {"dense_exchanges": self.exchanges, "dense_bytes_sent": self.bytes_sent}

@@ -1,0 +1,167 @@
+"""``--sync async`` with unequal step counts (issue 17): the global sample budget, the dense
+parameter server, ``--straggle``, and no hang when a rank has no samples or fails (row-wise
+Adagrad at bound 0 / max-lag 0 is in test_async.py)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from test_train_dist import _cfg, _train_rank
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.config import ConfigError
+from hetgmp.embedding import DistributedEmbedding
+from hetgmp.embedding.transport.async_step import AsyncConfig
+from hetgmp.partition.plan import Plan, save_plan
+from hetgmp.train.straggle import Straggle, Straggler, parse_straggle
+
+pytest.importorskip("zmq")
+
+BATCH = 32
+
+
+def _async_cfg(root, **kw):
+    base = dict(sync="async", device="cpu", async_host="127.0.0.1", max_lag=-1, timeout_s=30.0)
+    base.update(kw)
+    return _cfg(root, batch_size=BATCH, **base)
+
+
+# ---------------------------------------------------------------- the budget stop rule
+def test_budget_fast_rank_does_more_steps(tiny_dataset) -> None:
+    """Rank 1 straggles 4x: rank 0 does more steps; all ranks together train the budget
+    (2 epochs x 400 samples), at most one batch per rank more."""
+    cfg = _async_cfg(tiny_dataset.root, epochs=2, straggle="1:4")
+    res = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
+    a = res[0]["async"]
+    steps, samples = a["steps_per_rank"], a["samples_per_rank"]
+    assert a["budget"] == 800
+    assert steps[0] > 1.5 * steps[1], steps
+    assert sum(samples) == res[0]["samples_seen"]
+    assert 800 <= sum(samples) < 800 + 2 * BATCH, samples
+    assert res[0]["step"] == max(steps)
+    assert a["dense_exchanges"] >= steps[0]  # (every step, and the final push and pull)
+
+
+def _no_samples_plan(ds, path):
+    """Every training sample on rank 0; rank 1 owns rows but has nothing to train on."""
+    rng = np.random.default_rng(1)
+    n, r = len(ds.train), ds.meta.num_embeddings
+    ep = rng.integers(0, 2, r).astype(np.int32)
+    meta = {"dataset_fingerprint": ds.fingerprint}
+    return save_plan(Plan(np.zeros(n, np.int32), ep, [np.zeros(0, np.int64)] * 2, meta), path)
+
+
+def test_rank_without_samples_does_not_hang(tiny_dataset, tmp_path) -> None:
+    plan = _no_samples_plan(tiny_dataset, tmp_path / "part.npz")
+    cfg = _async_cfg(tiny_dataset.root, epochs=1, partition=plan, max_lag=2, val=True)
+    t0 = time.monotonic()
+    res = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
+    a = res[0]["async"]
+    assert a["steps_per_rank"][1] == 0 and a["samples_per_rank"][1] == 0
+    assert 400 <= a["samples_per_rank"][0] < 400 + BATCH
+    assert "val_auc" in res[0] and time.monotonic() - t0 < 90
+
+
+def _fails_at_step_three(env: DistEnv, cfg) -> dict:
+    """Rank 1's training step raises at its third call (fault injection for the test)."""
+    from hetgmp.train import step as step_mod
+
+    if env.rank == 1:
+        real, calls = step_mod.TrainStep.__call__, [0]
+
+        def failing(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+            calls[0] += 1
+            if calls[0] == 3:
+                raise RuntimeError("rank 1 simulated crash")
+            return real(self, *a, **k)
+
+        step_mod.TrainStep.__call__ = failing
+    return _train_rank(env, cfg)
+
+
+def test_failing_rank_gives_a_clear_error(tiny_dataset) -> None:
+    cfg = _async_cfg(tiny_dataset.root, epochs=3, max_lag=1, timeout_s=8.0)
+    t0 = time.monotonic()
+    out = spawn_ranks(
+        _fails_at_step_three, 2, cfg, timeout_s=90, collective_timeout_s=15, raise_on_error=False
+    )
+    assert out[1].status == "error" and "simulated crash" in out[1].message
+    assert out[0].status == "error" and "rank 1" in out[0].message, out[0]
+    assert time.monotonic() - t0 < 60
+
+
+# ---------------------------------------------------------------- the dense parameter server
+def _dense_rule(env: DistEnv) -> dict:
+    from hetgmp.train.dense_server import DenseServer
+
+    emb = DistributedEmbedding(
+        40, 4, env, sync="async", async_config=AsyncConfig(max_lag=-1, host="127.0.0.1")
+    )
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.ones(2, 2))]
+    server = DenseServer(env, params, emb.async_engine, every=2)
+    with torch.no_grad():
+        for p in params:
+            p.add_(float(env.rank + 1))  # this rank's change: rank + 1 everywhere
+    server.after_step()  # 1 of every 2: no exchange yet
+    before = server.exchanges
+    server.finish()  # push the rest, meet, pull
+    out = {
+        "before": before,
+        "after": server.exchanges,
+        "values": [p.detach().clone() for p in params],
+    }
+    emb.close()
+    return out
+
+
+def test_dense_server_serves_the_mean_of_the_changes() -> None:
+    """Served value = start + the mean of the ranks' deltas (1 and 2: +1.5), on every rank."""
+    for r in spawn_ranks(_dense_rule, 2, timeout_s=90):
+        assert r["before"] == 0 and r["after"] == 2
+        torch.testing.assert_close(r["values"][0], torch.full((3,), 1.5))
+        torch.testing.assert_close(r["values"][1], torch.full((2, 2), 2.5))
+
+
+# ---------------------------------------------------------------- --straggle
+def test_straggle_parsing_and_refusals(tiny_dataset) -> None:
+    assert parse_straggle("") is None
+    assert parse_straggle("1:2") == Straggle(1, 2.0, "sleep")
+    assert parse_straggle("0:1.5:spin") == Straggle(0, 1.5, "spin")
+    for bad in ("1", "a:2", "1:x", "-1:2", "1:0.5", "1:inf", "1:2:nap", "1:2:spin:3"):
+        with pytest.raises(ValueError, match="expected RANK:FACTOR"):
+            parse_straggle(bad)
+        with pytest.raises(ConfigError, match="straggle"):
+            _cfg(tiny_dataset.root, straggle=bad)
+    with pytest.raises(ValueError, match="no rank 4 in a run of 2"):
+        Straggler(Straggle(4, 2.0), 0, 2, torch.device("cpu"))
+
+
+def test_straggler_waits_factor_minus_one_step_times() -> None:
+    s = Straggler(Straggle(0, 3.0), 0, 2, torch.device("cpu"))
+    for _ in range(3):
+        s.begin()
+        time.sleep(0.02)
+        t0 = time.perf_counter()
+        s.end()
+        assert time.perf_counter() - t0 >= 0.035  # (3 - 1) x ~0.02 s
+    idle = Straggler(Straggle(0, 3.0), 1, 2, torch.device("cpu"))  # another rank: no wait
+    idle.begin()
+    idle.end()
+    assert idle.waited_s == 0.0
+
+
+def test_unequal_steps_refuse_mid_run_meetings(tiny_dataset, tmp_path) -> None:
+    for kw, flag in (
+        ({"eval_every": 5}, "--eval-every"),
+        ({"checkpoint_every": 5, "checkpoint_dir": tmp_path}, "--checkpoint-every"),
+        ({"resume": True, "checkpoint_dir": tmp_path}, "--resume"),
+    ):
+        with pytest.raises(ConfigError, match=f"{flag} needs every rank at the same step"):
+            _cfg(tiny_dataset.root, sync="async", max_lag=2, **kw)
+        _cfg(tiny_dataset.root, sync="async", max_lag=0, **kw)  # (lockstep: fine)
+    with pytest.raises(ConfigError, match="-1 for unbounded"):
+        _cfg(tiny_dataset.root, sync="async", max_lag=-2)
