@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hetgmp.models import build_model
-from hetgmp.models.cross import TILES, Tiles, cross_logit
+from hetgmp.models.cross import BF16_TILES, TILES, Tiles, cross_logit
 
 SMALL = Tiles(8, 32, 8, 32, 8)  # several column tiles, row groups and row steps per group
 # (B, Ka, Kb, L, dtype of the rows, tiles); Kb None: no dense columns
@@ -26,6 +26,7 @@ CASES = [
     (9, 45, 20, 4, torch.bfloat16, Tiles(4, 16, 4, 16, 64)),  # L + 1 = 5 (padded to 8),
     # dense wider than a tile; one row group per row step
     (1, 300, 13, 3, torch.float32, TILES),  # the default tiles, one row
+    (40, 300, 13, 3, torch.bfloat16, BF16_TILES),  # bf16's default tiles
     (0, 10, 2, 3, torch.float32, SMALL),  # empty batch
 ]
 

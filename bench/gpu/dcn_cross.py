@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hetgmp.models.cross import TILES, Tiles, cross_logit
+from hetgmp.models.cross import Tiles, cross_logit, default_tiles
 
 FIELDS, DIM, DENSE, LAYERS = 26, 128, 13, 3  # WDL-128 Criteo shape: width 26 * 128 + 13 = 3341
 SWEEP = [Tiles(16, 256, 16, 128), Tiles(8, 512, 32, 128), Tiles(32, 128, 16, 256),
@@ -55,7 +55,7 @@ def inputs(batch: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Te
     return [emb, dense, *ws, *bs, u], torch.randn(batch, device=dev)
 
 
-def step_fn(way: str, tiles: Tiles = TILES) -> Any:
+def step_fn(way: str, tiles: Tiles | None = None) -> Any:
     """One forward + backward of ``way`` on the inputs: returns the logits."""
     if way == "triton":
 
@@ -116,7 +116,8 @@ def measure(batch: int, dtype: torch.dtype, ways: list[tuple[str, Tiles]], iters
             want = [t.clone() for t in got]
         rows.append({
             "batch": batch, "dtype": str(dtype).replace("torch.", ""), "way": way,
-            "tiles": list(tiles) if way == "triton" else None, "ms": round(ms, 4),
+            "tiles": list(tiles or default_tiles(dtype)) if way == "triton" else None,
+            "default_tiles": way == "triton" and tiles is None, "ms": round(ms, 4),
             "samples_per_s": round(batch / ms * 1e3), "gb_s_vs_floor": round(floor_bytes / ms / 1e6, 1),
             "max_rel_diff_vs_eager": max_rel_diff(got, want),
         })  # fmt: skip
@@ -134,7 +135,7 @@ def table(rows: list[dict], device: str) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['batch']} | {r['dtype']} | {r['way']} | {r['tiles'] or ''} | {r['ms']:.3f} | "
+            f"| {r['batch']} | {r['dtype']} | {r['way']} | {r['tiles'] or ''}{' (default)' * r['default_tiles']} | {r['ms']:.3f} | "
             f"{r['samples_per_s'] / 1e6:.2f} | {r['gb_s_vs_floor']} | "
             f"{r['max_rel_diff_vs_eager']:.1e} |"
         )
@@ -153,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("dcn_cross.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    ways = [("eager", TILES)] + ([] if args.no_compile else [("compile", TILES)])
-    ways += [("triton", t) for t in ([TILES] + [t for t in SWEEP if t != TILES] * args.sweep)]
+    ways: list[tuple[str, Tiles | None]] = [("eager", None)]
+    ways += [] if args.no_compile else [("compile", None)]
+    ways += [("triton", None)] + [("triton", t) for t in SWEEP * args.sweep]  # None: the default
     rows = []
     for batch in args.batch:
         for name in args.dtypes:

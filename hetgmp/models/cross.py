@@ -48,7 +48,15 @@ class Tiles(NamedTuple):
     programs: int = 2048
 
 
-TILES = Tiles()
+TILES = Tiles()  # float32 rows
+# bf16 rows: taller backward tiles over fewer columns, more programs (fastest of the sweep on an
+# H200 at batch 8192 and 65536, bench/gpu/dcn_cross.py --sweep, 2026-11-25)
+BF16_TILES = Tiles(16, 256, 32, 64, 4096)
+
+
+def default_tiles(dtype: torch.dtype) -> Tiles:
+    """The tiles :func:`cross_logit` uses for rows of ``dtype`` unless told otherwise."""
+    return TILES if dtype == torch.float32 else BF16_TILES
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,11 +121,12 @@ def cross_logit(
     biases: Sequence[torch.Tensor],
     u: torch.Tensor,
     backend: str = "torch",
-    tiles: Tiles = TILES,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """``x_L . u`` for every row of the input ``[xa, xb]`` (``xb``: optional dense columns, taken
     in ``xa``'s dtype), as float32 ``[B]``; ``backend`` "torch" (:func:`cross_logit_reference`)
-    or "triton". Float32 sums whatever ``xa``'s dtype; ``xa``'s gradient comes in its dtype."""
+    or "triton" (``tiles``: :func:`default_tiles` of ``xa``'s dtype unless given). Float32 sums
+    whatever ``xa``'s dtype; ``xa``'s gradient comes in its dtype."""
     _check(xa, xb, u.numel())
     if backend == "torch":
         return cross_logit_reference(xa, xb, weights, biases, u)
@@ -127,6 +136,7 @@ def cross_logit(
         wcat, q = (t.float() for t in _weight_terms(weights, biases, u))  # (the kernels' dtype)
         # the dense columns in the rows' dtype, as flat_inputs (and so the reference) has them
         xb = xa.new_empty(xa.shape[0], 0) if xb is None else xb.to(xa.dtype)
+        tiles = tiles or default_tiles(xa.dtype)
         return _CrossLogit.apply(_rows(xa), _rows(xb), wcat, q, tiles)
 
 
