@@ -16,6 +16,7 @@ import torch
 
 from hetgmp.data.device_batches import (
     EpochPlan,
+    PendingBatch,
     ResidentSource,
     SyncSource,
     epoch_positions,
@@ -25,14 +26,18 @@ from hetgmp.data.loader import BatchLoader
 from hetgmp.data.pipeline import PipelineOptions, open_source
 from hetgmp.data.prefetch import ThreadSource
 
-SOURCES = ["sync", "resident32", "resident64", "thread1", "thread3"]
+# "deferred": resident batches handed out as positions (PendingBatch, what the whole-step CUDA
+# graph takes) and gathered only after the whole run was drawn, across epoch changes
+SOURCES = ["sync", "resident32", "resident64", "resident32deferred", "thread1", "thread3"]
 
 
 def _source(kind: str, plan: EpochPlan, slots, device: torch.device):
     if kind == "sync":
         return SyncSource(plan, slots, device)
     if kind.startswith("resident"):
-        return ResidentSource(plan, slots, device, ids_int32=kind.endswith("32"))
+        src = ResidentSource(plan, slots, device, ids_int32="32" in kind)
+        src.deferred = kind.endswith("deferred")
+        return src
     return ThreadSource(plan, slots, device, depth=int(kind[-1]))
 
 
@@ -67,7 +72,8 @@ def _drain(kind: str, plan: EpochPlan, start, spe: int, total: int, device) -> l
     )
     src = _source(kind, plan, slots, device)
     try:
-        return [src.next() for _ in range(total - step)]
+        got = [src.next() for _ in range(total - step)]
+        return [(s, b.gather() if isinstance(b, PendingBatch) else b) for s, b in got]
     finally:
         src.close()
 

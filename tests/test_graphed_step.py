@@ -82,13 +82,17 @@ def test_graph_support_says_why_not(tiny_dataset) -> None:
 
 @cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
-def test_graphed_run_matches_eager_run(tiny_dataset, tmp_path, optimizer) -> None:
+@pytest.mark.parametrize(
+    ("optimizer", "on_device"), [("sgd", "on"), ("adagrad", "on"), ("adagrad", "off")]
+)
+def test_graphed_run_matches_eager_run(tiny_dataset, tmp_path, optimizer, on_device) -> None:
+    """``on``: resident samples, gathered inside the graph; ``off``: batches copied in."""
     runs = {}
     for graphs in (False, True):
         cfg = _cfg(
             tiny_dataset.root, device="cuda", optimizer=optimizer, cuda_graphs=graphs, val=True,
             log_json=tmp_path / f"log{graphs}.jsonl", checkpoint_dir=tmp_path / f"ck{graphs}",
+            data_on_device=on_device,
         )  # fmt: skip
         res = train(cfg, DistEnv.single(device=torch.device("cuda")))
         recs = [json.loads(x) for x in cfg.log_json.read_text().splitlines()]
@@ -121,4 +125,30 @@ def test_graphed_step_reports_out_of_range_ids(tiny_dataset) -> None:
     bad[5, 1] = rows + 7
     tr.run_step(batch(bad), 48)
     with pytest.raises(EmbeddingInputError, match="earlier batch"):
+        tr.model.embedding.flush()
+
+
+@cuda
+@pytest.mark.gpu
+def test_graph_gathering_resident_batches_reports_out_of_range_ids(tiny_dataset) -> None:
+    """A bad id in the resident samples, gathered inside a replayed graph, is still reported,
+    naming its batch (gathered again for the message)."""
+    from hetgmp.data.device_batches import EpochPlan, PendingBatch, ResidentSource, step_slots
+
+    cfg = _cfg(tiny_dataset.root, device="cuda")
+    tr = _trainer(cfg, DistEnv.single(device=torch.device("cuda")))
+    plan = EpochPlan(tr.dataset.train, tr.indices, 48, shuffle=False, seed=0)
+    slots = step_slots(plan, step=0, epoch=0, batch=0, steps_per_epoch=6, total_steps=6)
+    src = ResidentSource(plan, slots, torch.device("cuda"), ids_int32=True)
+    src.deferred = True
+    rows = tr.model.embedding.num_rows
+    src.sparse[5 * 48 + 3, 1] = rows + 7  # (batch 5 of the unshuffled epoch)
+    for _ in range(5):
+        _, b = src.next()
+        assert isinstance(b, PendingBatch)
+        tr.run_step(b, 48)
+    assert tr.run_step.replays >= 1 and tr.run_step.source is src
+    _, b = src.next()
+    tr.run_step(b, 48)
+    with pytest.raises(EmbeddingInputError, match=f"earlier batch.*{rows + 7}"):
         tr.model.embedding.flush()

@@ -42,6 +42,27 @@ class DeviceBatch:
         return int(self.labels.shape[0])
 
 
+@dataclasses.dataclass
+class PendingBatch:
+    """A resident batch not gathered yet: its positions in the source's device arrays
+    (:attr:`ResidentSource.deferred`). Why: a whole-step CUDA graph gathers it inside the graph
+    from one copied position vector, instead of three gathers, a widening and three copies into
+    its input buffers per step (:class:`~hetgmp.train.graphed.GraphedStep`)."""
+
+    source: ResidentSource
+    pos: torch.Tensor  # int64 [B]
+
+    def __len__(self) -> int:
+        return int(self.pos.shape[0])
+
+    @property
+    def has_dense(self) -> bool:
+        return self.source.dense is not None
+
+    def gather(self) -> DeviceBatch:
+        return self.source.gather(self.pos)
+
+
 @dataclasses.dataclass(frozen=True)
 class Slot:
     """What one global step reads: ``batch`` of ``epoch`` (``local`` False: this rank is done)."""
@@ -174,6 +195,8 @@ class ResidentSource:
 
     name = "resident"
     CHUNK = 1 << 18  # samples read from the memmap at a time (bounds host memory)
+    # next() hands out PendingBatch instead of gathering (set by a consumer that gathers itself)
+    deferred = False
 
     def __init__(
         self,
@@ -220,7 +243,7 @@ class ResidentSource:
         ts = [self.sparse, self.labels] + ([] if self.dense is None else [self.dense])
         return sum(t.numel() * t.element_size() for t in ts)
 
-    def next(self) -> tuple[Slot, DeviceBatch | None]:
+    def next(self) -> tuple[Slot, DeviceBatch | PendingBatch | None]:
         """The next step's slot and batch (``None``: this rank has nothing this step)."""
         slot = next(self.slots)
         if not slot.local:
@@ -229,9 +252,13 @@ class ResidentSource:
             self._start_epoch(slot.epoch)
         bs = self.plan.batch_size
         pos = self._positions[slot.batch * bs : (slot.batch + 1) * bs]
+        return slot, PendingBatch(self, pos) if self.deferred else self.gather(pos)
+
+    def gather(self, pos: torch.Tensor) -> DeviceBatch:
+        """The samples at positions ``pos`` (int64 ``[B]``) as a batch."""
         sparse = self.sparse.index_select(0, pos).long()
         dense = None if self.dense is None else self.dense.index_select(0, pos)
-        return slot, DeviceBatch(sparse, dense, self.labels.index_select(0, pos))
+        return DeviceBatch(sparse, dense, self.labels.index_select(0, pos))
 
     def _start_epoch(self, epoch: int) -> None:
         """This epoch's positions (its order from the thread when it drew it ahead), and the

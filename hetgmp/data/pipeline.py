@@ -19,6 +19,7 @@ from hetgmp.data.device_batches import (
     INT32_MAX,
     DeviceBatch,
     EpochPlan,
+    PendingBatch,
     ResidentSource,
     Slot,
     SyncSource,
@@ -34,7 +35,7 @@ class BatchSource(Protocol):
 
     name: str
 
-    def next(self) -> tuple[Slot, DeviceBatch | None]: ...
+    def next(self) -> tuple[Slot, DeviceBatch | PendingBatch | None]: ...
 
     def close(self) -> None: ...
 

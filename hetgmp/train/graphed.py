@@ -9,7 +9,11 @@ no host sync), the model's forward and backward, the row update -- applied at th
 that produced it (:meth:`~hetgmp.embedding.DistributedEmbedding.apply_pending`) instead of at the
 next forward, which is the same arithmetic since nothing reads the rows in between, and which
 keeps the graph self-contained -- the dense optimizer and the step's ``[loss sum, correct]``.
-Each replay first copies the batch into the graph's fixed input buffers.
+Each replay first copies the batch into the graph's fixed input buffers; a batch of the
+device-resident samples (:class:`~hetgmp.data.device_batches.PendingBatch`) is gathered inside
+the graph instead, from its positions: one copy per step, not seven kernels outside the graph.
+What stays outside per step: that copy, the replay, the range flag's copy to the host and the
+caller's running sums.
 
 Where it applies (:func:`graph_support`): CUDA, one rank (with several ranks each step's
 exchange sizes cross to the host), and a dense optimizer that torch can capture (fused Adam or
@@ -21,10 +25,12 @@ from a device flag a few steps later, naming the batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.data.device_batches import DeviceBatch
+from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.step import TrainStep
 
@@ -64,9 +70,11 @@ class GraphedStep:
         self.step, self.one = step, one
         step.rows_now = True  # every step, eager ones too: no update waits across a replay
         self.warmup = warmup
-        self.key: tuple[int, bool, int] | None = None
+        self.key: tuple[int, bool, int, bool] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: DeviceBatch | None = None
+        self.source: ResidentSource | None = None  # (pending batches: where the graph gathers)
+        self.pos: torch.Tensor | None = None  # (and its positions input)
         self.out: torch.Tensor | None = None
         self.replays = 0
         self._timed_left = time_replays
@@ -80,17 +88,25 @@ class GraphedStep:
         return sum(a.elapsed_time(b) for a, b in self._events) / len(self._events)
 
     def __call__(
-        self, batch: DeviceBatch, global_batch: int, marks: NoMarks | PhaseProfiler | None = None
+        self,
+        batch: DeviceBatch | PendingBatch,
+        global_batch: int,
+        marks: NoMarks | PhaseProfiler | None = None,
     ) -> torch.Tensor:
-        """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device."""
-        key = (len(batch), batch.dense is not None, global_batch)
+        """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device, valid
+        until the next call (a replay rewrites it; stream order keeps work enqueued before
+        then correct)."""
+        pending = isinstance(batch, PendingBatch)
+        dense = batch.has_dense if pending else batch.dense is not None
+        key = (len(batch), dense, global_batch, pending)
         if self.key is None and len(batch):
             self.key = key
         profiled = isinstance(marks, PhaseProfiler) and marks.active
-        if key != self.key or profiled or self.warmup > 0:
+        foreign = pending and self.source is not None and batch.source is not self.source
+        if key != self.key or profiled or self.warmup > 0 or foreign:
             if key == self.key:
                 self.warmup -= 1
-            return self.step(batch, global_batch, marks)
+            return self.step(batch.gather() if pending else batch, global_batch, marks)
         if self.graph is None:
             self._capture(batch, global_batch)
         assert self.graph is not None and self.out is not None
@@ -104,11 +120,15 @@ class GraphedStep:
             self._events.append(ev)
         else:
             self.graph.replay()
-        self.one.replayed(batch.sparse)
+        self.one.replayed(batch.sparse if isinstance(batch, DeviceBatch) else _ids(batch))
         self.replays += 1
-        return self.out.clone()  # (the graph rewrites its output at the next replay)
+        return self.out
 
-    def _load(self, batch: DeviceBatch) -> None:
+    def _load(self, batch: DeviceBatch | PendingBatch) -> None:
+        if isinstance(batch, PendingBatch):
+            assert self.pos is not None
+            self.pos.copy_(batch.pos, non_blocking=True)
+            return
         inp = self.inputs
         assert inp is not None
         inp.sparse.copy_(batch.sparse, non_blocking=True)
@@ -116,19 +136,32 @@ class GraphedStep:
         if inp.dense is not None and batch.dense is not None:
             inp.dense.copy_(batch.dense, non_blocking=True)
 
-    def _capture(self, batch: DeviceBatch, global_batch: int) -> None:
+    def _capture(self, batch: DeviceBatch | PendingBatch, global_batch: int) -> None:
         """Record one step on fixed input buffers (recording runs nothing; the caller then
         replays it for this batch)."""
         self.one.drain_bad_checks(wait=True)
-        dense = None if batch.dense is None else batch.dense.clone()
-        self.inputs = DeviceBatch(batch.sparse.clone(), dense, batch.labels.clone())
+        if isinstance(batch, PendingBatch):  # (the resident arrays never move while it trains)
+            self.source, self.pos = batch.source, batch.pos.clone()
+        else:
+            dense = None if batch.dense is None else batch.dense.clone()
+            self.inputs = DeviceBatch(batch.sparse.clone(), dense, batch.labels.clone())
         torch.cuda.synchronize(self.step.env.device)
         graph = torch.cuda.CUDAGraph()
         self.one.capturing = True
         try:
             # thread_local: another thread (a data prefetcher) may use CUDA meanwhile
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.out = self.step(self.inputs, global_batch)
+                inputs = self.inputs
+                if self.source is not None and self.pos is not None:
+                    inputs = self.source.gather(self.pos)
+                assert inputs is not None
+                self.out = self.step(inputs, global_batch)
         finally:
             self.one.capturing = False
         self.graph = graph
+
+
+def _ids(batch: PendingBatch) -> Callable[[], torch.Tensor]:
+    """How to get a pending batch's ids for an error message (gathered only then)."""
+    sparse, pos = batch.source.sparse, batch.pos  # (held: the source may close before the check)
+    return lambda: sparse.index_select(0, pos).long()

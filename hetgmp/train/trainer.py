@@ -28,6 +28,8 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import (
     DeviceBatch,
     EpochPlan,
+    PendingBatch,
+    ResidentSource,
     Slot,
     empty_batch,
     host_to_device,
@@ -196,6 +198,8 @@ class Trainer:
             plan, slots, self.env.device, opts, num_rows=self.dataset.meta.num_embeddings
         )
         self.data_source = source.name
+        if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
+            source.deferred = True  # (the graph gathers each batch itself)
         self.log.info(f"data: {why}")
         why_not = self.graph_note
         self.log.info(
@@ -224,7 +228,7 @@ class Trainer:
     def _run_step(
         self,
         slot: Slot,
-        batch: DeviceBatch | None,
+        batch: DeviceBatch | PendingBatch | None,
         wait: float,
         interval: Interval,
         marks: NoMarks | PhaseProfiler,

@@ -17,6 +17,8 @@ Written for the host: every tensor op and attribute write here costs host time o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hetgmp.embedding.batch import LocalBatch, range_error
@@ -26,6 +28,8 @@ from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
 
 BAD_RING = 16  # CUDA bad-id checks in flight at most (then the oldest is waited for)
+# a batch's ids, or how to get them (a batch gathered inside a CUDA graph: only on an error)
+Ids = torch.Tensor | Callable[[], torch.Tensor]
 
 
 class LocalStep:
@@ -44,7 +48,7 @@ class LocalStep:
         # CUDA: pending bad-id checks (ring slot of the pinned flag and its copy's event, the
         # batch), oldest first. Flags and events come from a ring made once: a pinned
         # allocation and a new event per step cost host time on every step.
-        self._bad_checks: list[tuple[int, torch.Tensor]] = []
+        self._bad_checks: list[tuple[int, Ids]] = []
         self._bad_ring: tuple[torch.Tensor, list[torch.cuda.Event]] | None = None
         self._bad_next = 0
         # While a CUDA graph captures the step (``capturing``), the range flag is folded into
@@ -138,8 +142,8 @@ class LocalStep:
         once (cleared before raising: the step stops before :func:`take_local` would clear
         it). On CUDA it is copied to pinned memory and read by a later
         :meth:`drain_bad_checks`."""
-        if self.capturing:
-            torch.maximum(self.sticky_bad, self._bad_flag, out=self.sticky_bad)
+        if self.capturing:  # (one lookup per step: each replay rewrites it)
+            self.sticky_bad.copy_(self._bad_flag)
             return
         if self.device.type != "cuda":
             if int(self._bad_flag):
@@ -150,17 +154,16 @@ class LocalStep:
             return
         self._note_flag(self._bad_flag, ids)
 
-    def replayed(self, ids: torch.Tensor) -> None:
-        """After a replayed step graph: count the step (host counters), queue its folded range
-        flag (for a later :meth:`drain_bad_checks`; ``ids``: the batch it trained, named in
-        the error) and clear the flag for the next replay."""
+    def replayed(self, ids: Ids) -> None:
+        """After a replayed step graph: count the step (host counters) and queue its range
+        flag (for a later :meth:`drain_bad_checks`; ``ids``: the batch it trained, or how to
+        get it, named in the error; the next replay rewrites the flag)."""
         self.ctx.counters.count_local_step()
         if self._bad_checks:
             self.drain_bad_checks(wait=False)
         self._note_flag(self.sticky_bad, ids)
-        self.sticky_bad.zero_()
 
-    def _note_flag(self, flag: torch.Tensor, ids: torch.Tensor) -> None:
+    def _note_flag(self, flag: torch.Tensor, ids: Ids) -> None:
         """Copy ``flag`` to the pinned ring, asynchronously, and remember the batch."""
         ring = self._bad_ring
         if ring is None:
@@ -191,6 +194,7 @@ class LocalStep:
             ring[1][slot].synchronize()
             if bool(ring[0][slot]):
                 self._bad_checks.clear()
+                ids = ids if isinstance(ids, torch.Tensor) else ids()
                 raise EmbeddingInputError(
                     f"rank {self.ctx.env.rank}: an earlier batch: {range_error(ids, self.num_rows)}"
                 )
