@@ -130,7 +130,10 @@ def test_fused_choice_is_validated() -> None:
 def test_fused_adam_kernel_steps_like_torch_adam_on_gpu() -> None:
     # On the GPU the kernel's fused multiply-adds round differently from torch's separate ops;
     # after 6 steps of lr 0.01 that is up to ~3e-6 on an element whose sqrt(v) is tiny (seen on
-    # an H200: 5 of 2700 past 1e-6). A wrong formula is off by a whole step (~1e-2).
+    # an H200: 5 of 2700 past 1e-6). A wrong formula is off by a whole step (~1e-2), a wrong
+    # second moment by a factor.
     check = FUSED_CHECK.replace('DEVICE = "cpu"', 'DEVICE = "cuda"')
     check = check.replace("rtol=1e-5, atol=1e-6", "rtol=1e-5, atol=1e-5")
+    # (and the parameters' small differences feed the next steps' gradients, so their squares)
+    check = check.replace("rtol=1e-5, atol=1e-9", "rtol=1e-3, atol=1e-9")
     exec(check, {})  # noqa: S102
