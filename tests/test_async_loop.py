@@ -154,6 +154,34 @@ def test_straggler_waits_factor_minus_one_step_times() -> None:
     assert idle.waited_s == 0.0
 
 
+def test_spinning_straggler_leaves_the_gil_to_other_threads() -> None:
+    """The spin keeps the core busy but, like a slow torch step, not the GIL: the rank's async
+    row service thread must keep answering peers meanwhile (a Python busy loop starved it and
+    coupled every peer to the straggler)."""
+    import threading
+
+    s = Straggler(Straggle(0, 5.0, "spin"), 0, 2, torch.device("cpu"))
+    ticks, stop = [], threading.Event()
+
+    def service() -> None:  # (stands for the service thread: needs the GIL to run at all)
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    s.begin()
+    time.sleep(0.05)
+    th = threading.Thread(target=service)
+    th.start()
+    t0 = time.perf_counter()
+    s.end()  # spins ~0.2 s
+    spun = time.perf_counter() - t0
+    stop.set()
+    th.join()
+    during = [t for t in ticks if t0 < t < t0 + spun]
+    # (~180 ticks of ~1.1 ms; a GIL-holding loop lets it in once per 5 ms switch interval: ~30)
+    assert spun >= 0.15 and len(during) >= 80, (spun, len(during))
+
+
 def test_unequal_steps_refuse_mid_run_meetings(tiny_dataset, tmp_path) -> None:
     for kw, flag in (
         ({"eval_every": 5}, "--eval-every"),
