@@ -115,9 +115,17 @@ if [ "$DEVICE" = cpu ]; then NR=${RANKS:-8}; else
   NR=${RANKS:-$NGPU}
   [ "$NR" -le "$NGPU" ] || { echo "[run8] RANKS=$NR but only $NGPU GPU(s)" >&2; exit 2; }
 fi
-MPIRUN=$(dirname "$($PY -c 'import sys; print(sys.executable)')")/mpirun
+PY_ABS=$($PY -c 'import sys; print(sys.executable)')
+# (mpirun's children get Open MPI's PATH first: a bare python3 there can be another interpreter)
+MPIRUN=$(dirname "$PY_ABS")/mpirun
 [ -x "$MPIRUN" ] || MPIRUN=$(command -v mpirun || true)
 MPI_FLAGS=(--bind-to none)
+# Open MPI refuses to start as root unless told (GPU machines' containers run as root); the
+# experiments' launcher does the same (hetgmp/experiments/launch.py)
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
+  export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+fi
 { [ "$DEVICE" = cpu ] || [ "$NR" -gt "$(nproc)" ]; } && MPI_FLAGS+=(--oversubscribe)
 if [[ "$METHOD" == metis* ]] && ! $PY -c "import pymetis" 2> /dev/null; then
   echo "[run8] pymetis is not importable: partitioning with 'refine' instead of $METHOD"

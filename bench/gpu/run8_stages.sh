@@ -65,7 +65,7 @@ cli_run() {
   local c; c=$(cap "$CLI_MAX_S")
   if [ "$c" = 0 ]; then pending "$key"; return; fi
   local pre=($PY -m torch.distributed.run --standalone --nproc_per_node "$n")
-  [ "$launcher" = mpirun ] && pre=("$MPIRUN" -np "$n" "${MPI_FLAGS[@]}" $PY)
+  [ "$launcher" = mpirun ] && pre=("$MPIRUN" -np "$n" "${MPI_FLAGS[@]}" "$PY_ABS")
   local out="$STATE/runs/cli_${launcher}_${placement}_g${n}_b$b.json" extra=()
   [ "$DEVICE" = cpu ] && extra=(--threads 1)
   rm -f "$out"
