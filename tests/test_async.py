@@ -94,14 +94,21 @@ def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int) -> dict:
         optimizer="sgd", lr=1.0, seed=seed, init_scale=0.01, audit=True, sync="async",
         async_config=cfg,
     )  # fmt: skip
+    return audit_steps(emb, env, bound, seed)
+
+
+def audit_steps(emb: DistributedEmbedding, env: DistEnv, bound: int, seed: int) -> dict:
+    """10 audited steps at uneven per-rank speeds on ``emb`` (CPU or CUDA): the worst measured
+    lag, the stale reads, the rows requested and the counters; flushes and closes ``emb``."""
+    world, dev = env.world_size, env.device
     init0 = initial_rows(torch.arange(ROWS), DIM, seed=seed, scale=0.01)[:, 0]
     rng = np.random.default_rng(100 + env.rank)
     worst, stale, requested = 0, 0, 0
     for ids in make_batches(seed + bound, steps=10, batch=8 * world):
         time.sleep(float(rng.uniform(0, 0.03)) * (1 + env.rank))  # uneven per-rank speeds
         mine = ids[rank_slice(env.rank, world, 8 * world)]
-        emb(torch.from_numpy(mine))[..., 0].sum().backward()
-        a = emb.last_audit
+        emb(torch.from_numpy(mine).to(dev))[..., 0].sum().backward()
+        a = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in emb.last_audit.items()}
         m = a["is_mirror"] & ~a["refreshed"]
         owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
         assert torch.equal(owner_updates, a["owner_version"]), "owner version = its updates"

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_async import audit_steps
 from test_embedding import (
     BATCH,
     DIM,
@@ -26,7 +27,6 @@ from test_embedding import (
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding import DistributedEmbedding
-from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
 
 pytestmark = [
@@ -100,28 +100,7 @@ def audited_on_gpu(env: DistEnv, bound: int, max_lag: int, seed: int) -> dict:
         optimizer="sgd", lr=1.0, seed=seed, init_scale=0.01, audit=True, sync="async",
         async_config=AsyncConfig(max_lag=max_lag, host="127.0.0.1", timeout_s=60.0),
     )  # fmt: skip
-    init0 = initial_rows(torch.arange(ROWS), DIM, seed=seed, scale=0.01)[:, 0]
-    rng = np.random.default_rng(100 + env.rank)
-    worst, stale, requested = 0, 0, 0
-    for ids in make_batches(seed + bound, steps=10, batch=8 * world):
-        time.sleep(float(rng.uniform(0, 0.03)) * (1 + env.rank))  # uneven per-rank speeds
-        mine = ids[rank_slice(env.rank, world, 8 * world)]
-        emb(torch.from_numpy(mine).cuda())[..., 0].sum().backward()
-        a = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in emb.last_audit.items()}
-        m = a["is_mirror"] & ~a["refreshed"]
-        owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
-        assert torch.equal(owner_updates, a["owner_version"]), "owner version = its updates"
-        used = torch.round(init0[a["ids"]] - a["used_value"][:, 0]).long() - a["pending"]
-        lag = (owner_updates - used)[m]
-        assert torch.equal(lag, a["lag"][m]), "recorded lag = lag measured from values"
-        if lag.numel():
-            worst, stale = max(worst, int(lag.max())), stale + int((lag > 0).sum())
-        assert emb.step_counters()["rows_requested"] == np.unique(mine).size
-        requested += np.unique(mine).size
-    emb.flush()
-    out = {"worst": worst, "stale": stale, "requested": requested, "counters": emb.counters()}
-    emb.close()
-    return out
+    return audit_steps(emb, genv, bound, seed)
 
 
 @pytest.mark.parametrize("bound,max_lag", [(0, 2), (3, 2)])
