@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from test_async import audit_steps
+from test_async import assert_async_equals_collective, audit_steps
 from test_embedding import (
     BATCH,
     DIM,
@@ -21,7 +21,6 @@ from test_embedding import (
     make_plan,
     rank_slice,
     step_loss,
-    union,
 )
 
 from hetgmp.comm.env import DistEnv
@@ -80,14 +79,7 @@ def test_cuda_bound0_maxlag0_equals_collective() -> None:
         {"store_rate": 0.0, "seed": 3, "delay": 0.02},
     ]
     results = spawn_ranks(both_ways, 2, cases, timeout_s=300, collective_timeout_s=120)
-    for i in range(len(cases)):
-        coll = union([r[i]["collective"]["sd"] for r in results])
-        asyn = union([r[i]["async"]["sd"] for r in results])
-        assert torch.equal(coll["ids"], asyn["ids"])
-        torch.testing.assert_close(asyn["weight"], coll["weight"], rtol=1e-5, atol=1e-5)
-        for r in results:  # the same reads, row by row
-            for k in ("rows_owned", "rows_mirror_fresh", "rows_remote", "rows_requested"):
-                assert r[i]["async"]["counters"][k] == r[i]["collective"]["counters"][k], k
+    assert_async_equals_collective(results, len(cases), atol=1e-5)
 
 
 # ---------------------------------------------------------------- audited, random delays
