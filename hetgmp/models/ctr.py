@@ -61,6 +61,17 @@ class CTRModel(nn.Module):
         backend chosen, or ``None`` for a model without any (all but DCN)."""
         return None
 
+    def first_linears(self) -> tuple[nn.Linear, ...]:
+        """The linear layers applied first, side by side, to the whole input
+        ``[flat rows, dense]`` when the rest of the model needs only their outputs (then
+        :meth:`from_first` computes the logits from them); ``()`` for a model that needs the
+        rows themselves further on. Serving uses it (:mod:`hetgmp.serve.first_layer`)."""
+        return ()
+
+    def from_first(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits ``[B, 1]`` from the outputs of :meth:`first_linears`, side by side."""
+        raise NotImplementedError(f"{type(self).__name__} has no separable first layer")
+
     def dense_parameters(self) -> list[nn.Parameter]:
         """Parameters trained data-parallel (everything except the embedding table)."""
         emb = {id(p) for p in self.embedding.parameters()}
@@ -124,9 +135,13 @@ class WDL(CTRModel):
         # one pass over the [B, F*D] input instead of a matrix-vector product of its own, whose
         # backward wrote a second input-sized gradient to add to the deep one (same arithmetic,
         # same parameters: ``wide`` and ``deep[0]`` stay separate in the state dict).
-        first = self.deep[0]
-        h = first_layer(self.lookup(sparse), dense, (first, self.wide))
-        n = first.out_features
+        return self.from_first(first_layer(self.lookup(sparse), dense, self.first_linears()))
+
+    def first_linears(self) -> tuple[nn.Linear, ...]:
+        return (self.deep[0], self.wide)
+
+    def from_first(self, h: torch.Tensor) -> torch.Tensor:
+        n = self.deep[0].out_features
         x = run_layers(self._deep_rest, h[:, :n])
         return h[:, n : n + 1] + self.deep_out(x)
 

@@ -12,7 +12,8 @@ the program) and compiled with ``torch.compile``:
   the kernels for its shape;
 * with the table on the device, the compiled step is the whole scoring step: the ``--min-count``
   index, one gather of every field's rows (ids are global, so one kernel for all fields), the
-  widening of bf16 / fp16 rows (fused with the gather), the dense part and the sigmoid;
+  widening of bf16 / fp16 rows (fused with the gather), the dense part (with its first layer laid
+  out for inference: :mod:`hetgmp.serve.first_layer`) and the sigmoid;
 * on CUDA each bucket is captured as one CUDA graph (one memory pool for all), replayed under a
   lock: inputs are copied into the graph's buffers and the result copied out;
 * with rows in host memory the gather stays eager (a miss is a data-dependent host copy); the
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetgmp.serve.first_layer import inference_head
 from hetgmp.serve.program import rebuild_dense_program
 
 MAX_BATCH = 65536
@@ -242,7 +244,7 @@ def build_fast_path(
     dense = program
     if want_compile or amp:  # (autocast is applied to the model code, not to the program)
         try:
-            dense = rebuild_dense_program(program, manifest)
+            dense = inference_head(rebuild_dense_program(program, manifest))
         except Exception as err:  # noqa: BLE001 - whatever it is, compiling cannot go on
             why = f"cannot rebuild the dense part: {type(err).__name__}: {err}"
             if on_error == "raise":
