@@ -13,7 +13,7 @@ the program) and compiled with ``torch.compile``:
 * with the table on the device, the compiled step is the whole scoring step: the ``--min-count``
   index, one gather of every field's rows (ids are global, so one kernel for all fields), the
   widening of bf16 / fp16 rows (fused with the gather), the dense part (with its first layer laid
-  out for inference: :mod:`hetgmp.serve.first_layer`) and the sigmoid;
+  out for inference in float32: :mod:`hetgmp.serve.first_layer`) and the sigmoid;
 * on CUDA each bucket is captured as one CUDA graph (one memory pool for all), replayed under a
   lock: inputs are copied into the graph's buffers and the result copied out;
 * with rows in host memory the gather stays eager (a miss is a data-dependent host copy); the
@@ -244,7 +244,9 @@ def build_fast_path(
     dense = program
     if want_compile or amp:  # (autocast is applied to the model code, not to the program)
         try:
-            dense = inference_head(rebuild_dense_program(program, manifest))
+            dense = rebuild_dense_program(program, manifest)
+            if not amp:  # (under bf16 autocast the training layout was faster: first_layer.py)
+                dense = inference_head(dense)
         except Exception as err:  # noqa: BLE001 - whatever it is, compiling cannot go on
             why = f"cannot rebuild the dense part: {type(err).__name__}: {err}"
             if on_error == "raise":

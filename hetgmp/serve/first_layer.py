@@ -14,8 +14,11 @@ tile 264 columns as if they were 320 or more. So :class:`InferenceFirstLayer`
 * adds the dense features' product and the biases in the product's epilogue.
 
 Same arithmetic in float32 (only the summation order differs, ~1e-7). Measured on an H200 by
-``bench/gpu/serve_first_layer.py`` (CUDA graphs, GPU time per call, compiled): 1.19x / 1.22x /
-1.25x faster than the training layout at batch 1024 / 8192 / 65536.
+``bench/gpu/serve_first_layer.py`` (CUDA graphs, GPU time per call, compiled): 1.16x / 1.19x /
+1.24x faster than the training layout at batch 1024 / 8192 / 65536. The scorer uses it for
+float32 only: with the dense part under bf16 autocast (``amp``) the tensor-core product of 264
+columns is not the bottleneck, and the bf16 row reduction made the whole scorer slower (0.68x
+the plain contender at batch 65536 instead of 1.19x, ``bench/gpu/inference.py``, 2026-11-25).
 
 :func:`inference_head` wraps a :class:`~hetgmp.serve.program.DenseProgram` whose model has a
 separable first layer (:meth:`~hetgmp.models.ctr.CTRModel.first_linears`); other models keep
