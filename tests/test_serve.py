@@ -216,8 +216,13 @@ def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) 
     ids, dense = _arrays(tiny_dataset.test)  # 100 samples: chunks of 64 and 36 (padded to 64)
     for dtype in ("fp32", "bf16"):
         out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
-        eager = hetgmp.serve.load(out)
-        assert not eager.compiled and eager.fast is None  # auto: compiled on CUDA only
+        eager = hetgmp.serve.load(out)  # auto off CUDA: the rebuilt model code, uncompiled
+        assert not eager.compiled and eager.fast is not None
+        program = hetgmp.serve.load(out, compile=False)  # the exported program itself
+        assert program.fast is None
+        np.testing.assert_allclose(
+            eager.score(ids, dense).numpy(), program.score(ids, dense).numpy(), rtol=0, atol=1e-6
+        )
         fast = hetgmp.serve.load(out, compile=True, max_batch=64, warmup=())
         assert fast.compiled and not fast.cuda_graphs
         want = eager.score(ids, dense).numpy()

@@ -11,7 +11,9 @@ weights are random (speed does not depend on them). Inputs are resident on the d
 Contenders, all on the same table tensor:
 
 * ``hetgmp``: :class:`hetgmp.serve.Scorer` over the exported ``torch.export`` program
-  (``dense.pt2``, saved and loaded back), uncompiled, rows gathered from the table;
+  (``dense.pt2``, saved and loaded back), uncompiled, rows gathered from the table
+  (``compile=False``); ``+model`` (CPU): the dense part rebuilt from the program's weights in
+  this hetgmp's model code, uncompiled (``hetgmp.serve.load``'s default on a CPU);
   ``+compile``: the fast path of :mod:`hetgmp.serve.compiled` (the dense part rebuilt from the
   program's weights under ``torch.compile``, per power-of-two batch bucket); ``+graph`` (CUDA):
   the scorer's own CUDA graph per bucket; ``+compile+graph`` is what ``hetgmp.serve.load``
@@ -75,7 +77,10 @@ def _scorers(
         export_program(head, Path(tmp) / "dense.pt2", meta["table_dim"])
         exported = load_program(Path(tmp) / "dense.pt2", device)
     cuda = device.type == "cuda"
-    variants = {"hetgmp": (False, False, "fp32"), "hetgmp+compile": (True, False, "fp32")}
+    variants: dict[str, tuple[Any, bool, str]] = {"hetgmp": (False, False, "fp32")}
+    if not cuda:  # (the CPU default: the rebuilt model code, uncompiled)
+        variants["hetgmp+model"] = ("auto", False, "fp32")
+    variants["hetgmp+compile"] = (True, False, "fp32")
     if cuda:
         variants["hetgmp+graph"] = (False, True, "fp32")
         variants["hetgmp+compile+graph"] = (True, True, "fp32")
