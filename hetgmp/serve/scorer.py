@@ -228,7 +228,8 @@ def load(
     half the free GPU memory holds); ``auto`` picks ``device`` when the table takes at most half
     the free memory. ``verify``: check every file's SHA-256 (sizes are always checked).
 
-    The fast path (:mod:`hetgmp.serve.compiled`): ``compile`` (``"auto"``: on CUDA) runs the
+    The fast path (:mod:`hetgmp.serve.compiled`): ``compile`` (``"auto"``: on CUDA; off CUDA
+    the rebuilt model code uncompiled; ``False``: the exported program) runs the
     dense part rebuilt from the program's weights under ``torch.compile`` (``compile_mode``),
     per power-of-two batch bucket up to ``max_batch``; ``cuda_graphs`` (``"auto"``: on CUDA with
     ``rows`` on the device) replays each bucket as one CUDA graph. If either cannot be built,
