@@ -6,7 +6,9 @@ training (WDL, one epoch of the training split in samples) runs on spawned gloo 
 global samples/s and the test AUC are recorded. The throughput ratio is samples/s with the
 straggler over samples/s without it, per mode; the AUC delta is against the lockstep run
 without straggler (``--bound 0``). Ideal ratios: lockstep ``1 / FACTOR`` (every rank waits for
-the straggler), async ``(W - 1 + 1 / FACTOR) / W`` (only the straggler slows down).
+the straggler), async ``(W - 1 + 1 / FACTOR) / W`` (only the straggler slows down). Modes
+(``--modes``): ``collective``, ``async`` (with work stealing, the default) and ``async-own``
+(``--no-work-stealing``: each rank cycles its own shard).
 
 Data: the generated Criteo-like set (made once under ``--work``) and MovieLens 100K, converted
 from ``../shared/datasets`` into ``--work`` (never into the repository).
@@ -37,7 +39,7 @@ from hetgmp.config import validate  # noqa: E402
 from hetgmp.train.config import TrainConfig  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-MODES = ("collective", "async")
+MODES = ("collective", "async", "async-own")  # async: with work stealing; -own: without
 
 
 def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict[str, Any]:
@@ -69,10 +71,10 @@ def datasets(a: argparse.Namespace) -> dict[str, Path]:
 
 def config(a: argparse.Namespace, data: Path, mode: str, factor: float) -> TrainConfig:
     extra: dict[str, Any] = {}
-    if mode == "async":
+    if mode.startswith("async"):
         extra = dict(
             sync="async", bound=a.bound, max_lag=a.max_lag, async_host="127.0.0.1",
-            dense_sync_every=a.dense_sync_every,
+            dense_sync_every=a.dense_sync_every, work_stealing=mode == "async",
         )  # fmt: skip
     straggle = f"{a.ranks - 1}:{factor:g}:{a.wait}" if factor > 1 else ""
     return validate(TrainConfig(
@@ -91,6 +93,7 @@ def run_one(a: argparse.Namespace, name: str, data: Path, mode: str, f: float) -
         "auc": res.get("val_auc"), "samples": res["samples_seen"],
         "train_seconds": res["train_seconds"], "wall_s": time.perf_counter() - t0,
         "steps_per_rank": res.get("async", {}).get("steps_per_rank", [res["step"]] * a.ranks),
+        "stolen": sum(res.get("async", {}).get("stolen_per_rank") or [0]),
     }  # fmt: skip
     print(json.dumps(row), flush=True)
     return row
@@ -115,14 +118,16 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name in sorted({r["dataset"] for r in rows}):
-        for mode, mark in zip(MODES, ("o", "s"), strict=True):
+        for mode, mark in zip(MODES, ("o", "s", "^"), strict=True):
             rs = sorted((r for r in rows if r["dataset"] == name and r["mode"] == mode),
                         key=lambda r: r["factor"])  # fmt: skip
             fs = [r["factor"] for r in rs]
             ax1.plot(fs, [r["ratio"] for r in rs], marker=mark, label=f"{mode} ({name})")
             ax2.plot(fs, [r["auc"] for r in rs], marker=mark, label=f"{mode} ({name})")
-    for mode, style in zip(MODES, (":", "--"), strict=True):
+    for mode, style in zip(MODES[:2], (":", "--"), strict=True):
         ideal = sorted({(r["factor"], r["ideal"]) for r in rows if r["mode"] == mode})
+        if not ideal:
+            continue
         ax1.plot(*zip(*ideal, strict=True), style, color="grey", label=f"ideal {mode}")
     ax1.set(xlabel="straggler factor", ylabel="samples/s ÷ no-straggler samples/s",
             title="throughput kept", ylim=(0, 1.2))  # fmt: skip
@@ -151,14 +156,15 @@ def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         "",
         *(f"- {k}: `{v}`" for k, v in meta.items()),
         "",
-        "| data | mode | straggler | samples/s | kept | ideal | AUC | AUC - bound 0 | steps/rank |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| data | mode | straggler | samples/s | kept | ideal | AUC | AUC - bound 0 | steps/rank "
+        "| stolen |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['dataset']} | {r['mode']} | {r['factor']:g}x | {r['speed']:.0f} | "
             f"{r['ratio']:.2f} | {r['ideal']:.2f} | {r['auc']:.4f} | {r['auc_delta']:+.4f} | "
-            f"{'/'.join(map(str, r['steps_per_rank']))} |"
+            f"{'/'.join(map(str, r['steps_per_rank']))} | {r.get('stolen', 0)} |"
         )
     lines += ["", "![throughput and AUC](async_cpu.png)", ""]
     (RESULTS / "async_cpu.md").write_text("\n".join(lines))
@@ -174,6 +180,7 @@ def main() -> None:
     p.add_argument("--max-lag", type=int, default=100)
     p.add_argument("--dense-sync-every", type=int, default=1)
     p.add_argument("--wait", choices=("sleep", "spin"), default="spin")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--work", type=Path, default=Path("/tmp/hetgmp-bench-async"))
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "datasets")
     a = p.parse_args()
@@ -182,7 +189,7 @@ def main() -> None:
     a.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, data in datasets(a).items():
-        for mode in MODES:
+        for mode in a.modes:
             for f in a.factors:
                 rows.append(run_one(a, name, data, mode, f))
     add_ratios(rows, a.ranks)

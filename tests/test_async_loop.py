@@ -46,6 +46,26 @@ def test_budget_fast_rank_does_more_steps(tiny_dataset) -> None:
     assert a["dense_exchanges"] >= steps[0]  # (every step, and the final push and pull)
 
 
+def test_work_stealing_trains_each_batch_of_an_epoch_once(tiny_dataset) -> None:
+    """Rank 1 straggles 4x: rank 0 takes the unclaimed batches of rank 1's shard (claimed
+    through rank 1's service), so both epochs train every batch of both shards exactly once
+    (without stealing rank 0 would cycle its own shard and rank 1's would be trained less)."""
+    cfg = _async_cfg(tiny_dataset.root, epochs=2, straggle="1:4")
+    res = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
+    a = res[0]["async"]
+    assert a["work_stealing"]
+    assert a["stolen_per_rank"][0] > 0, a
+    assert a["stolen_per_rank"] == a["claimed_from_per_rank"][::-1], a  # (every claim a step)
+    cov = a["coverage"]
+    for e in (0, 1):  # (the budget is exactly 2 epochs; a few batches may spill into a third)
+        i = cov["epochs"].index(e)
+        assert cov["missing"][i] == 0 and cov["repeated"][i] == 0, cov
+    assert sum(a["samples_per_rank"]) < 800 + 2 * BATCH
+    off = spawn_ranks(_train_rank, 2, _async_cfg(tiny_dataset.root, epochs=2, straggle="1:4",
+                                                 work_stealing=False), timeout_s=120)  # fmt: skip
+    assert not off[0]["async"]["work_stealing"] and off[0]["async"]["coverage"] is None
+
+
 def _no_samples_plan(ds, path):
     """Every training sample on rank 0; rank 1 owns rows but has nothing to train on."""
     rng = np.random.default_rng(1)

@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hetgmp.comm.collectives import all_gather_object
-from hetgmp.data.device_batches import EpochPlan, step_slots
+from hetgmp.data.device_batches import EpochPlan, Slot, step_slots
 from hetgmp.data.pipeline import BatchSource
 from hetgmp.train.accounting import Interval
 from hetgmp.train.checkpoint import Position
 from hetgmp.train.dense_server import DenseServer
+from hetgmp.train.work_steal import Stealer, epoch_coverage
 
 if TYPE_CHECKING:
     from hetgmp.embedding.transport.async_step import AsyncStep
@@ -61,17 +62,25 @@ class AsyncLoop:
         cfg, env = tr.cfg, tr.env
         self.tr, self.engine = tr, engine
         self.budget = sample_budget(cfg.iter, cfg.epochs, env.world_size, cfg.batch_size, tr.counts)
+        self.plan = EpochPlan(tr.dataset.train, tr.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
+        self.stealer: Stealer | None = None
+        if cfg.work_stealing and tr.indices_of is not None:  # (before the server's barrier:
+            # every rank answers claims before any rank can make one)
+            self.stealer = Stealer(engine, self.plan, tr.indices_of, env.device)
         self.server = DenseServer(env, tr.dense_params, engine, cfg.dense_sync_every)
         tr.train_step.dense_server = self.server
         self.steps = 0
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
+        self.stealing: int | None = None  # the epoch this rank is stealing batches of
+        self.epoch = 0  # the epoch of this rank's own batches
+        self.held: tuple[Slot, Any] | None = None  # its next epoch's first batch, while stealing
 
     def run(self) -> None:
         """Train until the budget is spent, then meet the others for the dense pull."""
         tr, cfg = self.tr, self.tr.cfg
-        plan = EpochPlan(tr.dataset.train, tr.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
+        plan = self.plan
         tr.log.info(
             f"async: training until {self.budget} samples over all ranks (each rank cycles its "
             f"own shard; --max-lag {cfg.max_lag}, dense exchange every {cfg.dense_sync_every} "
@@ -101,7 +110,7 @@ class AsyncLoop:
         while self.engine.wait_turn(self.budget):
             tr.straggler.begin()
             t0 = time.perf_counter()
-            slot, batch = source.next()
+            slot, batch = self._next(source)
             wait = time.perf_counter() - t0
             assert batch is not None  # (the slots of a rank's own epochs are all local)
             self.engine.commit(len(batch))
@@ -117,6 +126,31 @@ class AsyncLoop:
                 self._log_local(iv)
                 iv = Interval(tr.env.device)
 
+    def _next(self, source: BatchSource) -> tuple[Slot, Any]:
+        """The next batch: this rank's own, in order, unless a peer claimed it; once its own
+        batches of an epoch are all taken (the source moves on to the next epoch), batches
+        claimed from the slower ranks until none of that epoch is left anywhere
+        (:mod:`hetgmp.train.work_steal`)."""
+        st = self.stealer
+        if st is None:
+            return source.next()
+        while True:
+            if self.stealing is not None:
+                got = st.steal(self.stealing)
+                if got is not None:
+                    return got
+                self.stealing = None
+            slot, batch = self.held if self.held is not None else source.next()
+            self.held = None
+            assert batch is not None  # (the slots of a rank's own epochs are all local)
+            if slot.epoch > self.epoch:  # (its own batches of self.epoch are all taken)
+                self.held, self.stealing, self.epoch = (slot, batch), self.epoch, slot.epoch
+                continue
+            if st.queue.own(slot.epoch, slot.batch):
+                st.took_own(slot)
+                return slot, batch
+            # (a peer claimed it, and the rest of the epoch: skip to the next epoch's)
+
     def _log_local(self, iv: Interval) -> None:
         """Rank 0's own TRAIN line (no collective: the ranks are at different steps)."""
         n = max(1, iv.samples)
@@ -131,7 +165,9 @@ class AsyncLoop:
         """(Collective) the run's totals: steps and samples per rank, global speed."""
         tr, env = self.tr, self.tr.env
         loss, correct = self.sums.tolist()
-        mine = (self.steps, self.engine.samples, self.seconds, loss, correct)
+        st = self.stealer.stats() if self.stealer is not None else {}
+        mine = (self.steps, self.engine.samples, self.seconds, loss, correct,
+                st.get("stolen", 0), st.get("claimed_from", 0))  # fmt: skip
         ranks = [tuple(r) for r in all_gather_object(env, mine)]
         steps = [int(r[0]) for r in ranks]
         samples = [int(r[1]) for r in ranks]
@@ -164,8 +200,20 @@ class AsyncLoop:
             "seconds_per_rank": [float(r[2]) for r in ranks],
             "max_lag": tr.cfg.max_lag,
             "dense_sync_every": tr.cfg.dense_sync_every,
+            "work_stealing": self.stealer is not None,
+            "stolen_per_rank": [int(r[5]) for r in ranks],  # batches taken from peers
+            "claimed_from_per_rank": [int(r[6]) for r in ranks],  # batches peers took
+            "coverage": self._coverage(),
             **self.server.stats(),
         }
+
+
+    def _coverage(self) -> dict[str, Any] | None:
+        """(Collective when stealing) :func:`~hetgmp.train.work_steal.epoch_coverage`."""
+        if self.stealer is None:
+            return None
+        batches = [-(-c // max(1, self.tr.cfg.batch_size)) for c in self.tr.counts]
+        return epoch_coverage(self.tr.env, self.stealer.trained, batches)
 
 
 def run_async(tr: Trainer) -> bool:

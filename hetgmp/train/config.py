@@ -198,6 +198,14 @@ class TrainConfig:
         check_msg="must be >= 0, or -1 for unbounded",
         flags=["--max-lag", "--max_lag"],
     )
+    work_stealing: bool = option(
+        True,
+        help="--sync async with --max-lag != 0: a rank that has taken every batch of its shard "
+        "for the epoch takes the unclaimed batches of slower ranks (claimed through their "
+        "services), so each epoch trains every sample once however unequal the ranks' speeds; "
+        "--no-work-stealing: each rank cycles its own shard (a slow rank's samples are trained "
+        "less often)",
+    )
     async_host: str = option(
         "auto",
         help="--sync async: address each rank's row service listens on (auto: the interface "
@@ -322,6 +330,7 @@ class TrainConfig:
         if self.sync == "collective":
             for name, flag, default in (
                 ("max_lag", "--max-lag", 0), ("dense_sync_every", "--dense-sync-every", 1),
+                ("work_stealing", "--no-work-stealing", True),
             ):  # fmt: skip
                 if getattr(self, name) != default:
                     raise ConfigError(f"{name}: {flag} applies to --sync async only")

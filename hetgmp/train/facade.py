@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 from hetgmp.comm.collectives import all_reduce_sum
 from hetgmp.comm.env import DistEnv
 from hetgmp.config import to_dict, validate
@@ -147,9 +149,14 @@ class Trainer:
         self._log = RunLog(
             active=env.is_main and verbose, json_path=cfg.log_json, progress=False, stream=stream
         )
-        indices = rank_sample_indices(len(dataset.train), env.rank, env.world_size, plan)
+        def indices_of(rank: int) -> np.ndarray:
+            return rank_sample_indices(len(dataset.train), rank, env.world_size, plan)
+
         info = run_info(cfg, dataset, None)
-        self._loop = LoopTrainer(cfg, env, dataset, model, self._log, indices=indices, info=info)
+        self._loop = LoopTrainer(
+            cfg, env, dataset, model, self._log, indices=indices_of(env.rank),
+            indices_of=indices_of, info=info,
+        )  # fmt: skip
 
     @property
     def model(self) -> CTRModel:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -246,9 +247,13 @@ def build_trainer(
     ds = resolve_dataset(cfg, env, log)
     plan = load_checked_plan(cfg, env, ds, log)
     model = build_ctr_model(cfg, env, ds, plan, embedding_factory=embedding_factory, log=log)
-    indices = rank_sample_indices(len(ds.train), env.rank, env.world_size, plan)
+    def indices_of(rank: int) -> np.ndarray:
+        return rank_sample_indices(len(ds.train), rank, env.world_size, plan)
+
     info = run_info(cfg, ds, cfg.partition)
-    return Trainer(cfg, env, ds, model, log, indices=indices, info=info)
+    return Trainer(
+        cfg, env, ds, model, log, indices=indices_of(env.rank), indices_of=indices_of, info=info
+    )
 
 
 def maybe_resume(cfg: TrainConfig, env: DistEnv, trainer: Trainer, log: RunLog) -> None:

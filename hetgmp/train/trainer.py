@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ class Trainer:
         log: RunLog,
         *,
         indices: np.ndarray,
+        indices_of: Callable[[int], np.ndarray] | None = None,
         info: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -77,6 +78,8 @@ class Trainer:
         self.model = model.to(env.device)
         self.log = log
         self.indices = indices
+        # any rank's sample indices (work stealing builds its peers' batches; None: no stealing)
+        self.indices_of = indices_of
         self.info = dict(info or {})  # identity of the run, checked when resuming
         self.amp = cfg.amp if cfg.amp is not None else env.device.type == "cuda"
         self.train_step = TrainStep(

@@ -22,7 +22,8 @@ from hetgmp.embedding.transport.async_stage import HostStage
 
 READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
 DENSE = b"dense"  # a dense parameter shard's push-and-pull (hetgmp.train.dense_server)
-OPS = (READ, PUSH, CLOCK, DENSE)
+CLAIM = b"claim"  # a batch of the owner's shard for a work-stealing peer (hetgmp.train.work_steal)
+OPS = (READ, PUSH, CLOCK, DENSE, CLAIM)
 _DTYPES = {"int64": torch.int64, "float32": torch.float32}
 
 
