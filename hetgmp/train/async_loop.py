@@ -5,9 +5,12 @@ Under ``--sync collective`` (and ``--max-lag 0``) every rank runs the same globa
 slowest rank sets the pace. Here each rank trains at its own pace:
 
 * **Budget.** The run trains ``--epochs`` x the training samples (``--iter N``: ``N`` x ranks x
-  ``--batch-size``), summed over ranks. Each rank keeps drawing batches from its own shard,
-  cycling it epoch after epoch in :class:`~hetgmp.data.loader.BatchLoader`'s deterministic
-  order (shuffled by ``(seed, epoch)``), so a fast rank simply does more steps.
+  ``--batch-size``), summed over ranks. Each rank draws batches from its own shard, epoch after
+  epoch in :class:`~hetgmp.data.loader.BatchLoader`'s deterministic order (shuffled by
+  ``(seed, epoch)``); with work stealing (the default, :mod:`hetgmp.train.work_steal`) a rank
+  that has taken all its batches of an epoch takes the slower ranks' unclaimed ones, so every
+  epoch trains each batch once; without it (``--no-work-stealing``) it cycles its own shard
+  and a fast rank simply does more steps on it.
 * **Stop rule.** Before a step a rank *commits* its batch: the samples are added to its count,
   which its clock messages carry to every peer (:meth:`AsyncStep.commit`). It starts the step
   only while the samples of all ranks, as its service has seen them, stay below the budget;
