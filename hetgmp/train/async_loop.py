@@ -85,8 +85,10 @@ class AsyncLoop:
         tr, cfg = self.tr, self.tr.cfg
         plan = self.plan
         tr.log.info(
-            f"async: training until {self.budget} samples over all ranks (each rank cycles its "
-            f"own shard; --max-lag {cfg.max_lag}, dense exchange every {cfg.dense_sync_every} "
+            f"async: training until {self.budget} samples over all ranks ("
+            + ("work stealing: every epoch trains each batch once"
+               if self.stealer is not None else "each rank cycles its own shard")
+            + f"; --max-lag {cfg.max_lag}, dense exchange every {cfg.dense_sync_every} "
             "step(s) through the ranks' services); TRAIN lines show rank 0's own steps"
         )
         total = -(-self.budget // max(1, cfg.batch_size * tr.env.world_size))
