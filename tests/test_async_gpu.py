@@ -140,3 +140,21 @@ def test_cuda_trainer_async_equals_collective(tiny_dataset, tmp_path) -> None:
     torch.testing.assert_close(w1, w0, rtol=1e-5, atol=1e-5)
     for k in d0:
         torch.testing.assert_close(d1[k].cpu(), d0[k].cpu(), rtol=1e-5, atol=1e-5, msg=k)
+
+
+def test_cuda_work_stealing_trains_each_batch_once(tiny_dataset) -> None:
+    """Work stealing on CUDA ranks: the claim replies cross the wire as host frames (a reply
+    tensor on the GPU used to fail the first claim), and both epochs train each batch once."""
+    from test_train_dist import _cfg
+
+    cfg = _cfg(
+        tiny_dataset.root, batch_size=32, epochs=2, sync="async", device="cuda", backend="gloo",
+        async_host="127.0.0.1", max_lag=-1, straggle="1:4", timeout_s=60.0,
+    )  # fmt: skip
+    res = spawn_ranks(train_rank_on_gpu, 2, cfg, timeout_s=300, collective_timeout_s=120)
+    a = res[0]["async"]
+    assert a["stolen_per_rank"][0] > 0, a
+    cov = a["coverage"]
+    for e in (0, 1):
+        i = cov["epochs"].index(e)
+        assert cov["missing"][i] == 0 and cov["repeated"][i] == 0, cov

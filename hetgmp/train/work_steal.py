@@ -102,7 +102,8 @@ class Stealer:
 
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         b = self.queue.claim(int(meta["epoch"]))
-        return {"batch": torch.tensor([b], dtype=torch.int64, device=self.engine.ctx.store.device)}
+        # A host tensor whatever the store's device: replies go out as host frames (wire.pack)
+        return {"batch": torch.tensor([b], dtype=torch.int64)}
 
     def steal(self, epoch: int) -> tuple[Slot, DeviceBatch] | None:
         """Claim a batch of ``epoch`` from the slowest peer that has one left (fewest samples
