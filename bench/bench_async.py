@@ -94,6 +94,7 @@ def run_one(a: argparse.Namespace, name: str, data: Path, mode: str, f: float) -
         "train_seconds": res["train_seconds"], "wall_s": time.perf_counter() - t0,
         "steps_per_rank": res.get("async", {}).get("steps_per_rank", [res["step"]] * a.ranks),
         "stolen": sum(res.get("async", {}).get("stolen_per_rank") or [0]),
+        "phase_ms": res.get("async", {}).get("phase_ms_per_step"),
     }  # fmt: skip
     print(json.dumps(row), flush=True)
     return row

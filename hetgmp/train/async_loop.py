@@ -119,7 +119,9 @@ class AsyncLoop:
             wait = time.perf_counter() - t0
             assert batch is not None  # (the slots of a rank's own epochs are all local)
             self.engine.commit(len(batch))
+            t1 = time.perf_counter()
             stats = tr.run_step(batch, w * len(batch))
+            self.engine.phase_s["step"] += time.perf_counter() - t1
             iv.add(stats, len(batch), len(batch), slot.epoch)
             self.sums += stats
             iv.data_wait_s += wait
@@ -172,7 +174,7 @@ class AsyncLoop:
         loss, correct = self.sums.tolist()
         st = self.stealer.stats() if self.stealer is not None else {}
         mine = (self.steps, self.engine.samples, self.seconds, loss, correct,
-                st.get("stolen", 0), st.get("claimed_from", 0))  # fmt: skip
+                st.get("stolen", 0), st.get("claimed_from", 0), self._phase_ms())  # fmt: skip
         ranks = [tuple(r) for r in all_gather_object(env, mine)]
         steps = [int(r[0]) for r in ranks]
         samples = [int(r[1]) for r in ranks]
@@ -209,9 +211,21 @@ class AsyncLoop:
             "stolen_per_rank": [int(r[5]) for r in ranks],  # batches taken from peers
             "claimed_from_per_rank": [int(r[6]) for r in ranks],  # batches peers took
             "coverage": self._coverage(),
+            "phase_ms_per_step": [r[7] for r in ranks],
             **self.server.stats(),
         }
 
+
+    def _phase_ms(self) -> dict[str, float]:
+        """This rank's mean ms per step by phase: ``step`` (the training step), inside it
+        ``push``, ``read`` (the embedding's exchanges) and ``dense`` (the dense exchange), and
+        ``compute`` (the rest of the step); outside it ``clock_wait`` (``--max-lag``) and
+        ``data`` (its batch, ``steal`` included)."""
+        ph = dict(self.engine.phase_s)
+        ph["data"] = self.data_wait_s
+        ph["compute"] = ph.get("step", 0.0) - sum(ph.get(k, 0.0) for k in ("push", "read", "dense"))
+        n = max(1, self.steps)
+        return {k: round(1000 * v / n, 3) for k, v in sorted(ph.items())}
 
     def _coverage(self) -> dict[str, Any] | None:
         """(Collective when stealing) :func:`~hetgmp.train.work_steal.epoch_coverage`."""

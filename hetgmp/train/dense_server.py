@@ -9,11 +9,15 @@ exchanges with every shard owner, point to point and at its own pace:
 * it sends its **delta** since its last pull (``copy - base``) for the owner's shard;
 * the owner adds ``delta / W`` to the shard (under a lock, in its service thread) and answers
   with the shard's new value;
-* the answers, put together, become the rank's copy and its new base.
+* the answers, put together, become the rank's new base, and its copy that base plus what it
+  learned while the answers were on their way: the exchange is *overlapped*, sent after a
+  step and taken at the next exchange, so the round trip hides behind the steps in between
+  and the copy is one exchange behind the others' progress.
 
 So the served value moves by the *mean* of the ranks' progress: at ``k = 1`` with SGD and ranks
 in step it is the collective path's update (``-lr`` times the mean of the local gradients = the
-global batch's gradient), and a slow rank adds its fewer deltas without holding anyone up. The
+global batch's gradient), one exchange late, and a slow rank adds its fewer deltas without
+holding anyone up. The
 optimizer states (Adam's moments) stay per rank. :meth:`DenseServer.finish` (collective, at the
 end of training) pushes what is left, meets the other ranks once, and pulls the final value, so
 every rank evaluates and saves the same model.
@@ -22,6 +26,7 @@ every rank evaluates and saves the same model.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import torch
@@ -53,6 +58,8 @@ class DenseServer:
         self.lock = threading.Lock()  # the shard, shared with the service thread
         self.steps = 0
         self.exchanges = 0
+        self.channel = engine.peers.channel()  # (its own sockets: an exchange stays in flight)
+        self.inflight: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
         self.bytes_sent = 0  # delta bytes this rank sent to the other owners
         engine.service.handlers[wire.DENSE] = self._serve
         barrier(env)  # nobody exchanges before every shard is served
@@ -69,6 +76,8 @@ class DenseServer:
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """(service thread) add ``delta / W`` to the shard; answer with its new value."""
         delta = arrays.get("delta")
+        if delta is not None:  # (on CUDA ranks it arrives on the device; shards are host)
+            delta = delta.cpu()
         if delta is None or delta.dtype != torch.float32 or delta.shape != self.shard.shape:
             raise ValueError(
                 f"a dense push does not fit this rank's shard of {self.shard.numel()} values"
@@ -78,15 +87,21 @@ class DenseServer:
             return {"value": self.shard.clone()}
 
     def after_step(self) -> None:
-        """Count a local step; exchange every ``every`` steps."""
+        """Count a local step; exchange every ``every`` steps (overlapped: see :meth:`send`)."""
         self.steps += 1
         if self.steps % self.every == 0:
-            self.exchange()
+            t0 = time.perf_counter()
+            self.collect()
+            self.send()
+            self.engine.phase_s["dense"] += time.perf_counter() - t0
 
     @torch.no_grad()
-    def exchange(self) -> None:
-        """Push this rank's delta to every shard's owner and take the answered values."""
-        delta = self._flat() - self.base
+    def send(self) -> None:
+        """Push this rank's delta since its last pull to every shard's owner; the answers are
+        taken by :meth:`collect` (the next exchange: the training steps in between overlap the
+        round trip, and the copy keeps what it learns meanwhile)."""
+        cur = self._flat()
+        delta = cur - self.base
         reqs = {}
         for p in range(self.w):
             lo, hi = self._span(p)
@@ -95,13 +110,29 @@ class DenseServer:
                 self.bytes_sent += 4 * (hi - lo)
         lo, hi = self._span(self.rank)
         own = self._serve({}, {"delta": delta[lo:hi].contiguous()})["value"]
-        answers = self.engine.peers.request_all(reqs, "async dense exchange")
-        order = sorted(reqs.keys() | {self.rank})
-        parts = [own if p == self.rank else answers[p]["value"] for p in order]
-        new = torch.cat(parts) if parts else self.base
-        self._assign(new)
-        self.base = new.clone()
+        self.channel.send(reqs)
+        self.inflight = (cur, own, sorted(reqs))
+
+    @torch.no_grad()
+    def collect(self) -> None:
+        """Take the answers of the exchange in flight: the copy becomes the served value plus
+        what this rank learned since it sent, and the served value its new base."""
+        if self.inflight is None:
+            return
+        sent_at, own, peers = self.inflight
+        self.inflight = None
+        answers = self.channel.collect(peers, "async dense exchange")
+        order = sorted({*peers, self.rank})
+        new = torch.cat([own if p == self.rank else answers[p]["value"].cpu() for p in order])
+        self._assign(new + (self._flat() - sent_at))
+        self.base = new
         self.exchanges += 1
+
+    def exchange(self) -> None:
+        """One exchange, waited for (the one in flight first)."""
+        self.collect()
+        self.send()
+        self.collect()
 
     @torch.no_grad()
     def _assign(self, flat: torch.Tensor) -> None:

@@ -24,6 +24,7 @@ the per-clock ``--max-lag`` (a stolen step is a step: it advances the thief's cl
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,13 @@ class Stealer:
     def steal(self, epoch: int) -> tuple[Slot, DeviceBatch] | None:
         """Claim a batch of ``epoch`` from the slowest peer that has one left (fewest samples
         taken first) and build it; None when no peer has any."""
+        t0 = time.perf_counter()
+        try:
+            return self._steal(epoch)
+        finally:
+            self.engine.phase_s["steal"] += time.perf_counter() - t0
+
+    def _steal(self, epoch: int) -> tuple[Slot, DeviceBatch] | None:
         samples = self.engine.service.samples
         peers = sorted((p for p in range(self.world) if p != self.rank), key=lambda p: samples[p])
         for p in peers:

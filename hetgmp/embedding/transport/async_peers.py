@@ -1,9 +1,13 @@
 """The training thread's side of ``--sync async``: one ZeroMQ DEALER socket per peer,
 connected to the endpoints the ranks published at start (:func:`connect_peers`).
 
-Requests to several owners go out together and their answers are collected in any order; each
-socket carries at most one request at a time (a step sends one read, or one push, per owner),
-so the answer on a socket is the answer to its request. Arrays go out from, and answers come in
+Requests to several owners go out together and their answers are collected in any order. A
+socket may carry several requests: the owner's service answers one connection's messages in
+order, so answers come back in the order of their requests. A push's acknowledgement may be
+left *owed* (:meth:`Peers.send_acked`): it is taken, and its error raised, before the next
+answer from that owner or at :meth:`Peers.settle`; a push followed by a read on the same socket
+is applied before the read is answered all the same. :meth:`Peers.channel` opens a second set
+of sockets with its own buffers, for exchanges that overlap the step (the dense parameters). Arrays go out from, and answers come in
 to, the table's device through this thread's :class:`~.async_stage.HostStage` (pinned buffers
 on CUDA). Clock messages have no answer. A peer
 that does not answer within the timeout, or that said it closed its table, is a
@@ -38,8 +42,12 @@ class Peers:
     ) -> None:
         zmq = service.zmq
         self.rank, self.service, self.timeout_s = env.rank, service, timeout_s
+        self.env, self.endpoints = env, endpoints
         self.stage = HostStage(service.ctx.store.device)  # (the training thread's)
         self.socks: dict[int, Any] = {}
+        self.owed: dict[int, list[str]] = {}  # per peer: requests whose acks are not yet taken
+        self.channels: list[Peers] = []
+        self.announce = True  # (close says goodbye; a channel's close does not)
         for p, ep in enumerate(endpoints):
             if p != env.rank:
                 s = service.zctx.socket(zmq.DEALER)
@@ -50,16 +58,50 @@ class Peers:
     def request_all(self, reqs: dict[int, Request], what: str) -> dict[int, dict[str, Any]]:
         """Send every request, then collect every answer: ``{peer: arrays}`` (on the table's
         device)."""
+        self.send(reqs)
+        return self.collect(list(reqs), what)
+
+    def send(self, reqs: dict[int, Request]) -> None:
+        """Send every request; their answers are for :meth:`collect` (in the same order)."""
         hosts = self.stage.to_host([arrays for _, _, arrays in reqs.values()])
         for (p, (op, meta, _)), host in zip(reqs.items(), hosts, strict=True):
             self.socks[p].send_multipart(wire.pack(op, meta, host))
+
+    def collect(self, peers: list[int], what: str) -> dict[int, dict[str, Any]]:
+        """The answers of ``peers`` to the requests :meth:`send` sent them last (their owed
+        acknowledgements first); the arrays of an earlier collect may be overwritten."""
         self.stage.begin_receive()
-        out = {}
+        return {p: self._answer(p, what) for p in peers}
+
+    def send_acked(self, reqs: dict[int, Request], what: str) -> None:
+        """Send requests whose answers are bare acknowledgements, and leave them owed."""
+        self.send(reqs)
         for p in reqs:
-            out[p] = self._answer(p, what)
-        return out
+            self.owed.setdefault(p, []).append(what)
+
+    def settle(self) -> None:
+        """Take every owed acknowledgement (raising a refusal's error)."""
+        for p in list(self.owed):
+            self._take_owed(p)
+
+    def channel(self) -> Peers:
+        """Another DEALER socket to every peer's service, with its own host buffers: requests
+        on it neither wait for nor delay this set's answers. Closed with this set."""
+        ch = Peers(self.env, self.service, self.endpoints, self.timeout_s)
+        ch.announce = False
+        self.channels.append(ch)
+        return ch
+
+    def _take_owed(self, p: int) -> None:
+        for what in self.owed.pop(p, []):
+            self._receive(p, what)
 
     def _answer(self, p: int, what: str) -> dict[str, Any]:
+        if p in self.owed:
+            self._take_owed(p)
+        return self._receive(p, what)
+
+    def _receive(self, p: int, what: str) -> dict[str, Any]:
         sock, deadline = self.socks[p], time.monotonic() + self.timeout_s
         while not sock.poll(SLICE_MS):
             self.service.check_peer(p, what)
@@ -83,7 +125,9 @@ class Peers:
 
     def close(self) -> None:
         """Say goodbye, then close every socket (the last message may linger briefly)."""
-        if any(not s.closed for s in self.socks.values()):
+        for ch in self.channels:
+            ch.close()
+        if self.announce and any(not s.closed for s in self.socks.values()):
             self.publish_clock(-1, gone=True)
         for s in self.socks.values():
             if not s.closed:

@@ -7,8 +7,12 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
 (``2t + 1`` after the push phase, ``2t + 2`` after the read phase), published to every peer:
 
 1. **push** (the last step's gradient): mirrors stage it (write rule) and the due ones push;
-   owned rows are updated here at once; rows not stored here push to their owners. Pushes are
-   acknowledged after the owner applied them.
+   owned rows are updated here at once; rows not stored here push to their owners. Owners
+   acknowledge a push once it is buffered for their next read. With ``max_lag = 0`` the rank
+   waits for the acknowledgements before its clock moves on; otherwise it takes them with the
+   read answers (:meth:`.async_peers.Peers.send_acked`), which saves a round trip per step:
+   its own later reads still see its pushes (one socket per owner, answered in order), and the
+   per-row bound is measured at the owner, so it holds either way.
 2. **read**: owned rows are read locally; one read request per owner carries the batch's mirror
    ids with their versions and the rows not stored here; the owner answers with every mirror's
    lag and the values of the mirrors beyond ``bound`` and of the rows not stored; stale
@@ -41,6 +45,8 @@ the device and messages pass through pinned host buffers (:mod:`.async_stage`).
 from __future__ import annotations
 
 import dataclasses
+import time
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -98,6 +104,9 @@ class AsyncStep:
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
         self.closed = False
+        # wall seconds of the training thread by phase (``clock_wait``, ``push``, ``read``;
+        # the loop adds ``dense`` and ``steal``): where an async step's time goes
+        self.phase_s: dict[str, float] = defaultdict(float)
 
     def step(
         self, prep: Prep, *, op: int, error: str | None, training: bool
@@ -117,7 +126,9 @@ class AsyncStep:
         # still reads this step's values, or that peer sees an update from its future)
         if self.cfg.max_lag >= 0:
             self._wait(c - lag2, "flush" if op == OP_FLUSH else "push")
+        t0 = time.perf_counter()
         deferred = self._push_phase(grads, evaluating)
+        self.phase_s["push"] += time.perf_counter() - t0
         if op == OP_FLUSH:
             barrier(ctx.env)  # every rank's pushes are in before anyone reads owners
             self.service.drain()
@@ -129,8 +140,10 @@ class AsyncStep:
                 self._wait(c + 1 - lag2, "read")
         bound = 0 if evaluating else ctx.bound
         batch, nqm = _batch(prep, ctx.env.rank, ctx.env.world_size)
+        t0 = time.perf_counter()
         self.service.drain()  # (this step's own rows and the pushes, one update per row)
         values = read_rows(ctx, self.lock, self.peers, (batch, nqm), bound, deferred)
+        self.phase_s["read"] += time.perf_counter() - t0
         if not evaluating:
             self._tick(c + 2)
             self.steps += 1
@@ -158,7 +171,10 @@ class AsyncStep:
         (True), or until the samples of all ranks add up to ``budget`` (False: stop)."""
         lag = self.cfg.max_lag
         target = 2 * (self.steps - lag) if lag >= 0 else 0
-        return self.service.wait_clock(target, self.cfg.timeout_s, "async step (--max-lag)", budget)
+        t0 = time.perf_counter()
+        go = self.service.wait_clock(target, self.cfg.timeout_s, "async step (--max-lag)", budget)
+        self.phase_s["clock_wait"] += time.perf_counter() - t0
+        return go
 
     def finish(self) -> None:
         """This rank trains no more: its clock becomes ``DONE_CLOCK`` (no peer waits for it)."""
@@ -170,7 +186,9 @@ class AsyncStep:
 
     # ------------------------------------------------------------------ the phases
     def _wait(self, target: int, phase: str) -> None:
+        t0 = time.perf_counter()
         self.service.wait_clock(target, self.cfg.timeout_s, f"async {phase} (--max-lag)")
+        self.phase_s["clock_wait"] += time.perf_counter() - t0
 
     def _tick(self, clock: int) -> None:
         self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
@@ -179,6 +197,7 @@ class AsyncStep:
     def _push_phase(self, grads: tuple[Batch, torch.Tensor] | None, evaluating: bool) -> Any:
         """Stage, apply own rows, push the rest; returns the deferred-mirror count."""
         ctx, store, w = self.ctx, self.ctx.store, self.ctx.env.world_size
+        self.peers.settle()  # (the last step's acknowledgements, long arrived as a rule)
         with self.lock:
             if grads is not None and grads[0].n_mir:
                 pb, pg = grads
@@ -209,7 +228,10 @@ class AsyncStep:
                 grad = torch.cat([rem[2][p], due_parts[2][p]]).float().contiguous()
                 reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
         sent = sum(wire.nbytes(q[2]) for q in reqs.values())
-        self.peers.request_all(reqs, "async push")
+        if self.cfg.max_lag == 0 or evaluating:  # (applied before this rank's clock moves on)
+            self.peers.request_all(reqs, "async push")
+        else:  # (taken with the read answers: one round trip per step, not two)
+            self.peers.send_acked(reqs, "async push")
         n_p = sum(q[2]["ids"].numel() for q in reqs.values())
         ctx.counters.count_bytes(
             sent={"ids": 8 * n_p, "versions": 8 * n_p, "gradients": sent - 16 * n_p},
