@@ -50,7 +50,9 @@ class DenseServer:
             raise ValueError(f"--dense-sync-every must be >= 1, got {every}")
         self.env, self.params, self.engine, self.every = env, params, engine, every
         self.w, self.rank = env.world_size, env.rank
-        n = sum(p.numel() for p in params)
+        # (views of one buffer: a snapshot and an update are one copy each, not one per tensor)
+        self.flat = _flat_buffer(params)
+        n = self.flat.numel()
         self.bounds = [n * i // self.w for i in range(self.w + 1)]
         self.base = self._flat()  # the value of the last pull (identical on every rank)
         lo, hi = self._span(self.rank)
@@ -69,9 +71,8 @@ class DenseServer:
 
     @torch.no_grad()
     def _flat(self) -> torch.Tensor:
-        if not self.params:
-            return torch.zeros(0)
-        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
+        """A host snapshot of the parameters (one copy: they are views of ``self.flat``)."""
+        return self.flat.detach().float().cpu().clone() if self.flat.is_cuda else self.flat.clone()
 
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """(service thread) add ``delta / W`` to the shard; answer with its new value."""
@@ -136,11 +137,7 @@ class DenseServer:
 
     @torch.no_grad()
     def _assign(self, flat: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.copy_(flat[offset : offset + n].view_as(p))
-            offset += n
+        self.flat.copy_(flat)
 
     def finish(self) -> None:
         """(Collective, once training has ended) push what is left, meet every rank, then
@@ -152,3 +149,24 @@ class DenseServer:
     def stats(self) -> dict[str, int]:
         """Exchanges and delta bytes sent by this rank (for the results)."""
         return {"dense_exchanges": self.exchanges, "dense_bytes_sent": self.bytes_sent}
+
+
+def _flat_buffer(params: list[nn.Parameter]) -> torch.Tensor:
+    """The one float32 buffer ``params`` are views of, in order (FlatAdam's on CUDA); made so
+    if they are not (before the first step: the optimizers keep working on the views)."""
+    if not params:
+        return torch.zeros(0)
+    base = params[0].untyped_storage()
+    offset, views = 0, True
+    for p in params:
+        views = views and p.dtype == torch.float32 and p.is_contiguous()
+        views = views and p.untyped_storage().data_ptr() == base.data_ptr()
+        views = views and p.storage_offset() == offset
+        offset += p.numel()
+    if views and base.nbytes() == 4 * offset:
+        return torch.empty(0, device=params[0].device).set_(base, 0, (offset,))
+    if any(p.dtype != torch.float32 for p in params):
+        raise ValueError("the async dense server needs float32 dense parameters")
+    from hetgmp.train.flat_adam import flatten_parameters
+
+    return flatten_parameters(params)
