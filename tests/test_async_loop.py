@@ -146,6 +146,56 @@ def test_dense_server_serves_the_mean_of_the_changes() -> None:
         torch.testing.assert_close(r["values"][1], torch.full((2, 2), 2.5))
 
 
+def _dense_overlapped(env: DistEnv) -> dict:
+    """Every step each rank adds ``rank + 1`` to its copy and exchanges (every=1, overlapped):
+    nothing is lost or counted twice when the answers arrive a step late."""
+    from hetgmp.train.dense_server import DenseServer
+
+    emb = DistributedEmbedding(
+        40, 4, env, sync="async", async_config=AsyncConfig(max_lag=-1, host="127.0.0.1")
+    )
+    params = [torch.nn.Parameter(torch.zeros(5)), torch.nn.Parameter(torch.zeros(3, 2))]
+    server = DenseServer(env, params, emb.async_engine, every=1)
+    for _ in range(7):
+        with torch.no_grad():
+            for p in params:
+                p.add_(float(env.rank + 1))
+        server.after_step()
+        assert server.inflight is not None  # (sent, taken at the next exchange)
+    server.finish()
+    out = {"values": [p.detach().clone() for p in params], "exchanges": server.exchanges}
+    emb.close()
+    return out
+
+
+def test_dense_server_overlapped_exchanges_keep_every_change() -> None:
+    """7 steps of +1 (rank 0) and +2 (rank 1): the final value is 7 x 1.5 everywhere, although
+    each rank took every answer one exchange late (its own progress meanwhile kept)."""
+    for r in spawn_ranks(_dense_overlapped, 2, timeout_s=90):
+        assert r["exchanges"] == 6 + 2 + 1  # (6 taken during the run, finish: the 7th, 2 more)
+        for v in r["values"]:
+            torch.testing.assert_close(v, torch.full_like(v, 10.5))
+
+
+def test_dense_buffer_is_the_parameters_flat_storage() -> None:
+    """The server snapshots and updates the parameters through one flat buffer: the buffer
+    the parameters already share (FlatAdam's), or one they are moved into."""
+    from hetgmp.train.dense_server import _flat_buffer
+    from hetgmp.train.flat_adam import flatten_parameters
+
+    ps = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5))]
+    shared = flatten_parameters(ps)
+    assert _flat_buffer(ps).data_ptr() == shared.data_ptr()
+    loose = [torch.nn.Parameter(torch.randn(2, 2)), torch.nn.Parameter(torch.randn(3))]
+    before = torch.cat([p.detach().reshape(-1) for p in loose])
+    flat = _flat_buffer(loose)
+    assert torch.equal(flat, before)
+    flat.add_(1.0)  # (the parameters are views of it now)
+    assert torch.equal(torch.cat([p.detach().reshape(-1) for p in loose]), before + 1)
+    with pytest.raises(ValueError, match="float32"):
+        _flat_buffer([torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))])
+
+
 # ---------------------------------------------------------------- --straggle
 def test_straggle_parsing_and_refusals(tiny_dataset) -> None:
     assert parse_straggle("") is None
