@@ -19,7 +19,12 @@ every rank's mean ms per step by phase (``phase_ms``: the exchanges and the rest
 Writes ``bench/results/<--out>.json``, ``.md`` and ``.png`` (machine, command, date); ``vs
 lockstep 1x`` is samples/s over lockstep's without straggler.
 
-Usage: ``python bench/bench_async.py [--ranks 4] [--factors 1 1.5 2 4] [--samples 500000]``.
+``--device cuda`` runs the user's command instead: ``torchrun --nproc_per_node RANKS
+examples/hetuctr.py`` with its default model and flags (one GPU per rank, NCCL for lockstep),
+reading each run's ``--output`` JSON.
+
+Usage: ``python bench/bench_async.py [--ranks 4] [--factors 1 1.5 2 4] [--samples 500000]``;
+on a 2-GPU machine ``python bench/bench_async.py --device cuda --ranks 2 --out async_2gpu``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import datetime as dt
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,10 +95,40 @@ def config(a: argparse.Namespace, data: Path, mode: str, factor: float) -> Train
     ))  # fmt: skip
 
 
+def cli_args(a: argparse.Namespace, data: Path, mode: str, factor: float) -> list[str]:
+    """The user's command line for one run on GPUs (the CLI's defaults otherwise)."""
+    args = ["--dataset", str(data), "--epochs", "1", "--batch_size", str(a.batch),
+            "--device", a.device, "--seed", "0", "--no-progress", "--log_every", "100000",
+            "--timeout", "120"]  # fmt: skip
+    if mode.startswith("async"):
+        args += ["--sync", "async", "--bound", str(a.bound), "--max-lag", str(a.max_lag),
+                 "--async-host", "127.0.0.1", "--dense-sync-every", str(a.dense_sync_every),
+                 "--work-stealing" if mode == "async" else "--no-work-stealing"]  # fmt: skip
+    if factor > 1:
+        args += ["--straggle", f"{a.ranks - 1}:{factor:g}:{a.wait}"]
+    return args
+
+
+def run_torchrun(a: argparse.Namespace, data: Path, mode: str, f: float) -> dict[str, Any]:
+    """One run of ``torchrun ... examples/hetuctr.py``; its ``--output`` results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={a.ranks}", str(ROOT / "examples" / "hetuctr.py"),
+               *cli_args(a, data, mode, f), "--output", str(out)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")  # fmt: skip
+        return json.loads(out.read_text())
+
+
 def run_one(a: argparse.Namespace, name: str, data: Path, mode: str, f: float) -> dict[str, Any]:
-    cfg = config(a, data, mode, f)
     t0 = time.perf_counter()
-    res = spawn_ranks(_train_rank, a.ranks, cfg, timeout_s=900)[0]
+    if a.device == "cpu":
+        res = spawn_ranks(_train_rank, a.ranks, config(a, data, mode, f), timeout_s=900)[0]
+    else:
+        res = run_torchrun(a, data, mode, f)
     row = {
         "dataset": name, "mode": mode, "factor": f, "speed": res["speed"],
         "auc": res.get("val_auc"), "samples": res["samples_seen"],
@@ -152,13 +189,18 @@ def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         "command": "python " + " ".join(sys.argv),
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "ranks": a.ranks, "batch": a.batch, "bound": a.bound, "max_lag": a.max_lag,
-        "straggler_wait": a.wait, "dense_sync_every": a.dense_sync_every,
+        "straggler_wait": a.wait, "dense_sync_every": a.dense_sync_every, "device": a.device,
     }  # fmt: skip
+    if a.device == "cuda":
+        import torch
+
+        meta["gpus"] = ", ".join(torch.cuda.get_device_name(i)
+                                 for i in range(torch.cuda.device_count()))  # fmt: skip
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{a.out}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, RESULTS / f"{a.out}.png")
     lines = [
-        "# Stragglers: lockstep (--sync collective) vs --sync async, CPU ranks",
+        f"# Stragglers: lockstep (--sync collective) vs --sync async, {a.device.upper()} ranks",
         "",
         *(f"- {k}: `{v}`" for k, v in meta.items()),
         "",
@@ -188,6 +230,12 @@ def main() -> None:
     p.add_argument("--dense-sync-every", type=int, default=1)
     p.add_argument("--wait", choices=("sleep", "spin"), default="spin")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the user's command under torchrun, one GPU per rank",
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/hetgmp-bench-async"))
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "datasets")
     p.add_argument("--out", default="async_cpu", help="results name under bench/results/")
