@@ -3,6 +3,7 @@ gloo CPU ranks, against the collective path and the protocol's invariants."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -25,7 +26,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding import DistributedEmbedding
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.transport.async_service import THREAD_PREFIX
+from hetgmp.embedding.transport.async_service import SWITCH_INTERVAL_S, THREAD_PREFIX
 from hetgmp.embedding.transport.async_step import AsyncConfig
 
 pytest.importorskip("zmq")
@@ -183,6 +184,7 @@ def test_dead_peer_gives_a_clear_error(how: str) -> None:
 def clean_shutdown(env: DistEnv) -> dict:
     from hetgmp.comm.launch import shutdown
 
+    sys.setswitchinterval(0.004)  # (the process's own setting: the service must restore it)
     emb = table(env, {"optimizer": "adagrad", "store_rate": 0.3, "seed": 4}, "async")
     sl = rank_slice(env.rank, env.world_size)
     for ids in make_batches(4, steps=3):
@@ -190,8 +192,10 @@ def clean_shutdown(env: DistEnv) -> dict:
     emb.flush()
     stepper = emb._stepper
     alive_before = [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)]
+    switch_serving = sys.getswitchinterval()
     shutdown(env, wait_for_peers=True)  # runs the table's closer
     return {
+        "switch": (switch_serving, sys.getswitchinterval()),
         "before": alive_before,
         "after": [t.name for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX)],
         "ctx_closed": stepper.service.zctx.closed,
@@ -204,6 +208,7 @@ def test_shutdown_leaves_no_thread_or_socket() -> None:
     for r in spawn_ranks(clean_shutdown, 2, timeout_s=120):
         assert len(r["before"]) == 1
         assert r["after"] == [] and r["ctx_closed"] and r["socks_closed"]
+        assert r["switch"] == pytest.approx((SWITCH_INTERVAL_S, 0.004))
 
 
 def test_async_refuses_what_it_does_not_support() -> None:
