@@ -118,8 +118,13 @@ def run_torchrun(a: argparse.Namespace, data: Path, mode: str, f: float) -> dict
                *cli_args(a, data, mode, f), "--output", str(out)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                               f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")  # fmt: skip
+            log = a.work / f"failed-{mode}-{f:g}.log"  # (the whole output: the cause is early)
+            log.write_text(f"{' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln.lower()][:20]
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode}); whole output in {log}:\n"
+                + "\n".join(errors)
+            )
         return json.loads(out.read_text())
 
 
