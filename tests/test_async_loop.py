@@ -177,6 +177,37 @@ def test_dense_server_overlapped_exchanges_keep_every_change() -> None:
             torch.testing.assert_close(v, torch.full_like(v, 10.5))
 
 
+def _dense_random(env: DistEnv) -> list[torch.Tensor]:
+    """Random changes (no exact float sums), unequal step counts, overlapped exchanges."""
+    from hetgmp.train.dense_server import DenseServer
+
+    emb = DistributedEmbedding(
+        40, 4, env, sync="async", async_config=AsyncConfig(max_lag=-1, host="127.0.0.1")
+    )
+    gen = torch.Generator().manual_seed(env.rank)
+    params = [
+        torch.nn.Parameter(torch.randn(7, generator=gen)),
+        torch.nn.Parameter(torch.randn(4, 3, generator=gen)),
+    ]
+    server = DenseServer(env, params, emb.async_engine, every=1)
+    for _ in range(5 + 3 * env.rank):
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen) * 1e-3)
+        server.after_step()
+    server.finish()
+    out = [p.detach().clone() for p in params]
+    emb.close()
+    return out
+
+
+def test_dense_server_leaves_every_rank_the_same_bits() -> None:
+    """After finish every rank evaluates and saves the same dense model, bit for bit."""
+    r0, r1 = spawn_ranks(_dense_random, 2, timeout_s=90)
+    for a, b in zip(r0, r1, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_dense_buffer_is_the_parameters_flat_storage() -> None:
     """The server snapshots and updates the parameters through one flat buffer: the buffer
     the parameters already share (FlatAdam's), or one they are moved into."""

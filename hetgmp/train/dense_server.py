@@ -54,9 +54,11 @@ class DenseServer:
         self.flat = _flat_buffer(params)
         n = self.flat.numel()
         self.bounds = [n * i // self.w for i in range(self.w + 1)]
-        self.base = self._flat()  # the value of the last pull (identical on every rank)
+        # the value of the last pull (identical on every rank), where the parameters live: an
+        # exchange moves the delta to the host and the answers back, nothing else (on CUDA)
+        self.base = self.flat.detach().clone()
         lo, hi = self._span(self.rank)
-        self.shard = self.base[lo:hi].clone()
+        self.shard = self.base[lo:hi].cpu().clone()  # (host: the service thread's)
         self.lock = threading.Lock()  # the shard, shared with the service thread
         self.steps = 0
         self.exchanges = 0
@@ -68,11 +70,6 @@ class DenseServer:
 
     def _span(self, p: int) -> tuple[int, int]:
         return self.bounds[p], self.bounds[p + 1]
-
-    @torch.no_grad()
-    def _flat(self) -> torch.Tensor:
-        """A host snapshot of the parameters (one copy: they are views of ``self.flat``)."""
-        return self.flat.detach().float().cpu().clone() if self.flat.is_cuda else self.flat.clone()
 
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """(service thread) add ``delta / W`` to the shard; answer with its new value."""
@@ -101,8 +98,8 @@ class DenseServer:
         """Push this rank's delta since its last pull to every shard's owner; the answers are
         taken by :meth:`collect` (the next exchange: the training steps in between overlap the
         round trip, and the copy keeps what it learns meanwhile)."""
-        cur = self._flat()
-        delta = cur - self.base
+        cur = self.flat.detach().clone()  # (on the device: the copy's value at sending)
+        delta = (cur - self.base).cpu()  # (the exchange's one device -> host copy)
         reqs = {}
         for p in range(self.w):
             lo, hi = self._span(p)
@@ -124,8 +121,11 @@ class DenseServer:
         self.inflight = None
         answers = self.channel.collect(peers, "async dense exchange")
         order = sorted({*peers, self.rank})
-        new = torch.cat([own if p == self.rank else answers[p]["value"].cpu() for p in order])
-        self._assign(new + (self._flat() - sent_at))
+        dev = self.flat.device  # (answers arrive on it; the own shard's answer is a host one)
+        new = torch.cat([(own if p == self.rank else answers[p]["value"]).to(dev) for p in order])
+        # the served value + what this rank learned since sending (in this order: a pure pull,
+        # nothing learned, leaves exactly the served value, the same on every rank)
+        self.flat.sub_(sent_at).add_(new)
         self.base = new
         self.exchanges += 1
 
@@ -134,10 +134,6 @@ class DenseServer:
         self.collect()
         self.send()
         self.collect()
-
-    @torch.no_grad()
-    def _assign(self, flat: torch.Tensor) -> None:
-        self.flat.copy_(flat)
 
     def finish(self) -> None:
         """(Collective, once training has ended) push what is left, meet every rank, then
