@@ -26,7 +26,11 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding import DistributedEmbedding
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.transport.async_service import SWITCH_INTERVAL_S, THREAD_PREFIX
+from hetgmp.embedding.transport.async_service import (
+    ANSWER_SWITCH_INTERVAL_S,
+    SWITCH_INTERVAL_S,
+    THREAD_PREFIX,
+)
 from hetgmp.embedding.transport.async_step import AsyncConfig
 
 pytest.importorskip("zmq")
@@ -209,6 +213,31 @@ def test_shutdown_leaves_no_thread_or_socket() -> None:
         assert len(r["before"]) == 1
         assert r["after"] == [] and r["ctx_closed"] and r["socks_closed"]
         assert r["switch"] == pytest.approx((SWITCH_INTERVAL_S, 0.004))
+
+
+def switch_while_answering(env: DistEnv) -> dict:
+    from hetgmp.comm.collectives import barrier
+    from hetgmp.embedding.transport import async_wire as wire
+
+    emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
+    stepper = emb._stepper
+    seen = lambda meta, arrays: {"s": torch.tensor([sys.getswitchinterval()])}  # noqa: E731
+    stepper.service.handlers[wire.DENSE] = seen  # (any registered op: answered by its handler)
+    barrier(env)
+    peer = 1 - env.rank
+    answer = stepper.peers.request_all({peer: (wire.DENSE, {}, {})}, "test")[peer]
+    barrier(env)  # (both answered: a service restores the interval before it sends)
+    out = {"answering": float(answer["s"][0]), "serving": sys.getswitchinterval()}
+    emb.close()
+    return out
+
+
+def test_service_answers_with_the_short_switch_interval() -> None:
+    """While it answers, the service shortens the GIL switch interval (a busy training thread
+    would hold each answer for many intervals); between answers the serving interval holds."""
+    for r in spawn_ranks(switch_while_answering, 2, timeout_s=120):
+        assert r["answering"] == pytest.approx(ANSWER_SWITCH_INTERVAL_S, rel=0.2)
+        assert r["serving"] == pytest.approx(SWITCH_INTERVAL_S, rel=0.01)
 
 
 def test_async_refuses_what_it_does_not_support() -> None:

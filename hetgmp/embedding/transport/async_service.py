@@ -45,13 +45,17 @@ from hetgmp.embedding.transport.async_stage import HostStage, TableLock
 from hetgmp.embedding.transport.base import StepContext
 
 POLL_MS = 50  # how often the service thread looks at its stop flag
-# The interpreter's GIL switch interval while a service runs. A request that arrives while the
-# training thread runs Python waits for the GIL, and each torch call that answers it drops and
-# takes the GIL again; a training thread that only launches short CUDA kernels drops the GIL for
-# microseconds and takes it straight back, so with CPython's default 5 ms the service waits for
-# the switch timeout. Measured (2 ranks on one H100, batch 1024, 2026-11-25): 5 ms 96k / 115k
-# samples/s, 100 us 114k / 119k; on 2 CPU ranks no difference beyond noise.
+# The interpreter's GIL switch interval while a service runs, and while it answers a request.
+# The service shares the interpreter with the training thread: answering takes the GIL back
+# after every torch, numpy and ZeroMQ call (about a hundred per request), and a training thread
+# that runs Python (on CUDA: launching kernels) keeps it until the interval forces a switch. So
+# an answer costs about a hundred switch intervals. Measured (bench/results/async_gil.md, 2 CPU
+# ranks, the peer's training thread in a pure-Python loop, 64 x 26 ids): a read took 454 ms
+# with CPython's default 5 ms, 9-14 ms with 100 us, 8.3-9.3 ms with 5 us while answering, 1.2 ms
+# with the peer idle. Outside an answer the interval stays at 100 us, so the training thread
+# and its data loader thread do not switch every 5 us.
 SWITCH_INTERVAL_S = 1e-4
+ANSWER_SWITCH_INTERVAL_S = 5e-6
 THREAD_PREFIX = "hetgmp-async-service"
 
 
@@ -94,17 +98,17 @@ class AsyncService:
         self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._stop = threading.Event()
-        self._switch = 0.0  # the interpreter's switch interval before start()
+        self._switch = 0.0  # the interpreter's switch interval before start(), if it set one
         self._ours = -1.0  # the one start() set
         self.thread = threading.Thread(
             target=self._run, name=f"{THREAD_PREFIX}-{ctx.env.rank}", daemon=True
         )
 
     def start(self) -> None:
-        self._switch = sys.getswitchinterval()
-        if SWITCH_INTERVAL_S and self._switch > SWITCH_INTERVAL_S:
+        before = sys.getswitchinterval()
+        if SWITCH_INTERVAL_S and before > SWITCH_INTERVAL_S:  # (else: not ours to change)
             sys.setswitchinterval(SWITCH_INTERVAL_S)  # (restored by close(): see above)
-            self._ours = sys.getswitchinterval()  # (as the interpreter stores it)
+            self._switch, self._ours = before, sys.getswitchinterval()  # (as stored)
         self.thread.start()
 
     def close(self) -> None:
@@ -233,9 +237,19 @@ class AsyncService:
             if not poller.poll(POLL_MS):
                 continue
             frames = self.sock.recv_multipart()
-            reply = self._handle(frames[1:])
+            reply = self._answer(frames[1:])
             if reply is not None:
                 self.sock.send_multipart([frames[0], *reply])
+
+    def _answer(self, frames: list[bytes]) -> list[bytes] | None:
+        """:meth:`_handle` with the short switch interval (see ``ANSWER_SWITCH_INTERVAL_S``)."""
+        if not self._switch:  # (the interval is not this service's to change)
+            return self._handle(frames)
+        sys.setswitchinterval(ANSWER_SWITCH_INTERVAL_S)
+        try:
+            return self._handle(frames)
+        finally:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
