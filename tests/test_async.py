@@ -240,6 +240,41 @@ def test_service_answers_with_the_short_switch_interval() -> None:
         assert r["serving"] == pytest.approx(SWITCH_INTERVAL_S, rel=0.01)
 
 
+def refused_reads(env: DistEnv) -> dict:
+    from hetgmp.comm.collectives import barrier
+    from hetgmp.comm.errors import CommError
+    from hetgmp.embedding.transport import async_wire as wire
+
+    emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
+    stepper, peer = emb._stepper, 1 - env.rank
+    slot_of, n_own = stepper.ctx.store.slot_of, stepper.ctx.store.n_own
+    mine = int(torch.nonzero((slot_of >= 0) & (slot_of < n_own))[0])
+    theirs = int(torch.nonzero(slot_of < 0)[0])  # (2 ranks, no mirrors: the peer's)
+    out = {}
+    empty = torch.zeros(0, dtype=torch.int64)
+    for name, rid in (("outside", ROWS + 5), ("negative", -3), ("theirs", theirs), ("mine", mine)):
+        req = {"mids": empty, "mver": empty, "rids": torch.tensor([rid])}
+        meta = {"bound": 0, "send_all": False}
+        try:
+            got = stepper.peers.request_all({peer: (wire.READ, meta, req)}, "test read")[peer]
+            out[name] = ("ok", tuple(got["values"].shape))
+        except CommError as err:
+            out[name] = ("refused", str(err))
+    barrier(env)
+    emb.close()
+    return out
+
+
+def test_service_refuses_reads_of_rows_it_does_not_own() -> None:
+    """A read naming an id outside the table, or a row the service's rank does not own, gets
+    a refusal that says which; a row it owns is answered."""
+    for r in spawn_ranks(refused_reads, 2, timeout_s=120):
+        assert r["outside"][0] == "refused" and "outside the table" in r["outside"][1]
+        assert r["negative"][0] == "refused" and "outside the table" in r["negative"][1]
+        assert r["theirs"] == ("ok", (1, DIM))
+        assert r["mine"][0] == "refused" and "does not own" in r["mine"][1]
+
+
 def test_async_refuses_what_it_does_not_support() -> None:
     env = DistEnv(world_size=2, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="exchange='padded'"):

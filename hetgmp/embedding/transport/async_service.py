@@ -69,6 +69,7 @@ class AsyncService:
         dev = ctx.store.device
         self.stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         self.stage = HostStage(dev)  # (this thread's)
+        self.own_slot = _own_slots(ctx.store)
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -272,12 +273,13 @@ class AsyncService:
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor:
         """Slots of owned rows ``ids``; ``ValueError`` for an id this rank does not own (one
-        look at the host, on CUDA a wait for this thread's stream)."""
-        store = self.ctx.store
-        inside = (ids >= 0) & (ids < store.num_rows)
-        slots = store.slot_of.index_select(0, ids.clamp(0, store.num_rows - 1)).long()
-        if ids.numel() and not bool((inside & (slots >= 0) & (slots < store.n_own)).all()):
-            if not bool(inside.all()):
+        look at the host, on CUDA a wait for this thread's stream). One table lookup: ids
+        outside the table fall on its sentinel ends, rows not owned read -1 (few torch calls:
+        each one drops the GIL, see ``ANSWER_SWITCH_INTERVAL_S``)."""
+        n = self.ctx.store.num_rows
+        slots = self.own_slot.index_select(0, ids.clamp(-1, n).add_(1)).long()
+        if ids.numel() and int(slots.min()) < 0:
+            if bool(((ids < 0) | (ids >= n)).any()):
                 raise ValueError("a request names a row id outside the table")
             raise ValueError("a request names a row this rank does not own")
         return slots
@@ -323,3 +325,12 @@ _KIND_OF = {
     "grad": "gradients", "lag": "versions", "values": "values", "versions": "versions",
     "state": "values",
 }  # fmt: skip
+
+
+def _own_slots(store: Any) -> torch.Tensor:
+    """``[num_rows + 2]`` int32 on the store's device: entry ``1 + id`` is the slot of a row this
+    rank owns, -1 for any other row and at both ends (the ids below 0 and above the table)."""
+    own = store.slot_of.clone()
+    own[(own < 0) | (own >= store.n_own)] = -1
+    edge = torch.full((1,), -1, dtype=own.dtype, device=own.device)
+    return torch.cat([edge, own, edge])

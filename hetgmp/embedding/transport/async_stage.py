@@ -117,7 +117,7 @@ class HostStage:
         the host arrays themselves (contiguous)."""
         flat = [t for m in messages for t in m.values()]
         if not self.reuse or not flat:  # (an acknowledgement carries no array: no wait)
-            return [{k: t.detach().contiguous().cpu() for k, t in m.items()} for m in messages]
+            return [{k: _on_host(t) for k, t in m.items()} for m in messages]
         offs, total = layout([t.numel() * t.element_size() for t in flat])
         if total > self._out.numel():
             self._out = self._grow(self._out, total)
@@ -127,7 +127,7 @@ class HostStage:
             for k in m:
                 t, off = next(it)
                 dst = _view(self._out, off, t.dtype, tuple(t.shape))
-                host[k] = dst.copy_(t.detach(), non_blocking=self.cuda)
+                host[k] = dst.copy_(t.detach() if t.requires_grad else t, non_blocking=self.cuda)
             out.append(host)
         if self.cuda:  # (waits for this thread's stream only)
             self._out_done.record(torch.cuda.current_stream(self.device))
@@ -181,6 +181,16 @@ class HostStage:
         return self._in[start : start + total]
 
 
+def _on_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, contiguous and on the host, with no torch call where none is needed (each
+    drops the GIL, see ``async_service``)."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t if t.device.type == "cpu" else t.cpu()
+
+
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
@@ -188,4 +198,5 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
 def _view(buf: torch.Tensor, off: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     """``buf[off:]`` (uint8, ``off`` aligned) seen as an array of ``dtype`` and ``shape``."""
     n = _nbytes(dtype, shape)
-    return buf[off : off + n].view(dtype).view(shape)
+    flat = buf[off : off + n].view(dtype)
+    return flat if len(shape) == 1 else flat.view(shape)  # (one torch call fewer: 1-D arrays)

@@ -39,13 +39,21 @@ def import_zmq() -> ModuleType:
     return zmq
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached and contiguous, with no torch call where none is needed: each one drops
+    the GIL, and a service thread waits to get it back (see ``async_service``)."""
+    if t.requires_grad:
+        t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[Any]:
     """``[op, header, *array bytes]`` (host tensors of the dtypes in ``_DTYPES``; on CUDA what
     :meth:`.async_stage.HostStage.to_host` gives). The array frames are views of the tensors'
     memory: send them at once (ZeroMQ's copying send copies them into the message)."""
     specs, frames = [], []
     for name, t in arrays.items():
-        t = t.detach().contiguous()
+        t = plain(t)
         if t.device.type != "cpu" or _DTYPES.get(str(t.dtype).removeprefix("torch.")) is None:
             raise ValueError(f"async message array {name!r}: {t.dtype} on {t.device} (host "
                              f"tensors of {sorted(_DTYPES)} only)")  # fmt: skip
