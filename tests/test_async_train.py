@@ -20,8 +20,9 @@ from hetgmp.config import ConfigError
 pytest.importorskip("zmq")
 
 
-def test_trainer_async_bound0_maxlag0_equals_collective(tiny_dataset, tmp_path) -> None:
-    """SGD rows and dense layers: the same checkpoint to float tolerance."""
+def test_trainer_async_bound0_maxlag0_equals_collective(tiny_dataset, tmp_path, capfd) -> None:
+    """SGD rows and dense layers: the same checkpoint to float tolerance (and the log says
+    that --max-lag 0 keeps the ranks in step)."""
     plan = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")
     states = {}
     for sync in ("collective", "async"):
@@ -32,6 +33,8 @@ def test_trainer_async_bound0_maxlag0_equals_collective(tiny_dataset, tmp_path) 
         )  # fmt: skip
         res = spawn_ranks(_train_rank, 2, cfg, timeout_s=180)
         assert res[0]["embedding"]["mirror_hit"] > 0  # mirrors were really used
+        hint = "--max-lag 0 keeps every rank at the same step" in capfd.readouterr().out
+        assert hint == (sync == "async")
         states[sync] = _ckpt_state(tmp_path / sync)
     (d0, w0, i0), (d1, w1, i1) = states["collective"], states["async"]
     assert torch.equal(i0, i1)

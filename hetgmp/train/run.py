@@ -215,6 +215,11 @@ def build_ctr_model(
             f"{getattr(emb, 'sync', '?')}"
             + (f" (--max-lag {cfg.max_lag})" if getattr(emb, "sync", "") == "async" else "")
         )
+        if getattr(emb, "sync", "") == "async" and cfg.max_lag == 0 and env.world_size > 1:
+            log.info(
+                "async: --max-lag 0 keeps every rank at the same step, so a slow rank still "
+                "holds the others up; --max-lag N (e.g. 100) or -1 lets the others run ahead"
+            )
     model = build_model(
         cfg.model,
         emb,
