@@ -19,8 +19,9 @@ in step it is the collective path's update (``-lr`` times the mean of the local 
 global batch's gradient), one exchange late, and a slow rank adds its fewer deltas without
 holding anyone up. The
 optimizer states (Adam's moments) stay per rank. :meth:`DenseServer.finish` (collective, at the
-end of training) pushes what is left, meets the other ranks once, and pulls the final value, so
-every rank evaluates and saves the same model.
+end of training) pushes what is left, meets the other ranks (through the services:
+:meth:`~hetgmp.embedding.transport.async_step.AsyncStep.meet`), pulls the final value and meets
+them again, so every rank evaluates and saves the same model.
 """
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ class DenseServer:
         """(Collective, once training has ended) push what is left, meet every rank, then
         pull the final value: every rank holds the same dense parameters afterwards."""
         self.exchange()
-        barrier(self.env)  # every rank's last delta is in its owner's shard
+        self.engine.meet("async dense finish")  # every rank's last delta is in its shard
         self.exchange()  # (a zero delta: a pure pull)
+        self.engine.meet("async dense pull")  # (nobody's pull in flight: collectives may follow)
 
     def stats(self) -> dict[str, int]:
         """Exchanges and delta bytes sent by this rank (for the results)."""

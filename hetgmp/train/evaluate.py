@@ -74,6 +74,9 @@ def score_split(
                 probs_b, labels_b = _score_batch(model, source.next()[1], env.device, amp)
                 probs += probs_b
                 labels += labels_b
+        engine = getattr(model.embedding, "async_engine", None)
+        if engine is not None:  # (--sync async: every peer's reads answered before the
+            engine.meet("async evaluation")  # process group's collectives that follow)
     finally:
         source.close()
         model.train(was_training)

@@ -115,10 +115,12 @@ class Peers:
             raise CommError(f"rank {self.rank}: {what}: rank {p} refused: {meta['error']}")
         return arrays
 
-    def publish_clock(self, clock: int, *, gone: bool = False, samples: int = 0) -> None:
-        """Tell every peer's service this rank's clock and training samples taken so far
-        (``gone``: it closes its table)."""
-        meta = {"rank": self.rank, "clock": clock, "gone": gone, "samples": samples}
+    def publish_clock(
+        self, clock: int, *, gone: bool = False, samples: int = 0, meet: int = 0
+    ) -> None:
+        """Tell every peer's service this rank's clock, training samples taken so far and the
+        last meeting it arrived at (``gone``: it closes its table)."""
+        meta = {"rank": self.rank, "clock": clock, "gone": gone, "samples": samples, "meet": meet}
         msg = wire.pack(wire.CLOCK, meta, {})
         for s in self.socks.values():
             s.send_multipart(msg)

@@ -89,6 +89,7 @@ class AsyncService:
         w = ctx.env.world_size
         self.clocks = [0] * w
         self.samples = [0] * w  # training samples each rank has taken (clock messages)
+        self.meets = [0] * w  # the meetings each rank has arrived at (AsyncStep.meet)
         # extra request kinds: op -> handler(meta, arrays) -> reply arrays (service thread)
         self.handlers: dict[bytes, Callable[[dict[str, Any], dict[str, torch.Tensor]], Any]] = {}
         self.clock_cv = threading.Condition()
@@ -126,10 +127,13 @@ class AsyncService:
             self.zctx.term()
 
     # ------------------------------------------------------------------ clocks
-    def set_clock(self, rank: int, clock: int, gone: bool = False, samples: int = 0) -> None:
+    def set_clock(
+        self, rank: int, clock: int, gone: bool = False, samples: int = 0, meet: int = 0
+    ) -> None:
         with self.clock_cv:
             self.clocks[rank] = max(self.clocks[rank], clock)
             self.samples[rank] = max(self.samples[rank], samples)
+            self.meets[rank] = max(self.meets[rank], meet)
             if gone:
                 self.gone.add(rank)
             self.clock_cv.notify_all()
@@ -181,6 +185,26 @@ class AsyncService:
                     "died or hangs"
                 )
             return True
+
+    def wait_meet(self, meet: int, timeout_s: float, what: str) -> None:
+        """Block until every rank has arrived at meeting ``meet``; a clear error after
+        ``timeout_s`` naming a rank that has not (or at once if one closed its table)."""
+        with self.clock_cv:
+
+            def absent() -> list[int]:
+                return [r for r, m in enumerate(self.meets) if m < meet]
+
+            ok = self.clock_cv.wait_for(
+                lambda: not absent() or self.failure is not None or bool(self.gone & set(absent())),
+                timeout_s,
+            )
+            for r in absent():
+                self.check_peer(r, what)
+            if not ok:
+                raise CommError(
+                    f"rank {self.ctx.env.rank}: {what}: waited {timeout_s:.0f}s for rank "
+                    f"{absent()[0]} to arrive; it probably died or hangs"
+                )
 
     # ------------------------------------------------------------------ buffered updates
     def stash_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
@@ -259,7 +283,7 @@ class AsyncService:
             if op == wire.CLOCK:
                 self.set_clock(
                     int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
-                    int(meta.get("samples", 0)),
+                    int(meta.get("samples", 0)), int(meta.get("meet", 0)),
                 )  # fmt: skip
                 return None
             if op in self.handlers:  # (counted by their owner, not as embedding bytes)

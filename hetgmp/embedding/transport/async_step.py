@@ -35,8 +35,15 @@ so that every rank sees the run's global progress (the budget stop rule of
 Evaluation reads (bound 0) and :meth:`AsyncStep.step` with ``OP_FLUSH`` do not move the clock,
 but their push phase waits as a training step's does (its pushes must not reach an owner while
 a peer still reads the step before); flush pushes everything pending and then meets every
-rank at a process-group barrier, so owners hold every update afterwards (flush is collective,
-as in the collective path).
+rank (:meth:`AsyncStep.meet`, through the services), so owners hold every update afterwards
+(flush is collective, as in the collective path).
+
+**Meetings before process-group collectives.** Where a run goes from point-to-point traffic to
+a collective of the process group (the end of training, of a flush, of an evaluation), the
+ranks first meet through their services: each arrives once its own requests are answered, so
+no rank enters a collective while a peer still needs its service. On CUDA a NCCL collective
+that waits for a peer sits in the same GPU as the service's work for that peer; a run on 2 H100s
+once hung there until the timeout (suspected, not proven), which meeting first rules out.
 
 The same code runs on CPU and CUDA ranks (``device = store.device``): on CUDA the rows stay on
 the device and messages pass through pinned host buffers (:mod:`.async_stage`).
@@ -51,7 +58,6 @@ from typing import Any
 
 import torch
 
-from hetgmp.comm.collectives import barrier
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
@@ -103,6 +109,7 @@ class AsyncStep:
         self.grads: tuple[Batch, torch.Tensor] | None = None
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
+        self.meets = 0  # the meetings this rank has arrived at (meet)
         self.closed = False
         # wall seconds of the training thread by phase (``clock_wait``, ``push``, ``read``;
         # the loop adds ``dense`` and ``steal``): where an async step's time goes
@@ -130,7 +137,7 @@ class AsyncStep:
         deferred = self._push_phase(grads, evaluating)
         self.phase_s["push"] += time.perf_counter() - t0
         if op == OP_FLUSH:
-            barrier(ctx.env)  # every rank's pushes are in before anyone reads owners
+            self.meet("async flush")  # every rank's pushes are in before anyone reads owners
             self.service.drain()
             self.lock.fence()  # (CUDA: reads of the table after flush follow the service's work)
             return self._flushed(prep, deferred)
@@ -179,6 +186,18 @@ class AsyncStep:
     def finish(self) -> None:
         """This rank trains no more: its clock becomes ``DONE_CLOCK`` (no peer waits for it)."""
         self._tick(DONE_CLOCK)
+
+    def meet(self, what: str) -> None:
+        """(Collective) wait until every rank has arrived here, through the services, not the
+        process group. A rank arrives once its own requests are all answered, so afterwards no
+        request is in flight anywhere and a process-group collective may follow (see the
+        module docstring)."""
+        self.peers.settle()  # (acknowledgements still owed are requests in flight)
+        self.meets += 1
+        r, clock = self.ctx.env.rank, self.service.clocks[self.ctx.env.rank]
+        self.service.set_clock(r, clock, samples=self.samples, meet=self.meets)
+        self.peers.publish_clock(clock, samples=self.samples, meet=self.meets)
+        self.service.wait_meet(self.meets, self.cfg.timeout_s, what)
 
     def service_bytes(self) -> dict[str, int]:
         """Bytes the service received and sent (by counter name)."""
