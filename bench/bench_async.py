@@ -98,7 +98,8 @@ def config(a: argparse.Namespace, data: Path, mode: str, factor: float) -> Train
 def cli_args(a: argparse.Namespace, data: Path, mode: str, factor: float) -> list[str]:
     """The user's command line for one run on GPUs (the CLI's defaults otherwise)."""
     args = ["--dataset", str(data), "--epochs", "1", "--batch_size", str(a.batch),
-            "--device", a.device, "--seed", "0", "--no-progress", "--log_every", "100000",
+            "--device", a.device, "--backend", a.backend, "--seed", "0", "--no-progress",
+            "--log_every", "100000",
             "--timeout", "120"]  # fmt: skip
     if mode.startswith("async"):
         args += ["--sync", "async", "--bound", str(a.bound), "--max-lag", str(a.max_lag),
@@ -114,9 +115,11 @@ def run_torchrun(a: argparse.Namespace, data: Path, mode: str, f: float) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={a.ranks}", str(ROOT / "examples" / "hetuctr.py"),
+               f"--nproc_per_node={a.ranks}", str(a.tree / "examples" / "hetuctr.py"),
                *cli_args(a, data, mode, f), "--output", str(out)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        path = os.pathsep.join(x for x in (str(a.tree), os.environ.get("PYTHONPATH", "")) if x)
+        env = dict(os.environ, PYTHONPATH=path)  # (the ranks import --tree's hetgmp)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if proc.returncode != 0:
             log = a.work / f"failed-{mode}-{f:g}.log"  # (the whole output: the cause is early)
             log.write_text(f"{' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
@@ -195,6 +198,7 @@ def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "ranks": a.ranks, "batch": a.batch, "bound": a.bound, "max_lag": a.max_lag,
         "straggler_wait": a.wait, "dense_sync_every": a.dense_sync_every, "device": a.device,
+        "backend": a.backend, "tree": str(a.tree),
     }  # fmt: skip
     if a.device == "cuda":
         import torch
@@ -241,12 +245,27 @@ def main() -> None:
         default="cpu",
         help="cuda: the user's command under torchrun, one GPU per rank",
     )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="--device cuda: the process group (gloo lets several ranks share one GPU)",
+    )
+    p.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="--device cuda: the hetgmp checkout whose CLI runs (an A/B against an older "
+        "commit: its tree, native extension built; default: this one)",
+    )
     p.add_argument("--work", type=Path, default=Path("/tmp/hetgmp-bench-async"))
     p.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "datasets")
     p.add_argument("--out", default="async_cpu", help="results name under bench/results/")
     a = p.parse_args()
     if 1 not in a.factors:
         p.error("--factors must include 1 (the no-straggler baseline)")
+    if a.device == "cpu" and a.tree.resolve() != ROOT:
+        p.error("--tree applies to --device cuda (CPU ranks run in this checkout's process)")
     a.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, data in datasets(a).items():
