@@ -9,7 +9,8 @@
 #            (carry .whl and bench/work; results under ${OUT:-bench/results/gpu}/async_ab_*)
 #
 # With fewer GPUs than RANKS the ranks share them over gloo (--backend gloo), else one GPU per
-# rank (NCCL for lockstep). Two rounds, base then this checkout, so drift shows as such.
+# rank (NCCL for lockstep). Two rounds, base then this checkout, so drift shows as such; each
+# bench run is cut at 130 s (4 trainings of about 17 s each on 2 H100s), so the call fits 10 min.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 HERE=$PWD
@@ -40,7 +41,7 @@ log "$GPUS GPU(s), $RANKS ranks, backend $BACKEND, base $BASE"
 for ROUND in 1 2; do
   for T in "$BASE" .; do
     NAME=async_ab_$([ "$T" = . ] && echo new || echo base)_$ROUND
-    timeout 280 $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
+    timeout 130 $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
       --factors 1 2 --modes collective async --wait sleep --backend "$BACKEND" --tree "$T" \
       --shared /nonexistent --work /tmp/hetgmp-async-ab --out "$NAME" > "/tmp/$NAME.log" 2>&1
     RC=$?
