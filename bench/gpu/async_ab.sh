@@ -20,15 +20,11 @@ SAMPLES=${3:-400000}
 PY=${PYTHON:-python3}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log() { echo "[async_ab +${SECONDS}s] $*"; }
-
-if ! $PY -c "import zmq" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/async_ab_wheels.log" 2>&1
-  export PYTHONPATH=/tmp/site
-fi
+source bench/gpu/async_env.sh || exit 2
+export PYTHONPATH=${PYTHONPATH#"$PWD:"}  # (bench_async puts each tree first for its runs)
 for T in . "$BASE"; do
-  if ! (cd "$T" && PYTHONPATH=$PWD:${PYTHONPATH:-} $PY -c "from hetgmp.native import native; native()") 2> /dev/null; then
+  if ! (cd "$T" && PYTHONPATH=$PWD:$PYTHONPATH $PY -c "from hetgmp.native import native; native()") 2> /dev/null; then
     log "building the native extension in $T"
     (cd "$T" && $PY setup.py build_ext --inplace > "$HERE/$OUT/async_ab_build.log" 2>&1) ||
       { log "FAILED: build in $T"; exit 2; }

@@ -15,20 +15,8 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log() { echo "[async_smoke +${SECONDS}s] $*"; }
-
-if ! $PY -c "import zmq" 2> /dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-  log "installing carried wheels: $(ls .whl/*.whl | xargs -n1 basename | tr '\n' ' ')"
-  $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
-    > "$OUT/async_wheels.log" 2>&1
-  export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ! $PY -c "import zmq"; then
-  log "FAILED: no pyzmq (carry its wheel in .whl/, see bench/gpu/README.md)"
-  exit 2
-fi
+source bench/gpu/async_env.sh || exit 2
 if ! $PY -c "from hetgmp.native import native; native()" 2> /dev/null; then
   log "building the native extension"
   $PY setup.py build_ext --inplace > "$OUT/async_build.log" 2>&1 || { log "FAILED: build"; exit 2; }
