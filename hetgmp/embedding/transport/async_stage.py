@@ -117,7 +117,10 @@ class HostStage:
         the host arrays themselves (contiguous)."""
         flat = [t for m in messages for t in m.values()]
         if not self.reuse or not flat:  # (an acknowledgement carries no array: no wait)
-            return [{k: _on_host(t) for k, t in m.items()} for m in messages]
+            return [
+                {k: plain(t).cpu() if t.is_cuda else plain(t) for k, t in m.items()}
+                for m in messages
+            ]
         offs, total = layout([t.numel() * t.element_size() for t in flat])
         if total > self._out.numel():
             self._out = self._grow(self._out, total)
@@ -127,7 +130,8 @@ class HostStage:
             for k in m:
                 t, off = next(it)
                 dst = _view(self._out, off, t.dtype, tuple(t.shape))
-                host[k] = dst.copy_(t.detach() if t.requires_grad else t, non_blocking=self.cuda)
+                src = t.detach() if t.requires_grad else t  # (copy_ takes any layout)
+                host[k] = dst.copy_(src, non_blocking=self.cuda)
             out.append(host)
         if self.cuda:  # (waits for this thread's stream only)
             self._out_done.record(torch.cuda.current_stream(self.device))
@@ -181,14 +185,12 @@ class HostStage:
         return self._in[start : start + total]
 
 
-def _on_host(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, contiguous and on the host, with no torch call where none is needed (each
-    drops the GIL, see ``async_service``)."""
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached and contiguous, with no torch call where none is needed: each one drops
+    the GIL, and a service thread waits to get it back (see ``async_service``)."""
     if t.requires_grad:
         t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t if t.device.type == "cpu" else t.cpu()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:

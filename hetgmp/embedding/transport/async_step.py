@@ -109,7 +109,6 @@ class AsyncStep:
         self.grads: tuple[Batch, torch.Tensor] | None = None
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
-        self.meets = 0  # the meetings this rank has arrived at (meet)
         self.closed = False
         # wall seconds of the training thread by phase (``clock_wait``, ``push``, ``read``;
         # the loop adds ``dense`` and ``steal``): where an async step's time goes
@@ -193,11 +192,11 @@ class AsyncStep:
         request is in flight anywhere and a process-group collective may follow (see the
         module docstring)."""
         self.peers.settle()  # (acknowledgements still owed are requests in flight)
-        self.meets += 1
-        r, clock = self.ctx.env.rank, self.service.clocks[self.ctx.env.rank]
-        self.service.set_clock(r, clock, samples=self.samples, meet=self.meets)
-        self.peers.publish_clock(clock, samples=self.samples, meet=self.meets)
-        self.service.wait_meet(self.meets, self.cfg.timeout_s, what)
+        r = self.ctx.env.rank
+        meet, clock = self.service.meets[r] + 1, self.service.clocks[r]
+        self.service.set_clock(r, clock, samples=self.samples, meet=meet)
+        self.peers.publish_clock(clock, samples=self.samples, meet=meet)
+        self.service.wait_meet(meet, self.cfg.timeout_s, what)
 
     def service_bytes(self) -> dict[str, int]:
         """Bytes the service received and sent (by counter name)."""

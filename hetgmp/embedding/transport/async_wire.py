@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetgmp.embedding.transport.async_stage import HostStage
+from hetgmp.embedding.transport.async_stage import HostStage, plain
 
 READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
 DENSE = b"dense"  # a dense parameter shard's push-and-pull (hetgmp.train.dense_server)
@@ -37,14 +37,6 @@ def import_zmq() -> ModuleType:
             "`pip install hetgmp[async]` (make install does)"
         ) from err
     return zmq
-
-
-def plain(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached and contiguous, with no torch call where none is needed: each one drops
-    the GIL, and a service thread waits to get it back (see ``async_service``)."""
-    if t.requires_grad:
-        t = t.detach()
-    return t if t.is_contiguous() else t.contiguous()
 
 
 def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[Any]:
