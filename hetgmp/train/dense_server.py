@@ -75,7 +75,7 @@ class DenseServer:
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """(service thread) add ``delta / W`` to the shard; answer with its new value."""
         delta = arrays.get("delta")
-        if delta is not None:  # (on CUDA ranks it arrives on the device; shards are host)
+        if delta is not None:  # (arrives on the host, where the shard is: no copy)
             delta = delta.cpu()
         if delta is None or delta.dtype != torch.float32 or delta.shape != self.shard.shape:
             raise ValueError(

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from hetgmp.comm.errors import CommError
-from hetgmp.embedding import protocol
+from hetgmp.embedding.transport import async_answer
 from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_stage import HostStage, TableLock
 from hetgmp.embedding.transport.base import StepContext
@@ -69,6 +69,7 @@ class AsyncService:
         dev = ctx.store.device
         self.stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         self.stage = HostStage(dev)  # (this thread's)
+        self.host_stage = HostStage(torch.device("cpu"), reuse=False)
         self.own_slot = _own_slots(ctx.store)
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.ROUTER)
@@ -225,16 +226,17 @@ class AsyncService:
                 stream = torch.cuda.current_stream(self.ctx.store.device)
                 for t in (*(own or ()), *(x for q in pushed for x in q)):
                     t.record_stream(stream)
-            store = self.ctx.store
+            store, opt = self.ctx.store, self.ctx.opt
             if own is None:
                 z = store.zeros_w[:0]
-                own = (z, z, torch.zeros(0, store.dim, device=store.device))
-            if pushed:
-                parts = (torch.cat([q[i] for q in pushed]) for i in range(3))
-                push = tuple(parts)
-            else:
-                push = (own[0][:0], own[1][:0], own[2][:0])
-            protocol.apply_at_owner(store, self.ctx.opt, own, push)  # type: ignore[arg-type]
+                own = (z, z, store.weight[:0])
+            elif own[2].dtype != store.weight.dtype:  # (an autocast gradient)
+                own = (own[0], own[1], own[2].to(store.weight.dtype))
+            slots, cnts, grads = ([q[i] for q in pushed] for i in range(3))
+            async_answer.apply_updates(
+                store.weight, store.version, store.opt_state, store.scratch_map(), *own,
+                slots, cnts, grads, opt.name == "sgd", float(opt.lr), float(opt.eps),
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ the thread
     def _on_device(self) -> contextlib.AbstractContextManager[Any]:
@@ -278,8 +280,12 @@ class AsyncService:
 
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
-            self.stage.begin_receive()
-            op, meta, arrays = wire.unpack(frames, self.stage)
+            # (rows to the table's device; other messages stay on the host: their handlers,
+            # clocks, dense shards and batch claims, work there)
+            rows = bytes(frames[0]) in (wire.READ, wire.PUSH) if frames else False
+            stage = self.stage if rows else self.host_stage
+            stage.begin_receive()
+            op, meta, arrays = wire.unpack(frames, stage)
             if op == wire.CLOCK:
                 self.set_clock(
                     int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
@@ -293,45 +299,31 @@ class AsyncService:
         except (ValueError, KeyError, IndexError, RuntimeError) as err:
             return wire.pack(wire.REPLY, {"error": f"rank {self.ctx.env.rank}: {err}"}, {})
         self._count("sent", out)
-        return wire.pack(wire.REPLY, {}, self.stage.to_host([out])[0])
-
-    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
-        """Slots of owned rows ``ids``; ``ValueError`` for an id this rank does not own (one
-        look at the host, on CUDA a wait for this thread's stream). One table lookup: ids
-        outside the table fall on its sentinel ends, rows not owned read -1 (few torch calls:
-        each one drops the GIL, see ``ANSWER_SWITCH_INTERVAL_S``)."""
-        n = self.ctx.store.num_rows
-        slots = self.own_slot.index_select(0, ids.clamp(-1, n).add_(1)).long()
-        if ids.numel() and int(slots.min()) < 0:
-            if bool(((ids < 0) | (ids >= n)).any()):
-                raise ValueError("a request names a row id outside the table")
-            raise ValueError("a request names a row this rank does not own")
-        return slots
+        return wire.pack(wire.REPLY, {}, out)  # (host arrays: read_answer copies them)
 
     def _read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        store, sw = self.ctx.store, self.ctx.opt.state_width
-        m_slot, r_slot = self._slots(a["mids"]), self._slots(a["rids"])
+        """Drain, then one scripted call (no GIL: :mod:`.async_answer`) that checks the ids,
+        computes the lags and gathers the answer on the host."""
+        store = self.ctx.store
         with self.lock:
             self.drain()
-            lag = protocol.lags(store, m_slot, a["mver"])
-            need = lag > int(meta["bound"])
-            if meta["send_all"]:
-                need = torch.ones_like(need)
-            rows = torch.cat([m_slot[need], r_slot])
-            out = {
-                "lag": lag,
-                "values": store.weight.index_select(0, rows),
-                "versions": store.version.index_select(0, rows),
-            }
-            if sw:
-                out["state"] = store.opt_state.index_select(0, rows)
-        return out
+            code, out = async_answer.read_answer(
+                self.own_slot, store.num_rows, store.weight, store.version, store.opt_state,
+                self.ctx.opt.state_width > 0, a["mids"], a["mver"], a["rids"],
+                int(meta["bound"]), bool(meta["send_all"]), True,
+            )  # fmt: skip
+        if code:
+            raise ValueError(async_answer.MESSAGES[code])
+        return dict(zip(("lag", "values", "versions", "state"), out, strict=False))
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        slots = self._slots(a["ids"])
-        grad, cnt = a["grad"].reshape(slots.numel(), self.ctx.store.dim), a["cnt"]
-        if self.stage.reuse and not self.stage.cuda:  # (views of a buffer the next message reuses)
-            grad, cnt = grad.clone(), cnt.clone()
+        store, copy = self.ctx.store, self.stage.reuse and not self.stage.cuda
+        code, slots, grad = async_answer.push_slots(
+            self.own_slot, store.num_rows, a["ids"], a["grad"], store.dim, copy
+        )  # (copy: views of a buffer the next message reuses)
+        if code:
+            raise ValueError(async_answer.MESSAGES[code])
+        cnt = a["cnt"].clone() if copy else a["cnt"]
         with self.lock:
             self.buffered.append((slots, cnt, grad))
         return {}
