@@ -6,7 +6,8 @@
 #              pyproject.toml CMakeLists.txt | tar -x -C bench/work/base
 #            pip download pyzmq --only-binary=:all: --python-version 3.12 --no-deps -d .whl
 #   device:  bash bench/gpu/async_ab.sh bench/work/base [RANKS=2] [SAMPLES=400000]
-#            (carry .whl and bench/work; results under ${OUT:-bench/results/gpu}/async_ab_*)
+#            (carry .whl and bench/work; results under ${OUT:-bench/results/gpu}/async_ab_*;
+#            ROUNDS=1 for one round)
 #
 # With fewer GPUs than RANKS the ranks share them over gloo (--backend gloo), else one GPU per
 # rank (NCCL for lockstep). Two rounds, base then this checkout, so drift shows as such; each
@@ -34,10 +35,10 @@ GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
 BACKEND=auto
 [ "$GPUS" -lt "$RANKS" ] && BACKEND=gloo
 log "$GPUS GPU(s), $RANKS ranks, backend $BACKEND, base $BASE"
-for ROUND in 1 2; do
+for ROUND in $(seq 1 "${ROUNDS:-2}"); do
   for T in "$BASE" .; do
     NAME=async_ab_$([ "$T" = . ] && echo new || echo base)_$ROUND
-    timeout 130 $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
+    timeout "${RUN_TIMEOUT:-130}" $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
       --factors 1 2 --modes collective async --wait sleep --backend "$BACKEND" --tree "$T" \
       --shared /nonexistent --work /tmp/hetgmp-async-ab --out "$NAME" > "/tmp/$NAME.log" 2>&1
     RC=$?
