@@ -21,13 +21,14 @@ SAMPLES=${3:-400000}
 PY=${PYTHON:-python3}
 OUT=${OUT:-bench/results/gpu}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # (absolute: the builds run in other directories)
 log() { echo "[async_ab +${SECONDS}s] $*"; }
 source bench/gpu/async_env.sh || exit 2
 export PYTHONPATH=${PYTHONPATH#"$PWD:"}  # (bench_async puts each tree first for its runs)
 for T in . "$BASE"; do
   if ! (cd "$T" && PYTHONPATH=$PWD:$PYTHONPATH $PY -c "from hetgmp.native import native; native()") 2> /dev/null; then
     log "building the native extension in $T"
-    (cd "$T" && $PY setup.py build_ext --inplace > "$HERE/$OUT/async_ab_build.log" 2>&1) ||
+    (cd "$T" && $PY setup.py build_ext --inplace > "$OUT/async_ab_build.log" 2>&1) ||
       { log "FAILED: build in $T"; exit 2; }
   fi
 done
