@@ -6,7 +6,7 @@
 #
 # 1. bench_async.py --device cuda, lockstep and async without straggler, on a set large enough
 #    for steady speeds (and a long run's clean end); 2. py-spy of both ranks of the same async
-#    run (every thread, idle included, native frames): async_spy.txt in py-spy's "raw" format
+#    run (every thread, idle included): spy_SYNC.txt in py-spy's "raw" format
 #    (collapsed stacks, one line per stack with its sample count), read with
 #    bench/spy_summary.py.
 set -uo pipefail
@@ -26,20 +26,28 @@ GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
 BACKEND=auto
 [ "$GPUS" -lt "$RANKS" ] && BACKEND=gloo
 log "$GPUS GPU(s), $RANKS ranks, backend $BACKEND"
-timeout 300 $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
+[ -z "${SKIP_BENCH:-}" ] && timeout 300 $PY bench/bench_async.py --device cuda --ranks "$RANKS" --samples "$SAMPLES" \
   --factors 1 --modes collective async --wait sleep --backend "$BACKEND" \
   --shared /nonexistent --work "$W" --out async_profile > "$OUT/async_profile.log" 2>&1
 log "bench_async: exit $?"
 cp bench/results/async_profile.md "$OUT/" 2> /dev/null
 cp "$W"/failed-*.log "$OUT/" 2> /dev/null
+if [ ! -f "$W/criteo-like-$SAMPLES/meta.json" ]; then  # (SKIP_BENCH: the set alone)
+  $PY -c "from hetgmp.data.generate import generate_criteo_like as g; g('$W/criteo-like-$SAMPLES', num_samples=$SAMPLES, seed=0, progress=False, overwrite=True)"
+fi
 SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
-timeout 240 "$SPY" record --subprocesses --threads --idle --native --rate 250 --format raw \
-  -o "$OUT/async_spy.txt" -- $PY -m torch.distributed.run --standalone \
-  --nproc_per_node "$RANKS" examples/hetuctr.py --dataset "$W/criteo-like-$SAMPLES" \
-  --epochs 1 --batch_size 1024 --device cuda --backend "$BACKEND" --seed 0 --no-progress \
-  --log_every 100000 --timeout 120 --sync async --bound 100 --max-lag 100 \
-  --async-host 127.0.0.1 --output "$OUT/async_spy.json" > "$OUT/async_spy.log" 2>&1
-log "py-spy: exit $?"
+for SYNC in ${SYNCS:-async}; do
+  EXTRA=""
+  [ "$SYNC" = async ] && EXTRA="--bound 100 --max-lag 100 --async-host 127.0.0.1"
+  # (no --native: py-spy 0.4.3 crashed unwinding the CUDA ranks' native stacks)
+  timeout 240 "$SPY" record --subprocesses --threads --idle --rate 250 --format raw \
+    -o "$OUT/spy_$SYNC.txt" -- $PY -m torch.distributed.run --standalone \
+    --nproc_per_node "$RANKS" examples/hetuctr.py --dataset "$W/criteo-like-$SAMPLES" \
+    --epochs 1 --batch_size 1024 --device cuda --backend "$BACKEND" --seed 0 --no-progress \
+    --log_every 100000 --timeout 120 --sync "$SYNC" $EXTRA > "$OUT/spy_$SYNC.log" 2>&1
+  log "py-spy $SYNC: exit $?"
+  $PY bench/spy_summary.py "$OUT/spy_$SYNC.txt" --under "${UNDER:-Trainer.fit}" > "$OUT/spy_$SYNC.summary" 2>&1
+done
 grep -h "| generated" "$OUT"/async_profile.md
 if [ -n "${WITH_TESTS:-}" ]; then  # (the CUDA tests of the async transport, as async_smoke.sh)
   timeout 240 $PY -m pytest -q -x tests/test_async_stage.py tests/test_async_gpu.py \
