@@ -25,6 +25,7 @@ table), :data:`NOT_OWNED` (a row the service's rank does not own).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -143,9 +144,20 @@ def _apply_updates(
 
 
 def _script(fn: Any) -> Any:
+    """``fn`` scripted, called without the graph executor's optimizations. Why: the profiling
+    executor re-profiles and, on CUDA, compiles fused kernels for new input shapes, and every
+    request has other sizes (each compile costs milliseconds; on 2 H200s the drain took ~2 ms
+    a step). The plain interpreter runs the same ops in C++ (the flag is per thread)."""
     with warnings.catch_warnings():  # (deprecated, see the module docstring)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.script(fn)
+        scripted = torch.jit.script(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        with torch.jit.optimized_execution(False):
+            return scripted(*args)
+
+    return call
 
 
 read_answer = _script(_read_answer)
