@@ -1,0 +1,62 @@
+"""A diagnosis (not a benchmark figure): the user's training command under ``torch.profiler``,
+one table per rank of where the host and the GPU spend a step's time.
+
+    torchrun --nproc_per_node 2 bench/gpu/async_trace.py --out DIR -- TRAIN_ARGS...
+
+``TRAIN_ARGS`` are ``examples/hetuctr.py``'s. Each rank profiles its whole run (CPU ops of
+every thread, the service's included, and CUDA kernels) and writes ``DIR/trace_rank{r}.txt``:
+the ops by total host time (synchronizations show as ``cudaStreamSynchronize``,
+``cudaEventSynchronize`` and blocking ``cudaMemcpy*``) and by GPU time. The profiler slows the
+host side; read the shares, not the milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from hetgmp.config import add_arguments, from_namespace  # noqa: E402
+from hetgmp.train import run as run_mod  # noqa: E402
+from hetgmp.train.config import TrainConfig  # noqa: E402
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rows", type=int, default=40)
+    a = p.parse_args(argv[:cut])
+    tp = argparse.ArgumentParser()
+    add_arguments(tp, TrainConfig)
+    cfg = from_namespace(TrainConfig, tp.parse_args(argv[cut + 1 :]))
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+
+        extra = {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+    except (ImportError, TypeError):  # (another torch: the main thread only)
+        extra = {}
+    with profile(activities=activities, **extra) as prof:
+        run_mod.run(cfg)
+    rank = int(__import__("os").environ.get("RANK", "0"))
+    a.out.mkdir(parents=True, exist_ok=True)
+    ka = prof.key_averages()
+    text = [f"rank {rank}: {' '.join(argv[cut + 1 :])}", "", "by host time (total):"]
+    text.append(ka.table(sort_by="cpu_time_total", row_limit=a.rows))
+    if torch.cuda.is_available():
+        text += ["", "by GPU time:", ka.table(sort_by="cuda_time_total", row_limit=a.rows)]
+    (a.out / f"trace_rank{rank}.txt").write_text("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
