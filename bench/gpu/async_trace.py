@@ -6,13 +6,15 @@ one table per rank of where the host and the GPU spend a step's time.
 ``TRAIN_ARGS`` are ``examples/hetuctr.py``'s. Each rank profiles its whole run (CPU ops of
 every thread, the service's included, and CUDA kernels) and writes ``DIR/trace_rank{r}.txt``:
 the ops by total host time (synchronizations show as ``cudaStreamSynchronize``,
-``cudaEventSynchronize`` and blocking ``cudaMemcpy*``) and by GPU time. The profiler slows the
-host side; read the shares, not the milliseconds.
+``cudaEventSynchronize`` and blocking ``cudaMemcpy*``) and by GPU time; with ``--examine
+OP[,OP]`` also the slowest calls of those ops and what ran inside and beside them. The profiler
+slows the host side; read the shares, not the milliseconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,6 +35,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rows", type=int, default=40)
+    p.add_argument(
+        "--examine", default="", help="op names (comma): what their slowest calls overlap"
+    )
     a = p.parse_args(argv[:cut])
     tp = argparse.ArgumentParser()
     add_arguments(tp, TrainConfig)
@@ -55,7 +60,35 @@ def main() -> None:
     text.append(ka.table(sort_by="cpu_time_total", row_limit=a.rows))
     if torch.cuda.is_available():
         text += ["", "by GPU time:", ka.table(sort_by="cuda_time_total", row_limit=a.rows)]
+    if a.examine:
+        chrome = Path(f"/tmp/hetgmp-trace-{rank}.json")
+        prof.export_chrome_trace(str(chrome))
+        trace = json.loads(chrome.read_text())
+        for name in a.examine.split(","):
+            text += ["", *examine(trace, name)]
     (a.out / f"trace_rank{rank}.txt").write_text("\n".join(text))
+
+
+def examine(trace: dict, name: str, calls: int = 8, top: int = 8) -> list[str]:
+    """The ``calls`` slowest host calls of op ``name`` in the middle half of the run, and for
+    each the longest events inside it on its thread and overlapping it on the others."""
+    ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    hits = sorted((e for e in ev if e.get("name") == name), key=lambda e: e["ts"])
+    mid = hits[len(hits) // 4 : 3 * len(hits) // 4]
+    out = [f"{name}: {len(hits)} calls; the slowest {calls} of the middle half:"]
+    for h in sorted(mid, key=lambda e: -e["dur"])[:calls]:
+        t0, t1, tid = h["ts"], h["ts"] + h["dur"], h.get("tid")
+        out.append(f"  {h['dur']:.0f} us on thread {tid}")
+        inner, other = [], []
+        for e in ev:
+            lo, hi = max(t0, e["ts"]), min(t1, e["ts"] + e["dur"])
+            if hi <= lo or e is h or e["name"].startswith("PyTorch Profiler"):
+                continue
+            (inner if e.get("tid") == tid else other).append((hi - lo, e))
+        for label, group in (("inside", inner), ("other threads", other)):
+            for ov, e in sorted(group, key=lambda x: -x[0])[:top]:
+                out.append(f"    {label}: {ov:7.0f} us of {e['name'][:70]} (tid {e.get('tid')})")
+    return out
 
 
 if __name__ == "__main__":
