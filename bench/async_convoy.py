@@ -44,8 +44,9 @@ def _args(rows: int, device: str) -> tuple[Any, ...]:
     state = torch.zeros(n, device=dev)
     ids = torch.randint(0, n, (rows,), device=dev)
     half = rows // 2
-    return (own_slot, n, weight, version, state, True, ids[:half],
-            torch.zeros(half, dtype=torch.int64, device=dev), ids[half:], 0, True, True)  # fmt: skip
+    ids = ids.cpu()  # (requests arrive on the host)
+    return (own_slot.cpu(), n, weight, version, state, True, ids[:half],
+            torch.zeros(half, dtype=torch.int64), ids[half:], 0, True)  # fmt: skip
 
 
 def _measure(

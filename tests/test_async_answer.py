@@ -85,7 +85,7 @@ def test_read_answer_equals_plain_read(device: str, send_all: bool) -> None:
     bound = 3
     code, out = aa.read_answer(
         own_slot, store.num_rows, store.weight, store.version, store.opt_state, True,
-        mids, mver, rids, bound, send_all, True,
+        mids.cpu(), mver.cpu(), rids.cpu(), bound, send_all,
     )  # fmt: skip
     assert code == aa.OK and all(t.device.type == "cpu" for t in out)
     m_slot, r_slot = store.slot_of[mids].long(), store.slot_of[rids].long()
@@ -104,16 +104,18 @@ def test_ids_outside_the_table_or_not_owned_give_their_code(device: str) -> None
     store = make_store(SparseOptimizer(), device)
     own_slot = _own_slots(store)
     args = (own_slot, store.num_rows, store.weight, store.version, store.opt_state, False)
-    t = lambda *x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+    t = lambda *x: torch.tensor(x, dtype=torch.int64)  # noqa: E731 (requests: on the host)
     for mids, rids, read, push in [
         (t(0), t(40), aa.OUTSIDE, aa.OUTSIDE), (t(-1), t(), aa.OUTSIDE, aa.OK),
         (t(1), t(2), aa.NOT_OWNED, aa.OK), (t(), t(3), aa.NOT_OWNED, aa.NOT_OWNED),
         (t(2), t(4), aa.OK, aa.OK),
     ]:  # fmt: skip
-        got, out = aa.read_answer(*args, mids, torch.zeros_like(mids), rids, 0, False, True)
+        got, out = aa.read_answer(*args, mids, torch.zeros_like(mids), rids, 0, False)
         assert (got, len(out) > 0) == (read, read == aa.OK), (mids, rids)
-        grad = torch.zeros(rids.numel() * 4, device=device)
-        got, slots, g = aa.push_slots(own_slot, store.num_rows, rids, grad, 4, False)
+        grad, cnt = torch.zeros(rids.numel() * 4), torch.ones_like(rids)
+        dev = store.device
+        got, slots, c, g = aa.push_slots(own_slot, store.num_rows, rids, cnt, grad, 4, dev)
         assert got == push, rids
         if push == aa.OK:
-            assert torch.equal(slots, store.slot_of[rids].long()) and g.shape == (rids.numel(), 4)
+            assert torch.equal(slots, store.slot_of[rids.to(dev)].long())
+            assert g.shape == (rids.numel(), 4) and g.device == c.device == slots.device == dev

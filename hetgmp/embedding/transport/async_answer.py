@@ -40,10 +40,10 @@ MESSAGES = {
 
 
 def _owned(own_slot: Tensor, ids: Tensor, num_rows: int) -> tuple[Tensor, int]:
-    """Slots of owned rows ``ids`` and an error code. One table lookup: ``own_slot`` is
-    ``[num_rows + 2]`` int32, entry ``1 + id`` the slot of an owned row, -1 for any other row
-    and at both ends (ids outside the table fall on the ends). One look at the host (on CUDA
-    a wait for this thread's stream)."""
+    """Slots of owned rows ``ids`` and an error code, on the host (no wait for the device).
+    One table lookup: ``own_slot`` is ``[num_rows + 2]`` int32 on the host, entry ``1 + id``
+    the slot of an owned row, -1 for any other row and at both ends (ids outside the table
+    fall on the ends)."""
     slots = own_slot.index_select(0, ids.clamp(-1, num_rows) + 1).long()
     code = 0
     if ids.numel() > 0:
@@ -52,40 +52,49 @@ def _owned(own_slot: Tensor, ids: Tensor, num_rows: int) -> tuple[Tensor, int]:
     return slots, code
 
 
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """A host array on ``device``: on CUDA through pinned memory, copied without waiting (the
+    pinned block is not reused before the copy ran: torch's host allocator records it)."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _read_answer(
     own_slot: Tensor, num_rows: int, weight: Tensor, version: Tensor, opt_state: Tensor,
     with_state: bool, mids: Tensor, mver: Tensor, rids: Tensor, bound: int, send_all: bool,
-    to_host: bool,
 ) -> tuple[int, list[Tensor]]:  # fmt: skip
-    """``(code, [lag, values, versions(, state)])``: every mirror query's lag (owner version
-    minus the requester's ``mver``), then value, version (and optimizer state) of the mirrors
-    beyond ``bound`` (all of them with ``send_all``) and of every row ``rids``; on the host
-    with ``to_host``. An error code gives no arrays."""
-    m_slot, c1 = _owned(own_slot, mids, num_rows)
-    r_slot, c2 = _owned(own_slot, rids, num_rows)
+    """``(code, [lag, values, versions(, state)])`` on the host: every mirror query's lag
+    (owner version minus the requester's ``mver``), then value, version (and optimizer state)
+    of the mirrors beyond ``bound`` (all of them with ``send_all``) and of every row ``rids``.
+    The request (``mids``, ``mver``, ``rids``) is on the host, the table on its device; the
+    one wait for the device is the answer's copy back. An error code gives no arrays."""
+    m_host, c1 = _owned(own_slot, mids, num_rows)
+    r_host, c2 = _owned(own_slot, rids, num_rows)
     if c1 != 0 or c2 != 0:
         return max(c1, c2), []
-    lag = version.index_select(0, m_slot) - mver
+    dev = weight.device
+    m_slot = _to(m_host, dev)
+    lag = version.index_select(0, m_slot) - _to(mver, dev)
     sent = m_slot if send_all else m_slot[lag > bound]
-    rows = torch.cat([sent, r_slot])
+    rows = torch.cat([sent, _to(r_host, dev)])
     out = [lag, weight.index_select(0, rows), version.index_select(0, rows)]
     if with_state:
         out.append(opt_state.index_select(0, rows))
-    if to_host:
-        out = [t.cpu() for t in out]
-    return 0, out
+    return 0, [t.cpu() for t in out]
 
 
 def _push_slots(
-    own_slot: Tensor, num_rows: int, ids: Tensor, grad: Tensor, dim: int, copy: bool
-) -> tuple[int, Tensor, Tensor]:
-    """``(code, slots, grad [n, dim])`` of a push (``copy``: the gradient is copied out of a
-    buffer the next message reuses)."""
+    own_slot: Tensor, num_rows: int, ids: Tensor, cnt: Tensor, grad: Tensor, dim: int,
+    device: torch.device,
+) -> tuple[int, Tensor, Tensor, Tensor]:  # fmt: skip
+    """``(code, slots, counts, grad [n, dim])`` of a push received on the host, on
+    ``device`` (the table's)."""
     slots, code = _owned(own_slot, ids, num_rows)
+    if code != 0:
+        return code, slots, cnt, grad
     g = grad.reshape(slots.numel(), dim)
-    if copy:
-        g = g.clone()
-    return code, slots, g
+    return 0, _to(slots, device), _to(cnt, device), _to(g, device)
 
 
 def _adagrad_step(

@@ -23,9 +23,10 @@ Three requests (:mod:`.async_wire`):
 The lock (:class:`~.async_stage.TableLock`) is shared with the training thread, which takes it
 for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
 device: the thread runs on a CUDA stream of its own (the lock orders it with the training
-thread's), requests arrive through pinned host buffers and one copy to the device, reads are
-gathered on the device and copied to pinned buffers for the reply
-(:class:`~.async_stage.HostStage`).
+thread's). Requests are read on the host, where their ids are checked and looked up (no wait
+for the device); what the table needs goes to the device through pinned memory, and a read is
+gathered there and copied back for the reply, the answer's one wait for the device. The
+arithmetic is scripted (:mod:`.async_answer`): an answer runs without the GIL.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ class AsyncService:
         self.ctx, self.lock = ctx, lock
         dev = ctx.store.device
         self.stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
-        self.stage = HostStage(dev)  # (this thread's)
-        self.host_stage = HostStage(torch.device("cpu"), reuse=False)
+        # (messages are read on the host: the scripted answers check ids there and move what
+        # the table needs to its device through pinned memory, async_answer)
+        self.stage = HostStage(torch.device("cpu"), reuse=False)
         self.own_slot = _own_slots(ctx.store)
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.ROUTER)
@@ -280,12 +282,7 @@ class AsyncService:
 
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
-            # (rows to the table's device; other messages stay on the host: their handlers,
-            # clocks, dense shards and batch claims, work there)
-            rows = bytes(frames[0]) in (wire.READ, wire.PUSH) if frames else False
-            stage = self.stage if rows else self.host_stage
-            stage.begin_receive()
-            op, meta, arrays = wire.unpack(frames, stage)
+            op, meta, arrays = wire.unpack(frames, self.stage)
             if op == wire.CLOCK:
                 self.set_clock(
                     int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
@@ -310,20 +307,19 @@ class AsyncService:
             code, out = async_answer.read_answer(
                 self.own_slot, store.num_rows, store.weight, store.version, store.opt_state,
                 self.ctx.opt.state_width > 0, a["mids"], a["mver"], a["rids"],
-                int(meta["bound"]), bool(meta["send_all"]), True,
+                int(meta["bound"]), bool(meta["send_all"]),
             )  # fmt: skip
         if code:
             raise ValueError(async_answer.MESSAGES[code])
         return dict(zip(("lag", "values", "versions", "state"), out, strict=False))
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        store, copy = self.ctx.store, self.stage.reuse and not self.stage.cuda
-        code, slots, grad = async_answer.push_slots(
-            self.own_slot, store.num_rows, a["ids"], a["grad"], store.dim, copy
-        )  # (copy: views of a buffer the next message reuses)
+        store = self.ctx.store
+        code, slots, cnt, grad = async_answer.push_slots(
+            self.own_slot, store.num_rows, a["ids"], a["cnt"], a["grad"], store.dim, store.device
+        )  # (fresh host arrays: self.stage does not reuse its buffers)
         if code:
             raise ValueError(async_answer.MESSAGES[code])
-        cnt = a["cnt"].clone() if copy else a["cnt"]
         with self.lock:
             self.buffered.append((slots, cnt, grad))
         return {}
@@ -344,9 +340,9 @@ _KIND_OF = {
 
 
 def _own_slots(store: Any) -> torch.Tensor:
-    """``[num_rows + 2]`` int32 on the store's device: entry ``1 + id`` is the slot of a row this
-    rank owns, -1 for any other row and at both ends (the ids below 0 and above the table)."""
-    own = store.slot_of.clone()
+    """``[num_rows + 2]`` int32 on the host: entry ``1 + id`` is the slot of a row this rank
+    owns, -1 for any other row and at both ends (the ids below 0 and above the table)."""
+    own = store.slot_of.cpu().clone()
     own[(own < 0) | (own >= store.n_own)] = -1
     edge = torch.full((1,), -1, dtype=own.dtype, device=own.device)
     return torch.cat([edge, own, edge])
