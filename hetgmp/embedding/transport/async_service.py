@@ -48,13 +48,15 @@ from hetgmp.embedding.transport.base import StepContext
 POLL_MS = 50  # how often the service thread looks at its stop flag
 # The interpreter's GIL switch interval while a service runs, and while it answers a request.
 # The service shares the interpreter with the training thread: answering takes the GIL back
-# after every torch, numpy and ZeroMQ call (about a hundred per request), and a training thread
-# that runs Python (on CUDA: launching kernels) keeps it until the interval forces a switch. So
-# an answer costs about a hundred switch intervals. Measured (bench/results/async_gil.md, 2 CPU
-# ranks, the peer's training thread in a pure-Python loop, 64 x 26 ids): a read took 454 ms
-# with CPython's default 5 ms, 9-14 ms with 100 us, 8.3-9.3 ms with 5 us while answering, 1.2 ms
-# with the peer idle. Outside an answer the interval stays at 100 us, so the training thread
-# and its data loader thread do not switch every 5 us.
+# after each of its ZeroMQ and torch calls, and a training thread that runs Python (on CUDA:
+# launching kernels) keeps it until the interval forces a switch. Measured when an answer made
+# about a hundred such calls (bench/results/async_gil.md, 2 CPU ranks, the peer's training
+# thread in a pure-Python loop, 64 x 26 ids): a read took 454 ms with CPython's default 5 ms,
+# 9-14 ms with 100 us, 8.3-9.3 ms with 5 us while answering, 1.2 ms with the peer idle. The
+# arithmetic is scripted now (async_answer: no GIL), which leaves about a dozen (socket frames,
+# header, one scripted call); the short interval still bounds what each of them waits. Outside
+# an answer the interval stays at 100 us, so the training thread and its data loader thread do
+# not switch every 5 us.
 SWITCH_INTERVAL_S = 1e-4
 ANSWER_SWITCH_INTERVAL_S = 5e-6
 THREAD_PREFIX = "hetgmp-async-service"
