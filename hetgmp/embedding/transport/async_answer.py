@@ -5,12 +5,12 @@ without the GIL: the owner's update of its rows (:func:`apply_updates`), the rea
 Why TorchScript: the service thread shares the interpreter with the training thread. Every
 torch call made from Python drops the GIL for its C++ work and must take it back, so two
 threads that both make torch calls alternate at every call, each hand-over a thread wake-up
-(a GIL convoy). An answer written as Python made ~100 torch calls, and the training thread on
-a GPU rank makes one per kernel launch: measured on 2 H200s (``bench/gpu/async_profile.sh``),
-an async step's own compute took 7.3 ms where a lockstep step took 5.8 ms in all, and a read
-round trip 7 ms. A scripted function runs its whole body in C++ with the GIL released: an
-answer now takes the GIL a handful of times (socket, header, one call, reply), the training
-thread keeps its pace (``bench/async_gil.py --mode convoy``).
+(a GIL convoy, ``bench/async_convoy.py``). An answer written as Python made ~100 torch calls,
+and the training thread of a GPU rank makes one per kernel launch. A scripted function runs
+its whole body in C++ with the GIL released: an answer now takes the GIL a handful of times
+(socket frames, header, one call, reply). Ids are checked and looked up on the host (no wait
+for the device); a read answer waits for the device once, for its copy back. On 2 H200s this
+and the host-side checks made async 1.37x faster (``bench/results/async_ab_2gpu.md``).
 
 TorchScript is deprecated in torch 2.x (a ``DeprecationWarning`` when a function is scripted,
 silenced here) but ships and works; should a torch drop it, these three functions become one
