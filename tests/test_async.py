@@ -260,6 +260,17 @@ def refused_reads(env: DistEnv) -> dict:
             out[name] = ("ok", tuple(got["values"].shape))
         except CommError as err:
             out[name] = ("refused", str(err))
+    ids = torch.tensor([theirs, theirs])
+    for name, op, req in (
+        ("short mver", wire.READ, {"mids": ids, "mver": ids[:1], "rids": empty}),
+        ("short grad", wire.PUSH, {"ids": ids, "cnt": ids, "grad": torch.zeros(2 * DIM - 1)}),
+    ):  # fmt: skip
+        meta = {"bound": 0, "send_all": False}
+        try:
+            stepper.peers.request_all({peer: (op, meta, req)}, "test request")
+            out[name] = ("ok", "")
+        except CommError as err:
+            out[name] = ("refused", str(err))
     barrier(env)
     emb.close()
     return out
@@ -267,12 +278,16 @@ def refused_reads(env: DistEnv) -> dict:
 
 def test_service_refuses_reads_of_rows_it_does_not_own() -> None:
     """A read naming an id outside the table, or a row the service's rank does not own, gets
-    a refusal that says which; a row it owns is answered."""
+    a refusal that says which; a row it owns is answered. So do reads and pushes whose arrays
+    do not match (versions per mirror id, gradient values per row)."""
     for r in spawn_ranks(refused_reads, 2, timeout_s=120):
         assert r["outside"][0] == "refused" and "outside the table" in r["outside"][1]
         assert r["negative"][0] == "refused" and "outside the table" in r["negative"][1]
         assert r["theirs"] == ("ok", (1, DIM))
         assert r["mine"][0] == "refused" and "does not own" in r["mine"][1]
+        # (malformed requests: a refusal naming the mismatch, and the service keeps serving)
+        assert r["short mver"][0] == "refused" and "1 versions for 2" in r["short mver"][1]
+        assert r["short grad"][0] == "refused" and "gradient values" in r["short grad"][1]
 
 
 def test_async_refuses_what_it_does_not_support() -> None:

@@ -304,6 +304,9 @@ class AsyncService:
         """Drain, then one scripted call (no GIL: :mod:`.async_answer`) that checks the ids,
         computes the lags and gathers the answer on the host."""
         store = self.ctx.store
+        if a["mver"].shape != a["mids"].shape:
+            raise ValueError(f"a read carries {a['mver'].numel()} versions for "
+                             f"{a['mids'].numel()} mirror ids")  # fmt: skip
         with self.lock:
             self.drain()
             code, out = async_answer.read_answer(
@@ -316,7 +319,10 @@ class AsyncService:
         return dict(zip(("lag", "values", "versions", "state"), out, strict=False))
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        store = self.ctx.store
+        store, n = self.ctx.store, a["ids"].numel()
+        if a["cnt"].numel() != n or a["grad"].numel() != n * store.dim:
+            raise ValueError(f"a push of {n} rows carries {a['cnt'].numel()} counts and "
+                             f"{a['grad'].numel()} gradient values ({store.dim} per row)")  # fmt: skip
         code, slots, cnt, grad = async_answer.push_slots(
             self.own_slot, store.num_rows, a["ids"], a["cnt"], a["grad"], store.dim, store.device
         )  # (fresh host arrays: self.stage does not reuse its buffers)
