@@ -46,6 +46,26 @@ def test_budget_fast_rank_does_more_steps(tiny_dataset) -> None:
     assert a["dense_exchanges"] >= steps[0]  # (every step, and the final push and pull)
 
 
+def test_a_rank_waiting_at_the_lag_cap_is_told_how_to_lift_it(tiny_dataset, tmp_path) -> None:
+    """Rank 1 straggles 4x under --max-lag 1: rank 0 waits at the cap for much of its time,
+    the results say how much per rank, and the log says --max-lag -1 lifts the cap; without
+    a cap nobody waits and nothing is said."""
+    import json
+
+    got = {}
+    for lag in (1, -1):
+        log = tmp_path / f"log{lag}.jsonl"
+        cfg = _async_cfg(tiny_dataset.root, epochs=2, straggle="1:4", max_lag=lag, log_json=log)
+        a = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)[0]["async"]
+        infos = [json.loads(x) for x in log.read_text().splitlines()]
+        hints = [r["message"] for r in infos if "--max-lag -1 lifts" in r.get("message", "")]
+        got[lag] = (a["clock_wait_share_per_rank"], hints)
+    shares, hints = got[1]
+    assert shares[0] > 0.2 > shares[1], shares  # (the fast rank waits, the straggler not)
+    assert len(hints) == 1 and "rank 0" in hints[0] and "--max-lag 1 cap" in hints[0]
+    assert got[-1][0][0] < 0.05 and got[-1][1] == [], got[-1]
+
+
 def test_work_stealing_trains_each_batch_of_an_epoch_once(tiny_dataset) -> None:
     """Rank 1 straggles 4x: rank 0 takes the unclaimed batches of rank 1's shard (claimed
     through rank 1's service), so both epochs train every batch of both shards exactly once

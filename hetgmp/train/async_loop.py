@@ -46,6 +46,8 @@ from hetgmp.train.checkpoint import Position
 from hetgmp.train.dense_server import DenseServer
 from hetgmp.train.work_steal import Stealer, epoch_coverage
 
+LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hint)
+
 if TYPE_CHECKING:
     from hetgmp.embedding.transport.async_step import AsyncStep
     from hetgmp.train.trainer import Trainer
@@ -212,9 +214,22 @@ class AsyncLoop:
             "claimed_from_per_rank": [int(r[6]) for r in ranks],  # batches peers took
             "coverage": self._coverage(),
             "phase_ms_per_step": [r[7] for r in ranks],
+            "clock_wait_share_per_rank": [_wait_share(r[7]) for r in ranks],
             **self.server.stats(),
         }
+        self._hint_lag_cap(tr.extra_results["async"]["clock_wait_share_per_rank"])
 
+    def _hint_lag_cap(self, shares: list[float]) -> None:
+        """A rank that waited a good part of its time at the ``--max-lag`` cap had a
+        persistent straggler to wait for: say so, and how to lift the cap."""
+        lag, worst = self.tr.cfg.max_lag, max(range(len(shares)), key=shares.__getitem__)
+        if lag > 0 and shares[worst] >= LAG_CAP_HINT_SHARE:
+            self.tr.log.info(
+                f"async: rank {worst} spent {shares[worst]:.0%} of its training time waiting "
+                f"at the --max-lag {lag} cap for a slower rank; with a persistent straggler a "
+                "finite --max-lag only delays the moment the others fall to its pace, "
+                "--max-lag -1 lifts the cap (the per-row --bound still holds)"
+            )
 
     def _phase_ms(self) -> dict[str, float]:
         """This rank's mean ms per step by phase: ``step`` (the training step), inside it
@@ -233,6 +248,13 @@ class AsyncLoop:
             return None
         batches = [-(-c // max(1, self.tr.cfg.batch_size)) for c in self.tr.counts]
         return epoch_coverage(self.tr.env, self.stealer.trained, batches)
+
+
+def _wait_share(phase_ms: dict[str, float]) -> float:
+    """The share of a rank's loop time spent waiting at the ``--max-lag`` cap."""
+    wait = phase_ms.get("clock_wait", 0.0)
+    busy = wait + phase_ms.get("step", 0.0) + phase_ms.get("data", 0.0)
+    return round(wait / busy, 4) if busy > 0 else 0.0
 
 
 def run_async(tr: Trainer) -> bool:
