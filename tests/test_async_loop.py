@@ -60,6 +60,11 @@ def test_a_rank_waiting_at_the_lag_cap_is_told_how_to_lift_it(tiny_dataset, tmp_
         infos = [json.loads(x) for x in log.read_text().splitlines()]
         hints = [r["message"] for r in infos if "--max-lag -1 lifts" in r.get("message", "")]
         got[lag] = (a["clock_wait_share_per_rank"], hints)
+        fast = a["phase_ms_per_step"][0]  # (its waits at the cap are no compute)
+        assert fast["compute"] + fast["clock_wait"] <= fast["loop"] + 0.01, fast
+        for ph in a["phase_ms_per_step"]:  # (waits for answers: inside the exchanges' time)
+            assert 0 < ph["peer_wait"] < ph["read"] + ph["push"] + 0.1, ph
+            assert 0 < ph["dense_wait"] < ph["dense"] + 0.5, ph
     shares, hints = got[1]
     assert shares[0] > 0.2 > shares[1], shares  # (the fast rank waits, the straggler not)
     assert len(hints) == 1 and "rank 0" in hints[0] and "--max-lag 1 cap" in hints[0]

@@ -234,11 +234,19 @@ class AsyncLoop:
     def _phase_ms(self) -> dict[str, float]:
         """This rank's mean ms per step by phase: ``step`` (the training step), inside it
         ``push``, ``read`` (the embedding's exchanges) and ``dense`` (the dense exchange), and
-        ``compute`` (the rest of the step); outside it ``clock_wait`` (``--max-lag``) and
-        ``data`` (its batch, ``steal`` included)."""
+        ``compute`` (the rest of the step, waits excluded); ``data`` (its batch, ``steal``
+        included); ``clock_wait`` (``--max-lag``, before and inside the steps); ``loop``
+        (all of it). ``peer_wait`` and ``dense_wait``: the
+        parts of the exchanges spent waiting for (and taking) the peers' answers (rows; dense
+        shards)."""
         ph = dict(self.engine.phase_s)
+        in_step = ph.pop("clock_wait_in_step", 0.0)
         ph["data"] = self.data_wait_s
-        ph["compute"] = ph.get("step", 0.0) - sum(ph.get(k, 0.0) for k in ("push", "read", "dense"))
+        ph["peer_wait"] = self.engine.peers.wait_s
+        ph["dense_wait"] = self.server.channel.wait_s
+        inside = sum(ph.get(k, 0.0) for k in ("push", "read", "dense"))
+        ph["compute"] = ph.get("step", 0.0) - inside - in_step
+        ph["loop"] = self.seconds  # (an injected --straggle delay is in it, in no phase)
         n = max(1, self.steps)
         return {k: round(1000 * v / n, 3) for k, v in sorted(ph.items())}
 
@@ -252,9 +260,8 @@ class AsyncLoop:
 
 def _wait_share(phase_ms: dict[str, float]) -> float:
     """The share of a rank's loop time spent waiting at the ``--max-lag`` cap."""
-    wait = phase_ms.get("clock_wait", 0.0)
-    busy = wait + phase_ms.get("step", 0.0) + phase_ms.get("data", 0.0)
-    return round(wait / busy, 4) if busy > 0 else 0.0
+    loop = phase_ms.get("loop", 0.0)
+    return round(phase_ms.get("clock_wait", 0.0) / loop, 4) if loop > 0 else 0.0
 
 
 def run_async(tr: Trainer) -> bool:

@@ -48,6 +48,7 @@ class Peers:
         self.owed: dict[int, list[str]] = {}  # per peer: requests whose acks are not yet taken
         self.channels: list[Peers] = []
         self.announce = True  # (close says goodbye; a channel's close does not)
+        self.wait_s = 0.0  # seconds spent waiting for (and taking) the peers' answers
         for p, ep in enumerate(endpoints):
             if p != env.rank:
                 s = service.zctx.socket(zmq.DEALER)
@@ -102,7 +103,14 @@ class Peers:
         return self._receive(p, what)
 
     def _receive(self, p: int, what: str) -> dict[str, Any]:
-        sock, deadline = self.socks[p], time.monotonic() + self.timeout_s
+        sock, t0 = self.socks[p], time.monotonic()
+        deadline = t0 + self.timeout_s
+        try:
+            return self._take(sock, p, what, deadline)
+        finally:
+            self.wait_s += time.monotonic() - t0
+
+    def _take(self, sock: Any, p: int, what: str, deadline: float) -> dict[str, Any]:
         while not sock.poll(SLICE_MS):
             self.service.check_peer(p, what)
             if time.monotonic() > deadline:

@@ -110,8 +110,9 @@ class AsyncStep:
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
         self.closed = False
-        # wall seconds of the training thread by phase (``clock_wait``, ``push``, ``read``;
-        # the loop adds ``dense`` and ``steal``): where an async step's time goes
+        # wall seconds of the training thread by phase (``clock_wait``, of which
+        # ``clock_wait_in_step`` inside a step, ``push``, ``read``; the loop adds ``step``,
+        # ``dense`` and ``steal``): where an async step's time goes
         self.phase_s: dict[str, float] = defaultdict(float)
 
     def step(
@@ -206,7 +207,9 @@ class AsyncStep:
     def _wait(self, target: int, phase: str) -> None:
         t0 = time.perf_counter()
         self.service.wait_clock(target, self.cfg.timeout_s, f"async {phase} (--max-lag)")
-        self.phase_s["clock_wait"] += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        self.phase_s["clock_wait"] += waited
+        self.phase_s["clock_wait_in_step"] += waited  # (inside the loop's step time too)
 
     def _tick(self, clock: int) -> None:
         self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
