@@ -137,6 +137,20 @@ class DistributedEmbedding(nn.Module):
             super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ public API
+    def send_ahead(self, ids: torch.Tensor) -> None:
+        """(Training, after ``backward``; ``sync="async"``, else :meth:`prefetch`) push this
+        step's gradient and send the reads of the NEXT batch ``ids`` now: their round trip
+        overlaps the rest of the step; a ``forward`` given this same tensor takes the answers
+        (:meth:`.transport.async_step.AsyncStep.send_ahead`), one given others drops them."""
+        engine = self.async_engine
+        if engine is None or not self.training or input_problem(ids) is not None:
+            self.prefetch(ids)
+            return
+        prep = self._plan(ids.to(self.device))
+        prep.source = ids
+        self._prefetched = prep
+        engine.send_ahead(prep)
+
     def prefetch(self, ids: torch.Tensor) -> None:
         """Start the batch plan (unique ids, slot / owner lookup, block order) of the NEXT
         batch now; a following ``forward`` given this same tensor object uses it. On CUDA the

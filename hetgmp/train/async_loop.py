@@ -78,6 +78,7 @@ class AsyncLoop:
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
+        self.ahead_s = 0.0  # the last step's time taking the next batch (_ahead)
         self.stealing: int | None = None  # the epoch this rank is stealing batches of
         self.epoch = 0  # the epoch of this rank's own batches
         self.held: tuple[Slot, Any] | None = None  # its next epoch's first batch, while stealing
@@ -88,8 +89,11 @@ class AsyncLoop:
         plan = self.plan
         tr.log.info(
             f"async: training until {self.budget} samples over all ranks ("
-            + ("work stealing: every epoch trains each batch once"
-               if self.stealer is not None else "each rank cycles its own shard")
+            + (
+                "work stealing: every epoch trains each batch once"
+                if self.stealer is not None
+                else "each rank cycles its own shard"
+            )
             + f"; --max-lag {cfg.max_lag}, dense exchange every {cfg.dense_sync_every} "
             "step(s) through the ranks' services); TRAIN lines show rank 0's own steps"
         )
@@ -107,6 +111,7 @@ class AsyncLoop:
             finally:
                 source.close()
         self.seconds = time.perf_counter() - t0
+        self.engine.drop_ahead()  # (the budget stopped it: reads sent for no step)
         self.engine.finish()  # (nobody waits for this rank any more)
         self.server.finish()
         self._report()
@@ -114,16 +119,21 @@ class AsyncLoop:
     def _train(self, source: BatchSource) -> None:
         tr, w = self.tr, self.tr.env.world_size
         iv = Interval(tr.env.device)
+        ahead: list[tuple[Slot, Any]] = []  # the next batch, taken during a step
         while self.engine.wait_turn(self.budget):
             tr.straggler.begin()
             t0 = time.perf_counter()
-            slot, batch = self._next(source)
+            slot, batch = ahead.pop() if ahead else self._next(source)
             wait = time.perf_counter() - t0
             assert batch is not None  # (the slots of a rank's own epochs are all local)
             self.engine.commit(len(batch))
             t1 = time.perf_counter()
-            stats = tr.run_step(batch, w * len(batch))
-            self.engine.phase_s["step"] += time.perf_counter() - t1
+            stats = tr.train_step(
+                batch, w * len(batch), after_backward=lambda: ahead.append(self._ahead(source))
+            )
+            wait += self.ahead_s  # (the next batch's loading: data, not step)
+            self.engine.phase_s["step"] += time.perf_counter() - t1 - self.ahead_s
+            self.ahead_s = 0.0
             iv.add(stats, len(batch), len(batch), slot.epoch)
             self.sums += stats
             iv.data_wait_s += wait
@@ -134,6 +144,18 @@ class AsyncLoop:
             if self.steps % tr.cfg.log_every == 0:
                 self._log_local(iv)
                 iv = Interval(tr.env.device)
+
+    def _ahead(self, source: BatchSource) -> tuple[Slot, Any]:
+        """(After a step's backward) take the next batch and send its reads now
+        (:meth:`DistributedEmbedding.send_ahead`): their round trip overlaps the rest of the
+        step. If the budget then stops the loop, :meth:`run` drops them."""
+        t0 = time.perf_counter()
+        nxt = self._next(source)
+        self.ahead_s = time.perf_counter() - t0
+        sparse = getattr(nxt[1], "sparse", None)
+        if sparse is not None:
+            self.tr.model.embedding.send_ahead(sparse)
+        return nxt
 
     def _next(self, source: BatchSource) -> tuple[Slot, Any]:
         """The next batch: this rank's own, in order, unless a peer claimed it; once its own

@@ -9,6 +9,7 @@ the sums only at TRAIN lines.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -64,9 +65,12 @@ class TrainStep:
         batch: DeviceBatch,
         global_batch: int,
         marks: NoMarks | PhaseProfiler | None = None,
+        after_backward: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Train on ``batch`` (this rank's share of a global batch of ``global_batch``
-        samples); returns float32 ``[loss sum, correct predictions]`` on the device."""
+        samples); returns float32 ``[loss sum, correct predictions]`` on the device.
+        ``after_backward``: called once the gradients exist, before the optimizers (the
+        async loop sends the next batch's reads there)."""
         marks = marks if marks is not None else NoMarks()
         self.model.train()
         # (no autocast cache: a captured step must cast the weights inside the graph)
@@ -79,6 +83,8 @@ class TrainStep:
         (loss_sum / max(1, global_batch)).backward()
         if self.rows_now:
             self.model.embedding.apply_pending()
+        if after_backward is not None:
+            after_backward()
         marks.mark("fwd_bwd")
         if self.sync_every == 1 and self.dense_server is None:
             self.bucket.all_reduce()

@@ -5,6 +5,7 @@ The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -20,23 +21,67 @@ from hetgmp.embedding.transport.base import StepContext
 from hetgmp.embedding.transport.wire import f32
 
 
+@dataclasses.dataclass
+class SentReads:
+    """Read requests sent and not yet answered (:func:`send_reads` -> :func:`receive_reads`)."""
+
+    batch: Batch
+    nqm: list[int]
+    bound: int
+    peers: list[int]
+    sent: dict[str, int]  # bytes sent by kind (counted with the answers)
+
+
 def read_rows(
     ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]],
     bound: int, deferred: torch.Tensor,
 ) -> torch.Tensor:  # fmt: skip
     """The batch's unique rows' values in block order (``planned``: the batch and its mirror
     count per owner); ``bound``: this read's staleness bound."""
+    return receive_reads(ctx, lock, peers, send_reads(ctx, lock, peers, planned, bound), deferred)
+
+
+def send_reads(
+    ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]], bound: int
+) -> SentReads:
+    """Send one read per owner with queries: the batch's mirror ids with their versions and
+    the rows not stored here. Their answers are for :func:`receive_reads` (or
+    :func:`drop_reads`), before any other request on ``peers``."""
     store, batch, nqm = ctx.store, planned[0], planned[1]
     n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
     with lock:
         mver = store.version.index_select(0, batch.slot[n_o:n_m])
-    replies = _request(ctx, peers, batch, nqm, mver, bound)
-    r = _assemble(ctx, replies, nqm, batch.nqr)
+    mids, rids = batch.u[n_o:n_m].split(nqm), batch.u[n_m:].split(batch.nqr)
+    mv = mver.split(nqm)
+    meta = {"bound": bound, "send_all": bool(ctx.send_all)}
+    reqs = {
+        p: (wire.READ, meta, {"mids": mids[p], "mver": mv[p], "rids": rids[p]})
+        for p in range(ctx.env.world_size)
+        if nqm[p] + batch.nqr[p]
+    }
+    peers.send(reqs)
+    n_ids = sum(sum(x.numel() for x in (q[2]["mids"], q[2]["rids"])) for q in reqs.values())
+    return SentReads(batch, nqm, bound, list(reqs), {"ids": 8 * n_ids, "versions": 8 * batch.n_mir})
+
+
+def drop_reads(ctx: StepContext, peers: Peers, sent: SentReads) -> None:
+    """Take and discard the answers of reads sent and no longer needed (bytes counted)."""
+    _collect(ctx, peers, sent)
+
+
+def receive_reads(
+    ctx: StepContext, lock: TableLock, peers: Peers, sent: SentReads, deferred: torch.Tensor
+) -> torch.Tensor:
+    """The answers of :func:`send_reads`: stale mirrors refreshed, the batch's unique rows'
+    values in block order, counters and audit record."""
+    store, batch, nqm, bound = ctx.store, sent.batch, sent.nqm, sent.bound
+    n_m = batch.n_own + batch.n_mir
+    r = _assemble(ctx, _collect(ctx, peers, sent), nqm, batch.nqr)
     q_lag = r["lag"]
     refresh = q_lag > bound
     values = torch.empty(batch.u.numel(), store.dim, device=store.device)
     with lock:
-        ms = batch.slot[n_o:n_m]
+        ms = batch.slot[batch.n_own : n_m]
         state = r["mir_state"]
         if ctx.send_all:
             protocol.refresh_mirrors(store, ms, r["mir_vals"], r["mir_ver"], state, refresh)
@@ -54,27 +99,14 @@ def read_rows(
     return values
 
 
-def _request(
-    ctx: StepContext, peers: Peers, batch: Batch, nqm: list[int], mver: torch.Tensor, bound: int
-) -> dict[int, dict[str, Any]]:
-    """One read per owner with queries; counts the bytes both ways."""
-    n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
-    mids, rids = batch.u[n_o:n_m].split(nqm), batch.u[n_m:].split(batch.nqr)
-    mv = mver.split(nqm)
-    meta = {"bound": bound, "send_all": bool(ctx.send_all)}
-    reqs = {
-        p: (wire.READ, meta, {"mids": mids[p], "mver": mv[p], "rids": rids[p]})
-        for p in range(ctx.env.world_size)
-        if nqm[p] + batch.nqr[p]
-    }
-    replies = peers.request_all(reqs, "async read")
-    n_ids = sum(sum(x.numel() for x in (q[2]["mids"], q[2]["rids"])) for q in reqs.values())
-    sent = {"ids": 8 * n_ids, "versions": 8 * batch.n_mir}
+def _collect(ctx: StepContext, peers: Peers, sent: SentReads) -> dict[int, dict[str, Any]]:
+    """The answers of ``sent``; counts the bytes both ways."""
+    replies = peers.collect(sent.peers, "async read")
     recv = {"versions": 0, "values": 0}
     for a in replies.values():
         recv["versions"] += wire.nbytes({k: a[k] for k in ("lag", "versions")})
         recv["values"] += wire.nbytes({k: a[k] for k in ("values", "state") if k in a})
-    ctx.counters.count_bytes(sent=sent, recv=recv, reset=False)
+    ctx.counters.count_bytes(sent=sent.sent, recv=recv, reset=False)
     return replies
 
 

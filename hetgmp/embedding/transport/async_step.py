@@ -63,10 +63,10 @@ from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_peers import connect_peers
-from hetgmp.embedding.transport.async_reads import read_rows
+from hetgmp.embedding.transport.async_reads import SentReads, drop_reads, receive_reads, send_reads
 from hetgmp.embedding.transport.async_service import AsyncService
 from hetgmp.embedding.transport.async_stage import TableLock
-from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
+from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
 
@@ -91,6 +91,16 @@ class AsyncConfig:
             raise ValueError(f"async timeout must be > 0, got {self.timeout_s}")
 
 
+@dataclasses.dataclass
+class _Reading:
+    """A step between its reads sent and their answers taken."""
+
+    prep: Prep
+    sent: SentReads
+    deferred: torch.Tensor
+    evaluating: bool
+
+
 class AsyncStep:
     """The asynchronous step engine of one rank (see the module docstring). Construction is
     collective (the endpoints are published through the process group)."""
@@ -107,6 +117,7 @@ class AsyncStep:
             self.service.close()
             raise
         self.grads: tuple[Batch, torch.Tensor] | None = None
+        self.ahead: _Reading | None = None  # reads sent ahead for the next step (send_ahead)
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
         self.closed = False
@@ -118,11 +129,46 @@ class AsyncStep:
     def step(
         self, prep: Prep, *, op: int, error: str | None, training: bool
     ) -> tuple[torch.Tensor, Batch]:
-        """One step (forward or flush); returns the unique rows' values in block order."""
+        """One step (forward or flush); returns the unique rows' values in block order. A
+        step whose reads were sent ahead (:meth:`send_ahead`, the same ``prep``) collects
+        them; reads sent ahead for another batch are dropped first."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            if ahead.prep is prep and op != OP_FLUSH:
+                return self._complete(ahead)
+            self._drop(ahead)
+        begun = self._begin(prep, op=op, error=error, training=training)
+        return begun if isinstance(begun, tuple) else self._complete(begun)
+
+    def send_ahead(self, prep: Prep) -> None:
+        """(Training, after backward) push this step's gradient and send the reads of the next
+        batch ``prep`` now, so their round trip overlaps the rest of this step (optimizer, dense
+        exchange, the next batch's loading); the next :meth:`step` given the same ``prep``
+        takes the answers. The same phases, clocks and waits as a step, in the same order at
+        the owners: only earlier. A problem with ``prep`` is left for that step to report."""
+        self.drop_ahead()
+        if bool(prep.bad):
+            return
+        begun = self._begin(prep, op=OP_FORWARD, error=None, training=True, checked=True)
+        assert not isinstance(begun, tuple)  # (only a flush ends in its push phase)
+        self.ahead = begun
+
+    def drop_ahead(self) -> None:
+        """Take and drop the answers of reads sent ahead for a step that will not run (the
+        end of training): no answer stays owed when the ranks meet."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            self._drop(ahead)
+
+    def _begin(
+        self, prep: Prep, *, op: int, error: str | None, training: bool, checked: bool = False
+    ) -> _Reading | tuple[torch.Tensor, Batch]:
+        """A step up to its reads sent: checks (``checked``: ``prep.bad`` was), the push
+        phase, the clocks, the drain; a flush ends here (its result)."""
         ctx, r = self.ctx, self.ctx.env.rank
         if self.closed:
             raise RuntimeError(f"rank {r}: this table's async service is closed")
-        if error is None and bool(prep.bad):
+        if error is None and not checked and bool(prep.bad):
             error = range_error(prep.ids, ctx.store.num_rows)
         if error:  # (the pending gradient stays for the next step, as in the collective path)
             raise EmbeddingInputError(f"rank {r}: {error}")
@@ -146,21 +192,34 @@ class AsyncStep:
             if self.cfg.max_lag >= 0:
                 self._wait(c + 1 - lag2, "read")
         bound = 0 if evaluating else ctx.bound
-        batch, nqm = _batch(prep, ctx.env.rank, ctx.env.world_size)
+        planned = _batch(prep, ctx.env.rank, ctx.env.world_size)
         t0 = time.perf_counter()
         self.service.drain()  # (this step's own rows and the pushes, one update per row)
-        values = read_rows(ctx, self.lock, self.peers, (batch, nqm), bound, deferred)
+        sent = send_reads(ctx, self.lock, self.peers, planned, bound)
         self.phase_s["read"] += time.perf_counter() - t0
-        if not evaluating:
-            self._tick(c + 2)
+        return _Reading(prep, sent, deferred, evaluating)
+
+    def _complete(self, reading: _Reading) -> tuple[torch.Tensor, Batch]:
+        """The rest of a step: the answers taken, mirrors refreshed, rows gathered, clock."""
+        t0 = time.perf_counter()
+        values = receive_reads(self.ctx, self.lock, self.peers, reading.sent, reading.deferred)
+        self.phase_s["read"] += time.perf_counter() - t0
+        if not reading.evaluating:
+            self._tick(2 * self.steps + 2)
             self.steps += 1
-        return values, batch
+        return values, reading.sent.batch
+
+    def _drop(self, reading: _Reading) -> None:
+        """Reads sent ahead for a batch no step took: their answers are taken and dropped (the
+        step's push and clock stand: its gradient is in, it just read nothing)."""
+        drop_reads(self.ctx, self.peers, reading.sent)
 
     def close(self) -> None:
         """Tell the peers, close the sockets, stop the service thread, end the ZeroMQ context."""
         if self.closed:
             return
         self.closed = True
+        self.ahead = None  # (their answers go with the sockets)
         try:
             self.peers.close()
         finally:
