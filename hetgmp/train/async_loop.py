@@ -21,6 +21,10 @@ slowest rank sets the pace. Here each rank trains at its own pace:
   (:meth:`AsyncStep.wait_turn`), interrupted when the budget is reached. A persistent
   straggler therefore caps the fast ranks' lead at ``--max-lag`` steps, after which they move
   at its pace again: ``--max-lag -1`` lifts the cap (the per-row ``--bound`` still holds).
+* **Reads sent ahead.** Right after a step's backward the rank takes its next batch and
+  sends that batch's push and reads (:meth:`DistributedEmbedding.send_ahead`), so their
+  round trip overlaps the optimizer, the dense exchange and the loading; the next step's
+  forward takes the answers. When the budget stops the loop they are dropped.
 * **Dense parameters** go through :class:`~hetgmp.train.dense_server.DenseServer` (no
   collective during training). The loss of a step is scaled as if every rank had this batch
   (``ranks x len(batch)``), as in the collective path's steady state.

@@ -26,6 +26,13 @@ collective path's arithmetic (SGD and row-wise Adagrad: owners buffer the pushes
 rows' gradient and apply them in one update per row before the next read, see
 :meth:`AsyncService.drain`; equal up to float summation order).
 
+**Reads sent ahead** (:meth:`AsyncStep.send_ahead`): the training loop of unequal steps
+(:mod:`hetgmp.train.async_loop`) runs a step's push phase, clock tick, wait, drain and read
+requests right after the previous step's backward, for the next batch, and the next forward
+takes the answers: the same phases in the same order at the owners, only earlier, so the
+round trip overlaps the optimizer, the dense exchange and the next batch's loading. A forward
+given other ids drops them (their push stands).
+
 ``max_lag = -1`` lifts the per-clock bound (no clock waits; the per-row ``bound`` still holds).
 The clock messages also carry the training samples each rank has taken (:meth:`AsyncStep.commit`)
 so that every rank sees the run's global progress (the budget stop rule of
