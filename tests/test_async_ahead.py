@@ -6,19 +6,9 @@ forward given other ids drops them, and the bytes still add up."""
 from __future__ import annotations
 
 import pytest
+import test_embedding as te
 import torch
 from test_async import FAST
-from test_embedding import (
-    BATCH,
-    DIM,
-    ROWS,
-    make_batches,
-    make_grads,
-    make_plan,
-    rank_slice,
-    step_loss,
-    union,
-)
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
@@ -31,20 +21,20 @@ STEPS = 6
 def train(env: DistEnv, case: dict, mode: str) -> dict:
     """``mode``: ``plain`` (reads at the forward), ``ahead`` (the next batch's reads sent
     after each backward), ``other`` (sent ahead for a copy of the next ids: dropped)."""
-    plan = make_plan("plan", env.world_size, case["seed"])
+    plan = te.make_plan("plan", env.world_size, case["seed"])
     emb = DistributedEmbedding(
-        ROWS, DIM, env, plan, store_rate=case["store_rate"], bound=0,
+        te.ROWS, te.DIM, env, plan, store_rate=case["store_rate"], bound=0,
         optimizer=case["optimizer"], lr=0.05, seed=case["seed"], adagrad_init=0.1,
         sync="async", async_config=FAST,
     )  # fmt: skip
-    sl = rank_slice(env.rank, env.world_size)
-    batches = [torch.from_numpy(b[sl]) for b in make_batches(case["seed"], steps=STEPS)]
-    grads = [torch.from_numpy(g[sl]) for g in make_grads(case["seed"], STEPS)]
+    sl = te.rank_slice(env.rank, env.world_size)
+    batches = [torch.from_numpy(b[sl]) for b in te.make_batches(case["seed"], steps=STEPS)]
+    grads = [torch.from_numpy(g[sl]) for g in te.make_grads(case["seed"], STEPS)]
     outs = []
     for t in range(STEPS):
         out = emb(batches[t])
         outs.append(out.detach().clone())
-        step_loss(out, grads[t], BATCH).backward()
+        te.step_loss(out, grads[t], te.BATCH).backward()
         if mode != "plain" and t + 1 < STEPS:
             emb.send_ahead(batches[t + 1] if mode == "ahead" else batches[t + 1].clone())
     sd = emb.state_dict()
@@ -65,9 +55,9 @@ def test_reads_sent_ahead_train_as_reads_sent_at_the_forward() -> None:
     ]
     results = spawn_ranks(all_modes, 2, cases, timeout_s=180)
     for i in range(len(cases)):
-        plain = union([r[i]["plain"]["sd"] for r in results])
+        plain = te.union([r[i]["plain"]["sd"] for r in results])
         for mode in ("ahead", "other"):
-            got = union([r[i][mode]["sd"] for r in results])
+            got = te.union([r[i][mode]["sd"] for r in results])
             assert torch.equal(got["ids"], plain["ids"])
             torch.testing.assert_close(got["weight"], plain["weight"], rtol=1e-6, atol=1e-7)
             for r in results:  # every step read the same values, and the same rows
