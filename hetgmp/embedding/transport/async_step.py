@@ -141,7 +141,7 @@ class AsyncStep:
         them; reads sent ahead for another batch are dropped first."""
         ahead, self.ahead = self.ahead, None
         if ahead is not None:
-            if ahead.prep is prep and op != OP_FLUSH:
+            if ahead.prep is prep and op != OP_FLUSH and training:  # (as it was sent)
                 return self._complete(ahead)
             self._drop(ahead)
         begun = self._begin(prep, op=op, error=error, training=training)
