@@ -25,8 +25,9 @@ for its own use of the table (owned rows, mirror staging, reads). On CUDA the ta
 device: the thread runs on a CUDA stream of its own (the lock orders it with the training
 thread's). Requests are read on the host, where their ids are checked and looked up (no wait
 for the device); what the table needs goes to the device through pinned memory, and a read is
-gathered there and copied back for the reply, the answer's one wait for the device. The
-arithmetic is scripted (:mod:`.async_answer`): an answer runs without the GIL.
+gathered there and copied back for the reply (into pageable memory, one blocking copy per
+array: the answer's one wait for the device; one pinned copy is a next step). The arithmetic
+is scripted (:mod:`.async_answer`): an answer runs without the GIL.
 """
 
 from __future__ import annotations
