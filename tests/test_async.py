@@ -95,7 +95,7 @@ def assert_async_equals_collective(results: list, n_cases: int, atol: float) -> 
 
 
 # ---------------------------------------------------------------- bound > 0, audited, delays
-def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int) -> dict:
+def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int, ahead: bool = False) -> dict:
     """SGD, lr 1, loss = sum of column 0: a value's column 0 counts the updates in it, so the
     lag of every read can be measured from the values themselves (as test_embedding does)."""
     world = env.world_size
@@ -105,20 +105,27 @@ def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int) -> dict:
         optimizer="sgd", lr=1.0, seed=seed, init_scale=0.01, audit=True, sync="async",
         async_config=cfg,
     )  # fmt: skip
-    return audit_steps(emb, env, bound, seed)
+    return audit_steps(emb, env, bound, seed, ahead)
 
 
-def audit_steps(emb: DistributedEmbedding, env: DistEnv, bound: int, seed: int) -> dict:
+def audit_steps(
+    emb: DistributedEmbedding, env: DistEnv, bound: int, seed: int, ahead: bool = False
+) -> dict:
     """10 audited steps at uneven per-rank speeds on ``emb`` (CPU or CUDA): the worst measured
-    lag, the stale reads, the rows requested and the counters; flushes and closes ``emb``."""
+    lag, the stale reads, the rows requested and the counters; flushes and closes ``emb``.
+    ``ahead``: each step's push and the next batch's reads go out right after backward."""
     world, dev = env.world_size, env.device
     init0 = initial_rows(torch.arange(ROWS), DIM, seed=seed, scale=0.01)[:, 0]
     rng = np.random.default_rng(100 + env.rank)
     worst, stale, requested = 0, 0, 0
-    for ids in make_batches(seed + bound, steps=10, batch=8 * world):
+    sl = rank_slice(env.rank, world, 8 * world)
+    batches = [torch.from_numpy(b[sl]).to(dev) for b in make_batches(seed + bound, 10, 8 * world)]
+    for t, ids in enumerate(batches):
         time.sleep(float(rng.uniform(0, 0.03)) * (1 + env.rank))  # uneven per-rank speeds
-        mine = ids[rank_slice(env.rank, world, 8 * world)]
-        emb(torch.from_numpy(mine).to(dev))[..., 0].sum().backward()
+        mine = ids.cpu().numpy()
+        emb(ids)[..., 0].sum().backward()
+        if ahead and t + 1 < len(batches):
+            emb.send_ahead(batches[t + 1])
         a = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in emb.last_audit.items()}
         m = a["is_mirror"] & ~a["refreshed"]
         owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
@@ -136,9 +143,9 @@ def audit_steps(emb: DistributedEmbedding, env: DistEnv, bound: int, seed: int) 
     return out
 
 
-@pytest.mark.parametrize("bound,max_lag", [(0, 2), (3, 2)])
-def test_every_read_within_bound_under_random_delays(bound: int, max_lag: int) -> None:
-    results = spawn_ranks(audited_async, 3, bound, max_lag, 5, timeout_s=180)
+@pytest.mark.parametrize("bound,max_lag,ahead", [(0, 2, False), (3, 2, False), (3, 2, True)])
+def test_every_read_within_bound_under_random_delays(bound: int, max_lag: int, ahead: bool) -> None:
+    results = spawn_ranks(audited_async, 3, bound, max_lag, 5, ahead, timeout_s=180)
     assert max(r["worst"] for r in results) <= bound
     if bound == 0:
         assert sum(r["stale"] for r in results) == 0
