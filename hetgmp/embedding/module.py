@@ -142,14 +142,11 @@ class DistributedEmbedding(nn.Module):
         step's gradient and send the reads of the NEXT batch ``ids`` now: their round trip
         overlaps the rest of the step; a ``forward`` given this same tensor takes the answers
         (:meth:`.transport.async_step.AsyncStep.send_ahead`), one given others drops them."""
-        engine = self.async_engine
-        if engine is None or not self.training or input_problem(ids) is not None:
-            self.prefetch(ids)
-            return
-        prep = self._plan(ids.to(self.device))
+        if self.async_engine is None or not self.training or input_problem(ids) is not None:
+            return self.prefetch(ids)
+        self._prefetched = prep = self._plan(ids.to(self.device))
         prep.source = ids
-        self._prefetched = prep
-        engine.send_ahead(prep)
+        self.async_engine.send_ahead(prep)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Start the batch plan (unique ids, slot / owner lookup, block order) of the NEXT
