@@ -82,7 +82,6 @@ class AsyncLoop:
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
-        self.ahead_s = 0.0  # the last step's time taking the next batch (_ahead)
         self.stealing: int | None = None  # the epoch this rank is stealing batches of
         self.epoch = 0  # the epoch of this rank's own batches
         self.held: tuple[Slot, Any] | None = None  # its next epoch's first batch, while stealing
@@ -123,11 +122,12 @@ class AsyncLoop:
     def _train(self, source: BatchSource) -> None:
         tr, w = self.tr, self.tr.env.world_size
         iv = Interval(tr.env.device)
-        ahead: list[tuple[Slot, Any]] = []  # the next batch, taken during a step
+        ahead: list[tuple[Slot, Any, float]] = []  # the next batch (and its loading time),
+        # taken during a step
         while self.engine.wait_turn(self.budget):
             tr.straggler.begin()
             t0 = time.perf_counter()
-            slot, batch = ahead.pop() if ahead else self._next(source)
+            slot, batch, _ = ahead.pop() if ahead else (*self._next(source), 0.0)
             wait = time.perf_counter() - t0
             assert batch is not None  # (the slots of a rank's own epochs are all local)
             self.engine.commit(len(batch))
@@ -135,9 +135,11 @@ class AsyncLoop:
             stats = tr.train_step(
                 batch, w * len(batch), after_backward=lambda: ahead.append(self._ahead(source))
             )
-            wait += self.ahead_s  # (the next batch's loading: data, not step)
-            self.engine.phase_s["step"] += time.perf_counter() - t1 - self.ahead_s
-            self.ahead_s = 0.0
+            step_s = time.perf_counter() - t1
+            if ahead:  # (the next batch's loading happened in this step: data, not step)
+                step_s -= ahead[-1][2]
+                wait += ahead[-1][2]
+            self.engine.phase_s["step"] += step_s
             iv.add(stats, len(batch), len(batch), slot.epoch)
             self.sums += stats
             iv.data_wait_s += wait
@@ -149,17 +151,18 @@ class AsyncLoop:
                 self._log_local(iv)
                 iv = Interval(tr.env.device)
 
-    def _ahead(self, source: BatchSource) -> tuple[Slot, Any]:
+    def _ahead(self, source: BatchSource) -> tuple[Slot, Any, float]:
         """(After a step's backward) take the next batch and send its reads now
         (:meth:`DistributedEmbedding.send_ahead`): their round trip overlaps the rest of the
-        step. If the budget then stops the loop, :meth:`run` drops them."""
+        step. If the budget then stops the loop, :meth:`run` drops them. Also returns the
+        seconds the batch took to load."""
         t0 = time.perf_counter()
-        nxt = self._next(source)
-        self.ahead_s = time.perf_counter() - t0
-        sparse = getattr(nxt[1], "sparse", None)
+        slot, batch = self._next(source)
+        loading = time.perf_counter() - t0
+        sparse = getattr(batch, "sparse", None)
         if sparse is not None:
             self.tr.model.embedding.send_ahead(sparse)
-        return nxt
+        return slot, batch, loading
 
     def _next(self, source: BatchSource) -> tuple[Slot, Any]:
         """The next batch: this rank's own, in order, unless a peer claimed it; once its own
