@@ -14,6 +14,7 @@ slows the host side; read the shares, not the milliseconds.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -38,6 +39,10 @@ def main() -> None:
     p.add_argument(
         "--examine", default="", help="op names (comma): what their slowest calls overlap"
     )
+    p.add_argument(
+        "--dump", action="store_true",
+        help="also write the chrome trace, gzipped (DIR/trace_rank{r}.json.gz: bench/trace_threads.py)",
+    )
     a = p.parse_args(argv[:cut])
     tp = argparse.ArgumentParser()
     add_arguments(tp, TrainConfig)
@@ -60,9 +65,12 @@ def main() -> None:
     text.append(ka.table(sort_by="cpu_time_total", row_limit=a.rows))
     if torch.cuda.is_available():
         text += ["", "by GPU time:", ka.table(sort_by="cuda_time_total", row_limit=a.rows)]
-    if a.examine:
+    if a.examine or a.dump:
         chrome = Path(f"/tmp/hetgmp-trace-{rank}.json")
         prof.export_chrome_trace(str(chrome))
+        if a.dump:
+            with gzip.open(a.out / f"trace_rank{rank}.json.gz", "wb") as f:
+                f.write(chrome.read_bytes())
         trace = json.loads(chrome.read_text())
         for name in a.examine.split(","):
             text += ["", *examine(trace, name)]

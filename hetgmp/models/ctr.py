@@ -107,6 +107,17 @@ class CTRModel(nn.Module):
             for k, v in own.items():
                 v.copy_(sd[k])
 
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, 1]`` of ids ``sparse [B, F]`` and dense features ``dense [B, num_dense]``."""
+        return self.head(self.lookup(sparse), dense)
+
+    def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
+        """Logits ``[B, 1]`` from the looked-up rows ``emb [B, F, table_dim]``: everything
+        after the lookup (the dense part). Its inputs and outputs have fixed shapes for a
+        fixed batch size, whatever ids a batch holds, so a training step can replay it as a
+        CUDA graph (:mod:`hetgmp.train.graphed_head`)."""
+        raise NotImplementedError
+
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
         emb = self.embedding(sparse)
         if emb.dim() != 3 or emb.shape[1] != self.num_fields:
@@ -130,12 +141,12 @@ class WDL(CTRModel):
         self.deep_out = nn.Linear(self.deep.out_dim, 1)
         self._deep_rest = tuple(self.deep)[1:]  # (registered under deep; a plain tuple here)
 
-    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
+    def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         # The wide logit is one more output of the deep part's first layer (the same inputs):
         # one pass over the [B, F*D] input instead of a matrix-vector product of its own, whose
         # backward wrote a second input-sized gradient to add to the deep one (same arithmetic,
         # same parameters: ``wide`` and ``deep[0]`` stay separate in the state dict).
-        return self.from_first(first_layer(self.lookup(sparse), dense, self.first_linears()))
+        return self.from_first(first_layer(emb, dense, self.first_linears()))
 
     def first_linears(self) -> tuple[nn.Linear, ...]:
         return (self.deep[0], self.wide)
@@ -167,8 +178,7 @@ class DCN(CTRModel):
         self.cross.backend = resolve_cross(kernels, device)
         return self.cross.backend
 
-    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        emb = self.lookup(sparse)
+    def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         # the deep part's first layer and the output layer without concatenations
         # (hetgmp.models.layers.first_layer says why)
         deep = first_layer(emb, dense, (self.deep[0],))[:, : self.deep[0].out_features]
@@ -227,9 +237,8 @@ class DeepFM(CTRModel):
             )
         return emb
 
-    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        table = self.lookup(sparse)
-        vec, first = table[..., : self.embed_dim], table[..., self.embed_dim]
+    def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
+        vec, first = emb[..., : self.embed_dim], emb[..., self.embed_dim]
         logit = first.sum(dim=1, keepdim=True)
         if self.dense_linear is not None and dense is not None:
             logit = logit + self.dense_linear(dense.to(vec.dtype))
@@ -254,8 +263,7 @@ class DLRM(CTRModel):
         top_in = k * (k - 1) // 2 + (embed_dim if self.bottom is not None else 0)
         self.top = MLP(top_in, DLRM_TOP, last_activation=False)
 
-    def forward(self, sparse: torch.Tensor, dense: torch.Tensor | None = None) -> torch.Tensor:
-        emb = self.lookup(sparse)
+    def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         if self.bottom is None:
             return self.top(dot_interaction(emb))
         if dense is None:

@@ -76,8 +76,9 @@ def timing_results(tr: Trainer) -> dict[str, Any]:
     out["data_wait_ms"] = sum(timed) / len(timed) if timed else None
     out["data_source"] = tr.data_source
     run = tr.run_step
-    out["step_graph"] = tr.graph_note or "whole step"  # why not, or what is captured
-    out["graph_replays"] = getattr(run, "replays", 0)
+    out["step_graph"] = tr.step_graph()  # what is captured, and why not more
+    head = tr.train_step.head
+    out["graph_replays"] = getattr(run, "replays", 0) + (head.replays if head else 0)
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)
     return out
 

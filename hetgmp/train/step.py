@@ -20,6 +20,7 @@ from hetgmp.data.device_batches import DeviceBatch
 from hetgmp.models import CTRModel
 from hetgmp.train.dense_sync import GradBucket, average_params
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
+from hetgmp.train.graphed_head import GraphedHead
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 
@@ -59,6 +60,8 @@ class TrainStep:
         # --sync async with unequal step counts: no collective at all, the dense parameters go
         # through the ranks' services instead (hetgmp.train.dense_server; set by async_loop)
         self.dense_server: DenseServer | None = None
+        # the dense part as a CUDA graph (set by the trainer where it applies: graphed_head)
+        self.head: GraphedHead | None = None
 
     def __call__(
         self,
@@ -73,14 +76,17 @@ class TrainStep:
         async loop sends the next batch's reads there)."""
         marks = marks if marks is not None else NoMarks()
         self.model.train()
-        # (no autocast cache: a captured step must cast the weights inside the graph)
-        with torch.autocast(
-            self.env.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False
-        ):
-            logits = self.model(batch.sparse, batch.dense)
-        logits = logits.float()
-        loss_sum = self.loss_fn(logits, batch.labels)
-        (loss_sum / max(1, global_batch)).backward()
+        if self.head is not None:
+            logits, loss_sum = self.head(batch, global_batch)
+        else:
+            # (no autocast cache: a captured step must cast the weights inside the graph)
+            with torch.autocast(
+                self.env.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False
+            ):
+                logits = self.model(batch.sparse, batch.dense)
+            logits = logits.float()
+            loss_sum = self.loss_fn(logits, batch.labels)
+            (loss_sum / max(1, global_batch)).backward()
         if self.rows_now:
             self.model.embedding.apply_pending()
         if after_backward is not None:

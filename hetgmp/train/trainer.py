@@ -46,6 +46,7 @@ from hetgmp.train.config import TrainConfig
 from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
 from hetgmp.train.graphed import WARMUP_STEPS, GraphedStep, graph_support
+from hetgmp.train.graphed_head import GraphedHead, head_graph_support
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
@@ -96,6 +97,8 @@ class Trainer:
             if cfg.profile_steps:  # profiled steps run eagerly: inside warm-up, not timed
                 prof_first = 1  # (step 0 compiles)
                 warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
+        elif head_graph_support(env, enabled=cfg.cuda_graphs, whole_step=False):
+            self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
         self.position = Position(world_size=env.world_size)
@@ -120,6 +123,14 @@ class Trainer:
             parse_straggle(cfg.straggle), env.rank, env.world_size, env.device
         )  # (--straggle: a benchmark facility)
         self.extra_results: dict[str, Any] = {}  # (the async loop's per-rank figures)
+
+    def step_graph(self) -> str:
+        """What of a training step is a CUDA graph, and why not more (logs and results)."""
+        if self.graph_note is None:
+            return "whole step"
+        if self.train_step.head is not None:
+            return f"dense part (whole step: {self.graph_note})"
+        return f"none ({self.graph_note})"
 
     @property
     def samples_total(self) -> int:
@@ -204,12 +215,7 @@ class Trainer:
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
             source.deferred = True  # (the graph gathers each batch itself)
         self.log.info(f"data: {why}")
-        why_not = self.graph_note
-        self.log.info(
-            "step: one CUDA graph per full batch (after 2 eager warm-up steps)"
-            if why_not is None
-            else f"step: eager kernels ({why_not})"
-        )
+        self.log.info(f"step: {self.step_graph()}")
         return source
 
     def _loop(self, source: BatchSource) -> None:

@@ -1,0 +1,130 @@
+"""The dense part of a training step -- everything after the embedding lookup: the model's
+head, the loss and their backward -- replayed as one CUDA graph where the whole step cannot be.
+
+Why: with several ranks (lockstep or ``--sync async``) each step's exchange sizes cross to the
+host, so the whole-step graph of :mod:`hetgmp.train.graphed` does not apply, and the step
+launched the dense part's kernels one by one from Python: the forward and the loss on the
+training thread, the backward on autograd's device thread, around a hundred launches a step.
+At the CLI's batch of 1024 each kernel runs for microseconds, so the step waited on the host
+(2 H200s under ``--sync async``: 5.6 ms a step of forward, backward and optimizer on the host,
+0.6 ms of kernels). The head's inputs have fixed shapes for a fixed batch size whatever ids the
+batch holds, so it is captured once and replayed.
+
+What a replay does: :meth:`~hetgmp.models.CTRModel.head` on fixed input buffers (the looked-up
+rows, detached; the dense features; the labels), the loss, and its backward, which adds the
+dense gradients into their :class:`~hetgmp.train.dense_sync.GradBucket` (fixed addresses) and
+writes the rows' gradient into a fixed buffer. Outside the graph: the lookup (eager, its sizes
+vary), the copies into the input buffers, and the rows' gradient handed to the lookup's
+backward (``emb.backward(grad)``). The same arithmetic as the eager step, in the same order.
+
+Where it applies (:func:`head_graph_support`): CUDA with ``--cuda-graphs`` (the default) when
+the whole step is not a graph. Batches of another shape (the last partial batch) and the first
+:data:`WARMUP_STEPS` full ones run eagerly with the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.data.device_batches import DeviceBatch
+from hetgmp.models import CTRModel
+
+WARMUP_STEPS = 2  # eager steps before the capture: cuBLAS's and Triton's set-up
+
+
+def head_graph_support(env: DistEnv, *, enabled: bool, whole_step: bool) -> bool:
+    """Whether a training step replays its dense part as a CUDA graph."""
+    return enabled and env.device.type == "cuda" and not whole_step
+
+
+def forward_backward(
+    model: CTRModel, loss_fn: nn.Module, amp: bool, emb: torch.Tensor,
+    dense: torch.Tensor | None, labels: torch.Tensor, divisor: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(float32 logits [B, 1], loss sum)`` of the head over rows ``emb``, and the backward
+    of ``loss sum / divisor`` (the global batch size: what
+    :class:`~hetgmp.train.step.TrainStep` does after the lookup). A graph takes the divisor
+    as a device scalar, so that one graph serves every global batch size (ranks run out of
+    batches at different steps); dividing by it rounds as dividing by the number does."""
+    # (no autocast cache: a captured step must cast the weights inside the graph)
+    with torch.autocast(emb.device.type, dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
+        logits = model.head(emb, dense)
+    logits = logits.float()
+    loss_sum = loss_fn(logits, labels)
+    (loss_sum / divisor).backward()
+    return logits, loss_sum
+
+
+class GraphedHead:
+    """The head's forward and backward of a training step, replayed as a CUDA graph where
+    the shapes allow (module docstring). The first full batch fixes the captured shape;
+    :attr:`replays` counts the steps that came from the graph."""
+
+    def __init__(
+        self, model: CTRModel, loss_fn: nn.Module, *, amp: bool, warmup: int = WARMUP_STEPS
+    ) -> None:
+        self.model, self.loss_fn, self.amp = model, loss_fn, amp
+        self.warmup = warmup
+        self.key: tuple[object, ...] | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        # the graph's inputs (rows as a leaf that collects their gradient) and outputs
+        self.emb = self.dense = self.labels = self.divisor = torch.zeros(0)
+        self.logits = self.loss_sum = self.emb_grad = torch.zeros(0)
+        self.replays = 0
+
+    def __call__(self, batch: DeviceBatch, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Look ``batch`` up, run the head and the backward of its loss (the table's rows
+        get their gradient through the lookup); ``(float32 logits [B, 1], loss sum)``, valid
+        until the next call (a replay rewrites them)."""
+        with torch.autocast(
+            batch.sparse.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False
+        ):
+            emb = self.model.lookup(batch.sparse)
+        dense = batch.dense
+        key = (tuple(emb.shape), emb.dtype, None if dense is None else dense.shape)
+        if self.key is None and emb.shape[0]:
+            self.key = key
+        if key != self.key or self.warmup > 0:
+            if key == self.key:
+                self.warmup -= 1
+            return forward_backward(
+                self.model, self.loss_fn, self.amp, emb, dense, batch.labels, max(1, global_batch)
+            )
+        if self.graph is None:
+            self._capture(emb, batch)
+        assert self.graph is not None
+        self.divisor.fill_(float(max(1, global_batch)))
+        self.emb.detach().copy_(emb.detach(), non_blocking=True)
+        self.labels.copy_(batch.labels, non_blocking=True)
+        if dense is not None:
+            self.dense.copy_(dense, non_blocking=True)
+        self.graph.replay()
+        self.replays += 1
+        if emb.requires_grad:
+            emb.backward(self.emb_grad)
+        return self.logits, self.loss_sum
+
+    def _capture(self, emb: torch.Tensor, batch: DeviceBatch) -> None:
+        """Record the head's forward and backward on fixed input buffers (recording runs
+        nothing; the caller then replays it for this batch)."""
+        self.emb = emb.detach().clone().requires_grad_(True)
+        self.dense = batch.dense.clone() if batch.dense is not None else torch.zeros(0)
+        self.labels = batch.labels.clone()
+        self.divisor = torch.ones((), device=emb.device)
+        dense = self.dense if batch.dense is not None else None
+        torch.cuda.synchronize(emb.device)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (the async service, NCCL's watchdog, a data prefetcher)
+        # may use CUDA meanwhile, on streams of their own
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            logits, loss_sum = forward_backward(
+                self.model, self.loss_fn, self.amp, self.emb, dense, self.labels, self.divisor
+            )
+        # (detached: kept, the captured autograd graph would keep its AccumulateGrad nodes,
+        # bound to the capture stream, for the eager steps that follow)
+        self.logits, self.loss_sum = logits.detach(), loss_sum.detach()
+        assert self.emb.grad is not None  # (written by every replay from now on)
+        self.emb_grad = self.emb.grad
+        self.graph = graph
