@@ -19,7 +19,8 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.data.device_batches import DeviceBatch
 from hetgmp.models import build_model, model_class
-from hetgmp.train.graphed_head import GraphedHead
+from hetgmp.models.ctr import WDL
+from hetgmp.train.graphed_head import GraphedHead, head_graph_support
 from hetgmp.train.step import TrainStep
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -83,6 +84,23 @@ def test_eager_path_of_graphed_head_equals_eager_step(name: str) -> None:
         torch.testing.assert_close(r1, r0)
         torch.testing.assert_close(g1, g0)
         torch.testing.assert_close(p1, p0)
+
+
+def test_head_graph_support() -> None:
+    """CUDA, graphs on, not the whole step, and a model split as head(lookup(ids))."""
+
+    class OwnForward(WDL):  # (a user's subclass that overrides forward: no head to capture)
+        def forward(self, sparse, dense=None):
+            return super().forward(sparse, dense)
+
+    cuda_env = DistEnv.single(device=torch.device("cuda"))
+    model = _step("wdl", "cpu", amp=False, graphs=False).model
+    own = OwnForward(nn.Embedding(ROWS, DIM), FIELDS, DENSE, DIM)
+    assert head_graph_support(cuda_env, model, enabled=True, whole_step=False)
+    assert not head_graph_support(cuda_env, model, enabled=False, whole_step=False)
+    assert not head_graph_support(cuda_env, model, enabled=True, whole_step=True)
+    assert not head_graph_support(DistEnv.single(), model, enabled=True, whole_step=False)
+    assert not head_graph_support(cuda_env, own, enabled=True, whole_step=False)
 
 
 @cuda

@@ -97,7 +97,7 @@ class Trainer:
             if cfg.profile_steps:  # profiled steps run eagerly: inside warm-up, not timed
                 prof_first = 1  # (step 0 compiles)
                 warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
-        elif head_graph_support(env, enabled=cfg.cuda_graphs, whole_step=False):
+        elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs, whole_step=False):
             self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
