@@ -28,38 +28,55 @@ MODELS = ["wdl", "dcn", "dfm", "dlrm"]
 ROWS, FIELDS, DENSE, DIM = 500, 5, 3, 4
 
 
-def _step(name: str, device: str, amp: bool, graphs: bool) -> TrainStep:
+def _step(
+    name: str, device: str, amp: bool, graphs: bool, dense: int = DENSE, optimizer: str = "adam"
+) -> TrainStep:
     torch.manual_seed(0)
     emb = nn.Embedding(ROWS, model_class(name).table_dim(DIM))
-    model = build_model(name, emb, num_fields=FIELDS, num_dense=DENSE, embed_dim=DIM)
+    model = build_model(name, emb, num_fields=FIELDS, num_dense=dense, embed_dim=DIM)
     env = DistEnv.single(device=torch.device(device))
-    step = TrainStep(env, model.to(device), optimizer="adam", lr=0.01, amp=amp)
+    step = TrainStep(env, model.to(device), optimizer=optimizer, lr=0.01, amp=amp)
     if graphs:
         step.head = GraphedHead(model, step.loss_fn, amp=amp)
     return step
 
 
-def _batches(device: str, sizes: list[int]) -> list[DeviceBatch]:
+def _batches(device: str, sizes: list[int], dense: bool = True) -> list[DeviceBatch]:
     g = torch.Generator().manual_seed(1)
     out = []
     for b in sizes:
         ids = torch.randint(0, ROWS, (b, FIELDS), generator=g)
-        dense = torch.rand(b, DENSE, generator=g)
+        feats = torch.rand(b, DENSE, generator=g)
         labels = (torch.rand(b, 1, generator=g) < 0.3).float()
-        out.append(DeviceBatch(ids.to(device), dense.to(device), labels.to(device)))
+        x = feats.to(device) if dense else None
+        out.append(DeviceBatch(ids.to(device), x, labels.to(device)))
     return out
 
 
-def _train(step: TrainStep, batches: list[DeviceBatch]) -> list[tuple[torch.Tensor, ...]]:
-    """Per step: [loss sum, correct], the row gradient and the dense parameters after it."""
+def _train(
+    step: TrainStep, batches: list[DeviceBatch], swap_at: int = -1
+) -> list[tuple[torch.Tensor, ...]]:
+    """Per step: [loss sum, correct], the row gradient and the dense parameters after it.
+    The global batch changes every step (the loss divisor is a graph input); at step
+    ``swap_at`` every dense parameter moves to new storage (as flattening them would)."""
     out = []
     emb = step.model.embedding
-    for batch in batches:
+    for i, batch in enumerate(batches):
+        if i == swap_at:
+            for p in step.dense_params:
+                p.data = p.data.clone()
         emb.weight.grad = None
-        res = step(batch, 2 * len(batch))
+        res = step(batch, 2 * len(batch) + i)
         flat = torch.cat([p.detach().reshape(-1) for p in step.dense_params])
         out.append((res.detach().clone(), emb.weight.grad.clone(), flat.clone()))
     return out
+
+
+def _assert_same(want: list, got: list, **tol: float) -> None:
+    for i, ((r0, g0, p0), (r1, g1, p1)) in enumerate(zip(want, got, strict=True)):
+        torch.testing.assert_close(r1, r0, **tol, msg=f"step {i}: loss")
+        torch.testing.assert_close(g1, g0, **tol, msg=f"step {i}: row gradient")
+        torch.testing.assert_close(p1, p0, **tol, msg=f"step {i}: dense parameters")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -78,12 +95,9 @@ def test_eager_path_of_graphed_head_equals_eager_step(name: str) -> None:
     want = _train(_step(name, "cpu", amp=False, graphs=False), batches)
     step = _step(name, "cpu", amp=False, graphs=True)
     assert step.head is not None
-    step.head.warmup = 10**9  # (never captures: the eager fallback every step)
+    step.head.warmup0 = step.head.warmup = 10**9  # (never captures: eager every step)
     got = _train(step, batches)
-    for (r0, g0, p0), (r1, g1, p1) in zip(want, got, strict=True):
-        torch.testing.assert_close(r1, r0)
-        torch.testing.assert_close(g1, g0)
-        torch.testing.assert_close(p1, p0)
+    _assert_same(want, got)
 
 
 def test_head_graph_support() -> None:
@@ -103,24 +117,57 @@ def test_head_graph_support() -> None:
     assert not head_graph_support(cuda_env, own, enabled=True, whole_step=False)
 
 
+def test_shape_follows_batches_until_the_capture() -> None:
+    """A partial first batch does not fix the captured shape: the full batches after it warm
+    up and replay; a batch of another shape after the capture runs eagerly."""
+    step = _step("wdl", "cpu", amp=False, graphs=True)
+    head = step.head
+    assert head is not None
+    part, full, full2, other = _batches("cpu", [5, 16, 16, 9])
+    emb = torch.zeros(16, FIELDS, DIM)
+    seen = [head._replays(emb[: len(b)], b) for b in (part, full, full, full, full2)]
+    assert seen == [False, False, False, True, True]
+    head.graph = object()  # (as if captured: the shape is fixed now)
+    assert not head._replays(emb[: len(other)], other)
+    assert head._replays(emb, full)
+
+
+@pytest.fixture
+def no_tf32():
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("amp", [False, True])
 @pytest.mark.parametrize("name", MODELS)
-def test_replayed_head_equals_eager_step(name: str, amp: bool) -> None:
+def test_replayed_head_equals_eager_step(name: str, amp: bool, no_tf32) -> None:
     """Two warm-up steps, the capture, replays, then a partial batch (eager) and replays."""
-    torch.backends.cuda.matmul.allow_tf32 = False
     sizes = [64] * 6 + [9] + [64] * 2
     batches = _batches("cuda", sizes)
-    want = _train(_step(name, "cuda", amp, graphs=False), batches)
-    step = _step(name, "cuda", amp, graphs=True)
-    got = _train(step, batches)
-    assert step.head is not None and step.head.replays == 6
-    tol = {"rtol": 2e-2, "atol": 2e-3} if amp else {"rtol": 1e-4, "atol": 1e-5}
-    for i, ((r0, g0, p0), (r1, g1, p1)) in enumerate(zip(want, got, strict=True)):
-        torch.testing.assert_close(r1, r0, **tol, msg=f"step {i}: loss")
-        torch.testing.assert_close(g1, g0, **tol, msg=f"step {i}: row gradient")
-        torch.testing.assert_close(p1, p0, **tol, msg=f"step {i}: dense parameters")
+    ref, step = (_step(name, "cuda", amp, graphs=g) for g in (False, True))
+    for s in (ref, step):  # (DCN: the fused Triton cross network, captured with the rest)
+        s.model.use_kernels("auto", torch.device("cuda"))
+    want, got = _train(ref, batches), _train(step, batches)
+    assert step.head is not None and step.head.replays == 6 and step.head.captures == 1
+    tol = {"rtol": 2e-2, "atol": 2e-3} if amp else {"rtol": 1e-5, "atol": 1e-6}
+    _assert_same(want, got, **tol)
+
+
+@cuda
+@pytest.mark.gpu
+def test_replayed_head_without_dense_features_and_moved_parameters(no_tf32) -> None:
+    """DLRM without dense features (no bottom MLP: ``dense`` None), SGD on the dense part;
+    every parameter moves to new storage after the capture: the graph is captured again."""
+    batches = _batches("cuda", [32] * 8, dense=False)
+    want = _train(_step("dlrm", "cuda", False, False, dense=0, optimizer="sgd"), batches, 5)
+    step = _step("dlrm", "cuda", False, True, dense=0, optimizer="sgd")
+    got = _train(step, batches, swap_at=5)
+    assert step.head is not None and step.head.captures == 2 and step.head.replays == 6
+    _assert_same(want, got, rtol=1e-5, atol=1e-6)
 
 
 def _train_rank_on_gpu(env: DistEnv, cfg) -> dict:

@@ -18,7 +18,8 @@ vary), the copies into the input buffers, and the rows' gradient handed to the l
 backward (``emb.backward(grad)``). The same arithmetic as the eager step, in the same order.
 
 Where it applies (:func:`head_graph_support`): CUDA with ``--cuda-graphs`` (the default) when
-the whole step is not a graph. Batches of another shape (the last partial batch) and the first
+the whole step is not a graph (several ranks; or one rank whose dense optimizer torch cannot
+capture). Batches of another shape (the last partial batch) and the first
 :data:`WARMUP_STEPS` full ones run eagerly with the same arithmetic.
 """
 
@@ -63,20 +64,24 @@ def forward_backward(
 
 class GraphedHead:
     """The head's forward and backward of a training step, replayed as a CUDA graph where
-    the shapes allow (module docstring). The first full batch fixes the captured shape;
-    :attr:`replays` counts the steps that came from the graph."""
+    the shapes allow (module docstring). Until the capture the shape follows the batches (a
+    partial first batch does not fix it); the batch after :data:`WARMUP_STEPS` eager ones of
+    one shape is captured, and from then on that shape replays. :attr:`replays` counts the
+    steps that came from the graph."""
 
     def __init__(
         self, model: CTRModel, loss_fn: nn.Module, *, amp: bool, warmup: int = WARMUP_STEPS
     ) -> None:
         self.model, self.loss_fn, self.amp = model, loss_fn, amp
-        self.warmup = warmup
+        self.params = model.dense_parameters()
+        self.warmup0 = self.warmup = warmup
         self.key: tuple[object, ...] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.addresses: tuple[int, ...] = ()  # of the parameters and gradients it captured
         # the graph's inputs (rows as a leaf that collects their gradient) and outputs
         self.emb = self.dense = self.labels = self.divisor = torch.zeros(0)
         self.logits = self.loss_sum = self.emb_grad = torch.zeros(0)
-        self.replays = 0
+        self.replays = self.captures = 0
 
     def __call__(self, batch: DeviceBatch, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Look ``batch`` up, run the head and the backward of its loss (the table's rows
@@ -86,29 +91,48 @@ class GraphedHead:
             batch.sparse.device.type, dtype=torch.bfloat16, enabled=self.amp, cache_enabled=False
         ):
             emb = self.model.lookup(batch.sparse)
-        dense = batch.dense
-        key = (tuple(emb.shape), emb.dtype, None if dense is None else dense.shape)
-        if self.key is None and emb.shape[0]:
-            self.key = key
-        if key != self.key or self.warmup > 0:
-            if key == self.key:
-                self.warmup -= 1
+        if not self._replays(emb, batch):
             return forward_backward(
-                self.model, self.loss_fn, self.amp, emb, dense, batch.labels, max(1, global_batch)
-            )
-        if self.graph is None:
-            self._capture(emb, batch)
+                self.model, self.loss_fn, self.amp, emb, batch.dense, batch.labels,
+                max(1, global_batch),
+            )  # fmt: skip
+        if self.graph is None or self.addresses != self._addresses():
+            self._capture(emb, batch)  # (again if a parameter or gradient moved since)
         assert self.graph is not None
         self.divisor.fill_(float(max(1, global_batch)))
         self.emb.detach().copy_(emb.detach(), non_blocking=True)
         self.labels.copy_(batch.labels, non_blocking=True)
-        if dense is not None:
-            self.dense.copy_(dense, non_blocking=True)
+        if batch.dense is not None:
+            self.dense.copy_(batch.dense, non_blocking=True)
         self.graph.replay()
         self.replays += 1
-        if emb.requires_grad:
-            emb.backward(self.emb_grad)
+        if emb.requires_grad:  # (a copy: the next replay rewrites the graph's own buffer)
+            emb.backward(self.emb_grad.clone())
         return self.logits, self.loss_sum
+
+    def _replays(self, emb: torch.Tensor, batch: DeviceBatch) -> bool:
+        """Whether this batch runs from the graph (else eagerly: warm-up, another shape)."""
+        dense, labels = batch.dense, batch.labels
+        key = (
+            tuple(emb.shape), emb.dtype, tuple(labels.shape), labels.dtype,
+            None if dense is None else (tuple(dense.shape), dense.dtype),
+        )  # fmt: skip
+        if self.graph is None and key != self.key and emb.shape[0]:
+            self.key, self.warmup = key, self.warmup0  # (a new shape: warm it up)
+        if key != self.key:
+            return False
+        if self.warmup > 0:
+            self.warmup -= 1
+            return False
+        return True
+
+    def _addresses(self) -> tuple[int, ...]:
+        """Where the parameters and their gradients live (the graph reads and writes there:
+        a parameter replaced rather than updated in place, e.g. flattened into one buffer by
+        a later optimizer, would leave the graph training the old storage)."""
+        out = [p.data_ptr() for p in self.params]
+        out += [p.grad.data_ptr() if p.grad is not None else 0 for p in self.params]
+        return tuple(out)
 
     def _capture(self, emb: torch.Tensor, batch: DeviceBatch) -> None:
         """Record the head's forward and backward on fixed input buffers (recording runs
@@ -131,4 +155,5 @@ class GraphedHead:
         self.logits, self.loss_sum = logits.detach(), loss_sum.detach()
         assert self.emb.grad is not None  # (written by every replay from now on)
         self.emb_grad = self.emb.grad
-        self.graph = graph
+        self.graph, self.addresses = graph, self._addresses()
+        self.captures += 1
