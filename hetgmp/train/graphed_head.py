@@ -17,6 +17,10 @@ writes the rows' gradient into a fixed buffer. Outside the graph: the lookup (ea
 vary), the copies into the input buffers, and the rows' gradient handed to the lookup's
 backward (``emb.backward(grad)``). The same arithmetic as the eager step, in the same order.
 
+The step calls ``model.lookup`` and ``model.head``, not ``model(...)``: forward hooks on the
+model itself do not run (hooks on ``model.embedding`` do, and inside a replay nothing Python
+runs at all).
+
 Where it applies (:func:`head_graph_support`): CUDA with ``--cuda-graphs`` (the default) when
 the whole step is not a graph (several ranks; or one rank whose dense optimizer torch cannot
 capture). Batches of another shape (the last partial batch) and the first
