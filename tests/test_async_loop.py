@@ -17,6 +17,7 @@ from hetgmp.config import ConfigError
 from hetgmp.embedding import DistributedEmbedding
 from hetgmp.embedding.transport.async_step import AsyncConfig
 from hetgmp.partition.plan import Plan, save_plan
+from hetgmp.train.async_loop import steady_rates
 from hetgmp.train.straggle import Straggle, Straggler, parse_straggle
 
 pytest.importorskip("zmq")
@@ -44,6 +45,17 @@ def test_budget_fast_rank_does_more_steps(tiny_dataset) -> None:
     assert 800 <= sum(samples) < 800 + 2 * BATCH, samples
     assert res[0]["step"] == max(steps)
     assert a["dense_exchanges"] >= steps[0]  # (every step, and the final push and pull)
+    # the speed: the ranks' rates after their warm-up steps, side by side
+    rates = a["speed_per_rank"]
+    assert res[0]["warmup_steps"] == 1 and rates[0] > 1.5 * rates[1] and rates[0] > 0, rates
+    assert res[0]["speed"] == pytest.approx(sum(rates))
+    assert res[0]["warmup_speed"] is not None
+
+
+def test_steady_rates() -> None:
+    assert steady_rates([(2.0, 100, 0.1), (4.0, 100, 0.0)]) == [50.0, 25.0]
+    assert steady_rates([(2.0, 100, 0.1), None]) is None  # (a rank never past its warm-up)
+    assert steady_rates([(0.0, 0, 0.0), (1.0, 5, 0.0)]) is None
 
 
 def test_a_rank_waiting_at_the_lag_cap_is_told_how_to_lift_it(tiny_dataset, tmp_path) -> None:
@@ -107,6 +119,7 @@ def test_rank_without_samples_does_not_hang(tiny_dataset, tmp_path) -> None:
     res = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
     a = res[0]["async"]
     assert a["steps_per_rank"][1] == 0 and a["samples_per_rank"][1] == 0
+    assert a["speed_per_rank"] is None and res[0]["warmup_steps"] == 0  # (no steady rate)
     assert 400 <= a["samples_per_rank"][0] < 400 + BATCH
     assert "val_auc" in res[0] and time.monotonic() - t0 < 90
 

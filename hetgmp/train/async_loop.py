@@ -31,8 +31,10 @@ slowest rank sets the pace. Here each rank trains at its own pace:
 
 The end is collective, as before: the dense server's final pull, the table's flush, evaluation,
 checkpoint (:meth:`Trainer.fit`). TRAIN lines during training show rank 0's own steps; the
-last one sums every rank's. ``speed`` is global samples over the slowest rank's loop time
-(no warm-up split).
+last one sums every rank's. ``speed`` is the sum of the ranks' rates, each over its own steps
+after ``--warmup-steps`` (``speed_per_rank`` in the results; the first steps compile kernels
+and capture CUDA graphs, and the lockstep loop leaves its warm-up out too); if a rank never
+got past its warm-up, all samples over the slowest rank's loop time.
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ class AsyncLoop:
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
+        # (time, samples, data wait) at the end of the warm-up steps, and the steady segment's
+        # (seconds, samples, data wait) after them: the speed excludes the warm-up, as the
+        # lockstep loop's does (first steps compile kernels and capture CUDA graphs)
+        self.warm: tuple[float, int, float] | None = None
+        self.steady: tuple[float, int, float] | None = None
         self.stealing: int | None = None  # the epoch this rank is stealing batches of
         self.epoch = 0  # the epoch of this rank's own batches
         self.held: tuple[Slot, Any] | None = None  # its next epoch's first batch, while stealing
@@ -113,7 +120,11 @@ class AsyncLoop:
                 self._train(source)
             finally:
                 source.close()
-        self.seconds = time.perf_counter() - t0
+        end = time.perf_counter()
+        self.seconds = end - t0
+        if self.warm is not None:
+            w_t, w_samples, w_wait = self.warm
+            self.steady = (end - w_t, self.engine.samples - w_samples, self.data_wait_s - w_wait)
         self.engine.drop_ahead()  # (the budget stopped it: reads sent for no step)
         self.engine.finish()  # (nobody waits for this rank any more)
         self.server.finish()
@@ -145,6 +156,8 @@ class AsyncLoop:
             iv.data_wait_s += wait
             self.data_wait_s += wait
             self.steps += 1
+            if self.steps == tr.cfg.warmup_steps:
+                self.warm = (time.perf_counter(), self.engine.samples, self.data_wait_s)
             tr.log.advance()
             tr.straggler.end()
             if self.steps % tr.cfg.log_every == 0:
@@ -205,7 +218,8 @@ class AsyncLoop:
         loss, correct = self.sums.tolist()
         st = self.stealer.stats() if self.stealer is not None else {}
         mine = (self.steps, self.engine.samples, self.seconds, loss, correct,
-                st.get("stolen", 0), st.get("claimed_from", 0), self._phase_ms())  # fmt: skip
+                st.get("stolen", 0), st.get("claimed_from", 0), self._phase_ms(),
+                self.steady)  # fmt: skip
         ranks = [tuple(r) for r in all_gather_object(env, mine)]
         steps = [int(r[0]) for r in ranks]
         samples = [int(r[1]) for r in ranks]
@@ -214,10 +228,7 @@ class AsyncLoop:
         tr.samples_seen = total
         shard = max(1, sum(tr.counts))
         tr.position = Position(max(steps), total // shard, 0, env.world_size)
-        clock = tr.clock  # (one segment: the whole loop, no warm-up split)
-        clock.warmup_steps, clock.steps_run = 0, self.steps
-        clock.timing.update(steady_s=secs, steady_samples=total)
-        clock.steady_data_wait_s = self.data_wait_s
+        speed, rates = self._set_clock(secs, total, [r[8] for r in ranks])
         tail = max(1, total)
         tr.log.metrics(
             "TRAIN",
@@ -226,7 +237,7 @@ class AsyncLoop:
                 "loss": sum(float(r[3]) for r in ranks) / tail,
                 "acc": sum(float(r[4]) for r in ranks) / tail,
                 "time": secs,
-                "speed": total / secs if secs > 0 else 0.0,
+                "speed": speed,
                 "samples": total,
                 "steps": "/".join(map(str, steps)),
             },
@@ -236,6 +247,8 @@ class AsyncLoop:
             "samples_per_rank": samples,
             "steps_per_rank": steps,
             "seconds_per_rank": [float(r[2]) for r in ranks],
+            # each rank's samples/s after its warm-up steps (None: a rank took no more steps)
+            "speed_per_rank": rates,
             "max_lag": tr.cfg.max_lag,
             "dense_sync_every": tr.cfg.dense_sync_every,
             "work_stealing": self.stealer is not None,
@@ -247,6 +260,32 @@ class AsyncLoop:
             **self.server.stats(),
         }
         self._hint_lag_cap(tr.extra_results["async"]["clock_wait_share_per_rank"])
+
+    def _set_clock(
+        self, secs: float, total: int, steady: list[tuple[float, int, float] | None]
+    ) -> tuple[float, list[float] | None]:
+        """The trainer's clock for the results, and ``(global speed, each rank's rate)``. The
+        speed is the sum of the ranks' steady rates (each over its own steps after
+        ``--warmup-steps``: the ranks run side by side at unequal steps; the first steps
+        compile kernels and capture CUDA graphs, as the lockstep loop's warm-up does), or,
+        when a rank never got past its warm-up, all samples over the loop's wall time."""
+        clock, rates = self.tr.clock, steady_rates(steady)
+        clock.steps_run = self.steps
+        if rates is None or self.steady is None or sum(rates) <= 0:
+            clock.warmup_steps = 0
+            clock.timing.update(steady_s=secs, steady_samples=total)
+            clock.steady_data_wait_s = self.data_wait_s
+            return (total / secs if secs > 0 else 0.0), rates
+        speed = sum(rates)
+        steady_total = sum(s[1] for s in steady if s is not None)
+        steady_s = steady_total / speed  # (the wall time of those samples at that speed)
+        clock.warmup_steps = self.tr.cfg.warmup_steps
+        clock.timing.update(
+            steady_s=steady_s, steady_samples=steady_total,
+            warmup_s=max(0.0, secs - steady_s), warmup_samples=total - steady_total,
+        )  # fmt: skip
+        clock.steady_data_wait_s = self.steady[2]
+        return speed, rates
 
     def _hint_lag_cap(self, shares: list[float]) -> None:
         """A rank that waited a good part of its time at the ``--max-lag`` cap had a
@@ -285,6 +324,14 @@ class AsyncLoop:
             return None
         batches = [-(-c // max(1, self.tr.cfg.batch_size)) for c in self.tr.counts]
         return epoch_coverage(self.tr.env, self.stealer.trained, batches)
+
+
+def steady_rates(steady: list[tuple[float, int, float] | None]) -> list[float] | None:
+    """Each rank's samples per second over its steps after the warm-up (``steady``: per rank
+    ``(seconds, samples, data wait)`` or None), or None if a rank has no such segment."""
+    if any(s is None or s[0] <= 0 for s in steady):
+        return None
+    return [s[1] / s[0] for s in steady if s is not None]
 
 
 def _wait_share(phase_ms: dict[str, float]) -> float:
