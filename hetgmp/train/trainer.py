@@ -88,17 +88,8 @@ class Trainer:
             sync_every=cfg.dense_sync_every,
         )  # fmt: skip
         self.run_step: TrainStep | GraphedStep = self.train_step
-        self.graph_note = graph_support(
-            env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
-        )
-        warmup, prof_first = cfg.warmup_steps, cfg.warmup_steps
-        if self.graph_note is None:
-            self.run_step = GraphedStep(self.train_step, time_replays=cfg.profile_steps)
-            if cfg.profile_steps:  # profiled steps run eagerly: inside warm-up, not timed
-                prof_first = 1  # (step 0 compiles)
-                warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
-        elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs, whole_step=False):
-            self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
+        self.graph_note: str | None = None
+        warmup, prof_first = self._use_graphs()
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
         self.position = Position(world_size=env.world_size)
@@ -123,6 +114,25 @@ class Trainer:
             parse_straggle(cfg.straggle), env.rank, env.world_size, env.device
         )  # (--straggle: a benchmark facility)
         self.extra_results: dict[str, Any] = {}  # (the async loop's per-rank figures)
+
+    def _use_graphs(self) -> tuple[int, int]:
+        """Replay the whole step as a CUDA graph where it applies (:mod:`.graphed`), else its
+        dense part (:mod:`.graphed_head`); ``graph_note`` says why not the whole step. Returns
+        the warm-up steps and the first profiled step (profiled steps run eagerly: inside the
+        warm-up, not timed)."""
+        cfg, env = self.cfg, self.env
+        self.graph_note = graph_support(
+            env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
+        )
+        warmup, prof_first = cfg.warmup_steps, cfg.warmup_steps
+        if self.graph_note is None:
+            self.run_step = GraphedStep(self.train_step, time_replays=cfg.profile_steps)
+            if cfg.profile_steps:
+                prof_first = 1  # (step 0 compiles)
+                warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
+        elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs, whole_step=False):
+            self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
+        return warmup, prof_first
 
     def step_graph(self) -> str:
         """What of a training step is a CUDA graph, and why not more (logs and results)."""
