@@ -101,7 +101,7 @@ def test_eager_path_of_graphed_head_equals_eager_step(name: str) -> None:
 
 
 def test_head_graph_support() -> None:
-    """CUDA, graphs on, not the whole step, and a model split as head(lookup(ids))."""
+    """CUDA, graphs on, and a model split as head(lookup(ids))."""
 
     class OwnForward(WDL):  # (a user's subclass that overrides forward: no head to capture)
         def forward(self, sparse, dense=None):
@@ -110,11 +110,10 @@ def test_head_graph_support() -> None:
     cuda_env = DistEnv.single(device=torch.device("cuda"))
     model = _step("wdl", "cpu", amp=False, graphs=False).model
     own = OwnForward(nn.Embedding(ROWS, DIM), FIELDS, DENSE, DIM)
-    assert head_graph_support(cuda_env, model, enabled=True, whole_step=False)
-    assert not head_graph_support(cuda_env, model, enabled=False, whole_step=False)
-    assert not head_graph_support(cuda_env, model, enabled=True, whole_step=True)
-    assert not head_graph_support(DistEnv.single(), model, enabled=True, whole_step=False)
-    assert not head_graph_support(cuda_env, own, enabled=True, whole_step=False)
+    assert head_graph_support(cuda_env, model, enabled=True)
+    assert not head_graph_support(cuda_env, model, enabled=False)
+    assert not head_graph_support(DistEnv.single(), model, enabled=True)
+    assert not head_graph_support(cuda_env, own, enabled=True)
 
 
 def test_shape_follows_batches_until_the_capture() -> None:

@@ -39,13 +39,13 @@ from hetgmp.models import CTRModel
 WARMUP_STEPS = 2  # eager steps before the capture: cuBLAS's and Triton's set-up
 
 
-def head_graph_support(env: DistEnv, model: CTRModel, *, enabled: bool, whole_step: bool) -> bool:
-    """Whether a training step replays its dense part as a CUDA graph: CUDA, graphs on, the
-    whole step not a graph, and a model whose forward is ``head(lookup(ids))`` (a subclass
+def head_graph_support(env: DistEnv, model: CTRModel, *, enabled: bool) -> bool:
+    """Whether a training step whose whole step is not a graph replays its dense part as
+    one: CUDA, graphs on, and a model whose forward is ``head(lookup(ids))`` (a subclass
     that overrides ``forward`` instead of ``head`` trains eagerly)."""
     cls = type(model)
     split = cls.forward is CTRModel.forward and cls.head is not CTRModel.head
-    return enabled and env.device.type == "cuda" and not whole_step and split
+    return enabled and env.device.type == "cuda" and split
 
 
 def forward_backward(

@@ -130,7 +130,7 @@ class Trainer:
             if cfg.profile_steps:
                 prof_first = 1  # (step 0 compiles)
                 warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
-        elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs, whole_step=False):
+        elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs):
             self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
         return warmup, prof_first
 
@@ -225,7 +225,12 @@ class Trainer:
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
             source.deferred = True  # (the graph gathers each batch itself)
         self.log.info(f"data: {why}")
-        self.log.info(f"step: {self.step_graph()}")
+        what = self.step_graph()
+        self.log.info(
+            f"step: eager kernels ({self.graph_note})"
+            if what.startswith("none")
+            else f"step: one CUDA graph of the {what} per full batch (after 2 eager steps)"
+        )
         return source
 
     def _loop(self, source: BatchSource) -> None:
