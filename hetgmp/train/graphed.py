@@ -31,11 +31,11 @@ import torch
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
+from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.step import TrainStep
 
 GRAPH_DENSE_OPTIMIZERS = ("adam", "sgd")  # torch's fused CUDA kernels, capturable
-WARMUP_STEPS = 2  # eager steps before the capture: Adam's state, Triton's and cuBLAS's set-up
 
 
 def graph_support(

@@ -36,7 +36,9 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch
 from hetgmp.models import CTRModel
 
-WARMUP_STEPS = 2  # eager steps before the capture: cuBLAS's and Triton's set-up
+# eager steps before a capture (also the whole step's, hetgmp.train.graphed): the dense
+# optimizer's state, Triton's and cuBLAS's set-up
+WARMUP_STEPS = 2
 
 
 def head_graph_support(env: DistEnv, model: CTRModel, *, enabled: bool) -> bool:

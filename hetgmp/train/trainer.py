@@ -45,8 +45,8 @@ from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
-from hetgmp.train.graphed import WARMUP_STEPS, GraphedStep, graph_support
-from hetgmp.train.graphed_head import GraphedHead, head_graph_support
+from hetgmp.train.graphed import GraphedStep, graph_support
+from hetgmp.train.graphed_head import WARMUP_STEPS, GraphedHead, head_graph_support
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
