@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def fit_exponent(card: int, distinct: int, draws: int) -> float:
     """Exponent whose expected distinct count in ``draws`` draws equals ``distinct`` (bisection)."""
+
     def ed(a: float) -> float:
         return expected_distinct(PowerLaw(np.array([card]), np.array([a])).pmf(0), draws)
 
@@ -65,7 +66,9 @@ def criteo_part(root: Path) -> None:
     for f, col in enumerate(cats):
         d = len(set(col))
         a = fit_exponent(CRITEO_CARDINALITIES[f], d, len(rows))
-        print(f"C{f + 1:<4} {CRITEO_CARDINALITIES[f]:>11} {d:>9} {a:>9.2f} {CRITEO_ZIPF_EXPONENTS[f]:>12.2f}")
+        print(
+            f"C{f + 1:<4} {CRITEO_CARDINALITIES[f]:>11} {d:>9} {a:>9.2f} {CRITEO_ZIPF_EXPONENTS[f]:>12.2f}"
+        )
 
 
 def movielens_part(root: Path, localities: list[float]) -> None:
@@ -109,7 +112,9 @@ def movielens_part(root: Path, localities: list[float]) -> None:
         pu = np.bincount(u)
         pu = np.sort(pu[pu > 0])
         g = float((2 * np.arange(1, pu.size + 1) - pu.size - 1) @ pu / (pu.size * pu.sum()))
-        print(f"locality {loc:.2f}: mean excess repeat {np.mean(vals):.3f}; users {pu.size}, Gini {g:.3f}")
+        print(
+            f"locality {loc:.2f}: mean excess repeat {np.mean(vals):.3f}; users {pu.size}, Gini {g:.3f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--localities", type=float, nargs="+", default=[0.0, 0.5, 0.6, 0.65, 0.7, 1.0])
     a = p.parse_args(argv)
     if not a.datasets.is_dir():
-        print(f"real samples not found at {a.datasets}; nothing to calibrate against", file=sys.stderr)
+        print(
+            f"real samples not found at {a.datasets}; nothing to calibrate against", file=sys.stderr
+        )
         return 1
     criteo_part(a.datasets / "criteo-sample")
     movielens_part(a.datasets / "movielens-100k", a.localities)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATASETS = Path(os.environ.get("HETGMP_SHARED_DATASETS", ROOT.parent / "shared" / "datasets"))
+SHARED_DATASETS = Path(
+    os.environ.get("HETGMP_SHARED_DATASETS", ROOT.parent / "shared" / "datasets")
+)
 
 
 def free_port() -> int:

@@ -66,7 +66,9 @@ def test_shape_cardinalities_and_id_ranges(small) -> None:
     for split in (small.train, small.test):
         sp = np.asarray(split.sparse)
         assert sp.dtype == np.int32
-        assert (sp >= m.field_offsets).all() and (sp < m.field_offsets + m.field_cardinalities).all()
+        assert (sp >= m.field_offsets).all() and (
+            sp < m.field_offsets + m.field_cardinalities
+        ).all()
         assert np.isfinite(np.asarray(split.dense)).all()
         assert set(np.unique(split.labels)) <= {0.0, 1.0}
     assert verify_dataset(small.root).ok

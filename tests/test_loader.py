@@ -43,7 +43,10 @@ def test_unshuffled_order_is_sequential(tiny_dataset) -> None:
 
 def test_shuffle_is_a_function_of_seed_and_epoch(tiny_dataset) -> None:
     def order(seed: int, epoch: int) -> list[np.ndarray]:
-        return [b.indices for b in BatchLoader(tiny_dataset.train, 50, shuffle=True, seed=seed, epoch=epoch)]
+        return [
+            b.indices
+            for b in BatchLoader(tiny_dataset.train, 50, shuffle=True, seed=seed, epoch=epoch)
+        ]
 
     a, b = order(5, 1), order(5, 1)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))

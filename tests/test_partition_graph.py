@@ -83,8 +83,9 @@ def test_mirror_ranking_matches_brute_force():
     ep = balanced_random(rows, p, rng)
     topo = cost.topology_matrix(p, gpus_per_node=2, intra_cost=0.25)
     m = cost.samples_per_part(ids.shape[0], p)
-    lists, gains = rank_mirrors(ids, dp, ep, p, batch_size=16, topo=topo, max_mirror_rate=1.0,
-                                num_rows=rows)
+    lists, gains = rank_mirrors(
+        ids, dp, ep, p, batch_size=16, topo=topo, max_mirror_rate=1.0, num_rows=rows
+    )
     for w in range(p):
         brute = []
         for r in range(rows):
@@ -97,8 +98,9 @@ def test_mirror_ranking_matches_brute_force():
         assert lists[w].tolist() == [b[2] for b in brute]
         np.testing.assert_allclose(gains[w], [b[3] for b in brute], rtol=1e-12)
     # truncation keeps the head of the list
-    short, _ = rank_mirrors(ids, dp, ep, p, batch_size=16, topo=topo, max_mirror_rate=0.05,
-                            num_rows=rows)
+    short, _ = rank_mirrors(
+        ids, dp, ep, p, batch_size=16, topo=topo, max_mirror_rate=0.05, num_rows=rows
+    )
     for w in range(p):
         assert short[w].tolist() == lists[w][: round(0.05 * rows)].tolist()
 

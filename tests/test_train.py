@@ -263,7 +263,9 @@ def test_empty_test_split_gives_null_metrics(tmp_path) -> None:
 
     ds = write_dataset(tmp_path / "d", fields, {"train": split(64), "test": split(0)})
     out = tmp_path / "r.json"
-    res = train(_cfg(ds.root, iter=2, output=out), DistEnv.single(), embedding_factory=local_factory)
+    res = train(
+        _cfg(ds.root, iter=2, output=out), DistEnv.single(), embedding_factory=local_factory
+    )
     assert res["val_auc"] is None and res["val_loss"] is None
 
     def no_nan(c: str) -> None:

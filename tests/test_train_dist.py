@@ -131,7 +131,8 @@ def _ckpt_state(ckdir: Path):
 
 
 @pytest.mark.parametrize(
-    ("nparts", "sparse"), [(3, {}), (3, {"optimizer": "sgd", "replies": "all", "exchange": "padded"})]
+    ("nparts", "sparse"),
+    [(3, {}), (3, {"optimizer": "sgd", "replies": "all", "exchange": "padded"})],
 )
 def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int, sparse) -> None:
     """Adagrad + the exact exchange, and SGD + the padded exchange (--exchange padded)."""

@@ -40,7 +40,8 @@ def main() -> None:
         "--examine", default="", help="op names (comma): what their slowest calls overlap"
     )
     p.add_argument(
-        "--dump", action="store_true",
+        "--dump",
+        action="store_true",
         help="also write the chrome trace, gzipped (DIR/trace_rank{r}.json.gz: bench/trace_threads.py)",
     )
     a = p.parse_args(argv[:cut])

@@ -233,8 +233,11 @@ def phase_rows(records: list[dict[str, Any]]) -> list[str]:
         lines.append(f"| {r['model']} | {r['batch']} | {r['gpus']} | {r.get('variant', '')} | "
                      + " | ".join(fmt(ms.get(p), ".3f") for p in PHASES)
                      + f" | {fmt(graph, '.3f')} | {fmt(step, '.3f')} | {busy} |")  # fmt: skip
-    lines += ["", "(phases: eager profiled steps when the step is a CUDA graph; `graph ms`: one "
-              "replayed step's device time; GPU busy = graph ms / measured ms per step)"]
+    lines += [
+        "",
+        "(phases: eager profiled steps when the step is a CUDA graph; `graph ms`: one "
+        "replayed step's device time; GPU busy = graph ms / measured ms per step)",
+    ]
     return lines
 
 

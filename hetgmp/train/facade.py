@@ -149,6 +149,7 @@ class Trainer:
         self._log = RunLog(
             active=env.is_main and verbose, json_path=cfg.log_json, progress=False, stream=stream
         )
+
         def indices_of(rank: int) -> np.ndarray:
             return rank_sample_indices(len(dataset.train), rank, env.world_size, plan)
 

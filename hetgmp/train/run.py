@@ -252,6 +252,7 @@ def build_trainer(
     ds = resolve_dataset(cfg, env, log)
     plan = load_checked_plan(cfg, env, ds, log)
     model = build_ctr_model(cfg, env, ds, plan, embedding_factory=embedding_factory, log=log)
+
     def indices_of(rank: int) -> np.ndarray:
         return rank_sample_indices(len(ds.train), rank, env.world_size, plan)
 
