@@ -43,6 +43,7 @@ test: install
 
 lint: install
 	$(VENV)/bin/ruff check hetgmp tests bench examples partition datasets
+	$(VENV)/bin/ruff format --check hetgmp tests bench examples partition datasets
 
 clean:
 	rm -rf build *.egg-info hetgmp/_native*.so $(VENV)/.native-stamp
