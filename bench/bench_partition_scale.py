@@ -29,32 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 KAGGLE_SAMPLES = 45_840_617
 # Distinct values per categorical field of Criteo Kaggle train.txt (sum 33,762,577).
 KAGGLE_CARDINALITIES = [
-    1460,
-    583,
-    10131227,
-    2202608,
-    305,
-    24,
-    12517,
-    633,
-    3,
-    93145,
-    5683,
-    8351593,
-    3194,
-    27,
-    14992,
-    5461306,
-    10,
-    5652,
-    2173,
-    4,
-    7046547,
-    18,
-    15,
-    286181,
-    105,
-    142572,
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 ]
 CHUNK = 1 << 20
 
@@ -80,44 +56,25 @@ def generate(path: Path, samples: int, cards: np.ndarray, seed: int, threads: in
     return time.perf_counter() - t0
 
 
-def child(
-    ids_path: Path,
-    num_rows: int,
-    nparts: int,
-    threads: int | None,
-    batch: int,
-    rounds: int,
-    out_json: Path,
-) -> int:
+def child(ids_path: Path, num_rows: int, nparts: int, threads: int | None, batch: int,
+          rounds: int, out_json: Path) -> int:
     """Partition the memory-mapped ids; write the measurements as JSON."""
     from hetgmp.partition.api import partition_ids, peak_rss_mb
     from hetgmp.partition.plan import save_plan
 
     t0 = time.perf_counter()
     ids = np.load(ids_path, mmap_mode="r")
-    plan = partition_ids(
-        ids,
-        num_rows,
-        nparts,
-        method="metis+refine",
-        batch_size=batch,
-        rounds=rounds,
-        threads=threads,
-        progress=sys.stderr.isatty(),
-    )
+    plan = partition_ids(ids, num_rows, nparts, method="metis+refine", batch_size=batch,
+                         rounds=rounds, threads=threads, progress=sys.stderr.isatty())
     wall = time.perf_counter() - t0
     peak = peak_rss_mb()
     save_plan(plan, out_json.with_suffix(".npz"))
     q = plan.meta["quality"]
     res = {
-        "wall_s": wall,
-        "peak_rss_mb": peak,
-        "timing": plan.meta["timing"],
-        "metis": plan.meta.get("metis"),
-        "fetches_per_step": q["fetches_per_step"],
+        "wall_s": wall, "peak_rss_mb": peak, "timing": plan.meta["timing"],
+        "metis": plan.meta.get("metis"), "fetches_per_step": q["fetches_per_step"],
         "baselines": {k: v["fetches_per_step"] for k, v in q.get("baselines", {}).items()},
-        "cost_history": q["cost_history"],
-        "balance": q["max_over_mean"],
+        "cost_history": q["cost_history"], "balance": q["max_over_mean"],
     }
     out_json.write_text(json.dumps(res, indent=2))
     return 0
@@ -136,44 +93,23 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "partition_scale.md")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    cards = np.maximum(1, np.round(np.array(KAGGLE_CARDINALITIES) * args.card_scale)).astype(
-        np.int64
-    )
+    cards = np.maximum(1, np.round(np.array(KAGGLE_CARDINALITIES) * args.card_scale)).astype(np.int64)
     num_rows = int(cards.sum())
     ids_path = args.work_dir / f"ids_{args.samples}_{args.card_scale}_{args.seed}.npy"
     if args.child:
-        return child(
-            ids_path, num_rows, args.nparts, args.threads, args.batch_size, args.rounds, args.child
-        )
+        return child(ids_path, num_rows, args.nparts, args.threads, args.batch_size,
+                     args.rounds, args.child)
 
     args.work_dir.mkdir(parents=True, exist_ok=True)
     gen_s = None
     if not ids_path.exists():
-        gen_s = generate(
-            ids_path, args.samples, cards, args.seed, args.threads or os.cpu_count() or 1
-        )
+        gen_s = generate(ids_path, args.samples, cards, args.seed, args.threads or os.cpu_count() or 1)
         print(f"generated {args.samples} x 26 ids in {gen_s:.1f} s -> {ids_path}", flush=True)
     res_json = args.work_dir / "result.json"
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        str(res_json),
-        "--samples",
-        str(args.samples),
-        "--card-scale",
-        str(args.card_scale),
-        "--nparts",
-        str(args.nparts),
-        "--batch-size",
-        str(args.batch_size),
-        "--rounds",
-        str(args.rounds),
-        "--seed",
-        str(args.seed),
-        "--work-dir",
-        str(args.work_dir),
-    ]
+    cmd = [sys.executable, __file__, "--child", str(res_json), "--samples", str(args.samples),
+           "--card-scale", str(args.card_scale), "--nparts", str(args.nparts),
+           "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
+           "--seed", str(args.seed), "--work-dir", str(args.work_dir)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     subprocess.run(cmd, check=True)
@@ -188,9 +124,8 @@ def main() -> int:
         f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
         f"- shape: {args.samples} samples x 26 fields, {num_rows} rows, {args.nparts} parts, "
         f"batch {args.batch_size}, {args.rounds} rounds, threads {args.threads or os.cpu_count()}",
-        f"- data generation (not included below): {gen_s:.1f} s"
-        if gen_s
-        else "- data generation: reused an existing file",
+        f"- data generation (not included below): {gen_s:.1f} s" if gen_s else
+        "- data generation: reused an existing file",
         f"- **partition wall time: {res['wall_s']:.1f} s, peak RSS {res['peak_rss_mb'] / 1024:.2f} GiB** "
         "(input pages included; plan report with random/hash baselines included)",
         "- stages (s): " + ", ".join(f"{k}={v:.1f}" for k, v in res["timing"].items()),

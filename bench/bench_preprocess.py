@@ -27,34 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 ROOT = Path(__file__).resolve().parents[1]
-CARDS = [
-    1460,
-    583,
-    1013122,
-    220260,
-    305,
-    24,
-    12517,
-    633,
-    3,
-    93145,
-    5683,
-    835159,
-    3194,
-    27,
-    14992,
-    546130,
-    10,
-    5652,
-    2173,
-    4,
-    704654,
-    18,
-    15,
-    28618,
-    105,
-    14257,
-]  # Kaggle / ~10
+CARDS = [1460, 583, 1013122, 220260, 305, 24, 12517, 633, 3, 93145, 5683, 835159, 3194, 27,
+         14992, 546130, 10, 5652, 2173, 4, 704654, 18, 15, 28618, 105, 14257]  # Kaggle / ~10
 
 
 def _hex8(v: np.ndarray) -> pa.Array:
@@ -86,20 +60,12 @@ def write_criteo_tsv(path: Path, lines: int, seed: int, chunk: int = 500_000) ->
 def machine() -> dict:
     cpu = ""
     try:
-        cpu = next(
-            ln.split(":", 1)[1].strip()
-            for ln in open("/proc/cpuinfo")
-            if ln.startswith("model name")
-        )
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                   if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {
-        "host": platform.node(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-    }
+    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version(), "platform": platform.platform()}
 
 
 def main() -> int:
@@ -115,19 +81,8 @@ def main() -> int:
     write_criteo_tsv(tsv, args.lines, seed=0)
     t_gen = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "hetgmp",
-        "preprocess",
-        "criteo",
-        str(tsv),
-        "--out",
-        str(out),
-        "--min-count",
-        str(args.min_count),
-        "--no-progress",
-    ]
+    cmd = [sys.executable, "-m", "hetgmp", "preprocess", "criteo", str(tsv), "--out", str(out),
+           "--min-count", str(args.min_count), "--no-progress"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT)
     wall = time.perf_counter() - t0
@@ -137,45 +92,25 @@ def main() -> int:
     res = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "command": " ".join(
-            [
-                "python",
-                "bench/bench_preprocess.py",
-                "--lines",
-                str(args.lines),
-                "--min-count",
-                str(args.min_count),
-            ]
-        ),
+        "command": " ".join(["python", "bench/bench_preprocess.py", "--lines", str(args.lines),
+                             "--min-count", str(args.min_count)]),
         "preprocess_command": " ".join(cmd[1:]),
-        "lines": args.lines,
-        "input_bytes": size,
-        "generate_s": round(t_gen, 2),
-        "preprocess_wall_s": round(wall, 2),
-        "lines_per_s": round(args.lines / wall),
-        "mb_per_s": round(size / wall / 1e6, 1),
-        "peak_rss_mib": round(peak_kib / 1024, 1),
-        "pass_seconds": meta["source"]["seconds"],
-        "num_embeddings": meta["num_embeddings"],
+        "lines": args.lines, "input_bytes": size, "generate_s": round(t_gen, 2),
+        "preprocess_wall_s": round(wall, 2), "lines_per_s": round(args.lines / wall),
+        "mb_per_s": round(size / wall / 1e6, 1), "peak_rss_mib": round(peak_kib / 1024, 1),
+        "pass_seconds": meta["source"]["seconds"], "num_embeddings": meta["num_embeddings"],
         "splits": meta["splits"],
     }
     (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench/results/preprocess.json").write_text(json.dumps(res, indent=2) + "\n")
-    md = [
-        "# hetgmp preprocess criteo: throughput and peak memory",
-        "",
-        f"- date: {res['date']}",
-        f"- machine: {res['machine']}",
-        f"- command: `{res['command']}`",
-        f"- preprocess: `{res['preprocess_command']}`",
-        "",
-        "| lines | input MB | wall s | lines/s | MB/s | peak RSS MiB | pass1 s | pass2 s | rows |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| {args.lines} | {size / 1e6:.0f} | {wall:.1f} | {res['lines_per_s']} | "
-        f"{res['mb_per_s']} | {res['peak_rss_mib']} | {res['pass_seconds']['pass1']} | "
-        f"{res['pass_seconds']['pass2']} | {res['num_embeddings']} |",
-        "",
-    ]
+    md = ["# hetgmp preprocess criteo: throughput and peak memory", "",
+          f"- date: {res['date']}", f"- machine: {res['machine']}", f"- command: `{res['command']}`",
+          f"- preprocess: `{res['preprocess_command']}`", "",
+          "| lines | input MB | wall s | lines/s | MB/s | peak RSS MiB | pass1 s | pass2 s | rows |",
+          "|---|---|---|---|---|---|---|---|---|",
+          f"| {args.lines} | {size / 1e6:.0f} | {wall:.1f} | {res['lines_per_s']} | "
+          f"{res['mb_per_s']} | {res['peak_rss_mib']} | {res['pass_seconds']['pass1']} | "
+          f"{res['pass_seconds']['pass2']} | {res['num_embeddings']} |", ""]
     (ROOT / "bench/results/preprocess.md").write_text("\n".join(md))
     print("\n".join(md))
     if not args.keep:

@@ -44,20 +44,13 @@ def run(paths, out, block_bytes=1 << 20, **kw):
 
 
 @pytest.mark.parametrize("block_bytes", [700, 1 << 20])
-@pytest.mark.parametrize(
-    "id_order,min_count", [("frequency", 1), ("frequency", 3), ("first-appearance", 2)]
-)
+@pytest.mark.parametrize("id_order,min_count", [("frequency", 1), ("frequency", 3),
+                                                ("first-appearance", 2)])
 def test_criteo_matches_reference(tmp_path, block_bytes, id_order, min_count):
     lines = criteo_lines(300)
     f = write(tmp_path / "day.tsv", lines)
-    ds = run(
-        [f],
-        tmp_path / "out",
-        block_bytes,
-        id_order=id_order,
-        min_count=min_count,
-        test_fraction=0.25,
-    )
+    ds = run([f], tmp_path / "out", block_bytes, id_order=id_order, min_count=min_count,
+             test_fraction=0.25)
     train, test, cards = criteo_reference(lines, min_count, id_order, 0.25)
     assert [fi.cardinality for fi in ds.meta.fields] == cards
     for split, (sp, de, lb) in (("train", train), ("test", test)):
@@ -75,14 +68,8 @@ def test_threshold_rare_id_missing_and_dense(tmp_path):
     def line(label, i1, c1):
         return "\t".join([label, i1, *[""] * 12, c1, *["a"] * 25])
 
-    rows = [
-        line("1", "-5", "ff"),
-        line("0", "", "ff"),
-        line("0", "7", ""),
-        line("1", "0", "ee"),
-        line("0", "3", "dd"),
-        line("0", "3", ""),
-    ]
+    rows = [line("1", "-5", "ff"), line("0", "", "ff"), line("0", "7", ""), line("1", "0", "ee"),
+            line("0", "3", "dd"), line("0", "3", "")]
     ds = run([write(tmp_path / "t.tsv", rows)], tmp_path / "o", min_count=2, test_fraction=0.0)
     c1 = ds.meta.fields[0]
     # ff x2 and missing x2 kept (tie broken by key: 0xff < missing), ee/dd -> shared rare id 2.
@@ -97,9 +84,8 @@ def test_threshold_rare_id_missing_and_dense(tmp_path):
 
 def test_multiple_files_and_test_file_split(tmp_path):
     a, b, t = criteo_lines(50, 1), criteo_lines(70, 2), criteo_lines(30, 3)
-    src = DelimitedSource(
-        [write(tmp_path / "a", a), write(tmp_path / "b", b, end="")], criteo_spec(), block_bytes=200
-    )
+    src = DelimitedSource([write(tmp_path / "a", a), write(tmp_path / "b", b, end="")],
+                          criteo_spec(), block_bytes=200)
     test = DelimitedSource([write(tmp_path / "t", t)], criteo_spec(), block_bytes=200)
     ds = preprocess(src, tmp_path / "o", PreprocessOptions(progress=False), test_source=test)
     train_ref, _, cards = criteo_reference(a + b + t, 1, "frequency", 0.0)
@@ -142,26 +128,16 @@ def test_bad_line_error_names_file_and_line(tmp_path, name, mutate, expect):
 
 def test_skip_mode_counts_bad_lines(tmp_path):
     lines = criteo_lines(100)
-    bad_at = {
-        5: BAD_CASES[0][1],
-        17: BAD_CASES[2][1],
-        40: BAD_CASES[3][1],
-        41: BAD_CASES[4][1],
-        90: BAD_CASES[5][1],
-    }
+    bad_at = {5: BAD_CASES[0][1], 17: BAD_CASES[2][1], 40: BAD_CASES[3][1], 41: BAD_CASES[4][1],
+              90: BAD_CASES[5][1]}
     for i, m in bad_at.items():
         lines[i] = m(lines[i])
     f = write(tmp_path / "d.tsv", lines)
     ds = run([f], tmp_path / "o", block_bytes=512, on_bad_line="skip", test_fraction=0.0)
     rep = ds.meta.source["bad_lines"]
     assert rep["skipped"] == 5
-    assert rep["counts"] == {
-        "wrong_field_count": 1,
-        "bad_number": 1,
-        "bad_label": 1,
-        "empty_line": 1,
-        "bad_category": 1,
-    }
+    assert rep["counts"] == {"wrong_field_count": 1, "bad_number": 1, "bad_label": 1,
+                             "empty_line": 1, "bad_category": 1}
     assert any(f"{f}:line 18:" in e for e in rep["examples"])
     good = [ln for i, ln in enumerate(lines) if i not in bad_at]
     ref, _, _ = criteo_reference(good, 1, "frequency", 0.0)
@@ -209,11 +185,8 @@ def test_failure_while_reading_leaves_no_output(tmp_path):
 
     f = write(tmp_path / "d", criteo_lines(300))
     with pytest.raises(OSError, match="input vanished"):
-        preprocess(
-            Failing([f], criteo_spec(), block_bytes=1000),
-            tmp_path / "out",
-            PreprocessOptions(progress=False),
-        )
+        preprocess(Failing([f], criteo_spec(), block_bytes=1000), tmp_path / "out",
+                   PreprocessOptions(progress=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
 
@@ -224,20 +197,8 @@ def test_cli_reports_bad_line_cleanly(tmp_path, capsys):
     rc = main(["preprocess", "criteo", str(f), "--out", str(tmp_path / "o"), "--no-progress"])
     assert rc == 2
     assert f"{f}:line 4: 2 fields, expected 40" in capsys.readouterr().err
-    rc = main(
-        [
-            "preprocess",
-            "criteo",
-            str(f),
-            "--out",
-            str(tmp_path / "o"),
-            "--no-progress",
-            "--on-bad-line",
-            "skip",
-            "--test-fraction",
-            "0",
-        ]
-    )
+    rc = main(["preprocess", "criteo", str(f), "--out", str(tmp_path / "o"), "--no-progress",
+               "--on-bad-line", "skip", "--test-fraction", "0"])
     assert rc == 0
     assert open_dataset(tmp_path / "o").meta.splits == {"train": 9, "test": 0}
 
@@ -259,9 +220,8 @@ def test_fast_path_is_taken_and_equals_general_path(tmp_path, monkeypatch):
     assert taken and all(taken)
     general_src = DelimitedSource([f], criteo_spec(), block_bytes=4096)
     general_src._fast_ok = False
-    general = preprocess(
-        general_src, tmp_path / "general", PreprocessOptions(progress=False, test_fraction=0.2)
-    )
+    general = preprocess(general_src, tmp_path / "general",
+                         PreprocessOptions(progress=False, test_fraction=0.2))
     assert fast.fingerprint == general.fingerprint
 
 

@@ -42,10 +42,8 @@ def test_string_keys_match_reference_fnv1a():
 
 def test_key_counter_merges_like_counter():
     rng = np.random.default_rng(1)
-    blocks = [
-        rng.integers(0, 300, size=(int(rng.integers(1, 50)), 2)).astype(np.uint64)
-        for _ in range(80)
-    ]
+    blocks = [rng.integers(0, 300, size=(int(rng.integers(1, 50)), 2)).astype(np.uint64)
+              for _ in range(80)]
     c = KeyCounter(2, track_first=True)
     for b in blocks:
         c.add(b)
@@ -62,14 +60,12 @@ def _csv_rows(n: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(n):
-        rows.append(
-            {
-                "click": str(int(rng.random() < 0.4)),
-                "price": "" if rng.random() < 0.1 else f"{rng.normal() * 10:.3f}",
-                "site": rng.choice(["news", "shop", "", "sport", "blog x"]),
-                "ad": f"ad{int(rng.zipf(1.6)) % 40}",
-            }
-        )
+        rows.append({
+            "click": str(int(rng.random() < 0.4)),
+            "price": "" if rng.random() < 0.1 else f"{rng.normal() * 10:.3f}",
+            "site": rng.choice(["news", "shop", "", "sport", "blog x"]),
+            "ad": f"ad{int(rng.zipf(1.6)) % 40}",
+        })
     return rows
 
 
@@ -81,20 +77,10 @@ def test_csv_with_header_matches_reference(tmp_path, block_bytes):
         w = csv.DictWriter(f, fieldnames=["click", "price", "site", "ad"], lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-    spec = resolve_columns(
-        path,
-        label="click",
-        dense=["price"],
-        categorical=["site", "3"],
-        delimiter=",",
-        header=True,
-        quote_char=None,
-    )
-    ds = preprocess(
-        DelimitedSource([path], spec, block_bytes=block_bytes),
-        tmp_path / "o",
-        PreprocessOptions(progress=False, test_fraction=0.0, min_count=2),
-    )
+    spec = resolve_columns(path, label="click", dense=["price"], categorical=["site", "3"],
+                           delimiter=",", header=True, quote_char=None)
+    ds = preprocess(DelimitedSource([path], spec, block_bytes=block_bytes), tmp_path / "o",
+                    PreprocessOptions(progress=False, test_fraction=0.0, min_count=2))
     keys = [[fnv1a_reference(r["site"].encode()), fnv1a_reference(r["ad"].encode())] for r in rows]
     ids, cards = encode_fields(keys, 2, "frequency")
     np.testing.assert_array_equal(ds.train.sparse, ids)
@@ -108,21 +94,13 @@ def test_csv_with_header_matches_reference(tmp_path, block_bytes):
 def test_csv_bad_lines_count_header(tmp_path):
     path = tmp_path / "x.csv"
     path.write_text("y,a,b\n1,2,c\n0,oops,d\n1,3,e\n")
-    spec = resolve_columns(
-        path, label="y", dense=["a"], categorical=["b"], delimiter=",", header=True, quote_char=None
-    )
+    spec = resolve_columns(path, label="y", dense=["a"], categorical=["b"], delimiter=",",
+                           header=True, quote_char=None)
     with pytest.raises(BadInputError, match=f"{path}:line 3: column a: 'oops' is not a number"):
         preprocess(DelimitedSource([path], spec), tmp_path / "o", OPTS)
     with pytest.raises(ValueError, match="--categorical 'zz': no such column"):
-        resolve_columns(
-            path,
-            label="y",
-            dense=[],
-            categorical=["zz"],
-            delimiter=",",
-            header=True,
-            quote_char=None,
-        )
+        resolve_columns(path, label="y", dense=[], categorical=["zz"], delimiter=",",
+                        header=True, quote_char=None)
 
 
 def _libsvm_lines(n: int, seed: int = 0):
@@ -146,71 +124,52 @@ def test_libsvm_matches_reference(tmp_path):
     src = LibsvmSource([path], dense_fields=[4], block_bytes=300)
     assert src.num_fields == 5
     ds = preprocess(src, tmp_path / "o", OPTS)
-    keys = [
-        [int(int_keys(np.array([v]))[0]) if v is not None else MISSING for v in ids]
-        for _, ids, _ in rows
-    ]
+    keys = [[int(int_keys(np.array([v]))[0]) if v is not None else MISSING for v in ids]
+            for _, ids, _ in rows]
     ids, cards = encode_fields(keys, 1, "frequency")
     np.testing.assert_array_equal(ds.train.sparse, ids)
     np.testing.assert_allclose(ds.train.dense.ravel(), [d for _, _, d in rows], rtol=1e-6)
     np.testing.assert_array_equal(ds.train.labels.ravel(), [lb for lb, _, _ in rows])
 
 
-@pytest.mark.parametrize(
-    "bad,expect",
-    [
-        ("2 0:1:1", "label '2' is not 0/1"),
-        ("1 0:1", "token '0:1' is not field:id:value"),
-        ("1 0:1:1 0:2:1", "field 0 appears twice"),
-        ("1 9:1:1", "field 9 is outside"),
-    ],
-)
+@pytest.mark.parametrize("bad,expect", [
+    ("2 0:1:1", "label '2' is not 0/1"),
+    ("1 0:1", "token '0:1' is not field:id:value"),
+    ("1 0:1:1 0:2:1", "field 0 appears twice"),
+    ("1 9:1:1", "field 9 is outside"),
+])
 def test_libsvm_bad_lines(tmp_path, bad, expect):
     path = tmp_path / "d.libfm"
     path.write_text("1 0:1:1 1:2:1\n0 1:3:1\n" + bad + "\n")
     with pytest.raises(BadInputError, match=f"{path}:line 3: {expect}"):
         preprocess(LibsvmSource([path], num_fields=2), tmp_path / "o", OPTS)
-    ds = preprocess(
-        LibsvmSource([path], num_fields=2),
-        tmp_path / "o",
-        PreprocessOptions(progress=False, test_fraction=0.0, on_bad_line="skip"),
-    )
+    ds = preprocess(LibsvmSource([path], num_fields=2), tmp_path / "o",
+                    PreprocessOptions(progress=False, test_fraction=0.0, on_bad_line="skip"))
     assert ds.meta.splits["train"] == 2 and ds.meta.source["bad_lines"]["skipped"] == 1
 
 
 def test_parquet_row_groups_match_reference(tmp_path):
     rng = np.random.default_rng(3)
     n = 500
-    table = pa.table(
-        {
-            "y": pa.array((rng.random(n) < 0.3).astype(np.int64)),
-            "x": pa.array(np.where(rng.random(n) < 0.1, np.nan, rng.random(n))).cast(pa.float64()),
-            "user": pa.array(
-                [None if i % 17 == 0 else int(v) for i, v in enumerate(rng.integers(0, 30, n))],
-                pa.int64(),
-            ),
-            "city": pa.array([["a", "b", "c", None][int(v)] for v in rng.integers(0, 4, n)]),
-        }
-    )
+    table = pa.table({
+        "y": pa.array((rng.random(n) < 0.3).astype(np.int64)),
+        "x": pa.array(np.where(rng.random(n) < 0.1, np.nan, rng.random(n))).cast(pa.float64()),
+        "user": pa.array([None if i % 17 == 0 else int(v) for i, v in
+                          enumerate(rng.integers(0, 30, n))], pa.int64()),
+        "city": pa.array([["a", "b", "c", None][int(v)] for v in rng.integers(0, 4, n)]),
+    })
     path = tmp_path / "d.parquet"
     pq.write_table(table, path, row_group_size=64)
-    src = ParquetSource([path], label="y", dense=["x"], categorical=["user", "city"], batch_rows=50)
+    src = ParquetSource([path], label="y", dense=["x"], categorical=["user", "city"],
+                        batch_rows=50)
     # NaN is not a number: those rows are skipped and counted.
-    ds = preprocess(
-        src,
-        tmp_path / "o",
-        PreprocessOptions(progress=False, test_fraction=0.0, on_bad_line="skip"),
-    )
+    ds = preprocess(src, tmp_path / "o",
+                    PreprocessOptions(progress=False, test_fraction=0.0, on_bad_line="skip"))
     d = table.to_pydict()
     keep = [i for i in range(n) if not np.isnan(d["x"][i])]
     assert ds.meta.source["bad_lines"]["counts"] == {"bad_number": n - len(keep)}
-    keys = [
-        [
-            int(int_keys(np.array([d["user"][i]]))[0]) if d["user"][i] is not None else MISSING,
-            fnv1a_reference((d["city"][i] or "").encode()),
-        ]
-        for i in keep
-    ]
+    keys = [[int(int_keys(np.array([d["user"][i]]))[0]) if d["user"][i] is not None else MISSING,
+             fnv1a_reference((d["city"][i] or "").encode())] for i in keep]
     ids, cards = encode_fields(keys, 1, "frequency")
     np.testing.assert_array_equal(ds.train.sparse, ids)
     np.testing.assert_allclose(ds.train.dense.ravel(), [d["x"][i] for i in keep], rtol=1e-6)

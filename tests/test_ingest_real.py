@@ -19,11 +19,8 @@ def _criteo_rows(root, name):
 
 
 def test_criteo_sample_splits_and_labels(shared_datasets, tmp_path):
-    ds = convert_criteo_sample(
-        shared_datasets / "criteo-sample",
-        tmp_path / "cs",
-        options=PreprocessOptions(progress=False, min_count=2),
-    )
+    ds = convert_criteo_sample(shared_datasets / "criteo-sample", tmp_path / "cs",
+                               options=PreprocessOptions(progress=False, min_count=2))
     rows = {n: _criteo_rows(shared_datasets, n) for n in ("train.csv", "dev.csv", "test.csv")}
     assert [len(r) for r in rows.values()] == [7200, 409, 391]
     assert ds.meta.splits == {"train": 7200, "test": 800}
@@ -40,9 +37,7 @@ def test_criteo_sample_splits_and_labels(shared_datasets, tmp_path):
 
 def test_criteo_sample_hetgmp_reference_encoding(shared_datasets, tmp_path):
     ref = encode_criteo_sample_hetgmp_reference(shared_datasets / "criteo-sample")
-    rows = [
-        r for n in ("train.csv", "dev.csv", "test.csv") for r in _criteo_rows(shared_datasets, n)
-    ]
+    rows = [r for n in ("train.csv", "dev.csv", "test.csv") for r in _criteo_rows(shared_datasets, n)]
     assert ref.sparse.shape == (8000, 26) and ref.num_rows == 37100
     off = 0
     for k in range(26):
@@ -51,17 +46,8 @@ def test_criteo_sample_hetgmp_reference_encoding(shared_datasets, tmp_path):
             order.setdefault(r[14 + k], len(order))
         np.testing.assert_array_equal(ref.sparse[:, k], [off + order[r[14 + k]] for r in rows])
         off += len(order)
-    rc = main(
-        [
-            "preprocess",
-            "criteo-sample",
-            str(shared_datasets / "criteo-sample"),
-            "--out",
-            str(tmp_path / "ref"),
-            "--hetgmp-reference",
-            "--no-progress",
-        ]
-    )
+    rc = main(["preprocess", "criteo-sample", str(shared_datasets / "criteo-sample"),
+               "--out", str(tmp_path / "ref"), "--hetgmp-reference", "--no-progress"])
     assert rc == 0
     ds = open_dataset(tmp_path / "ref")
     assert ds.meta.splits == {"train": 8000, "test": 0}
@@ -80,13 +66,10 @@ def test_movielens(shared_datasets, tmp_path):
     labels = np.concatenate([ds.train.labels.ravel(), ds.test.labels.ravel()])
     assert abs(labels.mean() - 0.554) < 0.001
     # Every user id of u.data maps to exactly one id of field "user" and back.
-    users = [
-        int(line.split("\t")[0])
-        for line in open(shared_datasets / "movielens-100k" / "u.data", encoding="latin-1")
-    ]
-    again = convert_movielens(
-        shared_datasets / "movielens-100k", tmp_path / "ml0", test_fraction=0.0
-    )
+    users = [int(line.split("\t")[0]) for line in
+             open(shared_datasets / "movielens-100k" / "u.data", encoding="latin-1")]
+    again = convert_movielens(shared_datasets / "movielens-100k", tmp_path / "ml0",
+                              test_fraction=0.0)
     pairs = set(zip(users, again.train.sparse[:, 0].tolist(), strict=True))
     assert len(pairs) == 943
     assert again.train.sparse[0, 0] == 0  # first appearance: first rating's user gets id 0

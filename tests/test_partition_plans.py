@@ -39,16 +39,8 @@ def graph():
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_gives_a_valid_balanced_plan(graph, method):
     ids, rows = graph
-    plan = partition_ids(
-        ids,
-        rows,
-        NPARTS,
-        method=method,
-        batch_size=64,
-        rounds=3,
-        report_baselines=False,
-        progress=False,
-    )
+    plan = partition_ids(ids, rows, NPARTS, method=method, batch_size=64, rounds=3,
+                         report_baselines=False, progress=False)
     assert plan.data_partition.shape == (ids.shape[0],)
     assert plan.embed_partition.shape == (rows,)
     assert plan.data_partition.min() >= 0 and plan.data_partition.max() < NPARTS
@@ -63,12 +55,9 @@ def test_every_method_gives_a_valid_balanced_plan(graph, method):
 
 def test_metis_refine_beats_random_on_planted_clusters(graph):
     ids, rows = graph
-    res = {
-        m: partition_ids(
-            ids, rows, NPARTS, method=m, batch_size=64, report_baselines=False, progress=False
-        ).meta["quality"]["fetches_per_step"]
-        for m in ("random", "hash", "refine", "metis+refine")
-    }
+    res = {m: partition_ids(ids, rows, NPARTS, method=m, batch_size=64, report_baselines=False,
+                            progress=False).meta["quality"]["fetches_per_step"]
+           for m in ("random", "hash", "refine", "metis+refine")}
     assert res["metis+refine"] < 0.35 * res["random"]
     assert res["metis+refine"] < 0.35 * res["hash"]
     assert res["refine"] < res["random"]
@@ -94,53 +83,29 @@ def test_refinement_never_raises_the_cost_much_and_counts_stay_exact(graph):
         numpy_cost = cost.total_cost(cost.fetch_matrix(counts, epn, m, 64), topo)
         assert native_cost == pytest.approx(numpy_cost, rel=1e-12)
         costs.append(native_cost)
-    start = cost.total_cost(
-        cost.fetch_matrix(cost.usage_counts(ids, dp, NPARTS, rows), ep, m, 64), topo
-    )
+    start = cost.total_cost(cost.fetch_matrix(cost.usage_counts(ids, dp, NPARTS, rows), ep, m, 64),
+                            topo)
     assert costs[-1] < 0.6 * start
 
 
 @pytest.mark.parametrize("method", ["refine", "metis+refine"])
 def test_same_seed_gives_identical_plans_whatever_the_threads(graph, method):
     ids, rows = graph
-    plans = [
-        partition_ids(
-            ids,
-            rows,
-            NPARTS,
-            method=method,
-            batch_size=64,
-            seed=7,
-            threads=t,
-            report_baselines=False,
-            progress=False,
-        )
-        for t in (1, 2, 2)
-    ]
+    plans = [partition_ids(ids, rows, NPARTS, method=method, batch_size=64, seed=7, threads=t,
+                           report_baselines=False, progress=False) for t in (1, 2, 2)]
     for p in plans[1:]:
         assert p.data_partition.tobytes() == plans[0].data_partition.tobytes()
         assert p.embed_partition.tobytes() == plans[0].embed_partition.tobytes()
-        assert all(
-            a.tobytes() == b.tobytes() for a, b in zip(p.mirrors, plans[0].mirrors, strict=True)
-        )
-    other = partition_ids(
-        ids,
-        rows,
-        NPARTS,
-        method="refine",
-        batch_size=64,
-        seed=8,
-        report_baselines=False,
-        progress=False,
-    )
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(p.mirrors, plans[0].mirrors, strict=True))
+    other = partition_ids(ids, rows, NPARTS, method="refine", batch_size=64, seed=8,
+                          report_baselines=False, progress=False)
     assert other.data_partition.tobytes() != plans[0].data_partition.tobytes()
 
 
 def test_quality_report_matches_numpy(graph):
     ids, rows = graph
-    plan = partition_ids(
-        ids, rows, NPARTS, method="metis+refine", batch_size=64, max_mirror_rate=0.2, progress=False
-    )
+    plan = partition_ids(ids, rows, NPARTS, method="metis+refine", batch_size=64,
+                         max_mirror_rate=0.2, progress=False)
     q = plan.meta["quality"]
     topo = cost.topology_matrix(NPARTS)
     m = cost.samples_per_part(ids.shape[0], NPARTS)
@@ -154,8 +119,7 @@ def test_quality_report_matches_numpy(graph):
         assert plan.mirrors[w].tolist() == ranked[: round(0.2 * rows)].tolist()
         k = round(0.01 * rows)
         assert entry["fetches_store_0.01"] == pytest.approx(
-            max(0.0, f[w].sum() - saved[:k].sum()), rel=1e-9, abs=1e-9
-        )
+            max(0.0, f[w].sum() - saved[:k].sum()), rel=1e-9, abs=1e-9)
     assert q["fetches_per_step"] < q["baselines"]["random"]["fetches_per_step"]
     assert q["fetches_per_step"] < q["baselines"]["hash"]["fetches_per_step"]
 
@@ -169,16 +133,8 @@ def test_baseline_plans():
     assert np.bincount(r1.data_partition).tolist() == [250] * 4
     ids, rows = planted(n=300)
     rp = random_plan(300, rows, NPARTS, seed=0, sparse=ids, batch_size=32, max_mirror_rate=1.0)
-    want, _ = rank_mirrors(
-        ids,
-        rp.data_partition,
-        rp.embed_partition,
-        NPARTS,
-        batch_size=32,
-        topo=None,
-        max_mirror_rate=1.0,
-        num_rows=rows,
-    )
+    want, _ = rank_mirrors(ids, rp.data_partition, rp.embed_partition, NPARTS, batch_size=32,
+                           topo=None, max_mirror_rate=1.0, num_rows=rows)
     assert all(np.array_equal(a, b) for a, b in zip(rp.mirrors, want, strict=True))
     with pytest.raises(PlanError, match="at least one sample"):
         hash_plan(3, 10, 4)
@@ -191,11 +147,8 @@ def small_dataset(tmp_path: Path):
     ids, rows = planted(n=3000, f=3)
     fields = make_fields(["a", "b", "c"], [rows // 3] * 3)
     labels = (np.arange(ids.shape[0]) % 3 == 0).astype(np.float32)
-    return write_dataset(
-        tmp_path / "ds",
-        fields,
-        {"train": (ids, None, labels), "test": (ids[:100], None, labels[:100])},
-    )
+    return write_dataset(tmp_path / "ds", fields,
+                         {"train": (ids, None, labels), "test": (ids[:100], None, labels[:100])})
 
 
 def test_plan_round_trip_and_mismatch_errors(small_dataset, tmp_path):
@@ -206,12 +159,8 @@ def test_plan_round_trip_and_mismatch_errors(small_dataset, tmp_path):
     assert np.array_equal(back.embed_partition, plan.embed_partition)
     assert all(np.array_equal(a, b) for a, b in zip(back.mirrors, plan.mirrors, strict=True))
     assert back.meta["quality"]["fetches_per_step"] == plan.meta["quality"]["fetches_per_step"]
-    back.check_matches(
-        num_samples=3000,
-        num_rows=small_dataset.meta.num_embeddings,
-        fingerprint=small_dataset.fingerprint,
-        world_size=NPARTS,
-    )
+    back.check_matches(num_samples=3000, num_rows=small_dataset.meta.num_embeddings,
+                       fingerprint=small_dataset.fingerprint, world_size=NPARTS)
     with pytest.raises(PlanError, match="fingerprint"):
         back.check_matches(fingerprint="0" * 64)
     with pytest.raises(PlanError, match="workers"):
@@ -221,23 +170,8 @@ def test_plan_round_trip_and_mismatch_errors(small_dataset, tmp_path):
 def test_cli_partition_verify_stats_and_errors(small_dataset, tmp_path, capsys):
     out = tmp_path / "p.npz"
     data = str(small_dataset.root)
-    assert (
-        hetgmp_main(
-            [
-                "partition",
-                "-n",
-                "4",
-                "-o",
-                str(out),
-                "--data",
-                data,
-                "--batch-size",
-                "64",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert hetgmp_main(["partition", "-n", "4", "-o", str(out), "--data", data,
+                        "--batch-size", "64", "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "random:" in text and "hash:" in text and f"wrote {out}" in text
     assert hetgmp_main(["partition", "verify", str(out), "--data", data]) == 0
@@ -248,9 +182,8 @@ def test_cli_partition_verify_stats_and_errors(small_dataset, tmp_path, capsys):
     # a plan for other data
     other_ids, rows = planted(seed=9, n=3000, f=3)
     fields = make_fields(["a", "b", "c"], [rows // 3] * 3)
-    other = write_dataset(
-        tmp_path / "other", fields, {"train": (other_ids, None, np.zeros(3000, np.float32))}
-    )
+    other = write_dataset(tmp_path / "other", fields,
+                          {"train": (other_ids, None, np.zeros(3000, np.float32))})
     assert hetgmp_main(["partition", "verify", str(out), "--data", str(other.root)]) == 2
     assert "fingerprint" in capsys.readouterr().err
     # bad inputs: clear one-line errors, exit code 2
@@ -270,12 +203,8 @@ def test_cli_partition_verify_stats_and_errors(small_dataset, tmp_path, capsys):
 
 def test_hetgmp_npz_without_meta_loads(tmp_path, capsys):
     path = tmp_path / "het.npz"
-    np.savez(
-        path,
-        data_partition=np.array([0, 1, 1, 0]),
-        embed_partition=np.array([1, 0, 1]),
-        **{"0": np.array([0, 2]), "1": np.array([1])},
-    )
+    np.savez(path, data_partition=np.array([0, 1, 1, 0]), embed_partition=np.array([1, 0, 1]),
+             **{"0": np.array([0, 2]), "1": np.array([1])})
     assert hetgmp_main(["partition", "stats", str(path)]) == 0
     assert "no quality report" in capsys.readouterr().out
 
@@ -287,16 +216,8 @@ def test_real_movielens_refine_close_to_hetgmp_reference(shared_datasets):
     from partition_data import movielens_graph
 
     ids, rows = movielens_graph(shared_datasets / "movielens-100k")
-    plan = partition_ids(
-        ids,
-        rows,
-        8,
-        method="refine",
-        batch_size=1024,
-        rounds=5,
-        report_baselines=False,
-        progress=False,
-    )
+    plan = partition_ids(ids, rows, 8, method="refine", batch_size=1024, rounds=5,
+                         report_baselines=False, progress=False)
     hist = plan.meta["quality"]["cost_history"]
     # HET-GMP's own code on this encoding: 9447 at its random start, 4307 after 5 rounds
     assert hist[0] == pytest.approx(9447, rel=0.03)
