@@ -219,7 +219,7 @@ class AsyncLoop:
         st = self.stealer.stats() if self.stealer is not None else {}
         mine = (self.steps, self.engine.samples, self.seconds, loss, correct,
                 st.get("stolen", 0), st.get("claimed_from", 0), self._phase_ms(),
-                self.steady)  # fmt: skip
+                self.steady, dict(self.engine.service.received))  # fmt: skip
         ranks = [tuple(r) for r in all_gather_object(env, mine)]
         steps = [int(r[0]) for r in ranks]
         samples = [int(r[1]) for r in ranks]
@@ -256,6 +256,10 @@ class AsyncLoop:
             "claimed_from_per_rank": [int(r[6]) for r in ranks],  # batches peers took
             "coverage": self._coverage(),
             "phase_ms_per_step": [r[7] for r in ranks],
+            # messages each rank's service received, by kind, per step of all the others
+            "messages_per_peer_step": [
+                _per_step(r[9], sum(steps) - s) for r, s in zip(ranks, steps, strict=True)
+            ],
             "clock_wait_share_per_rank": [_wait_share(r[7]) for r in ranks],
             **self.server.stats(),
         }
@@ -332,6 +336,11 @@ def steady_rates(steady: list[tuple[float, int, float] | None]) -> list[float] |
     if any(s is None or s[0] <= 0 for s in steady):
         return None
     return [s[1] / s[0] for s in steady if s is not None]
+
+
+def _per_step(counts: dict[str, int], steps: int) -> dict[str, float]:
+    """Message counts per step (the kinds received at all)."""
+    return {k: round(v / max(1, steps), 3) for k, v in sorted(counts.items()) if v}
 
 
 def _wait_share(phase_ms: dict[str, float]) -> float:

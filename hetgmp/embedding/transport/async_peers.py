@@ -17,6 +17,7 @@ that does not answer within the timeout, or that said it closed its table, is a
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from typing import Any
 
 import torch
@@ -128,10 +129,16 @@ class Peers:
     ) -> None:
         """Tell every peer's service this rank's clock, training samples taken so far and the
         last meeting it arrived at (``gone``: it closes its table)."""
-        meta = {"rank": self.rank, "clock": clock, "gone": gone, "samples": samples, "meet": meet}
+        self.publish({"rank": self.rank, "clock": clock, "gone": gone, "samples": samples,
+                      "meet": meet})  # fmt: skip
+
+    def publish(self, meta: dict[str, Any], skip: Container[int] = ()) -> None:
+        """A clock message (``meta``: :meth:`.async_service.AsyncService.set_clock`'s
+        arguments by name, ``rank`` and ``clock`` at least) to every peer not in ``skip``."""
         msg = wire.pack(wire.CLOCK, meta, {})
-        for s in self.socks.values():
-            s.send_multipart(msg)
+        for p, s in self.socks.items():
+            if p not in skip:
+                s.send_multipart(msg)
 
     def close(self) -> None:
         """Say goodbye, then close every socket (the last message may linger briefly)."""

@@ -14,7 +14,7 @@ from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_peers import Peers
+from hetgmp.embedding.transport.async_peers import Peers, Request
 from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.audit import record_audit
 from hetgmp.embedding.transport.base import StepContext
@@ -32,35 +32,40 @@ class SentReads:
     sent: dict[str, int]  # bytes sent by kind (counted with the answers)
 
 
-def read_rows(
-    ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]],
-    bound: int, deferred: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
-    """The batch's unique rows' values in block order (``planned``: the batch and its mirror
-    count per owner); ``bound``: this read's staleness bound."""
-    return receive_reads(ctx, lock, peers, send_reads(ctx, lock, peers, planned, bound), deferred)
-
-
 def send_reads(
-    ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]], bound: int
-) -> SentReads:
+    ctx: StepContext, lock: TableLock, peers: Peers, planned: tuple[Batch, list[int]],
+    bound: int, pushes: dict[int, Request] | None = None, tick: dict[str, Any] | None = None,
+) -> SentReads:  # fmt: skip
     """Send one read per owner with queries: the batch's mirror ids with their versions and
     the rows not stored here. Their answers are for :func:`receive_reads` (or
-    :func:`drop_reads`), before any other request on ``peers``."""
+    :func:`drop_reads`), before any other request on ``peers``.
+
+    With ``tick`` (the sender's clock, :meth:`.async_step.AsyncStep._begin`'s one message per
+    owner and step): each read also carries the clock and the push to its owner (``pushes``,
+    applied by the owner before it answers: the answer acknowledges it too); a push to an owner
+    with nothing to read goes alone with the clock (its acknowledgement owed), and a peer that
+    gets neither gets the clock alone."""
     store, batch, nqm = ctx.store, planned[0], planned[1]
     n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
     with lock:
         mver = store.version.index_select(0, batch.slot[n_o:n_m])
     mids, rids = batch.u[n_o:n_m].split(nqm), batch.u[n_m:].split(batch.nqr)
     mv = mver.split(nqm)
-    meta = {"bound": bound, "send_all": bool(ctx.send_all)}
-    reqs = {
-        p: (wire.READ, meta, {"mids": mids[p], "mver": mv[p], "rids": rids[p]})
-        for p in range(ctx.env.world_size)
-        if nqm[p] + batch.nqr[p]
-    }
+    meta: dict[str, Any] = {"bound": bound, "send_all": bool(ctx.send_all), **(tick or {})}
+    alone = dict(pushes or {})
+    reqs = {}
+    for p in range(ctx.env.world_size):
+        if nqm[p] + batch.nqr[p]:
+            arrays = {"mids": mids[p], "mver": mv[p], "rids": rids[p]}
+            if p in alone:
+                arrays.update(alone.pop(p)[2])
+            reqs[p] = (wire.READ, meta, arrays)
     peers.send(reqs)
-    n_ids = sum(sum(x.numel() for x in (q[2]["mids"], q[2]["rids"])) for q in reqs.values())
+    if tick is not None:
+        peers.send_acked({p: (op, {**m, **tick}, a) for p, (op, m, a) in alone.items()},
+                         "async push")  # fmt: skip
+        peers.publish(tick, skip=set(reqs) | set(alone))
+    n_ids = sum(q[2]["mids"].numel() + q[2]["rids"].numel() for q in reqs.values())
     return SentReads(batch, nqm, bound, list(reqs), {"ids": 8 * n_ids, "versions": 8 * batch.n_mir})
 
 

@@ -17,6 +17,8 @@ Three requests (:mod:`.async_wire`):
   equals the collective path at ``--bound 0 --max-lag 0``);
 * **clock** ``(rank, clock, samples)``: a peer's progress (no answer): its clock and the
   training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`);
+  under ``--max-lag`` != 0 a training step's clock rides on its read, with the push to this
+  owner in the same message (:meth:`AsyncService._step`: push, then clock, then the answer);
 * other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
   :mod:`hetgmp.train.dense_server`), answered by their handler.
 
@@ -101,6 +103,9 @@ class AsyncService:
         self.clock_cv = threading.Condition()
         self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
         self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
+        # messages received by kind (read, push, clock, dense, claim): each one takes the GIL
+        # from the training thread, so fewer a step is faster (see AsyncStep._begin)
+        self.received: dict[str, int] = {op.decode(): 0 for op in wire.OPS}
         self.failure: BaseException | None = None
         # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
         self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -286,6 +291,8 @@ class AsyncService:
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
             op, meta, arrays = wire.unpack(frames, self.stage)
+            name = op.decode(errors="replace")
+            self.received[name] = self.received.get(name, 0) + 1
             if op == wire.CLOCK:
                 self.set_clock(
                     int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
@@ -295,7 +302,11 @@ class AsyncService:
             if op in self.handlers:  # (counted by their owner, not as embedding bytes)
                 return wire.pack(wire.REPLY, {}, self.handlers[op](meta, arrays))
             self._count("recv", arrays)
-            out = self._read(meta, arrays) if op == wire.READ else self._push(arrays)
+            if "clock" in meta:  # (a read with the sender's push and clock, or a push alone)
+                self._step(meta, arrays)
+            elif op == wire.PUSH:
+                self._push(arrays)
+            out = self._read(meta, arrays) if op == wire.READ else {}
         except (ValueError, KeyError, IndexError, RuntimeError) as err:
             return wire.pack(wire.REPLY, {"error": f"rank {self.ctx.env.rank}: {err}"}, {})
         self._count("sent", out)
@@ -318,6 +329,14 @@ class AsyncService:
         if code:
             raise ValueError(async_answer.MESSAGES[code])
         return dict(zip(("lag", "values", "versions", "state"), out, strict=False))
+
+    def _step(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> None:
+        """The push a message carries (if any), then the sender's clock (one message per owner
+        and step, :meth:`.async_step.AsyncStep._begin`): buffered before the clock moves, as
+        when they came one after the other; a read it carries is answered after both."""
+        if "ids" in a:
+            self._push(a)
+        self.set_clock(int(meta["rank"]), int(meta["clock"]), samples=int(meta.get("samples", 0)))
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         store, n = self.ctx.store, a["ids"].numel()

@@ -9,10 +9,16 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
 1. **push** (the last step's gradient): mirrors stage it (write rule) and the due ones push;
    owned rows are updated here at once; rows not stored here push to their owners. Owners
    acknowledge a push once it is buffered for their next read. With ``max_lag = 0`` the rank
-   waits for the acknowledgements before its clock moves on; otherwise it takes them with the
-   read answers (:meth:`.async_peers.Peers.send_acked`), which saves a round trip per step:
-   its own later reads still see its pushes (one socket per owner, answered in order), and the
-   per-row bound is measured at the owner, so it holds either way.
+   waits for the acknowledgements before its clock moves on. Otherwise push, clock tick and
+   read go to each owner as **one message** (the owner buffers the push, moves the sender's
+   clock, then answers the read: the answer acknowledges the push; a peer with nothing to read
+   gets the push alone, its acknowledgement taken later, or the clock alone), after one wait
+   for both phases' clock targets; the read phase's clock (``2t + 2``) is then set locally and
+   told with the next step's messages or :meth:`AsyncStep.commit`. Every peer then sees one
+   message and one answer a step instead of a push, its acknowledgement, two clock messages and
+   the read. A rank's own later reads still see its pushes (one socket per owner, answered in
+   order), the per-row bound is measured at the owner, and a clock a peer sees is at most one
+   behind the rank's at any wait, so no two ranks wait for each other when ``max_lag >= 1``.
 2. **read**: owned rows are read locally; one read request per owner carries the batch's mirror
    ids with their versions and the rows not stored here; the owner answers with every mirror's
    lag and the values of the mirrors beyond ``bound`` and of the rows not stored; stale
@@ -69,7 +75,7 @@ from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_peers import connect_peers
+from hetgmp.embedding.transport.async_peers import Request, connect_peers
 from hetgmp.embedding.transport.async_reads import SentReads, drop_reads, receive_reads, send_reads
 from hetgmp.embedding.transport.async_service import AsyncService
 from hetgmp.embedding.transport.async_stage import TableLock
@@ -182,19 +188,24 @@ class AsyncStep:
         evaluating = op == OP_FLUSH or not training
         grads, self.grads = self.grads, None
         lag2, c = 2 * self.cfg.max_lag, 2 * self.steps
+        riding = self._riding(evaluating)  # (push, clock and read in one message per owner)
         # (also before a flush or evaluation: its pushes must not reach an owner while a peer
         # still reads this step's values, or that peer sees an update from its future)
         if self.cfg.max_lag >= 0:
-            self._wait(c - lag2, "flush" if op == OP_FLUSH else "push")
+            self._wait(c + riding - lag2, "flush" if op == OP_FLUSH else "push")
         t0 = time.perf_counter()
-        deferred = self._push_phase(grads, evaluating)
+        pushes, deferred = self._push_phase(grads, evaluating, send=not riding)
         self.phase_s["push"] += time.perf_counter() - t0
         if op == OP_FLUSH:
             self.meet("async flush")  # every rank's pushes are in before anyone reads owners
             self.service.drain()
             self.lock.fence()  # (CUDA: reads of the table after flush follow the service's work)
             return self._flushed(prep, deferred)
-        if not evaluating:
+        tick = None
+        if riding:  # (published with the reads)
+            tick = {"rank": r, "clock": c + 1, "samples": self.samples}
+            self.service.set_clock(r, c + 1, samples=self.samples)
+        elif not evaluating:
             self._tick(c + 1)
             if self.cfg.max_lag >= 0:
                 self._wait(c + 1 - lag2, "read")
@@ -202,7 +213,7 @@ class AsyncStep:
         planned = _batch(prep, ctx.env.rank, ctx.env.world_size)
         t0 = time.perf_counter()
         self.service.drain()  # (this step's own rows and the pushes, one update per row)
-        sent = send_reads(ctx, self.lock, self.peers, planned, bound)
+        sent = send_reads(ctx, self.lock, self.peers, planned, bound, pushes, tick)
         self.phase_s["read"] += time.perf_counter() - t0
         return _Reading(prep, sent, deferred, evaluating)
 
@@ -212,7 +223,10 @@ class AsyncStep:
         values = receive_reads(self.ctx, self.lock, self.peers, reading.sent, reading.deferred)
         self.phase_s["read"] += time.perf_counter() - t0
         if not reading.evaluating:
-            self._tick(2 * self.steps + 2)
+            if self._riding(False):  # (told with the next step's messages, or its commit)
+                self.service.set_clock(self.ctx.env.rank, 2 * self.steps + 2, samples=self.samples)
+            else:
+                self._tick(2 * self.steps + 2)
             self.steps += 1
         return values, reading.sent.batch
 
@@ -281,8 +295,15 @@ class AsyncStep:
         self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
         self.peers.publish_clock(clock, samples=self.samples)
 
-    def _push_phase(self, grads: tuple[Batch, torch.Tensor] | None, evaluating: bool) -> Any:
-        """Stage, apply own rows, push the rest; returns the deferred-mirror count."""
+    def _riding(self, evaluating: bool) -> bool:
+        """Whether a step's push and clock ride on its reads (see the module docstring)."""
+        return self.cfg.max_lag != 0 and not evaluating
+
+    def _push_phase(
+        self, grads: tuple[Batch, torch.Tensor] | None, evaluating: bool, send: bool
+    ) -> tuple[dict[int, Request], Any]:
+        """Stage, apply own rows, push the rest (``send``; else the requests are returned, to
+        go with the reads); returns the requests not sent and the deferred-mirror count."""
         ctx, store, w = self.ctx, self.ctx.store, self.ctx.env.world_size
         self.peers.settle()  # (the last step's acknowledgements, long arrived as a rule)
         with self.lock:
@@ -315,17 +336,15 @@ class AsyncStep:
                 grad = torch.cat([rem[2][p], due_parts[2][p]]).float().contiguous()
                 reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
         sent = sum(wire.nbytes(q[2]) for q in reqs.values())
-        if self.cfg.max_lag == 0 or evaluating:  # (applied before this rank's clock moves on)
+        if send:  # (--max-lag 0, flush, evaluation: applied before this rank's clock moves on)
             self.peers.request_all(reqs, "async push")
-        else:  # (taken with the read answers: one round trip per step, not two)
-            self.peers.send_acked(reqs, "async push")
         n_p = sum(q[2]["ids"].numel() for q in reqs.values())
         ctx.counters.count_bytes(
             sent={"ids": 8 * n_p, "versions": 8 * n_p, "gradients": sent - 16 * n_p},
             recv={}, reset=True,
         )  # fmt: skip
         ctx.counters.count_pushes(n_p)
-        return deferred
+        return ({} if send else reqs), deferred
 
     def _flushed(self, prep: Prep, deferred: Any) -> tuple[torch.Tensor, Batch]:
         ctx, z = self.ctx, self.ctx.store.zeros_w[0]
