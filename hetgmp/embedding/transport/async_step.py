@@ -313,28 +313,26 @@ class AsyncStep:
                 protocol.stage_mirror_updates(
                     store, ctx.opt, pb.slot[m0:m1], pg[m0:m1], pb.cnt[m0:m1]
                 )
-            due, per_owner, deferred = protocol.due_state(store, ctx.bound, push_all=evaluating)
-            di = torch.nonzero(due).view(-1) if due is not None else store.zeros_w[:0]
-            d_ids, d_cnt, d_grad = protocol.take_due(store, ctx.opt, di)
+            due, deferred = self._take_due(evaluating)
             if grads is not None and grads[0].n_own:
                 pb, pg = grads
                 own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
                 self.service.stash_own(own)  # (applied with the pushes: service.drain)
+        rest: list[Any] = [None] * w  # (rows not stored here, by owner)
         if grads is not None:
             pb, pg = grads
             r0 = pb.n_own + pb.n_mir
-            rem = (pb.u[r0:].split(pb.nqr), pb.cnt[r0:].split(pb.nqr), pg[r0:].split(pb.nqr))
-        else:
-            rem = ([d_ids[:0]] * w, [d_cnt[:0]] * w, [d_grad[:0]] * w)
-        nd = per_owner.tolist()
-        due_parts = (d_ids.split(nd), d_cnt.split(nd), d_grad.split(nd))
+            rest = list(zip(*(x[r0:].split(pb.nqr) for x in (pb.u, pb.cnt, pg)), strict=True))
         reqs = {}
-        for p in range(w):
-            ids = torch.cat([rem[0][p], due_parts[0][p]])
-            if ids.numel():
-                cnt = torch.cat([rem[1][p], due_parts[1][p]])
-                grad = torch.cat([rem[2][p], due_parts[2][p]]).float().contiguous()
-                reqs[p] = (wire.PUSH, {}, {"ids": ids, "cnt": cnt, "grad": grad})
+        for p in range(w):  # (a cat only where both kinds go to one owner: each is a kernel)
+            parts = [q for q in (rest[p], due[p] if due else None) if q and q[0].numel()]
+            if parts:
+                if len(parts) == 1:
+                    ids, cnt, grad = parts[0]
+                else:
+                    ids, cnt, grad = (torch.cat(x) for x in zip(*parts, strict=True))
+                arrays = {"ids": ids, "cnt": cnt, "grad": grad.float().contiguous()}
+                reqs[p] = (wire.PUSH, {}, arrays)
         sent = sum(wire.nbytes(q[2]) for q in reqs.values())
         if send:  # (--max-lag 0, flush, evaluation: applied before this rank's clock moves on)
             self.peers.request_all(reqs, "async push")
@@ -345,6 +343,17 @@ class AsyncStep:
         )  # fmt: skip
         ctx.counters.count_pushes(n_p)
         return ({} if send else reqs), deferred
+
+    def _take_due(self, evaluating: bool) -> tuple[list[Any] | None, torch.Tensor]:
+        """(Under the lock) the due mirrors' pushes by owner, ``(ids, counts, gradients)``
+        each (None: the table has no mirrors, nothing to look at), and the deferred count."""
+        store = self.ctx.store
+        due, per_owner, deferred = protocol.due_state(store, self.ctx.bound, push_all=evaluating)
+        if due is None:
+            return None, deferred
+        taken = protocol.take_due(store, self.ctx.opt, torch.nonzero(due).view(-1))
+        nd = per_owner.tolist()
+        return list(zip(*(x.split(nd) for x in taken), strict=True)), deferred
 
     def _flushed(self, prep: Prep, deferred: Any) -> tuple[torch.Tensor, Batch]:
         ctx, z = self.ctx, self.ctx.store.zeros_w[0]
