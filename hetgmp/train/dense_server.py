@@ -100,16 +100,16 @@ class DenseServer:
         taken by :meth:`collect` (the next exchange: the training steps in between overlap the
         round trip, and the copy keeps what it learns meanwhile)."""
         cur = self.flat.detach().clone()  # (on the device: the copy's value at sending)
-        delta = (cur - self.base).cpu()  # (the exchange's one device -> host copy)
+        delta = cur - self.base
         reqs = {}
         for p in range(self.w):
             lo, hi = self._span(p)
-            if p != self.rank and hi > lo:
-                reqs[p] = (wire.DENSE, {}, {"delta": delta[lo:hi].contiguous()})
+            if p != self.rank and hi > lo:  # (the channel copies them to its pinned buffer)
+                reqs[p] = (wire.DENSE, {}, {"delta": delta[lo:hi]})
                 self.bytes_sent += 4 * (hi - lo)
-        lo, hi = self._span(self.rank)
-        own = self._serve({}, {"delta": delta[lo:hi].contiguous()})["value"]
         self.channel.send(reqs)
+        lo, hi = self._span(self.rank)
+        own = self._serve({}, {"delta": delta[lo:hi].cpu()})["value"]  # (the device is done)
         self.inflight = (cur, own, sorted(reqs))
 
     @torch.no_grad()
