@@ -151,16 +151,21 @@ def run_one(a: argparse.Namespace, name: str, data: Path, mode: str, f: float) -
 
 def add_ratios(rows: list[dict[str, Any]], ranks: int) -> None:
     """Throughput ratio (vs the same mode without straggler), ideal ratio, AUC delta (vs
-    lockstep without straggler)."""
+    lockstep without straggler; None where --modes has no collective run)."""
     for r in rows:
         same = [q for q in rows if q["dataset"] == r["dataset"]]
         base = next(q for q in same if q["mode"] == r["mode"] and q["factor"] == 1)
-        ref = next(q for q in same if q["mode"] == "collective" and q["factor"] == 1)
+        ref = next((q for q in same if q["mode"] == "collective" and q["factor"] == 1), None)
         r["ratio"] = r["speed"] / base["speed"]
-        r["vs_lockstep"] = r["speed"] / ref["speed"]  # (against lockstep without straggler)
+        # (against lockstep without straggler)
+        r["vs_lockstep"] = r["speed"] / ref["speed"] if ref else None
         f = r["factor"]
         r["ideal"] = 1 / f if r["mode"] == "collective" else (ranks - 1 + 1 / f) / ranks
-        r["auc_delta"] = r["auc"] - ref["auc"]
+        r["auc_delta"] = r["auc"] - ref["auc"] if ref else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -220,8 +225,8 @@ def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         lines.append(
             f"| {r['dataset']} | {r['mode']} | {r['factor']:g}x | {r['speed']:.0f} | "
-            f"{r['ratio']:.2f} | {r['ideal']:.2f} | {r['vs_lockstep']:.2f} | {r['auc']:.4f} | "
-            f"{r['auc_delta']:+.4f} | "
+            f"{r['ratio']:.2f} | {r['ideal']:.2f} | {_fmt(r['vs_lockstep'], '.2f')} | "
+            f"{r['auc']:.4f} | {_fmt(r['auc_delta'], '+.4f')} | "
             f"{'/'.join(map(str, r['steps_per_rank']))} | {r.get('stolen', 0)} |"
         )
     lines += ["", f"![throughput and AUC]({a.out}.png)", ""]
