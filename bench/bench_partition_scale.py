@@ -80,7 +80,7 @@ def child(ids_path: Path, num_rows: int, nparts: int, threads: int | None, batch
     return 0
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=KAGGLE_SAMPLES)
     ap.add_argument("--card-scale", type=float, default=1.0, help="multiply every cardinality")
@@ -92,31 +92,24 @@ def main() -> int:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/hetgmp-partition-scale"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "partition_scale.md")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    cards = np.maximum(1, np.round(np.array(KAGGLE_CARDINALITIES) * args.card_scale)).astype(np.int64)
-    num_rows = int(cards.sum())
-    ids_path = args.work_dir / f"ids_{args.samples}_{args.card_scale}_{args.seed}.npy"
-    if args.child:
-        return child(ids_path, num_rows, args.nparts, args.threads, args.batch_size,
-                     args.rounds, args.child)
+    return ap
 
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    gen_s = None
-    if not ids_path.exists():
-        gen_s = generate(ids_path, args.samples, cards, args.seed, args.threads or os.cpu_count() or 1)
-        print(f"generated {args.samples} x 26 ids in {gen_s:.1f} s -> {ids_path}", flush=True)
-    res_json = args.work_dir / "result.json"
+
+def _child_command(args: argparse.Namespace, res_json: Path) -> list[str]:
+    """The measured run: this script again in a fresh process (its peak RSS is the run's)."""
     cmd = [sys.executable, __file__, "--child", str(res_json), "--samples", str(args.samples),
            "--card-scale", str(args.card_scale), "--nparts", str(args.nparts),
            "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
            "--seed", str(args.seed), "--work-dir", str(args.work_dir)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    subprocess.run(cmd, check=True)
-    res = json.loads(res_json.read_text())
+    return cmd
+
+
+def _report(args: argparse.Namespace, res: dict, num_rows: int, gen_s: float | None) -> list[str]:
     from bench_partition_quality import machine  # same folder
 
-    lines = [
+    return [
         "# Partition scale run (metis+refine, Criteo Kaggle shape, ids floor(u^4 * card))",
         "",
         f"- machine: {machine()}",
@@ -135,6 +128,25 @@ def main() -> int:
         f"- METIS: {res['metis']}",
         "- HET-GMP's own code, same shape, 16-core machine: 332 s, 17.5 GB peak",
     ]
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    cards = np.maximum(1, np.round(np.array(KAGGLE_CARDINALITIES) * args.card_scale)).astype(np.int64)
+    num_rows = int(cards.sum())
+    ids_path = args.work_dir / f"ids_{args.samples}_{args.card_scale}_{args.seed}.npy"
+    if args.child:
+        return child(ids_path, num_rows, args.nparts, args.threads, args.batch_size,
+                     args.rounds, args.child)
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    gen_s = None
+    if not ids_path.exists():
+        gen_s = generate(ids_path, args.samples, cards, args.seed, args.threads or os.cpu_count() or 1)
+        print(f"generated {args.samples} x 26 ids in {gen_s:.1f} s -> {ids_path}", flush=True)
+    res_json = args.work_dir / "result.json"
+    subprocess.run(_child_command(args, res_json), check=True)
+    lines = _report(args, json.loads(res_json.read_text()), num_rows, gen_s)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

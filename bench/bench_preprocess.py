@@ -68,6 +68,23 @@ def machine() -> dict:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
+def _write_results(res: dict, lines: int) -> list[str]:
+    """``bench/results/preprocess.{json,md}``; returns the markdown lines."""
+    (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench/results/preprocess.json").write_text(json.dumps(res, indent=2) + "\n")
+    md = ["# hetgmp preprocess criteo: throughput and peak memory", "",
+          f"- date: {res['date']}", f"- machine: {res['machine']}", f"- command: `{res['command']}`",
+          f"- preprocess: `{res['preprocess_command']}`", "",
+          "| lines | input MB | wall s | lines/s | MB/s | peak RSS MiB | pass1 s | pass2 s | rows |",
+          "|---|---|---|---|---|---|---|---|---|",
+          f"| {lines} | {res['input_bytes'] / 1e6:.0f} | {res['preprocess_wall_s']:.1f} | "
+          f"{res['lines_per_s']} | {res['mb_per_s']} | {res['peak_rss_mib']} | "
+          f"{res['pass_seconds']['pass1']} | {res['pass_seconds']['pass2']} | "
+          f"{res['num_embeddings']} |", ""]
+    (ROOT / "bench/results/preprocess.md").write_text("\n".join(md))
+    return md
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lines", type=int, default=3_000_000)
@@ -101,18 +118,7 @@ def main() -> int:
         "pass_seconds": meta["source"]["seconds"], "num_embeddings": meta["num_embeddings"],
         "splits": meta["splits"],
     }
-    (ROOT / "bench/results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench/results/preprocess.json").write_text(json.dumps(res, indent=2) + "\n")
-    md = ["# hetgmp preprocess criteo: throughput and peak memory", "",
-          f"- date: {res['date']}", f"- machine: {res['machine']}", f"- command: `{res['command']}`",
-          f"- preprocess: `{res['preprocess_command']}`", "",
-          "| lines | input MB | wall s | lines/s | MB/s | peak RSS MiB | pass1 s | pass2 s | rows |",
-          "|---|---|---|---|---|---|---|---|---|",
-          f"| {args.lines} | {size / 1e6:.0f} | {wall:.1f} | {res['lines_per_s']} | "
-          f"{res['mb_per_s']} | {res['peak_rss_mib']} | {res['pass_seconds']['pass1']} | "
-          f"{res['pass_seconds']['pass2']} | {res['num_embeddings']} |", ""]
-    (ROOT / "bench/results/preprocess.md").write_text("\n".join(md))
-    print("\n".join(md))
+    print("\n".join(_write_results(res, args.lines)))
     if not args.keep:
         shutil.rmtree(args.workdir, ignore_errors=True)
     return 0
