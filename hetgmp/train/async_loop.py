@@ -12,7 +12,8 @@ slowest rank sets the pace. Here each rank trains at its own pace:
   epoch trains each batch once; without it (``--no-work-stealing``) it cycles its own shard
   and a fast rank simply does more steps on it.
 * **Stop rule.** Before a step a rank *commits* its batch: the samples are added to its count,
-  which its clock messages carry to every peer (:meth:`AsyncStep.commit`). It starts the step
+  which its clock messages carry to every peer (:meth:`AsyncStep.commit`: at once near the
+  budget, else with the next step's messages). It starts the step
   only while the samples of all ranks, as its service has seen them, stay below the budget;
   else it stops and sets its clock to "done" so that nobody waits for it any more. As every
   view is a lower bound of the true sum, the run trains at least the budget, and at most about
@@ -141,7 +142,7 @@ class AsyncLoop:
             slot, batch, _ = ahead.pop() if ahead else (*self._next(source), 0.0)
             wait = time.perf_counter() - t0
             assert batch is not None  # (the slots of a rank's own epochs are all local)
-            self.engine.commit(len(batch))
+            self.engine.commit(len(batch), self.budget)
             t1 = time.perf_counter()
             stats = tr.train_step(
                 batch, w * len(batch), after_backward=lambda: ahead.append(self._ahead(source))

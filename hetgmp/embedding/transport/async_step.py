@@ -14,9 +14,9 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
    clock, then answers the read: the answer acknowledges the push; a peer with nothing to read
    gets the push alone, its acknowledgement taken later, or the clock alone), after one wait
    for both phases' clock targets; the read phase's clock (``2t + 2``) is then set locally and
-   told with the next step's messages or :meth:`AsyncStep.commit`. Every peer then sees one
-   message and one answer a step instead of a push, its acknowledgement, two clock messages and
-   the read. A rank's own later reads still see its pushes (one socket per owner, answered in
+   told with the next step's messages (or :meth:`AsyncStep.commit`'s, near the budget). Every
+   peer then sees one message and one answer a step instead of a push, its acknowledgement,
+   three clock messages (the commit's among them) and the read. A rank's own later reads still see its pushes (one socket per owner, answered in
    order), the per-row bound is measured at the owner, and a clock a peer sees is at most one
    behind the rank's at any wait, so no two ranks wait for each other when ``max_lag >= 1``.
 2. **read**: owned rows are read locally; one read request per owner carries the batch's mirror
@@ -82,6 +82,10 @@ from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
+# Batches per rank short of the budget from which a commit is told at once (AsyncStep.commit):
+# before that a peer's view of a rank's samples may lag by two batches (the count rides on the
+# next step's messages), so three keep the views exact wherever the stop rule looks at them.
+COMMIT_MARGIN = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +137,7 @@ class AsyncStep:
         self.ahead: _Reading | None = None  # reads sent ahead for the next step (send_ahead)
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
+        self.batch_max = 0  # the largest batch committed (commit's margin)
         self.closed = False
         # wall seconds of the training thread by phase (``clock_wait``, of which
         # ``clock_wait_in_step`` inside a step, ``push``, ``read``; the loop adds ``step``,
@@ -247,11 +252,21 @@ class AsyncStep:
             self.service.close()
 
     # ------------------------------------------------------------------ the budget rule
-    def commit(self, samples: int) -> None:
+    def commit(self, samples: int, budget: int | None = None) -> None:
         """This rank takes a batch of ``samples`` for its next step: count them and tell the
-        peers at once (the clock stays), so the global progress they see is current."""
+        peers (the clock stays). With ``budget`` (the run's global samples) and the step's
+        count riding on its messages (``--max-lag`` != 0), they are told at once only near
+        the budget: elsewhere the count reaches them with the next step's messages, at most a
+        batch or two late, which the stop rule can afford until the sum nears the budget
+        (``COMMIT_MARGIN`` batches a rank; one clock message a step fewer to each peer)."""
         self.samples += samples
-        self._tick(2 * self.steps)
+        self.batch_max = max(self.batch_max, samples)
+        r, w = self.ctx.env.rank, self.ctx.env.world_size
+        far = sum(self.service.samples) + COMMIT_MARGIN * w * self.batch_max < (budget or 0)
+        if far and self._riding(False):
+            self.service.set_clock(r, 2 * self.steps, samples=self.samples)
+        else:
+            self._tick(2 * self.steps)
 
     def wait_turn(self, budget: int) -> bool:
         """Before a training step: wait until the per-clock bound lets this rank start it
