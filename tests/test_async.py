@@ -94,6 +94,46 @@ def assert_async_equals_collective(results: list, n_cases: int, atol: float) -> 
                 assert r[i]["async"]["counters"][k] == r[i]["collective"]["counters"][k], k
 
 
+# ------------------------------------------- one message per owner: pushes and clocks alone
+def own_only_steps(env: DistEnv, store_rate: float, sync: str) -> dict:
+    """SGD on fixed output gradients (the final rows are the initial rows minus lr x every
+    gradient, whatever the order and staleness): rank 0's second and third batches hold only
+    rows it owns, so under --max-lag 2 its step 1 sends the peer a push with the clock and no
+    read, and its step 2 the clock alone; the other steps read from the peer."""
+    plan = make_plan("plan", env.world_size, 11)
+    cfg = AsyncConfig(max_lag=2, host="127.0.0.1", timeout_s=20.0)
+    emb = DistributedEmbedding(
+        ROWS, DIM, env, plan, store_rate=store_rate, bound=0, optimizer="sgd", lr=0.1, seed=11,
+        sync=sync, async_config=cfg if sync == "async" else None,
+    )  # fmt: skip
+    rng = np.random.default_rng(env.rank)
+    own = np.flatnonzero(plan.embed_partition == env.rank)
+    sent = []
+    for t in range(5):
+        pool = own if env.rank == 0 and t in (1, 2) else np.arange(ROWS)
+        ids = torch.from_numpy(rng.choice(pool, (BATCH, 3)))
+        g = torch.from_numpy(rng.standard_normal((BATCH, 3, DIM)).astype(np.float32))
+        (emb(ids) * g).sum().backward()
+        if sync == "async":
+            sent.append(dict(emb._stepper.service.received))
+    emb.flush()
+    out = {"sd": emb.state_dict(), "received": sent}
+    emb.close()
+    return out
+
+
+def test_pushes_and_clocks_alone_reach_the_owner() -> None:
+    for store_rate in (0.0, 0.3):
+        res = {s: spawn_ranks(own_only_steps, 2, store_rate, s, timeout_s=120)
+               for s in ("collective", "async")}  # fmt: skip
+        coll = union([r["sd"] for r in res["collective"]])
+        asyn = union([r["sd"] for r in res["async"]])
+        assert torch.equal(coll["ids"], asyn["ids"])
+        torch.testing.assert_close(asyn["weight"], coll["weight"], rtol=1e-5, atol=1e-6)
+        got = res["async"][1]["received"][-1]  # (what rank 1's service had received by then)
+        assert got["push"] >= 1 and got["clock"] >= 1, got  # (the lone push and clock)
+
+
 # ---------------------------------------------------------------- bound > 0, audited, delays
 def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int, ahead: bool = False) -> dict:
     """SGD, lr 1, loss = sum of column 0: a value's column 0 counts the updates in it, so the
