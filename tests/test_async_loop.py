@@ -32,10 +32,12 @@ def _async_cfg(root, **kw):
 
 
 # ---------------------------------------------------------------- the budget stop rule
-def test_budget_fast_rank_does_more_steps(tiny_dataset) -> None:
-    """Rank 1 straggles 4x: rank 0 does more steps; all ranks together train the budget
-    (2 epochs x 400 samples), at most one batch per rank more."""
-    cfg = _async_cfg(tiny_dataset.root, epochs=2, straggle="1:4")
+@pytest.mark.parametrize("straggle", ["1:4", "1:10"])
+def test_budget_fast_rank_does_more_steps(tiny_dataset, straggle: str) -> None:
+    """Rank 1 straggles 4x (10x): rank 0 does more steps; all ranks together train the
+    budget (2 epochs x 400 samples), at most one batch per rank more (a straggler tells its
+    commits at once: rank 0 trains many batches during one of its steps)."""
+    cfg = _async_cfg(tiny_dataset.root, epochs=2, straggle=straggle)
     res = spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
     a = res[0]["async"]
     steps, samples = a["steps_per_rank"], a["samples_per_rank"]
@@ -90,7 +92,7 @@ def test_a_rank_waiting_at_the_lag_cap_is_told_how_to_lift_it(tiny_dataset, tmp_
         assert fast["compute"] + fast["clock_wait"] <= fast["loop"] + 0.01, fast
         for ph in a["phase_ms_per_step"]:  # (waits for answers: inside the exchanges' time)
             assert 0 < ph["peer_wait"] < ph["read"] + ph["push"] + 0.1, ph
-            assert 0 < ph["dense_wait"] < ph["dense"] + 0.5, ph
+            assert 0 <= ph["dense_wait"] < ph["dense"] + 0.5, ph
     shares, hints = got[1]
     assert shares[0] > 0.2 > shares[1], shares  # (the fast rank waits, the straggler not)
     assert len(hints) == 1 and "rank 0" in hints[0] and "--max-lag 1 cap" in hints[0]

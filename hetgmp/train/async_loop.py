@@ -85,6 +85,7 @@ class AsyncLoop:
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
+        self.answer_wait_s = (0.0, 0.0)  # (rows, dense) at the end of training
         # (time, samples, data wait) at the end of the warm-up steps, and the steady segment's
         # (seconds, samples, data wait) after them: the speed excludes the warm-up, as the
         # lockstep loop's does (first steps compile kernels and capture CUDA graphs)
@@ -123,6 +124,9 @@ class AsyncLoop:
                 source.close()
         end = time.perf_counter()
         self.seconds = end - t0
+        # (the waits for answers during training: the end's exchanges and meetings wait for
+        # the slowest rank, in no phase)
+        self.answer_wait_s = (self.engine.peers.wait_s, self.server.channel.wait_s)
         if self.warm is not None:
             w_t, w_samples, w_wait = self.warm
             self.steady = (end - w_t, self.engine.samples - w_samples, self.data_wait_s - w_wait)
@@ -309,14 +313,13 @@ class AsyncLoop:
         ``push``, ``read`` (the embedding's exchanges) and ``dense`` (the dense exchange), and
         ``compute`` (the rest of the step, waits excluded); ``data`` (its batch, ``steal``
         included); ``clock_wait`` (``--max-lag``, before and inside the steps); ``loop``
-        (all of it). ``peer_wait`` and ``dense_wait``: the
-        parts of the exchanges spent waiting for (and taking) the peers' answers (rows; dense
-        shards)."""
+        (all of it). ``peer_wait`` and ``dense_wait``: the parts of the exchanges spent
+        waiting for (and taking) the peers' answers (rows; dense shards) during training (the
+        end's final exchanges wait for the slowest rank: left out)."""
         ph = dict(self.engine.phase_s)
         in_step = ph.pop("clock_wait_in_step", 0.0)
         ph["data"] = self.data_wait_s
-        ph["peer_wait"] = self.engine.peers.wait_s
-        ph["dense_wait"] = self.server.channel.wait_s
+        ph["peer_wait"], ph["dense_wait"] = self.answer_wait_s
         inside = sum(ph.get(k, 0.0) for k in ("push", "read", "dense"))
         ph["compute"] = ph.get("step", 0.0) - inside - in_step
         ph["loop"] = self.seconds  # (an injected --straggle delay is in it, in no phase)

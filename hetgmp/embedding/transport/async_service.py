@@ -105,7 +105,7 @@ class AsyncService:
         self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
         # messages received by kind (read, push, clock, dense, claim): each one takes the GIL
         # from the training thread, so fewer a step is faster (see AsyncStep._begin)
-        self.received: dict[str, int] = {op.decode(): 0 for op in wire.OPS}
+        self.received: dict[str, int] = {op.decode(): 0 for op in (*wire.OPS, b"other")}
         self.failure: BaseException | None = None
         # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
         self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -291,8 +291,8 @@ class AsyncService:
     def _handle(self, frames: list[bytes]) -> list[bytes] | None:
         try:
             op, meta, arrays = wire.unpack(frames, self.stage)
-            name = op.decode(errors="replace")
-            self.received[name] = self.received.get(name, 0) + 1
+            kind = op.decode() if op in wire.OPS else "other"  # (fixed keys: read elsewhere)
+            self.received[kind] += 1
             if op == wire.CLOCK:
                 self.set_clock(
                     int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
@@ -301,6 +301,8 @@ class AsyncService:
                 return None
             if op in self.handlers:  # (counted by their owner, not as embedding bytes)
                 return wire.pack(wire.REPLY, {}, self.handlers[op](meta, arrays))
+            if op not in (wire.READ, wire.PUSH):
+                raise ValueError(f"unknown request {op[:16]!r}")
             self._count("recv", arrays)
             if "clock" in meta:  # (a read with the sender's push and clock, or a push alone)
                 self._step(meta, arrays)
@@ -333,10 +335,16 @@ class AsyncService:
     def _step(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> None:
         """The push a message carries (if any), then the sender's clock (one message per owner
         and step, :meth:`.async_step.AsyncStep._begin`): buffered before the clock moves, as
-        when they came one after the other; a read it carries is answered after both."""
-        if "ids" in a:
-            self._push(a)
-        self.set_clock(int(meta["rank"]), int(meta["clock"]), samples=int(meta.get("samples", 0)))
+        when they came one after the other; a read it carries is answered after both. The
+        clock moves even if the push is refused (its error goes back to the sender), as it did
+        when it came in a message of its own."""
+        try:
+            if "ids" in a:
+                self._push(a)
+        finally:
+            self.set_clock(
+                int(meta["rank"]), int(meta["clock"]), samples=int(meta.get("samples", 0))
+            )
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         store, n = self.ctx.store, a["ids"].numel()

@@ -82,10 +82,14 @@ from hetgmp.embedding.transport.async_stage import TableLock
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
-# Batches per rank short of the budget from which a commit is told at once (AsyncStep.commit):
-# before that a peer's view of a rank's samples may lag by two batches (the count rides on the
-# next step's messages), so three keep the views exact wherever the stop rule looks at them.
+# How near the budget a commit is told at once (AsyncStep.commit): within COMMIT_MARGIN x (a
+# batch per rank + what the other ranks train during one step of this rank). Before that a
+# peer's view of a rank's samples may lag by a batch or two for one of its steps (the count
+# rides on its next step's messages): three such windows keep the views exact wherever the
+# stop rule looks at them, unless the others suddenly train three times faster. The others'
+# progress per step is a peak that decays by COMMIT_DECAY a step (warm-up steps fade).
 COMMIT_MARGIN = 3
+COMMIT_DECAY = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +142,8 @@ class AsyncStep:
         self.steps = 0  # training steps taken (the clock is 2 * steps between steps)
         self.samples = 0  # training samples this rank has taken (published with its clock)
         self.batch_max = 0  # the largest batch committed (commit's margin)
+        self.others_seen = 0  # the other ranks' samples as last seen at a commit
+        self.others_step = 0.0  # what they trained during one of this rank's steps (peak)
         self.closed = False
         # wall seconds of the training thread by phase (``clock_wait``, of which
         # ``clock_wait_in_step`` inside a step, ``push``, ``read``; the loop adds ``step``,
@@ -256,14 +262,22 @@ class AsyncStep:
         """This rank takes a batch of ``samples`` for its next step: count them and tell the
         peers (the clock stays). With ``budget`` (the run's global samples) and the step's
         count riding on its messages (``--max-lag`` != 0), they are told at once only near
-        the budget: elsewhere the count reaches them with the next step's messages, at most a
-        batch or two late, which the stop rule can afford until the sum nears the budget
-        (``COMMIT_MARGIN`` batches a rank; one clock message a step fewer to each peer)."""
+        the budget (``COMMIT_MARGIN``): elsewhere the count reaches them with the next step's
+        messages, a step late, which the stop rule can afford until the sum nears the budget
+        (one clock message a step fewer to each peer). A straggler, whose steps are long next
+        to the others', has a wide margin and tells them at once."""
         self.samples += samples
         self.batch_max = max(self.batch_max, samples)
         r, w = self.ctx.env.rank, self.ctx.env.world_size
-        far = sum(self.service.samples) + COMMIT_MARGIN * w * self.batch_max < (budget or 0)
-        if far and self._riding(False):
+        seen = sum(self.service.samples)
+        # (what the others trained during this rank's last step, its recent peak: a slow rank
+        # hides its count for one of its own steps, during which they may train far more
+        # than a batch each, so its margin grows with them)
+        others = seen - self.service.samples[r]
+        gain, self.others_seen = others - self.others_seen, others
+        self.others_step = max(gain, COMMIT_DECAY * self.others_step)
+        margin = COMMIT_MARGIN * (w * self.batch_max + self.others_step)
+        if seen + margin < (budget or 0) and self._riding(False):
             self.service.set_clock(r, 2 * self.steps, samples=self.samples)
         else:
             self._tick(2 * self.steps)
