@@ -181,9 +181,10 @@ class TrainConfig:
     sync: str = option(
         "collective",
         help="how ranks keep the embedding in sync: collective (every step one exchange among "
-        "all ranks, in lockstep) or async (CPU ranks: each rank serves its owned rows from a "
-        "ZeroMQ thread, the others read and push point to point, no global barrier; needs "
-        "pyzmq, the async extra)",
+        "all ranks, in lockstep) or async (each rank serves its owned rows from a ZeroMQ "
+        "thread, the others read and push point to point, no global barrier; CPU or CUDA "
+        "ranks; with --max-lag != 0 a slow rank no longer holds the others up; needs pyzmq, "
+        "the async extra)",
         choices=["collective", "async"],
     )
     max_lag: int = option(
