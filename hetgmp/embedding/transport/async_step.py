@@ -16,9 +16,10 @@ A training step ``t`` of one rank has two phases, each ended by a tick of the ra
    for both phases' clock targets; the read phase's clock (``2t + 2``) is then set locally and
    told with the next step's messages (or :meth:`AsyncStep.commit`'s, near the budget). Every
    peer then sees one message and one answer a step instead of a push, its acknowledgement,
-   three clock messages (the commit's among them) and the read. A rank's own later reads still see its pushes (one socket per owner, answered in
-   order), the per-row bound is measured at the owner, and a clock a peer sees is at most one
-   behind the rank's at any wait, so no two ranks wait for each other when ``max_lag >= 1``.
+   three clock messages (the commit's among them) and the read. A rank's own later reads
+   still see its pushes (one socket per owner, answered in order), the per-row bound is
+   measured at the owner, and a clock a peer sees is at most one behind the rank's at any
+   wait, so no two ranks wait for each other when ``max_lag >= 1``.
 2. **read**: owned rows are read locally; one read request per owner carries the batch's mirror
    ids with their versions and the rows not stored here; the owner answers with every mirror's
    lag and the values of the mirrors beyond ``bound`` and of the rows not stored; stale
