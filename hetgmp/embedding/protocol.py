@@ -165,6 +165,11 @@ def refresh_mirrors(
         store.opt_state.index_copy_(0, rs, owner_state)
 
 
+def deferred_counts(deferred: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """:func:`read_counts` of a step that read no mirror: only the deferred count."""
+    return torch.stack([zero, zero, zero, deferred.to(torch.int64), zero])
+
+
 def read_counts(
     q_lag: torch.Tensor, bound: int, refresh: torch.Tensor, deferred: torch.Tensor,
     zero: torch.Tensor,

@@ -125,7 +125,7 @@ def _rows_only(
             off += n
     z = store.zeros_w[0]
     ctx.counters.set_rows_host(n_o, off - n_o)
-    ctx.counters.rows_dev_step = torch.stack([z, z, z, deferred.to(torch.int64), z])
+    ctx.counters.rows_dev_step = protocol.deferred_counts(deferred, z)
     ctx.counters.accumulate_rows()
     return values
 

@@ -388,7 +388,7 @@ class AsyncStep:
     def _flushed(self, prep: Prep, deferred: Any) -> tuple[torch.Tensor, Batch]:
         ctx, z = self.ctx, self.ctx.store.zeros_w[0]
         ctx.counters.set_rows_host(0, 0)
-        ctx.counters.rows_dev_step = torch.stack([z, z, z, deferred.to(torch.int64), z])
+        ctx.counters.rows_dev_step = protocol.deferred_counts(deferred, z)
         ctx.counters.accumulate_rows()
         batch = _batch(prep, ctx.env.rank, ctx.env.world_size)[0]
         return torch.zeros(0, ctx.store.dim, device=ctx.store.device), batch

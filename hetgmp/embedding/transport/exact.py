@@ -88,7 +88,7 @@ class ExactExchange:
         self._count_sent(s, batch)
         if s.op == OP_FLUSH:
             z = ctx.store.zeros_w[0]
-            ctx.counters.rows_dev_step = torch.stack([z, z, z, staged[2].to(torch.int64), z])
+            ctx.counters.rows_dev_step = protocol.deferred_counts(staged[2], z)
             ctx.counters.accumulate_rows()
             return torch.zeros(0, ctx.store.dim, device=ctx.store.device)
         replies = self._answer(s, recv)
