@@ -75,8 +75,8 @@ import torch
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
-from hetgmp.embedding.transport import async_wire as wire
 from hetgmp.embedding.transport.async_peers import Request, connect_peers
+from hetgmp.embedding.transport.async_push import push_requests
 from hetgmp.embedding.transport.async_reads import SentReads, drop_reads, receive_reads, send_reads
 from hetgmp.embedding.transport.async_service import AsyncService
 from hetgmp.embedding.transport.async_stage import TableLock
@@ -334,56 +334,13 @@ class AsyncStep:
     ) -> tuple[dict[int, Request], Any]:
         """Stage, apply own rows, push the rest (``send``; else the requests are returned, to
         go with the reads); returns the requests not sent and the deferred-mirror count."""
-        ctx, store, w = self.ctx, self.ctx.store, self.ctx.env.world_size
         self.peers.settle()  # (the last step's acknowledgements, long arrived as a rule)
-        with self.lock:
-            if grads is not None and grads[0].n_mir:
-                pb, pg = grads
-                m0, m1 = pb.n_own, pb.n_own + pb.n_mir
-                protocol.stage_mirror_updates(
-                    store, ctx.opt, pb.slot[m0:m1], pg[m0:m1], pb.cnt[m0:m1]
-                )
-            due, deferred = self._take_due(evaluating)
-            if grads is not None and grads[0].n_own:
-                pb, pg = grads
-                own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
-                self.service.stash_own(own)  # (applied with the pushes: service.drain)
-        rest: list[Any] = [None] * w  # (rows not stored here, by owner)
-        if grads is not None:
-            pb, pg = grads
-            r0 = pb.n_own + pb.n_mir
-            rest = list(zip(*(x[r0:].split(pb.nqr) for x in (pb.u, pb.cnt, pg)), strict=True))
-        reqs = {}
-        for p in range(w):  # (a cat only where both kinds go to one owner: each is a kernel)
-            parts = [q for q in (rest[p], due[p] if due else None) if q and q[0].numel()]
-            if parts:
-                if len(parts) == 1:
-                    ids, cnt, grad = parts[0]
-                else:
-                    ids, cnt, grad = (torch.cat(x) for x in zip(*parts, strict=True))
-                arrays = {"ids": ids, "cnt": cnt, "grad": grad.float().contiguous()}
-                reqs[p] = (wire.PUSH, {}, arrays)
-        sent = sum(wire.nbytes(q[2]) for q in reqs.values())
-        if send:  # (--max-lag 0, flush, evaluation: applied before this rank's clock moves on)
-            self.peers.request_all(reqs, "async push")
-        n_p = sum(q[2]["ids"].numel() for q in reqs.values())
-        ctx.counters.count_bytes(
-            sent={"ids": 8 * n_p, "versions": 8 * n_p, "gradients": sent - 16 * n_p},
-            recv={}, reset=True,
-        )  # fmt: skip
-        ctx.counters.count_pushes(n_p)
-        return ({} if send else reqs), deferred
-
-    def _take_due(self, evaluating: bool) -> tuple[list[Any] | None, torch.Tensor]:
-        """(Under the lock) the due mirrors' pushes by owner, ``(ids, counts, gradients)``
-        each (None: the table has no mirrors, nothing to look at), and the deferred count."""
-        store = self.ctx.store
-        due, per_owner, deferred = protocol.due_state(store, self.ctx.bound, push_all=evaluating)
-        if due is None:
-            return None, deferred
-        taken = protocol.take_due(store, self.ctx.opt, torch.nonzero(due).view(-1))
-        nd = per_owner.tolist()
-        return list(zip(*(x.split(nd) for x in taken), strict=True)), deferred
+        reqs, deferred = push_requests(self.ctx, self.lock, self.service, grads, evaluating)
+        if not send:
+            return reqs, deferred
+        # (--max-lag 0, flush, evaluation: applied before this rank's clock moves on)
+        self.peers.request_all(reqs, "async push")
+        return {}, deferred
 
     def _flushed(self, prep: Prep, deferred: Any) -> tuple[torch.Tensor, Batch]:
         ctx, z = self.ctx, self.ctx.store.zeros_w[0]
