@@ -81,3 +81,30 @@ def test_mpirun_four_ranks_async(tiny_dataset, tmp_path) -> None:
     res = json.loads(out.read_text())
     assert res["async"]["budget"] == 6 * 4 * 16
     assert 6 * 4 * 16 <= res["samples_seen"] < 6 * 4 * 16 + 4 * 16
+
+
+def test_async_hints_say_what_the_settings_mean() -> None:
+    """The start of a run says what --sync async's settings mean: --max-lag 0 keeps lockstep,
+    and on GPUs lockstep is usually faster (a CUDA device object, no GPU needed: only the
+    log lines are looked at)."""
+    import io
+    from types import SimpleNamespace
+
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.train.config import TrainConfig
+    from hetgmp.train.run import _log_embedding
+    from hetgmp.train.runlog import RunLog
+
+    emb = SimpleNamespace(kernels="torch", replies="stale", exchange="exact", sync="async")
+
+    def said(max_lag: int, device: str, world: int = 2) -> str:
+        out = io.StringIO()
+        cfg = TrainConfig(sync="async", max_lag=max_lag)
+        env = DistEnv(rank=0, world_size=world, device=torch.device(device))
+        _log_embedding(RunLog(active=True, stream=out, progress=False), cfg, env, emb)
+        return out.getvalue()
+
+    assert "--max-lag 0 keeps every rank" in said(0, "cpu")
+    assert "--max-lag 0 keeps" not in said(100, "cpu") and "async on GPUs" not in said(100, "cpu")
+    assert "async on GPUs" in said(100, "cuda") and "When async pays" in said(100, "cuda")
+    assert said(100, "cuda", world=1).count("\n") == 1  # (one rank: the settings line only)

@@ -208,18 +208,7 @@ def build_ctr_model(
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
     emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
     if log is not None and hasattr(emb, "kernels") and hasattr(emb, "replies"):
-        log.info(
-            f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
-            f"replies {emb.replies} (--replies {cfg.replies}), exchange "
-            f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange}), sync "
-            f"{getattr(emb, 'sync', '?')}"
-            + (f" (--max-lag {cfg.max_lag})" if getattr(emb, "sync", "") == "async" else "")
-        )
-        if getattr(emb, "sync", "") == "async" and cfg.max_lag == 0 and env.world_size > 1:
-            log.info(
-                "async: --max-lag 0 keeps every rank at the same step, so a slow rank still "
-                "holds the others up; --max-lag N (e.g. 100) or -1 lets the others run ahead"
-            )
+        _log_embedding(log, cfg, env, emb)
     model = build_model(
         cfg.model,
         emb,
@@ -231,6 +220,31 @@ def build_ctr_model(
     if log is not None and dense_kernels is not None:
         log.info(f"model: {cfg.model} cross kernels {dense_kernels} (--kernels {cfg.kernels})")
     return model
+
+
+def _log_embedding(log: RunLog, cfg: TrainConfig, env: DistEnv, emb: Any) -> None:
+    """The table's resolved settings, and what --sync async's settings mean for this run."""
+    sync = getattr(emb, "sync", "?")
+    log.info(
+        f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
+        f"replies {emb.replies} (--replies {cfg.replies}), exchange "
+        f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange}), sync {sync}"
+        + (f" (--max-lag {cfg.max_lag})" if sync == "async" else "")
+    )
+    if sync != "async" or env.world_size == 1:
+        return
+    if cfg.max_lag == 0:
+        log.info(
+            "async: --max-lag 0 keeps every rank at the same step, so a slow rank still "
+            "holds the others up; --max-lag N (e.g. 100) or -1 lets the others run ahead"
+        )
+    if env.device.type == "cuda":
+        log.info(
+            "async on GPUs: its step is host work (sockets, Python), lockstep's a few CUDA "
+            "graph replays, so on one host with fast links --sync collective is several times "
+            "faster even beside a 2x straggler; async pays where lockstep's collectives are "
+            "slow or a straggler is worse (docs/architecture.md, 'When async pays')"
+        )
 
 
 def run_info(cfg: TrainConfig, ds: Dataset, plan_path: Path | None) -> dict[str, Any]:
