@@ -214,9 +214,9 @@ class AsyncStep:
             self.lock.fence()  # (CUDA: reads of the table after flush follow the service's work)
             return self._flushed(prep, deferred)
         tick = None
-        if riding:  # (published with the reads)
+        if riding:  # (told with the reads)
             tick = {"rank": r, "clock": c + 1, "samples": self.samples}
-            self.service.set_clock(r, c + 1, samples=self.samples)
+            self._tick(c + 1, tell=False)
         elif not evaluating:
             self._tick(c + 1)
             if self.cfg.max_lag >= 0:
@@ -235,10 +235,8 @@ class AsyncStep:
         values = receive_reads(self.ctx, self.lock, self.peers, reading.sent, reading.deferred)
         self.phase_s["read"] += time.perf_counter() - t0
         if not reading.evaluating:
-            if self._riding(False):  # (told with the next step's messages, or its commit)
-                self.service.set_clock(self.ctx.env.rank, 2 * self.steps + 2, samples=self.samples)
-            else:
-                self._tick(2 * self.steps + 2)
+            # (riding: told with the next step's messages, or its commit)
+            self._tick(2 * self.steps + 2, tell=not self._riding(False))
             self.steps += 1
         return values, reading.sent.batch
 
@@ -278,10 +276,8 @@ class AsyncStep:
         gain, self.others_seen = others - self.others_seen, others
         self.others_step = max(gain, COMMIT_DECAY * self.others_step)
         margin = COMMIT_MARGIN * (w * self.batch_max + self.others_step)
-        if seen + margin < (budget or 0) and self._riding(False):
-            self.service.set_clock(r, 2 * self.steps, samples=self.samples)
-        else:
-            self._tick(2 * self.steps)
+        near = seen + margin >= (budget or 0)
+        self._tick(2 * self.steps, tell=near or not self._riding(False))
 
     def wait_turn(self, budget: int) -> bool:
         """Before a training step: wait until the per-clock bound lets this rank start it
@@ -321,9 +317,12 @@ class AsyncStep:
         self.phase_s["clock_wait"] += waited
         self.phase_s["clock_wait_in_step"] += waited  # (inside the loop's step time too)
 
-    def _tick(self, clock: int) -> None:
+    def _tick(self, clock: int, tell: bool = True) -> None:
+        """Move this rank's clock (and sample count) in its own table; ``tell``: in every
+        peer's too, by a clock message (else they learn it from this rank's next message)."""
         self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
-        self.peers.publish_clock(clock, samples=self.samples)
+        if tell:
+            self.peers.publish_clock(clock, samples=self.samples)
 
     def _riding(self, evaluating: bool) -> bool:
         """Whether a step's push and clock ride on its reads (see the module docstring)."""
