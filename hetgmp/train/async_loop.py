@@ -222,25 +222,26 @@ class AsyncLoop:
         tr, env = self.tr, self.tr.env
         loss, correct = self.sums.tolist()
         st = self.stealer.stats() if self.stealer is not None else {}
-        mine = (self.steps, self.engine.samples, self.seconds, loss, correct,
-                st.get("stolen", 0), st.get("claimed_from", 0), self._phase_ms(),
-                self.steady, dict(self.engine.service.received))  # fmt: skip
-        ranks = [tuple(r) for r in all_gather_object(env, mine)]
-        steps = [int(r[0]) for r in ranks]
-        samples = [int(r[1]) for r in ranks]
-        secs = max(float(r[2]) for r in ranks)
+        mine = {"steps": self.steps, "samples": self.engine.samples, "secs": self.seconds,
+                "loss": loss, "correct": correct, "stolen": st.get("stolen", 0),
+                "claimed_from": st.get("claimed_from", 0), "phase": self._phase_ms(),
+                "steady": self.steady, "received": dict(self.engine.service.received)}  # fmt: skip
+        ranks = all_gather_object(env, mine)
+        steps = [int(r["steps"]) for r in ranks]
+        samples = [int(r["samples"]) for r in ranks]
+        secs = max(float(r["secs"]) for r in ranks)
         total = sum(samples)
         tr.samples_seen = total
         shard = max(1, sum(tr.counts))
         tr.position = Position(max(steps), total // shard, 0, env.world_size)
-        speed, rates = self._set_clock(secs, total, [r[8] for r in ranks])
+        speed, rates = self._set_clock(secs, total, [r["steady"] for r in ranks])
         tail = max(1, total)
         tr.log.metrics(
             "TRAIN",
             max(steps),
             {
-                "loss": sum(float(r[3]) for r in ranks) / tail,
-                "acc": sum(float(r[4]) for r in ranks) / tail,
+                "loss": sum(float(r["loss"]) for r in ranks) / tail,
+                "acc": sum(float(r["correct"]) for r in ranks) / tail,
                 "time": secs,
                 "speed": speed,
                 "samples": total,
@@ -251,21 +252,21 @@ class AsyncLoop:
             "budget": self.budget,
             "samples_per_rank": samples,
             "steps_per_rank": steps,
-            "seconds_per_rank": [float(r[2]) for r in ranks],
+            "seconds_per_rank": [float(r["secs"]) for r in ranks],
             # each rank's samples/s after its warm-up steps (None: a rank took no more steps)
             "speed_per_rank": rates,
             "max_lag": tr.cfg.max_lag,
             "dense_sync_every": tr.cfg.dense_sync_every,
             "work_stealing": self.stealer is not None,
-            "stolen_per_rank": [int(r[5]) for r in ranks],  # batches taken from peers
-            "claimed_from_per_rank": [int(r[6]) for r in ranks],  # batches peers took
+            "stolen_per_rank": [int(r["stolen"]) for r in ranks],  # batches taken from peers
+            "claimed_from_per_rank": [int(r["claimed_from"]) for r in ranks],  # batches peers took
             "coverage": self._coverage(),
-            "phase_ms_per_step": [r[7] for r in ranks],
+            "phase_ms_per_step": [r["phase"] for r in ranks],
             # messages each rank's service received, by kind, per step of all the others
             "messages_per_peer_step": [
-                _per_step(r[9], sum(steps) - s) for r, s in zip(ranks, steps, strict=True)
+                _per_step(r["received"], sum(steps) - s) for r, s in zip(ranks, steps, strict=True)
             ],
-            "clock_wait_share_per_rank": [_wait_share(r[7]) for r in ranks],
+            "clock_wait_share_per_rank": [_wait_share(r["phase"]) for r in ranks],
             **self.server.stats(),
         }
         self._hint_lag_cap(tr.extra_results["async"]["clock_wait_share_per_rank"])
