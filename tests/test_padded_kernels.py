@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
         from hetgmp.embedding import DistributedEmbedding
         from hetgmp.embedding.transport import static
 
-        static.FUSED_WITH_STATE = True  # (the fused Adagrad segments are what is checked)
+        assert static.FUSED_WITH_STATE  # (the fused Adagrad segments: on by default)
         from hetgmp.partition.plan import Plan
 
         rng = np.random.default_rng(world)

@@ -59,8 +59,7 @@ class DistributedEmbedding(nn.Module):
     exactly) or ``"padded"`` (fixed capacities; on CUDA a step replays a few CUDA graphs when
     ``cuda_graphs``, its all-to-alls captured inside them on NCCL when ``graph_collectives``);
     padded needs ``replies="all"`` and no audit, and is used for training steps (eval and flush
-    stay exact); its segments are fused Triton kernels (with Adagrad: torch ops until the fused
-    ones have run on a GPU), captured as graphs. ``"auto"``: padded where it applies on CUDA with several ranks (one rank
+    stay exact); its segments are fused Triton kernels (SGD and row-wise Adagrad), captured as graphs. ``"auto"``: padded where it applies on CUDA with several ranks (one rank
     takes its own step; ``exchange`` then says ``"exact"``). Diagnostics: ``padded_rebuilds``
     (every capacity taken) and ``padded_presyncs`` (steps whose pre-sync part ran in fixed
     shapes). ``sync``: ``"collective"`` (every step one exchange among all ranks) or
