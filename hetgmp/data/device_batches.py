@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -51,6 +51,9 @@ class PendingBatch:
 
     source: ResidentSource
     pos: torch.Tensor  # int64 [B]
+    # the embedding's verdict (ResidentSource.epoch_check): the batch fits the capacities of
+    # a multi-rank whole-step graph (hetgmp.train.graphed_multi); else it trains eagerly
+    fits: bool = True
 
     def __len__(self) -> int:
         return int(self.pos.shape[0])
@@ -197,6 +200,10 @@ class ResidentSource:
     CHUNK = 1 << 18  # samples read from the memmap at a time (bounds host memory)
     # next() hands out PendingBatch instead of gathering (set by a consumer that gathers itself)
     deferred = False
+    # called at each epoch start (collective: every rank starts each epoch at the same global
+    # step) with the samples, the epoch's positions and the batch size; says per batch whether
+    # it fits (PendingBatch.fits)
+    epoch_check: Callable[[torch.Tensor, torch.Tensor, int], list[bool]] | None = None
 
     def __init__(
         self,
@@ -205,13 +212,16 @@ class ResidentSource:
         device: torch.device,
         *,
         ids_int32: bool,
+        num_rows: int | None = None,
     ) -> None:
         self.plan = plan
         self.slots = slots
         self.device = device
         self.stored = np.unique(plan.indices.astype(np.int64, copy=False))
         id_dtype = torch.int32 if ids_int32 else torch.int64
-        self.sparse = self._upload(plan.split.sparse, id_dtype)
+        self.num_rows = num_rows  # (ids are checked against it as they are loaded)
+        self.sparse = self._upload(plan.split.sparse, id_dtype, ids=True)
+        self._fits: list[bool] = []
         split = plan.split
         self.dense = None if split.dense is None else self._upload(split.dense, torch.float32)
         self.labels = self._upload(split.labels, torch.float32).reshape(-1, 1)
@@ -226,17 +236,34 @@ class ResidentSource:
         self._ahead: tuple[int, concurrent.futures.Future[np.ndarray]] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hetgmp-epoch")
 
-    def _upload(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``self.stored`` of ``array`` as one device tensor, read chunk by chunk."""
+    def _upload(self, array: np.ndarray, dtype: torch.dtype, *, ids: bool = False) -> torch.Tensor:
+        """Rows ``self.stored`` of ``array`` as one device tensor, read chunk by chunk (ids
+        checked against the table's rows: a whole-step graph does not stop for a bad id)."""
         n = self.stored.size
         shape = (n, *array.shape[1:])
         out = torch.empty(shape, dtype=dtype, device=self.device)
         for lo in range(0, n, self.CHUNK):
             rows = np.asarray(array[self.stored[lo : lo + self.CHUNK]])
+            if ids and rows.size:
+                self._check_ids(array, rows, lo)
             if dtype == torch.int32 and rows.size and (rows.min() < 0 or rows.max() > INT32_MAX):
                 raise ValueError("ids outside int32 in a table said to fit int32")
             out[lo : lo + rows.shape[0]].copy_(torch.from_numpy(rows).to(dtype))
         return out
+
+    def _check_ids(self, array: np.ndarray, rows: np.ndarray, lo: int) -> None:
+        """Raise, naming the file, the sample and the field, if an id is outside the table."""
+        hi = self.num_rows
+        bad = (rows < 0) if hi is None else ((rows < 0) | (rows >= hi))
+        if not bad.any():
+            return
+        r, f = (int(v) for v in np.argwhere(bad)[0])
+        where = getattr(array, "filename", None) or "the sparse features"
+        raise ValueError(
+            f"{where}: sample {int(self.stored[lo + r])}, field {f}: id {int(rows[r, f])} is "
+            f"outside the table's [0, {hi}) rows (was the data set preprocessed for another "
+            "table?)"
+        )
 
     @property
     def nbytes(self) -> int:
@@ -246,13 +273,16 @@ class ResidentSource:
     def next(self) -> tuple[Slot, DeviceBatch | PendingBatch | None]:
         """The next step's slot and batch (``None``: this rank has nothing this step)."""
         slot = next(self.slots)
+        if slot.epoch != self._epoch:  # (every rank: the epoch check is collective)
+            self._start_epoch(slot.epoch)
         if not slot.local:
             return slot, None
-        if slot.epoch != self._epoch:
-            self._start_epoch(slot.epoch)
         bs = self.plan.batch_size
         pos = self._positions[slot.batch * bs : (slot.batch + 1) * bs]
-        return slot, PendingBatch(self, pos) if self.deferred else self.gather(pos)
+        if not self.deferred:
+            return slot, self.gather(pos)
+        fits = self._fits[slot.batch] if slot.batch < len(self._fits) else True
+        return slot, PendingBatch(self, pos, fits)
 
     def gather(self, pos: torch.Tensor) -> DeviceBatch:
         """The samples at positions ``pos`` (int64 ``[B]``) as a batch."""
@@ -272,6 +302,8 @@ class ResidentSource:
             order, self._stored, self.plan.batch_size, self.device
         )
         self._epoch = epoch
+        if self.epoch_check is not None:
+            self._fits = self.epoch_check(self.sparse, self._positions, self.plan.batch_size)
         plan = self.plan
         self._ahead = (epoch + 1, self._pool.submit(lambda: plan.loader(epoch + 1).order))
 

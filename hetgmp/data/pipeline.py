@@ -88,7 +88,7 @@ def open_source(
     ids_int32 = num_rows - 1 <= INT32_MAX
     resident, why = wants_resident(opts, plan, device, ids_int32)
     if resident:
-        src = ResidentSource(plan, slots, device, ids_int32=ids_int32)
+        src = ResidentSource(plan, slots, device, ids_int32=ids_int32, num_rows=num_rows)
         width = "int32" if ids_int32 else "int64"
         return (
             src,

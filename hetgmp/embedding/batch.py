@@ -61,6 +61,9 @@ class Batch:
     # gradient is summed into that one's buffer, see StaticExchange.sum_grad)
     prep: Prep | None = None
     static: StaticExchange | None = None
+    # recorded while a whole-step CUDA graph was captured: its host counts are the capture's,
+    # not a replay's (:meth:`~hetgmp.embedding.transport.whole.WholeStep.materialize`)
+    replayed: bool = False
 
     def nqr_device(self, device: torch.device) -> torch.Tensor:
         """``nqr`` on the device."""
@@ -81,6 +84,14 @@ class Occurrences(NamedTuple):
     """A padded step's gradient as it came back: one row per occurrence (``[n, D]`` float32
     contiguous), not yet summed per unique row (the sum runs inside the next step's pre-sync
     graph, or eagerly where that graph does not run)."""
+
+    grad: torch.Tensor
+
+
+class Summed(NamedTuple):
+    """A padded step's gradient summed per unique row already (``StaticExchange.grad``, a
+    fixed buffer), in backward: the whole-step graph's form (nothing of the step then lives
+    in a graph's memory pool; :mod:`hetgmp.embedding.transport.whole`)."""
 
     grad: torch.Tensor
 

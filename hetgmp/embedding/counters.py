@@ -48,10 +48,18 @@ class StepCounters:
         self.local_counts = (self.rows_dev_step[4:], self.rows_dev_total[4:])
         self.local_bytes_step = zero_counters()
         self.local_bytes_step["steps"] = 1
+        # steps replayed from a whole-step graph with several ranks: their owned rows, rows
+        # not stored here and pushes, summed on the device (hetgmp.embedding.transport.whole)
+        self.replay_dev = torch.zeros(3, dtype=torch.int64, device=device)
 
     def total(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        return _merge(self.bytes_total, self.rows_host_total, self.rows_dev_total)
+        owned, not_stored, pushes = (int(v) for v in self.replay_dev.tolist())
+        host = dict(self.bytes_total)
+        host["pushes_sent"] += pushes
+        rows = {"owned": self.rows_host_total["owned"] + owned}
+        rows["not_stored"] = self.rows_host_total["not_stored"] + not_stored
+        return _merge(host, rows, self.rows_dev_total)
 
     def step(self) -> dict[str, int]:
         """The last step's counters."""

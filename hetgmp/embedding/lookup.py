@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hetgmp.embedding.batch import Batch, Occurrences
+from hetgmp.embedding.batch import Batch, Occurrences, Summed
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.transport.base import OP_FORWARD
 from hetgmp.embedding.transport.local import LocalStep
@@ -44,7 +44,8 @@ class _LocalLookup(torch.autograd.Function):
 class _PaddedLookup(torch.autograd.Function):
     """A padded training step's lookup: forward gathers the occurrences' rows from the step's
     unique values (``values[inv]``); backward hands their gradient to the stepper unsummed
-    and launches nothing (the sum is part of the next step's pre-sync graph)."""
+    and launches nothing (the sum is part of the next step's pre-sync graph), or, for the
+    whole-step graph, sums it per row into the exchange's fixed buffer at once."""
 
     @staticmethod
     def forward(
@@ -59,5 +60,9 @@ class _PaddedLookup(torch.autograd.Function):
         g = grad.detach().reshape(-1, grad.shape[-1])
         if g.dtype != torch.float32 or not g.is_contiguous():
             g = g.to(torch.float32).contiguous()  # (e.g. the expanded gradient of a sum())
-        ctx.stepper.grads = (ctx.batch, Occurrences(g))
+        b, padded = ctx.batch, ctx.stepper.padded
+        if padded is not None and padded.whole:  # summed now, into a fixed buffer (.whole)
+            ctx.stepper.grads = (b, Summed(b.static.sum_grad(b.inv, g)))
+        else:
+            ctx.stepper.grads = (b, Occurrences(g))
         return None, None, None, None, None

@@ -19,6 +19,7 @@ from torch import nn
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
 from hetgmp.embedding.counters import StepCounters
+from hetgmp.embedding.engines import make_engines
 from hetgmp.embedding.kernels import gather_rows
 from hetgmp.embedding.kernels import resolve as resolve_kernels
 from hetgmp.embedding.lookup import _LocalLookup, _PaddedLookup
@@ -37,8 +38,8 @@ from hetgmp.embedding.store import RowStore
 from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
-from hetgmp.embedding.transport.padded import PaddedExchange
 from hetgmp.embedding.transport.step import Stepper
+from hetgmp.embedding.transport.whole import WholeStep
 from hetgmp.partition.plan import Plan
 
 
@@ -99,25 +100,17 @@ class DistributedEmbedding(nn.Module):
             PhaseTimer(env.device, enabled=False), self.bound,
             send_all=audit or self.replies == "all", audit=audit,
         )  # fmt: skip
-        # One rank (and no audit): its own step, which needs slot == id (rank 0 owns every
-        # row and mirrors nothing).
-        s = self.store
-        self._local = env.world_size == 1 and not audit and s.n_own == self.num_rows
-        self._local = self._local and s.n_mir == 0
+        self._local, self._one, self._padded, self._stepper = make_engines(
+            self._ctx, exchange=self.exchange, audit=audit, sync=self.sync, cuda_graphs=cuda_graphs,
+            graph_collectives=graph_collectives, async_config=async_config,
+        )  # fmt: skip
         if self._local and exchange == "auto":
             self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
-        self._one = LocalStep(self._ctx) if self._local else None
-        graphs = bool(cuda_graphs) and env.device.type == "cuda"
-        self._padded = None
-        if self.exchange == "padded" and not self._local:
-            self._padded = PaddedExchange(
-                self._ctx, graphs=graphs, graph_collectives=bool(graph_collectives)
-            )
-        self._stepper: Stepper | AsyncStep = Stepper(self._ctx, self._padded)
-        if self.sync == "async" and not self._local:  # (one rank: nothing to sync)
-            self._stepper = AsyncStep(self._ctx, async_config or AsyncConfig())
+        if isinstance(self._stepper, AsyncStep):
             env.closers.append(self.close)
+        s = self.store
         self._planner = BatchPlanner(s.slot_of, s.block_of, env.world_size, env.device)
+        self._whole: WholeStep | None = None
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: Prep | None = None
         # the leaf the autograd nodes hang on (see lookup._LocalLookup; a plain attribute, not
@@ -318,13 +311,18 @@ class DistributedEmbedding(nn.Module):
     def timer(self, value: PhaseTimer) -> None:
         self._ctx.timer = value
 
-    @property
-    def padded_rebuilds(self) -> list[Any]:
-        return self._padded.rebuilds if self._padded is not None else []
+    padded_rebuilds = property(lambda self: self._padded.rebuilds if self._padded else [])
+    padded_presyncs = property(lambda self: self._padded.presyncs if self._padded else 0)
 
-    @property
-    def padded_presyncs(self) -> int:
-        return self._padded.presyncs if self._padded is not None else 0
+    def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
+        """The padded exchange set up for a whole-step CUDA graph of several ranks (made at
+        the first call, before the first step; :mod:`.transport.whole`); None where this
+        table has no padded exchange (one rank, exact, async)."""
+        if self._padded is None or not isinstance(self._stepper, Stepper):
+            return None
+        if self._whole is None:
+            self._whole = WholeStep(self._padded, self._stepper, max_q=max_q)
+        return self._whole
 
     @property
     def _static(self) -> Any:  # (tests/gpu_padded_check.py looks at its graphs)

@@ -148,8 +148,9 @@ class TrainConfig:
     )
     cuda_graphs: bool = option(
         True,
-        help="replay the whole training step as one CUDA graph where it applies (one rank on "
-        "CUDA, --dense-optimizer adam or sgd; full batches, after 2 eager steps)",
+        help="replay the whole training step as one CUDA graph where it applies (CUDA, "
+        "--dense-optimizer adam or sgd; several ranks: the padded exchange, samples resident "
+        "on the device; full batches, after a few eager steps)",
     )
     matmul_precision: str = option(
         "high",
@@ -174,8 +175,9 @@ class TrainConfig:
     exchange: str = option(
         "auto",
         help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
-        "so each step replays CUDA graphs; needs --optimizer sgd and replies resolving to all: "
-        "--replies all, or auto on NCCL); auto: padded where it applies on CUDA",
+        "so a step replays as CUDA graphs, with several ranks on CUDA the whole step as one; "
+        "needs replies resolving to all: --replies all, or auto on NCCL); auto: padded where "
+        "it applies on CUDA",
         choices=["auto", *EXCHANGES],
     )
     sync: str = option(

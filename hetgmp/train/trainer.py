@@ -47,6 +47,7 @@ from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
 from hetgmp.train.graphed import GraphedStep, graph_support
 from hetgmp.train.graphed_head import WARMUP_STEPS, GraphedHead, head_graph_support
+from hetgmp.train.graphed_multi import MultiRankGraphedStep, multi_graph_support
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
@@ -87,7 +88,7 @@ class Trainer:
             env, self.model, optimizer=cfg.dense_optimizer, lr=cfg.effective_dense_lr, amp=self.amp,
             sync_every=cfg.dense_sync_every,
         )  # fmt: skip
-        self.run_step: TrainStep | GraphedStep = self.train_step
+        self.run_step: TrainStep | GraphedStep | MultiRankGraphedStep = self.train_step
         self.graph_note: str | None = None
         warmup, prof_first = self._use_graphs()
         self.dense_params = self.train_step.dense_params
@@ -125,14 +126,33 @@ class Trainer:
             env, self.train_step, enabled=cfg.cuda_graphs, dense_optimizer=cfg.dense_optimizer
         )
         warmup, prof_first = cfg.warmup_steps, cfg.warmup_steps
+        if self.graph_note is not None and env.world_size > 1:
+            note = multi_graph_support(self.train_step, cfg)
+            if note is None:
+                self.use_whole_step_graph()
+            self.graph_note = note
         if self.graph_note is None:
-            self.run_step = GraphedStep(self.train_step, time_replays=cfg.profile_steps)
+            if not isinstance(self.run_step, MultiRankGraphedStep):
+                self.run_step = GraphedStep(self.train_step, time_replays=cfg.profile_steps)
             if cfg.profile_steps:
                 prof_first = 1  # (step 0 compiles)
                 warmup = max(warmup, cfg.profile_steps + WARMUP_STEPS + 1)
         elif head_graph_support(env, self.model, enabled=cfg.cuda_graphs):
             self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
         return warmup, prof_first
+
+    def use_whole_step_graph(self) -> None:
+        """Several ranks: replay the whole step as one graph (:mod:`.graphed_multi`; on CPU
+        its flow runs plainly, which tests use). Collective (the exchange's communicator);
+        before the first step."""
+        whole = self.model.embedding.whole_step()
+        if whole is None:
+            raise ValueError("a multi-rank whole-step graph needs the padded exchange")
+        self.run_step = MultiRankGraphedStep(
+            self.train_step, whole, whole.padded.comm(), batch_size=self.cfg.batch_size,
+            time_replays=self.cfg.profile_steps,
+        )  # fmt: skip
+        self.train_step.head = None
 
     def step_graph(self) -> str:
         """What of a training step is a CUDA graph, and why not more (logs and results)."""
@@ -224,6 +244,8 @@ class Trainer:
         self.data_source = source.name
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
             source.deferred = True  # (the graph gathers each batch itself)
+        if isinstance(self.run_step, MultiRankGraphedStep):
+            self._multi_source(source)
         self.log.info(f"data: {why}")
         what = self.step_graph()
         self.log.info(
@@ -232,6 +254,23 @@ class Trainer:
             else f"step: one CUDA graph of the {what} per full batch (after 2 eager steps)"
         )
         return source
+
+    def _multi_source(self, source: BatchSource) -> None:
+        """The multi-rank graph gathers resident batches itself and needs each epoch's
+        verdicts (capacities); other sources train eagerly, with the dense part's graph."""
+        run = self.run_step
+        assert isinstance(run, MultiRankGraphedStep)
+        if not isinstance(source, ResidentSource):
+            self.graph_note = f"several ranks: the samples are not resident ({source.name})"
+            self.run_step = self.train_step
+            if head_graph_support(self.env, self.model, enabled=self.cfg.cuda_graphs):
+                self.train_step.head = GraphedHead(
+                    self.model, self.train_step.loss_fn, amp=self.amp
+                )
+            return
+        source.deferred = True
+        steps = self.steps_per_epoch
+        source.epoch_check = lambda sparse, pos, bs: run.whole.epoch_fits(sparse, pos, bs, steps)
 
     def _loop(self, source: BatchSource) -> None:
         interval = Interval(self.env.device)

@@ -4,6 +4,7 @@ slots, so its outputs keep their addresses and later graphs can read them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,9 @@ class GraphCache:
 
     def __init__(self, enabled: bool, *, limit: int = 16) -> None:
         self.enabled, self.limit = enabled, limit
+        # run every function plainly, neither capturing nor replaying (set while an enclosing
+        # graph captures the whole step: graphs do not nest)
+        self.plain = False
         self._graphs: dict[object, torch.cuda.CUDAGraph] = {}
         self._out: dict[object, Any] = {}
         self._warm: set[object] = set()
@@ -39,6 +43,8 @@ class GraphCache:
         self, key: object, fn: Callable[[], Any], *, capturable: bool = True
     ) -> tuple[Any, bool]:
         """``(fn's result, whether it came from a replayed graph)``."""
+        if self.plain:
+            return fn(), False
         if capturable and key in self._graphs:
             self._graphs[key].replay()
             return self._out[key], True
@@ -78,6 +84,11 @@ class PrepRing:
         self.prepare = prepare
         self._graphs = GraphCache(graphs)  # one per slot
         self.last = 1  # the slot of the batch consumed last
+        # ``fixed``: each slot's outputs copied into buffers of its own, so they keep their
+        # addresses whoever ran the preparation (its graph, an eager step, or a whole-step
+        # graph, whose allocations live in that graph's pool)
+        self.fixed = False
+        self._out: list[Any] = [None, None]
 
     def release(self) -> None:
         """Drop the captured graphs."""
@@ -88,4 +99,25 @@ class PrepRing:
         s = self.last ^ 1
         self.ids[s].copy_(ids)
         prep, static = self._graphs.run(s, lambda: self.prepare(self.ids[s]))
-        return prep, s, static
+        if not self.fixed:
+            return prep, s, static
+        out = self._out[s]
+        if out is None:
+            out = self._out[s] = dataclasses.replace(
+                prep, **{f: getattr(prep, f).clone() for f in _PREP_ARRAYS}
+            )
+        else:
+            for f in _PREP_ARRAYS:
+                getattr(out, f).copy_(getattr(prep, f))
+        return out, s, True
+
+    @property
+    def plain(self) -> bool:
+        return self._graphs.plain
+
+    @plain.setter
+    def plain(self, value: bool) -> None:
+        self._graphs.plain = value
+
+
+_PREP_ARRAYS = ("bad", "u", "cnt", "slot", "inv", "blocks")  # (``ids`` is the ring's own)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding import sizes
-from hetgmp.embedding.batch import Batch, Occurrences, Prep
+from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
 from hetgmp.embedding.transport.base import StepContext
 from hetgmp.embedding.transport.exact import SizedStep
 from hetgmp.embedding.transport.graphs import PrepRing
@@ -42,6 +42,12 @@ class PaddedExchange:
         self.presyncs = 0
         self._rings: dict[tuple[int, ...], PrepRing] = {}  # per batch shape
         self._comm: DistEnv | None = None
+        # the whole-step graph's settings (:mod:`.whole`): capacities fixed in advance (None:
+        # grown from each step's sizes), the gradient summed in backward, the preparation's
+        # outputs in fixed buffers, and whether a whole-step graph is being captured
+        self.frozen: Capacity | None = None
+        self.whole = False
+        self.capturing = False
 
     # ---------------------------------------------------------------- preprocessing
     def prepare(self, ids: torch.Tensor, plain: Callable[[torch.Tensor], Prep]) -> Prep:
@@ -55,12 +61,20 @@ class PaddedExchange:
             if len(self._rings) >= 4:
                 return plain(ids)
             ring = PrepRing(key, self.ctx.store.device, plain, graphs=self.graphs)
+            ring.fixed = self.whole
             self._rings[key] = ring
         prep, slot, static = ring.fill(ids)
         if static:  # (a replay returns the captured call's own Prep: the same every time)
             prep.ring, prep.static, prep.source = slot, True, ids
             return prep
         return dataclasses.replace(prep, ring=slot, static=static, source=ids)
+
+    def rings(self) -> list[PrepRing]:
+        return list(self._rings.values())
+
+    def ring(self, shape: tuple[int, ...]) -> PrepRing | None:
+        """The preparation ring of batches of ``shape`` (None before the first)."""
+        return self._rings.get(tuple(shape))
 
     def consumed(self, prep: Prep) -> None:
         """``prep``'s step is done with its ring slot's ids: the other slot is free."""
@@ -72,13 +86,17 @@ class PaddedExchange:
         """Whether the last step (``grads``) and this batch fit the buffers' graphs: the same
         StaticExchange, the two ring slots in turn, the same shape, capacities and constants."""
         st = self.static
-        if st is None or grads is None or prep.ring < 0 or not isinstance(grads[1], Occurrences):
+        if st is None or grads is None or prep.ring < 0:
             return False
-        pb = grads[0]
+        pb, g = grads
+        if isinstance(g, Summed):
+            size_ok = g.grad is st.grad
+        else:
+            size_ok = isinstance(g, Occurrences) and g.grad.shape[0] == st.cap.n
         return (
-            pb.static is st and pb.prep is not None and pb.prep.ring == prep.ring ^ 1
-            and min(st.cap.u, st.cap.n) > 0 and pb.prep.ids.shape == prep.ids.shape
-            and prep.u.numel() == st.cap.n and grads[1].grad.shape[0] == st.cap.n
+            size_ok and pb.static is st and pb.prep is not None
+            and pb.prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
+            and pb.prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
             and st.current  # (its graphs hold the bound and the learning rate)
         )  # fmt: skip
 
@@ -87,9 +105,9 @@ class PaddedExchange:
     ) -> tuple[torch.Tensor, tuple[Batch, torch.Tensor]]:
         """Stages 1-2 in the pre-sync segment: ``(both sizes tables on the host, the last
         batch with its gradient summed per row)``."""
-        st, pb = self.static, grads[0]
+        st, (pb, g) = self.static, grads
         assert st is not None and pb.prep is not None
-        host = st.presync(pb.prep, prep, consts, grads[1].grad)
+        host = st.presync(pb.prep, prep, consts, None if isinstance(g, Summed) else g.grad)
         self.presyncs += 1
         return host, (pb, st.grad[: pb.u.numel()])
 
@@ -110,12 +128,35 @@ class PaddedExchange:
             st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes, own)
         values = st.run()
         batch.prep, batch.static = s.prep, st
+        if self.capturing:  # (a replay counts on the device, see whole.WholeStep)
+            batch.replayed = True
+            t = st.sz_mine
+            self.ctx.counters.replay_dev.add_(
+                torch.stack([t[0, sizes.NOWN], t[:, sizes.NQR].sum(), t[:, sizes.NP].sum()])
+            )
+            return values
         self._count(s, batch, st)
         return values[: batch.u.numel()]
+
+    def accepts(self, prep: Prep) -> bool:
+        """Whether this rank can take the padded exchange with ``prep`` (fixed capacities
+        are for one batch shape: another, e.g. the last partial batch, takes the exact one)."""
+        return self.frozen is None or prep.u.numel() == self.frozen.n
+
+    def fits(self, theirs: list[list[int]]) -> bool:
+        """Whether every rank's largest per-peer query and push counts fit the fixed
+        capacities (always, when they grow): a step that does not takes the exact transport,
+        the same decision on every rank (every rank reads every rank's maxima)."""
+        cap = self.frozen
+        if cap is None:
+            return True
+        return all(r[sizes.MAXQ] <= cap.q and r[sizes.MAXP] <= cap.p for r in theirs)
 
     def _buffers(self, s: SizedStep, batch: Batch) -> StaticExchange:
         """The StaticExchange for this step's capacities (rebuilt when they grow)."""
         old = self.static.cap if self.static is not None else None
+        if self.frozen is not None:  # (fixed in advance; a step that exceeds them is exact)
+            return self._frozen_buffers(s)
         n, theirs = s.prep.u.numel(), s.theirs
         cap = Capacity(
             q=grow(old.q if old else 0, max(row[sizes.MAXQ] for row in theirs)),
@@ -132,6 +173,26 @@ class PaddedExchange:
             self.static = new
             self.rebuilds.append(cap)
         return self.static
+
+    def _frozen_buffers(self, s: SizedStep) -> StaticExchange:
+        cap = self.frozen
+        assert cap is not None and cap.n == s.prep.u.numel(), (cap, s.prep.u.numel())
+        if self.static is None or self.static.cap != cap or not self.static.current:
+            new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
+            if s.staged is None and self.static is not None:  # (see _buffers)
+                new.adopt(self.static)
+            self.static = new
+            self.rebuilds.append(cap)
+        return self.static
+
+    def set_plain(self, on: bool) -> None:
+        """While a whole-step graph captures: every segment and preparation runs plainly (no
+        nested graphs) and nothing waits for the device."""
+        self.capturing = on
+        for ring in self._rings.values():
+            ring.plain = on
+        if self.static is not None:
+            self.static.set_plain(on)
 
     def _own_capacity(self, old: Capacity | None, s: SizedStep, batch: Batch) -> int:
         """Room for the last batch's own rows staged for the owner's update (optimizers

@@ -130,6 +130,7 @@ class StaticExchange:
         # address for the next step's pre-sync graph)
         self.grad = torch.zeros(u + 1, d, device=dev)
         self._graphs = GraphCache(graphs)
+        self.capturing = False  # (a whole-step graph is being captured: no host waits)
         if not self.fused:
             self._reference_buffers(emb, w, q, p, u, d, i64)
         if self.sw:
@@ -288,7 +289,7 @@ class StaticExchange:
         segment("finish", lambda: seg.finish(self))
 
     def presync(
-        self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor
+        self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor | None
     ) -> torch.Tensor:
         """The part of a step before the sizes exchange, for the batch after this one's
         (``prev``: the batch this object ran, ``grad_occ`` its gradient, one row per
@@ -300,15 +301,19 @@ class StaticExchange:
         at fixed addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded
         columns. With the fused kernels the sizes table needs counts only, so the gradient's
         part (the sum, the updates) runs after the exchange, while the host reads the sizes
-        and launches the rest."""
+        and launches the rest. ``grad_occ`` None: :attr:`grad` holds the sum already (the
+        whole-step graph's form); while :attr:`capturing` nothing waits for the device (the
+        tables returned are then a replay's to read, :mod:`.whole`)."""
         # (shapes with one numel share self; what reads the gradient: a graph per address of
         # the incoming gradient, a training loop's allocator hands out one or two)
         key = ("presync", tuple(cur.ids.shape), cur.ring)
-        key_g = (*key, grad_occ.data_ptr())
+        key_g = key if grad_occ is None else (*key, grad_occ.data_ptr())
         capturable = prev.static and cur.static
+        ready = None if self.capturing else self._sizes_ready
 
         def summed() -> None:
-            self.sum_grad(prev.inv, grad_occ)
+            if grad_occ is not None:
+                self.sum_grad(prev.inv, grad_occ)
 
         def before() -> None:
             if self.fused:
@@ -328,12 +333,12 @@ class StaticExchange:
         self._segment(key if self.fused else key_g, before, capturable=capturable)
         if not self.comm_in_graphs:
             self._sizes_exchange()
-        if self._sizes_ready is not None:
-            self._sizes_ready.record(current_stream(self.store.device))
+        if ready is not None:
+            ready.record(current_stream(self.store.device))
         if self.fused:
             self._segment(key_g, after, capturable=capturable)
-        if self._sizes_ready is not None:
-            self._sizes_ready.synchronize()
+        if ready is not None:
+            ready.synchronize()
         return self.host_sizes
 
     def _sizes_exchange(self) -> None:
@@ -362,6 +367,11 @@ class StaticExchange:
     def release(self) -> None:
         """Drop the captured graphs (they hold the communicator, see DistEnv.closers)."""
         self._graphs.clear()
+
+    def set_plain(self, on: bool) -> None:
+        """While a whole-step graph captures: segments run plainly, nothing waits for the
+        device."""
+        self._graphs.plain = self.capturing = on
 
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""

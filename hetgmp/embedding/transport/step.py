@@ -26,11 +26,12 @@ import torch
 from hetgmp.comm.errors import PeerFailedError
 from hetgmp.comm.exchange import exchange_sizes
 from hetgmp.embedding import protocol, sizes
-from hetgmp.embedding.batch import Batch, Occurrences, Prep, range_error
+from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.ops import index_add_rows
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_NAMES, StepContext
 from hetgmp.embedding.transport.exact import ExactExchange, SizedStep, Staged
+from hetgmp.embedding.transport.whole import materialize
 
 Grads = tuple[Batch, Any]  # (batch, gradient [n, D] per unique row, or Occurrences)
 
@@ -56,6 +57,7 @@ class Stepper:
         ctx.timer.mark("unique")
         grads, self.grads = self.grads, None
         padded = self.padded is not None and not evaluating and error is None
+        padded = padded and self.padded.accepts(prep)
         if padded and self.padded.can_presync(grads, prep):
             # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
             host, grads = self.padded.presync(grads, prep, self.const_cols(bound, op, True))
@@ -99,7 +101,10 @@ class Stepper:
 
     def _summed(self, grads: Grads | None) -> Grads | None:
         """A padded step's per-occurrence gradient summed per unique row, eagerly (outside
-        the pre-sync graph)."""
+        the pre-sync graph); one summed in backward already (:class:`Summed`) as its rows."""
+        if grads is not None and isinstance(grads[1], Summed):
+            pb = materialize(grads[0])
+            return pb, grads[1].grad[: pb.u.numel()]
         if grads is None or not isinstance(grads[1], Occurrences):
             return grads
         pb = grads[0]
@@ -139,6 +144,9 @@ class Stepper:
         self, s: SizedStep, error: str | None, padded: bool
     ) -> tuple[torch.Tensor, Batch]:
         """Check every rank's status, then hand the step to its transport."""
+        if padded and self.padded.capturing:  # (a replay's sizes are not read: see .whole)
+            batch = s.make_batch()
+            return self.padded.run(s, batch), batch
         mine, theirs = s.mine, s.theirs
         if error is None and mine[0][sizes.STATUS]:
             error = range_error(s.prep.ids, self.ctx.store.num_rows)
@@ -150,7 +158,7 @@ class Stepper:
             self._keep_unapplied(s.grads, s.own_done)
             raise
         batch = s.make_batch()
-        if padded and all(row[sizes.PADDED] for row in theirs):
+        if padded and all(row[sizes.PADDED] for row in theirs) and self.padded.fits(theirs):
             return self.padded.run(s, batch), batch
         return self.exact.run(s, batch), batch
 

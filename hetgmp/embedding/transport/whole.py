@@ -1,0 +1,211 @@
+"""The padded exchange set up for the trainer's whole-step CUDA graph with several ranks
+(:mod:`hetgmp.train.graphed_multi`): a step that reads nothing on the host, so that the
+exchange, the dense part, the dense all-reduce and the optimizers replay as one graph.
+
+Why: the padded step waited once per step for its sizes table (status, the operation every
+rank runs, capacities grown from the step's counts). The host could not run ahead of the
+device and a step was several graphs with eager work between them: on 2 H200s the user's
+command trained at 0.41x of one GPU (batch 8192, 2026-11-26).
+
+What replaces each use of the host's copy:
+
+* **Capacities, fixed per epoch from the epoch's own batches.** Before an epoch trains, every
+  rank counts, for each of its batches, the distinct rows it must query from each peer (a
+  sorted unique over the epoch's ids, chunked), and one all-reduce (max) gives every rank every
+  step's global maximum (:meth:`WholeStep.epoch_fits`). The query capacity ``q`` is the
+  largest, rounded up (grown, never shrunk, at an epoch start): no batch of the epoch can
+  overflow it. A step's pushes are rows the previous batch queried from that owner (its rows
+  not stored here, and its mirrors that became due: a mirror becomes due only when a batch
+  touches it, and is pushed at once), so ``p = q``. ``max_q`` caps ``q`` (memory, tests): a
+  batch over the cap takes the eager step, whose host sizes send it to the exact transport
+  (and the next one too while its pushes exceed ``p``), counted in :attr:`WholeStep.routed`.
+* **Status**: ids are checked when the samples are loaded onto the device (the graph runs only
+  on those); the step still clamps them.
+* **The operation**: every rank replays the graph for the same step, by construction (a full
+  batch on every rank: the global batch size, known to all, says so).
+* **Counters**: the replay's owned / not-stored rows and pushes are summed on the device
+  (``counters.replay_dev``), its bytes are the fixed buffers'.
+
+A step's state then lives in fixed buffers only: the preparation's outputs (one set per ring
+slot, :attr:`PrepRing.fixed`), the gradient summed per row in backward (:class:`Summed`), the
+exchange's buffers and the table. The batch records made while capturing carry the capture's
+host counts (``replayed``); :func:`materialize` gives them a replay's before an eager step
+uses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from hetgmp.comm.collectives import guarded
+from hetgmp.embedding.batch import Batch, Summed
+from hetgmp.embedding.transport.base import OP_FORWARD
+from hetgmp.embedding.transport.exact import SizedStep
+from hetgmp.embedding.transport.static import Capacity
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.embedding.transport.padded import PaddedExchange
+
+QUANTUM = 256  # capacities are multiples of this (even: the fused kernels' int64 pairs)
+KEYS_PER_CHUNK = 1 << 25  # ids sorted at once when counting an epoch's queries
+
+
+def materialize(pb: Batch) -> Batch:
+    """``pb`` with a replay's host counts (itself unless it was recorded while capturing): the
+    last replay of its graph left its sizes tables in the exchange's pinned host copy (waited
+    for here, where a step leaves the graph path)."""
+    if not pb.replayed:
+        return pb
+    st, prep = pb.static, pb.prep
+    assert st is not None and prep is not None
+    if st.store.device.type == "cuda":
+        torch.cuda.current_stream(st.store.device).synchronize()
+    host = st.host_sizes.clone()
+    s = SizedStep(prep, None, OP_FORWARD, False, st.sz_mine, st.sz_theirs, host, None, False)
+    batch = s.make_batch()
+    batch.prep, batch.static = prep, st
+    return batch
+
+
+def round_up(n: int, quantum: int = QUANTUM) -> int:
+    return max(quantum, -(-n // quantum) * quantum)
+
+
+class WholeStep:
+    """The padded exchange (``padded``) of a table and its stepper (``stepper``: the pending
+    gradient lives there) in whole-step mode (module docstring). ``max_q``: the largest query
+    capacity per peer (None: as large as the epoch needs)."""
+
+    def __init__(self, padded: PaddedExchange, stepper: Any, *, max_q: int | None = None) -> None:
+        self.padded, self.stepper, self.ctx = padded, stepper, padded.ctx
+        padded.whole = True
+        for ring in padded.rings():
+            ring.fixed = True
+        self.max_q = None if max_q is None else max(2, max_q + max_q % 2)  # (even)
+        self.routed = 0  # full batches over max_q (they ran eagerly, exactly)
+        self.replays = 0
+        self.epoch_max: list[int] = []  # the last epoch's global maximum per step
+
+    # ---------------------------------------------------------------- capacities
+    def epoch_fits(
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int, steps: int
+    ) -> list[bool]:
+        """(Collective, at an epoch start) whether each of the epoch's ``steps`` global steps
+        fits the capacities, which grow to the epoch's largest count (up to ``max_q``).
+        ``sparse [N, F]``: this rank's samples on the device; ``positions``: the epoch's rows
+        of it, batch after batch."""
+        local = self.local_maxima(sparse, positions, batch_size)
+        glob = torch.zeros(max(steps, 1), dtype=torch.int64, device=self.ctx.store.device)
+        k = min(steps, local.numel())
+        glob[:k] = local[:k]
+        env = self.ctx.env
+        if env.group is not None and env.world_size > 1:
+            with guarded(env, "epoch query maxima"):
+                dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
+        self.epoch_max = glob.tolist()[:steps]
+        self._grow(max(self.epoch_max, default=0), batch_size * int(sparse.shape[1]))
+        cap = self.padded.frozen
+        assert cap is not None
+        fits = [m <= cap.q for m in self.epoch_max]
+        self.routed += fits.count(False)
+        return fits
+
+    def _grow(self, need: int, n: int) -> None:
+        """Fixed capacities for batches of ``n`` ids that fit ``need`` queries per peer
+        (never smaller than before for the same ``n``)."""
+        old = self.padded.frozen
+        q = round_up(need)
+        if old is not None and old.n == n:
+            q = max(q, old.q)
+        if self.max_q is not None:
+            q = min(q, self.max_q)
+        sw = self.ctx.opt.state_width
+        cap = Capacity(q=q, p=q, u=n, n=n, o=n if sw else 0)
+        if cap != old:
+            self.padded.frozen = cap
+
+    def local_maxima(
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
+    ) -> torch.Tensor:
+        """Per batch of ``positions``: the largest number of distinct rows this rank queries
+        from one peer (rows owned elsewhere: mirrors and rows not stored here), int64."""
+        store, w = self.ctx.store, self.ctx.env.world_size
+        n_batches = -(-positions.numel() // batch_size)
+        per = max(1, KEYS_PER_CHUNK // max(1, batch_size * int(sparse.shape[1])))
+        out = [torch.zeros(0, dtype=torch.int64, device=store.device)]
+        for b0 in range(0, n_batches, per):
+            pos = positions[b0 * batch_size : (b0 + per) * batch_size]
+            out.append(self._chunk_maxima(sparse.index_select(0, pos), batch_size, w))
+        return torch.cat(out)
+
+    def _chunk_maxima(self, ids: torch.Tensor, batch_size: int, w: int) -> torch.Tensor:
+        store = self.ctx.store
+        rows = store.num_rows
+        ids = ids.long().clamp_(0, rows - 1)
+        nb = -(-ids.shape[0] // batch_size)
+        which = torch.arange(ids.shape[0], device=ids.device) // batch_size
+        key = (which[:, None] * rows + ids).reshape(-1)
+        block = store.block_of.index_select(0, ids.reshape(-1)).long()
+        key = torch.unique(key[block >= w])  # (owned rows are never queried)
+        owner = store.block_of.index_select(0, key % rows).long() % w
+        counts = torch.zeros(nb * w, dtype=torch.int64, device=ids.device)
+        counts.index_add_(0, (key // rows) * w + owner, torch.ones_like(key))
+        return counts.view(nb, w).amax(1)
+
+    # ---------------------------------------------------------------- graph bookkeeping
+    def ready(self, shape: tuple[int, int]) -> int | None:
+        """The ring slot the next step of ``shape`` would prepare into, if the pending state
+        lets it run as a graph (the last step was a padded one on the current buffers, its
+        gradient summed), else None."""
+        pad, grads = self.padded, self.stepper.grads
+        st, ring = pad.static, pad.ring(shape)
+        if st is None or ring is None or grads is None or not isinstance(grads[1], Summed):
+            return None
+        pb = grads[0]
+        if pb.static is not st or pb.prep is None or pb.prep.ring != ring.last:
+            return None
+        if pad.frozen is None or pad.frozen.n != shape[0] * shape[1] or not st.current:
+            return None
+        return ring.last ^ 1
+
+    @property
+    def generation(self) -> object:
+        """Changes whenever the exchange's buffers are rebuilt (captured graphs hold them)."""
+        return self.padded.static
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Around the capture of a whole-step graph (or its plain run, on CPU)."""
+        self.padded.set_plain(True)
+        try:
+            yield
+        finally:
+            self.padded.set_plain(False)
+
+    def pending(self) -> tuple[Batch, Summed]:
+        """The gradient a captured step leaves (restored after each replay of that graph)."""
+        grads = self.stepper.grads
+        assert grads is not None and isinstance(grads[1], Summed), grads
+        return grads
+
+    def after_replay(self, shape: tuple[int, int], slot: int, grads: tuple[Batch, Summed]) -> None:
+        """Host bookkeeping of a replayed step: its ring slot and pending gradient, counters."""
+        ring = self.padded.ring(shape)
+        assert ring is not None
+        ring.last = slot
+        self.stepper.grads = grads
+        st = self.padded.static
+        assert st is not None
+        c = self.ctx.counters
+        c.count_bytes(sent=st.bytes_per_step, recv=st.bytes_per_step, reset=True)
+        c.count_pushes(0)  # (the replay's pushes are summed on the device: replay_dev)
+        c.set_rows_host(0, 0)
+        c.rows_dev_step = st.rows_step
+        c.accumulate_rows(device_part=False)
+        self.padded.presyncs += 1
+        self.replays += 1
