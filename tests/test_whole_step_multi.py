@@ -113,3 +113,21 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
     # the comparison is not vacuous: the rows moved
     assert (ww - ww.mean()).abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_whole_step_cuda_graph_on_two_gpus(tmp_path) -> None:
+    """The captured multi-rank step (NCCL inside the graph) against the eager one, under
+    torchrun (tests/gpu_whole_step_check.py)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(root / "tests" / "gpu_whole_step_check.py"), str(tmp_path / "data")]  # fmt: skip
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert got.returncode == 0 and "WHOLE STEP CHECK OK" in got.stdout, got.stdout + got.stderr
