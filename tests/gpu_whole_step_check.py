@@ -66,6 +66,8 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
     )
     tr = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
     assert isinstance(tr.run_step, MultiRankGraphedStep) == graphs, tr.graph_note
+    if graphs:  # eager steps long enough that their own segment graphs are captured and replayed
+        tr.run_step.warmup = 6
     res = tr.fit()
     sd = tr.model.embedding.state_dict()
     order = torch.argsort(sd["ids"])

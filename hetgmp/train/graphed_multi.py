@@ -33,6 +33,7 @@ import torch
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding.batch import Batch, Summed
+from hetgmp.embedding.transport.padded import GraphReleaser
 from hetgmp.embedding.transport.whole import WholeStep
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
@@ -82,6 +83,8 @@ class MultiRankGraphedStep:
         self.env = step.env
         self.batch_size, self.warmup = batch_size, warmup
         self.graphed = step.env.device.type == "cuda"
+        if self.graphed:
+            GraphReleaser.register(step.env, self)
         self._entries: dict[int, _Entry] = {}
         self._generation: object = None
         self.replays = 0
@@ -188,6 +191,11 @@ class MultiRankGraphedStep:
             return out
 
         return _Entry(replay, pos, source, grads, graph), None
+
+    def release_graphs(self) -> None:
+        """Drop the captured graphs (they hold the exchange's communicator: before it goes,
+        :func:`hetgmp.comm.launch.shutdown` calls this through ``env.closers``)."""
+        self._drop()
 
     def _drop(self) -> None:
         """Forget the captured graphs (after the device is done with them)."""

@@ -307,7 +307,7 @@ class StaticExchange:
         # (shapes with one numel share self; what reads the gradient: a graph per address of
         # the incoming gradient, a training loop's allocator hands out one or two)
         key = ("presync", tuple(cur.ids.shape), cur.ring)
-        key_g = key if grad_occ is None else (*key, grad_occ.data_ptr())
+        key_g = (*key, "summed" if grad_occ is None else grad_occ.data_ptr())
         capturable = prev.static and cur.static
         ready = None if self.capturing else self._sizes_ready
 
