@@ -156,7 +156,7 @@ class PaddedExchange:
         """The StaticExchange for this step's capacities (rebuilt when they grow)."""
         old = self.static.cap if self.static is not None else None
         if self.frozen is not None:  # (fixed in advance; a step that exceeds them is exact)
-            return self._frozen_buffers(s)
+            return self._frozen_buffers(s, batch)
         n, theirs = s.prep.u.numel(), s.theirs
         cap = Capacity(
             q=grow(old.q if old else 0, max(row[sizes.MAXQ] for row in theirs)),
@@ -174,9 +174,11 @@ class PaddedExchange:
             self.rebuilds.append(cap)
         return self.static
 
-    def _frozen_buffers(self, s: SizedStep) -> StaticExchange:
+    def _frozen_buffers(self, s: SizedStep, batch: Batch) -> StaticExchange:
         cap = self.frozen
         assert cap is not None and cap.n == s.prep.u.numel(), (cap, s.prep.u.numel())
+        if not self.capturing and batch.u.numel() > cap.u:  # (the epoch's counts said not)
+            raise RuntimeError(f"{batch.u.numel()} distinct rows exceed the fixed {cap}")
         if self.static is None or self.static.cap != cap or not self.static.current:
             new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
             if s.staged is None and self.static is not None:  # (see _buffers)

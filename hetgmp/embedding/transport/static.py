@@ -229,6 +229,7 @@ class StaticExchange:
         self.own_grad = torch.zeros(o, d, device=emb.device)
         self.pos_map = torch.zeros(emb.trash_slot + 1, **i64)  # slot -> leader entry
         self.ar_own = torch.arange(o + wp, **i64)
+        self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
 
     # ------------------------------------------------------------------ host side
     def load(

@@ -96,48 +96,52 @@ class WholeStep:
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int, steps: int
     ) -> list[bool]:
         """(Collective, at an epoch start) whether each of the epoch's ``steps`` global steps
-        fits the capacities, which grow to the epoch's largest count (up to ``max_q``).
-        ``sparse [N, F]``: this rank's samples on the device; ``positions``: the epoch's rows
-        of it, batch after batch."""
+        fits the capacities, which grow to the epoch's largest counts (queries up to
+        ``max_q``). ``sparse [N, F]``: this rank's samples on the device; ``positions``: the
+        epoch's rows of it, batch after batch."""
         local = self.local_maxima(sparse, positions, batch_size)
-        glob = torch.zeros(max(steps, 1), dtype=torch.int64, device=self.ctx.store.device)
-        k = min(steps, local.numel())
+        glob = torch.zeros(max(steps, 1), 2, dtype=torch.int64, device=self.ctx.store.device)
+        k = min(steps, local.shape[0])
         glob[:k] = local[:k]
         env = self.ctx.env
         if env.group is not None and env.world_size > 1:
             with guarded(env, "epoch query maxima"):
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
-        self.epoch_max = glob.tolist()[:steps]
-        self._grow(max(self.epoch_max, default=0), batch_size * int(sparse.shape[1]))
+        maxq, distinct = glob[:steps].t().tolist() if steps else ([], [])
+        self.epoch_max = maxq
+        n = batch_size * int(sparse.shape[1])
+        self._grow(max(maxq, default=0), max(distinct, default=0), n)
         cap = self.padded.frozen
         assert cap is not None
-        fits = [m <= cap.q for m in self.epoch_max]
+        fits = [m <= cap.q for m in maxq]
         self.routed += fits.count(False)
         return fits
 
-    def _grow(self, need: int, n: int) -> None:
-        """Fixed capacities for batches of ``n`` ids that fit ``need`` queries per peer
-        (never smaller than before for the same ``n``)."""
+    def _grow(self, need_q: int, need_u: int, n: int) -> None:
+        """Fixed capacities for batches of ``n`` ids: ``need_q`` queries per peer, ``need_u``
+        distinct rows (never smaller than before for the same ``n``). Tight: a padding entry
+        costs work in every segment."""
         old = self.padded.frozen
-        q = round_up(need)
+        q, u = round_up(need_q), min(n, round_up(need_u))
         if old is not None and old.n == n:
-            q = max(q, old.q)
+            q, u = max(q, old.q), max(u, old.u)
         if self.max_q is not None:
             q = min(q, self.max_q)
         sw = self.ctx.opt.state_width
-        cap = Capacity(q=q, p=q, u=n, n=n, o=n if sw else 0)
+        cap = Capacity(q=q, p=q, u=u, n=n, o=u if sw else 0)
         if cap != old:
             self.padded.frozen = cap
 
     def local_maxima(
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
-        """Per batch of ``positions``: the largest number of distinct rows this rank queries
-        from one peer (rows owned elsewhere: mirrors and rows not stored here), int64."""
+        """Per batch of ``positions``: ``[largest number of distinct rows this rank queries
+        from one peer (rows owned elsewhere: mirrors and rows not stored here), distinct
+        rows]`` (``[batches, 2]`` int64)."""
         store, w = self.ctx.store, self.ctx.env.world_size
         n_batches = -(-positions.numel() // batch_size)
         per = max(1, KEYS_PER_CHUNK // max(1, batch_size * int(sparse.shape[1])))
-        out = [torch.zeros(0, dtype=torch.int64, device=store.device)]
+        out = [torch.zeros(0, 2, dtype=torch.int64, device=store.device)]
         for b0 in range(0, n_batches, per):
             pos = positions[b0 * batch_size : (b0 + per) * batch_size]
             out.append(self._chunk_maxima(sparse.index_select(0, pos), batch_size, w))
@@ -149,13 +153,13 @@ class WholeStep:
         ids = ids.long().clamp_(0, rows - 1)
         nb = -(-ids.shape[0] // batch_size)
         which = torch.arange(ids.shape[0], device=ids.device) // batch_size
-        key = (which[:, None] * rows + ids).reshape(-1)
-        block = store.block_of.index_select(0, ids.reshape(-1)).long()
-        key = torch.unique(key[block >= w])  # (owned rows are never queried)
-        owner = store.block_of.index_select(0, key % rows).long() % w
-        counts = torch.zeros(nb * w, dtype=torch.int64, device=ids.device)
-        counts.index_add_(0, (key // rows) * w + owner, torch.ones_like(key))
-        return counts.view(nb, w).amax(1)
+        key = torch.unique((which[:, None] * rows + ids).reshape(-1))
+        block = store.block_of.index_select(0, key % rows).long()
+        peer = torch.where(block >= w, block % w, w)  # (column w: rows owned here)
+        counts = torch.zeros(nb * (w + 1), dtype=torch.int64, device=ids.device)
+        counts.index_add_(0, (key // rows) * (w + 1) + peer, torch.ones_like(key))
+        c = counts.view(nb, w + 1)
+        return torch.stack([c[:, :w].amax(1), c.sum(1)], dim=1)
 
     # ---------------------------------------------------------------- graph bookkeeping
     def ready(self, shape: tuple[int, int]) -> int | None:
