@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hetgmp.data.bad_lines import ON_BAD_LINE_CHOICES
 from hetgmp.data.delimited import DEFAULT_BLOCK_BYTES
-from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions
+from hetgmp.data.preprocess_options import SPLIT_MODES, PreprocessOptions
 from hetgmp.data.preprocess_vocab import add_vocab_args
 from hetgmp.data.vocab import ID_ORDERS
 from hetgmp.fmt import key_values
