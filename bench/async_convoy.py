@@ -1,5 +1,5 @@
 """Diagnosis (not a product figure): what a service thread's answers cost the training thread
-of the same interpreter, the GIL convoy behind ``hetgmp.embedding.transport.async_answer``.
+of the same interpreter, the GIL convoy behind ``hetgmp.embedding.rowservice.answer``.
 
 Every torch call made from Python drops the GIL for its C++ work and takes it back; two
 threads that both make torch calls therefore alternate at every call, each hand-over a thread
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from hetgmp.embedding.transport import async_answer as aa  # noqa: E402
+from hetgmp.embedding.rowservice import answer as aa  # noqa: E402
 
 
 def _args(rows: int, device: str) -> tuple[Any, ...]:

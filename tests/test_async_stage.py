@@ -1,4 +1,4 @@
-"""``--sync async``'s device plumbing (:mod:`hetgmp.embedding.transport.async_stage`): the host
+"""``--sync async``'s device plumbing (:mod:`hetgmp.embedding.rowservice.stage`): the host
 staging buffers and the table lock, on the CPU (the reuse logic, forced on) and on CUDA (pinned
 buffers, non-blocking copies, the lock ordering two threads' streams)."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hetgmp.comm.spawn import spawn_ranks
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_stage import ALIGN, HostStage, TableLock
+from hetgmp.embedding.rowservice import wire
+from hetgmp.embedding.rowservice.stage import ALIGN, HostStage, TableLock
 
 needs_cuda = [
     pytest.mark.gpu,
@@ -103,7 +103,7 @@ def test_table_lock_is_reentrant_and_exclusive() -> None:
 def train_reusing(env, case: dict, sync: str) -> dict:
     from test_async import train
 
-    from hetgmp.embedding.transport import async_stage
+    from hetgmp.embedding.rowservice import stage as async_stage
 
     async_stage.REUSE_ON_CPU = True  # (this spawned rank only)
     return train(env, case, sync)

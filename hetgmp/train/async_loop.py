@@ -56,7 +56,7 @@ from hetgmp.train.work_steal import Stealer, epoch_coverage
 LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hint)
 
 if TYPE_CHECKING:
-    from hetgmp.embedding.transport.async_step import AsyncStep
+    from hetgmp.embedding.rowservice.step import AsyncStep
     from hetgmp.train.trainer import Trainer
 
 

@@ -1,5 +1,5 @@
 """Dense parameters under ``--sync async`` without a lockstep meeting: a parameter server
-spread over the ranks' async row services (:mod:`hetgmp.embedding.transport.async_service`).
+spread over the ranks' async row services (:mod:`hetgmp.embedding.rowservice.service`).
 
 The dense parameters, flattened, are cut into ``W`` contiguous shards; rank ``p``'s service
 holds the *served value* of shard ``p``. Every rank trains its own copy with its own optimizer
@@ -20,7 +20,7 @@ global batch's gradient), one exchange late, and a slow rank adds its fewer delt
 holding anyone up. The
 optimizer states (Adam's moments) stay per rank. :meth:`DenseServer.finish` (collective, at the
 end of training) pushes what is left, meets the other ranks (through the services:
-:meth:`~hetgmp.embedding.transport.async_step.AsyncStep.meet`), pulls the final value and meets
+:meth:`~hetgmp.embedding.rowservice.step.AsyncStep.meet`), pulls the final value and meets
 them again, so every rank evaluates and saves the same model.
 """
 
@@ -35,8 +35,8 @@ from torch import nn
 
 from hetgmp.comm.collectives import barrier
 from hetgmp.comm.env import DistEnv
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_step import AsyncStep
+from hetgmp.embedding.rowservice import wire as wire
+from hetgmp.embedding.rowservice.step import AsyncStep
 
 
 class DenseServer:

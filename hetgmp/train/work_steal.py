@@ -34,12 +34,12 @@ import torch
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.data.device_batches import DeviceBatch, Slot, host_to_device
 from hetgmp.data.loader import BatchLoader, gather
-from hetgmp.embedding.transport.async_wire import CLAIM
+from hetgmp.embedding.rowservice.wire import CLAIM
 
 if TYPE_CHECKING:
     from hetgmp.comm.env import DistEnv
     from hetgmp.data.device_batches import EpochPlan
-    from hetgmp.embedding.transport.async_step import AsyncStep
+    from hetgmp.embedding.rowservice.step import AsyncStep
 
 # the service op (async_wire.CLAIM): {"epoch": e} -> {"batch": [b]} (b = -1: none left)
 

@@ -1,8 +1,8 @@
 """The per-rank row service of ``--sync async``: a thread with a ZeroMQ ROUTER socket that
 answers reads of the rows this rank owns and applies the gradients peers push to them, and the
-rank's table of its peers' clocks (stale synchronous parallel, see :mod:`.async_step`).
+rank's table of its peers' clocks (stale synchronous parallel, see :mod:`.step`).
 
-Three requests (:mod:`.async_wire`):
+Three requests (:mod:`.wire`):
 
 * **read** ``(mids, mver, rids)`` + the requester's ``bound`` and ``send_all``: the lag of every
   mirror query (``owner version - mirror version``, :func:`protocol.lags`) and value, version
@@ -22,14 +22,14 @@ Three requests (:mod:`.async_wire`):
 * other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
   :mod:`hetgmp.train.dense_server`), answered by their handler.
 
-The lock (:class:`~.async_stage.TableLock`) is shared with the training thread, which takes it
+The lock (:class:`~.stage.TableLock`) is shared with the training thread, which takes it
 for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
 device: the thread runs on a CUDA stream of its own (the lock orders it with the training
 thread's). Requests are read on the host, where their ids are checked and looked up (no wait
 for the device); what the table needs goes to the device through pinned memory, and a read is
 gathered there and copied back for the reply (into pageable memory, one blocking copy per
 array: the answer's one wait for the device; one pinned copy is a next step). The arithmetic
-is scripted (:mod:`.async_answer`): an answer runs without the GIL.
+is scripted (:mod:`.answer`): an answer runs without the GIL.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from typing import Any
 import torch
 
 from hetgmp.comm.errors import CommError
-from hetgmp.embedding.transport import async_answer
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_stage import HostStage, TableLock
+from hetgmp.embedding.rowservice import answer
+from hetgmp.embedding.rowservice import wire as wire
+from hetgmp.embedding.rowservice.stage import HostStage, TableLock
 from hetgmp.embedding.transport.base import StepContext
 
 POLL_MS = 50  # how often the service thread looks at its stop flag
@@ -243,7 +243,7 @@ class AsyncService:
             elif own[2].dtype != store.weight.dtype:  # (an autocast gradient)
                 own = (own[0], own[1], own[2].to(store.weight.dtype))
             slots, cnts, grads = ([q[i] for q in pushed] for i in range(3))
-            async_answer.apply_updates(
+            answer.apply_updates(
                 store.weight, store.version, store.opt_state, store.scratch_map(), *own,
                 slots, cnts, grads, opt.name == "sgd", float(opt.lr), float(opt.eps),
             )  # fmt: skip
@@ -315,7 +315,7 @@ class AsyncService:
         return wire.pack(wire.REPLY, {}, out)  # (host arrays: read_answer copies them)
 
     def _read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Drain, then one scripted call (no GIL: :mod:`.async_answer`) that checks the ids,
+        """Drain, then one scripted call (no GIL: :mod:`.answer`) that checks the ids,
         computes the lags and gathers the answer on the host."""
         store = self.ctx.store
         if a["mver"].shape != a["mids"].shape:
@@ -323,18 +323,18 @@ class AsyncService:
                              f"{a['mids'].numel()} mirror ids")  # fmt: skip
         with self.lock:
             self.drain()
-            code, out = async_answer.read_answer(
+            code, out = answer.read_answer(
                 self.own_slot, store.num_rows, store.weight, store.version, store.opt_state,
                 self.ctx.opt.state_width > 0, a["mids"], a["mver"], a["rids"],
                 int(meta["bound"]), bool(meta["send_all"]),
             )  # fmt: skip
         if code:
-            raise ValueError(async_answer.MESSAGES[code])
+            raise ValueError(answer.MESSAGES[code])
         return dict(zip(("lag", "values", "versions", "state"), out, strict=False))
 
     def _step(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> None:
         """The push a message carries (if any), then the sender's clock (one message per owner
-        and step, :meth:`.async_step.AsyncStep._begin`): buffered before the clock moves, as
+        and step, :meth:`.step.AsyncStep._begin`): buffered before the clock moves, as
         when they came one after the other; a read it carries is answered after both. The
         clock moves even if the push is refused (its error goes back to the sender), as it did
         when it came in a message of its own."""
@@ -351,11 +351,11 @@ class AsyncService:
         if a["cnt"].numel() != n or a["grad"].numel() != n * store.dim:
             raise ValueError(f"a push of {n} rows carries {a['cnt'].numel()} counts and "
                              f"{a['grad'].numel()} gradient values ({store.dim} per row)")  # fmt: skip
-        code, slots, cnt, grad = async_answer.push_slots(
+        code, slots, cnt, grad = answer.push_slots(
             self.own_slot, store.num_rows, a["ids"], a["cnt"], a["grad"], store.dim, store.device
         )  # (fresh host arrays: self.stage does not reuse its buffers)
         if code:
-            raise ValueError(async_answer.MESSAGES[code])
+            raise ValueError(answer.MESSAGES[code])
         with self.lock:
             self.buffered.append((slots, cnt, grad))
         return {}

@@ -1,6 +1,6 @@
 """``--sync async``: a multi-rank step without a global exchange (HET's way: each rank serves
-its owned rows from a ZeroMQ service thread, :mod:`.async_service`; workers refresh, fetch and
-push point to point, :mod:`.async_peers`). The same step interface as
+its owned rows from a ZeroMQ service thread, :mod:`.service`; workers refresh, fetch and
+push point to point, :mod:`.peers`). The same step interface as
 :class:`~.step.Stepper` (``step``, ``grads``), and the same rules (:mod:`..protocol`).
 
 A training step ``t`` of one rank has two phases, each ended by a tick of the rank's *clock*
@@ -60,7 +60,7 @@ that waits for a peer sits in the same GPU as the service's work for that peer; 
 once hung there until the timeout (suspected, not proven), which meeting first rules out.
 
 The same code runs on CPU and CUDA ranks (``device = store.device``): on CUDA the rows stay on
-the device and messages pass through pinned host buffers (:mod:`.async_stage`).
+the device and messages pass through pinned host buffers (:mod:`.stage`).
 """
 
 from __future__ import annotations
@@ -75,11 +75,11 @@ import torch
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
-from hetgmp.embedding.transport.async_peers import Request, connect_peers
-from hetgmp.embedding.transport.async_push import push_requests
-from hetgmp.embedding.transport.async_reads import SentReads, drop_reads, receive_reads, send_reads
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import TableLock
+from hetgmp.embedding.rowservice.peers import Request, connect_peers
+from hetgmp.embedding.rowservice.push import push_requests
+from hetgmp.embedding.rowservice.reads import SentReads, drop_reads, receive_reads, send_reads
+from hetgmp.embedding.rowservice.service import AsyncService
+from hetgmp.embedding.rowservice.stage import TableLock
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)

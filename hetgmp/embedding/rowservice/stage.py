@@ -112,7 +112,7 @@ class HostStage:
 
     # ------------------------------------------------------------------ device -> wire
     def to_host(self, messages: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        """Host copies of every message's arrays, for :func:`.async_wire.pack`; valid until the
+        """Host copies of every message's arrays, for :func:`.wire.pack`; valid until the
         next call (the wire copies them into the ZeroMQ message at once). Without ``reuse``
         the host arrays themselves (contiguous)."""
         flat = [t for m in messages for t in m.values()]

@@ -1,8 +1,8 @@
-"""The push phase of an asynchronous step (:mod:`.async_step`): the last step's gradient
+"""The push phase of an asynchronous step (:mod:`.step`): the last step's gradient
 staged on the mirrors (write rule), the owned rows' part handed to the service (applied with
 the pushes at its next drain), and the push requests per owner: the rows not stored here and
 the due mirrors. The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
-:meth:`.async_service.AsyncService._push`."""
+:meth:`.service.AsyncService._push`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_peers import Request
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import TableLock
+from hetgmp.embedding.rowservice import wire as wire
+from hetgmp.embedding.rowservice.peers import Request
+from hetgmp.embedding.rowservice.service import AsyncService
+from hetgmp.embedding.rowservice.stage import TableLock
 from hetgmp.embedding.transport.base import StepContext
 
 

@@ -4,7 +4,7 @@ A message is ``[op, header, *arrays]``: ``op`` one of the byte strings below, ``
 small JSON object (scalars, and the dtype and shape of every array frame, in order), then one
 frame per array with its raw bytes. No pickle: a frame from the network is only ever read as
 numbers. Arrays are sent from host memory and received into the device's through
-:class:`~.async_stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere
+:class:`~.stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere
 else in the package, lazily, so that ``--sync collective`` never needs it (:func:`import_zmq`
 says how to install it).
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetgmp.embedding.transport.async_stage import HostStage, plain
+from hetgmp.embedding.rowservice.stage import HostStage, plain
 
 READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
 DENSE = b"dense"  # a dense parameter shard's push-and-pull (hetgmp.train.dense_server)
@@ -41,7 +41,7 @@ def import_zmq() -> ModuleType:
 
 def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[Any]:
     """``[op, header, *array bytes]`` (host tensors of the dtypes in ``_DTYPES``; on CUDA what
-    :meth:`.async_stage.HostStage.to_host` gives). The array frames are views of the tensors'
+    :meth:`.stage.HostStage.to_host` gives). The array frames are views of the tensors'
     memory: send them at once (ZeroMQ's copying send copies them into the message)."""
     specs, frames = [], []
     for name, t in arrays.items():

@@ -8,7 +8,7 @@ left *owed* (:meth:`Peers.send_acked`): it is taken, and its error raised, befor
 answer from that owner or at :meth:`Peers.settle`; a push followed by a read on the same socket
 is applied before the read is answered all the same. :meth:`Peers.channel` opens a second set
 of sockets with its own buffers, for exchanges that overlap the step (the dense parameters). Arrays go out from, and answers come in
-to, the table's device through this thread's :class:`~.async_stage.HostStage` (pinned buffers
+to, the table's device through this thread's :class:`~.stage.HostStage` (pinned buffers
 on CUDA). Clock messages have no answer. A peer
 that does not answer within the timeout, or that said it closed its table, is a
 :class:`~hetgmp.comm.errors.CommError` naming it.
@@ -25,9 +25,9 @@ import torch
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import CommError
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import HostStage
+from hetgmp.embedding.rowservice import wire as wire
+from hetgmp.embedding.rowservice.service import AsyncService
+from hetgmp.embedding.rowservice.stage import HostStage
 
 SLICE_MS = 100  # waits are cut in slices to notice a peer that said it closed
 CLOSE_LINGER_MS = 500  # how long a closing socket may still deliver its last message
@@ -133,7 +133,7 @@ class Peers:
                       "meet": meet})  # fmt: skip
 
     def publish(self, meta: dict[str, Any], skip: Container[int] = ()) -> None:
-        """A clock message (``meta``: :meth:`.async_service.AsyncService.set_clock`'s
+        """A clock message (``meta``: :meth:`.service.AsyncService.set_clock`'s
         arguments by name, ``rank`` and ``clock`` at least) to every peer not in ``skip``."""
         msg = wire.pack(wire.CLOCK, meta, {})
         for p, s in self.socks.items():
