@@ -56,7 +56,7 @@ from hetgmp.train.work_steal import Stealer, epoch_coverage
 LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hint)
 
 if TYPE_CHECKING:
-    from hetgmp.embedding.rowservice.step import AsyncStep
+    from hetgmp.embedding.rowservice import AsyncStep
     from hetgmp.train.trainer import Trainer
 
 
@@ -211,7 +211,7 @@ class AsyncLoop:
         """Rank 0's own TRAIN line (no collective: the ranks are at different steps)."""
         n = max(1, iv.samples)
         loss, correct = iv.sums.tolist()
-        seen = sum(self.engine.service.samples)
+        seen = sum(self.engine.peer_samples)
         fields: dict[str, Any] = {"loss": loss / n, "acc": correct / n, "rank_samples": iv.samples}
         fields["progress"] = min(1.0, seen / max(1, self.budget))
         fields["epoch"] = iv.epoch
@@ -225,7 +225,7 @@ class AsyncLoop:
         mine = {"steps": self.steps, "samples": self.engine.samples, "secs": self.seconds,
                 "loss": loss, "correct": correct, "stolen": st.get("stolen", 0),
                 "claimed_from": st.get("claimed_from", 0), "phase": self._phase_ms(),
-                "steady": self.steady, "received": dict(self.engine.service.received)}  # fmt: skip
+                "steady": self.steady, "received": dict(self.engine.rpc.received)}  # fmt: skip
         ranks = all_gather_object(env, mine)
         steps = [int(r["steps"]) for r in ranks]
         samples = [int(r["samples"]) for r in ranks]

@@ -1,29 +1,31 @@
-"""The per-rank row service of ``--sync async``: a thread with a ZeroMQ ROUTER socket that
-answers reads of the rows this rank owns and applies the gradients peers push to them, and the
-rank's table of its peers' clocks (stale synchronous parallel, see :mod:`.step`).
+"""The row service of ``--sync async``: this rank's RPC service (:mod:`hetgmp.comm.rpc`) with
+the operations on the rows it owns registered, and the rank's table of its peers' clocks
+(stale synchronous parallel, see :mod:`.step`).
 
-Three requests (:mod:`.wire`):
+Three operations (:mod:`.wire`):
 
 * **read** ``(mids, mver, rids)`` + the requester's ``bound`` and ``send_all``: the lag of every
   mirror query (``owner version - mirror version``, :func:`protocol.lags`) and value, version
   (and optimizer state) of the mirrors beyond the bound (every mirror with ``send_all``, as in
   audit mode) and of every row not stored there, all read under the table lock at one moment;
 * **push** ``(ids, cnt, grad)``: buffered (under the lock) and acknowledged; the buffer, with
-  the owner's own rows' gradient of its step (:meth:`AsyncService.stash_own`), is applied with
+  the owner's own rows' gradient of its step (:meth:`RowService.stash_own`), is applied with
   the owner's sparse optimizer in one :func:`protocol.apply_at_owner` call right before the
-  next read of this rank's rows (:meth:`AsyncService.drain`: a peer's read, or the owner's own
+  next read of this rank's rows (:meth:`RowService.drain`: a peer's read, or the owner's own
   read phase), so a worker that has its acks knows its update is visible to every later read,
   and a row gets one optimizer step for all the pushes of a step (row-wise Adagrad then
   equals the collective path at ``--bound 0 --max-lag 0``);
-* **clock** ``(rank, clock, samples)``: a peer's progress (no answer): its clock and the
-  training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`);
-  under ``--max-lag`` != 0 a training step's clock rides on its read, with the push to this
-  owner in the same message (:meth:`AsyncService._step`: push, then clock, then the answer);
-* other ops registered in :attr:`AsyncService.handlers` (the dense parameter shards of
-  :mod:`hetgmp.train.dense_server`), answered by their handler.
+* **clock** ``(rank, clock, samples, meet)``: a peer's progress (no answer): its clock, the
+  training samples it has taken so far (the budget stop rule of :mod:`hetgmp.train.async_loop`)
+  and the last meeting it arrived at; under ``--max-lag`` != 0 a training step's clock rides
+  on its read, with the push to this owner in the same message (:meth:`RowService._step`:
+  push, then clock, then the answer).
 
-The lock (:class:`~.stage.TableLock`) is shared with the training thread, which takes it
-for its own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
+Other layers register their own operations on the same service (the dense parameter shards of
+:mod:`hetgmp.train.dense_server`, work stealing's claims); they are answered by their handler.
+
+The lock (:class:`~.lock.TableLock`) is shared with the training thread, which takes it for its
+own use of the table (owned rows, mirror staging, reads). On CUDA the table stays on the
 device: the thread runs on a CUDA stream of its own (the lock orders it with the training
 thread's). Requests are read on the host, where their ids are checked and looked up (no wait
 for the device); what the table needs goes to the device through pinned memory, and a read is
@@ -34,132 +36,50 @@ is scripted (:mod:`.answer`): an answer runs without the GIL.
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from hetgmp.comm.errors import CommError
-from hetgmp.embedding.rowservice import answer
-from hetgmp.embedding.rowservice import wire as wire
-from hetgmp.embedding.rowservice.stage import HostStage, TableLock
+from hetgmp.comm.rpc.service import RpcService
+from hetgmp.embedding.rowservice import answer, wire
+from hetgmp.embedding.rowservice.lock import TableLock
 from hetgmp.embedding.transport.base import StepContext
 
-POLL_MS = 50  # how often the service thread looks at its stop flag
-# The interpreter's GIL switch interval while a service runs, and while it answers a request.
-# The service shares the interpreter with the training thread: answering takes the GIL back
-# after each of its ZeroMQ and torch calls, and a training thread that runs Python (on CUDA:
-# launching kernels) keeps it until the interval forces a switch. Measured when an answer made
-# about a hundred such calls (bench/results/async_gil.md, 2 CPU ranks, the peer's training
-# thread in a pure-Python loop, 64 x 26 ids): a read took 454 ms with CPython's default 5 ms,
-# 9-14 ms with 100 us, 8.3-9.3 ms with 5 us while answering, 1.2 ms with the peer idle. The
-# arithmetic is scripted now (async_answer: no GIL), which leaves about a dozen (socket frames,
-# header, one scripted call); the short interval still bounds what each of them waits. Outside
-# an answer the interval stays at 100 us, so the training thread and its data loader thread do
-# not switch every 5 us.
-SWITCH_INTERVAL_S = 1e-4
-ANSWER_SWITCH_INTERVAL_S = 5e-6
-THREAD_PREFIX = "hetgmp-async-service"
 
+class RowService(RpcService):
+    """The service of one rank with the row operations registered: bound on ``host:port``
+    (0: a port the OS picks) at construction, serving from :meth:`start` until
+    :meth:`close`."""
 
-class AsyncService:
-    """The service of one rank: bound on ``host:port`` (0: a port the OS picks) at
-    construction, serving from :meth:`start` until :meth:`close`."""
+    title = "the async row service"
+    peer_left = "closed its table"
+    bind_hint = "; pick another --async-host / --async-port-base"
 
     def __init__(self, ctx: StepContext, lock: TableLock, host: str, port: int) -> None:
-        self.zmq = zmq = wire.import_zmq()
+        super().__init__(ctx.env.rank, host, port, ctx.store.device)
         self.ctx, self.lock = ctx, lock
-        dev = ctx.store.device
-        self.stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
-        # (messages are read on the host: the scripted answers check ids there and move what
-        # the table needs to its device through pinned memory, async_answer)
-        self.stage = HostStage(torch.device("cpu"), reuse=False)
         self.own_slot = _own_slots(ctx.store)
-        self.zctx = zmq.Context()
-        self.sock = self.zctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        try:
-            if port:
-                self.sock.bind(f"tcp://{host}:{port}")
-            else:
-                port = self.sock.bind_to_random_port(f"tcp://{host}")
-        except zmq.ZMQError as err:
-            self.sock.close()
-            self.zctx.term()
-            raise CommError(
-                f"rank {ctx.env.rank}: the async row service cannot listen on {host}:{port} "
-                f"({err}); pick another --async-host / --async-port-base"
-            ) from err
-        self.endpoint = f"tcp://{host}:{port}"
         w = ctx.env.world_size
         self.clocks = [0] * w
         self.samples = [0] * w  # training samples each rank has taken (clock messages)
         self.meets = [0] * w  # the meetings each rank has arrived at (AsyncStep.meet)
-        # extra request kinds: op -> handler(meta, arrays) -> reply arrays (service thread)
-        self.handlers: dict[bytes, Callable[[dict[str, Any], dict[str, torch.Tensor]], Any]] = {}
-        self.clock_cv = threading.Condition()
-        self.gone: set[int] = set()  # ranks that closed their table (failed or finished)
-        self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in _KINDS}
-        # messages received by kind (read, push, clock, dense, claim): each one takes the GIL
-        # from the training thread, so fewer a step is faster (see AsyncStep._begin)
-        self.received: dict[str, int] = {op.decode(): 0 for op in (*wire.OPS, b"other")}
-        self.failure: BaseException | None = None
+        self.bytes = {f"bytes_{d}_{k}": 0 for d in ("sent", "recv") for k in wire.KINDS}
         # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
         self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._stop = threading.Event()
-        self._switch = 0.0  # the interpreter's switch interval before start(), if it set one
-        self._ours = -1.0  # the one start() set
-        self.thread = threading.Thread(
-            target=self._run, name=f"{THREAD_PREFIX}-{ctx.env.rank}", daemon=True
-        )
-
-    def start(self) -> None:
-        before = sys.getswitchinterval()
-        if SWITCH_INTERVAL_S and before > SWITCH_INTERVAL_S:  # (else: not ours to change)
-            sys.setswitchinterval(SWITCH_INTERVAL_S)  # (restored by close(): see above)
-            self._switch, self._ours = before, sys.getswitchinterval()  # (as stored)
-        self.thread.start()
-
-    def close(self) -> None:
-        """Stop the thread, close the socket and terminate the context (idempotent)."""
-        self._stop.set()
-        if self.thread.is_alive():
-            self.thread.join()
-        if self._switch and sys.getswitchinterval() == self._ours:
-            sys.setswitchinterval(self._switch)  # (unless someone changed it since)
-        self._switch = 0.0
-        if not self.sock.closed:
-            self.sock.close(linger=0)
-        if not self.zctx.closed:
-            self.zctx.term()
+        self.register(wire.READ, self._on_read)
+        self.register(wire.PUSH, self._on_push)
+        self.register(wire.CLOCK, self._on_clock)
 
     # ------------------------------------------------------------------ clocks
-    def set_clock(
-        self, rank: int, clock: int, gone: bool = False, samples: int = 0, meet: int = 0
-    ) -> None:
-        with self.clock_cv:
+    def set_clock(self, rank: int, clock: int, samples: int = 0, meet: int = 0) -> None:
+        """Raise what this rank knows of ``rank``'s clock, samples taken and meetings."""
+        with self.cv:
             self.clocks[rank] = max(self.clocks[rank], clock)
             self.samples[rank] = max(self.samples[rank], samples)
             self.meets[rank] = max(self.meets[rank], meet)
-            if gone:
-                self.gone.add(rank)
-            self.clock_cv.notify_all()
-
-    def check_peer(self, peer: int, what: str) -> None:
-        """Raise if ``peer`` has closed its table or this service has failed."""
-        if self.failure is not None:
-            raise CommError(f"rank {self.ctx.env.rank}: the async row service failed") from (
-                self.failure
-            )
-        if peer in self.gone:
-            raise CommError(
-                f"rank {self.ctx.env.rank}: {what}: rank {peer} closed its table (it failed or "
-                "left early) while this rank still needed it"
-            )
+            self.cv.notify_all()
 
     def wait_clock(
         self, target: int, timeout_s: float, what: str, budget: int | None = None
@@ -167,7 +87,7 @@ class AsyncService:
         """Block until every rank's clock is at least ``target``; a clear error after
         ``timeout_s`` naming the slowest rank. With ``budget``: stop waiting as soon as the
         ranks' samples add up to it, and return False then (True: the clocks are there)."""
-        with self.clock_cv:
+        with self.cv:
 
             def behind() -> list[int]:
                 return [r for r, c in enumerate(self.clocks) if c < target]
@@ -175,7 +95,7 @@ class AsyncService:
             def spent() -> bool:
                 return budget is not None and sum(self.samples) >= budget
 
-            ok = self.clock_cv.wait_for(
+            ok = self.cv.wait_for(
                 lambda: (
                     not behind()
                     or spent()
@@ -200,12 +120,12 @@ class AsyncService:
     def wait_meet(self, meet: int, timeout_s: float, what: str) -> None:
         """Block until every rank has arrived at meeting ``meet``; a clear error after
         ``timeout_s`` naming a rank that has not (or at once if one closed its table)."""
-        with self.clock_cv:
+        with self.cv:
 
             def absent() -> list[int]:
                 return [r for r, m in enumerate(self.meets) if m < meet]
 
-            ok = self.clock_cv.wait_for(
+            ok = self.cv.wait_for(
                 lambda: not absent() or self.failure is not None or bool(self.gone & set(absent())),
                 timeout_s,
             )
@@ -248,71 +168,30 @@ class AsyncService:
                 slots, cnts, grads, opt.name == "sgd", float(opt.lr), float(opt.eps),
             )  # fmt: skip
 
-    # ------------------------------------------------------------------ the thread
-    def _on_device(self) -> contextlib.AbstractContextManager[Any]:
-        """The thread's CUDA device and stream (both are per thread), or nothing on the CPU."""
-        if self.stream is None:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.cuda.device(self.ctx.store.device))
-        stack.enter_context(torch.cuda.stream(self.stream))
-        return stack
-
-    def _run(self) -> None:
-        poller = self.zmq.Poller()
-        poller.register(self.sock, self.zmq.POLLIN)
-        try:
-            with self._on_device():
-                self._serve(poller)
-        except BaseException as err:  # noqa: BLE001 - handed to the training thread
-            self.failure = err
-            with self.clock_cv:
-                self.clock_cv.notify_all()
-
-    def _serve(self, poller: Any) -> None:
-        while not self._stop.is_set():
-            if not poller.poll(POLL_MS):
-                continue
-            frames = self.sock.recv_multipart()
-            reply = self._answer(frames[1:])
-            if reply is not None:
-                self.sock.send_multipart([frames[0], *reply])
-
-    def _answer(self, frames: list[bytes]) -> list[bytes] | None:
-        """:meth:`_handle` with the short switch interval (see ``ANSWER_SWITCH_INTERVAL_S``)."""
-        if not self._switch:  # (the interval is not this service's to change)
-            return self._handle(frames)
-        sys.setswitchinterval(ANSWER_SWITCH_INTERVAL_S)
-        try:
-            return self._handle(frames)
-        finally:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
-
-    def _handle(self, frames: list[bytes]) -> list[bytes] | None:
-        try:
-            op, meta, arrays = wire.unpack(frames, self.stage)
-            kind = op.decode() if op in wire.OPS else "other"  # (fixed keys: read elsewhere)
-            self.received[kind] += 1
-            if op == wire.CLOCK:
-                self.set_clock(
-                    int(meta["rank"]), int(meta["clock"]), bool(meta.get("gone")),
-                    int(meta.get("samples", 0)), int(meta.get("meet", 0)),
-                )  # fmt: skip
-                return None
-            if op in self.handlers:  # (counted by their owner, not as embedding bytes)
-                return wire.pack(wire.REPLY, {}, self.handlers[op](meta, arrays))
-            if op not in (wire.READ, wire.PUSH):
-                raise ValueError(f"unknown request {op[:16]!r}")
-            self._count("recv", arrays)
-            if "clock" in meta:  # (a read with the sender's push and clock, or a push alone)
-                self._step(meta, arrays)
-            elif op == wire.PUSH:
-                self._push(arrays)
-            out = self._read(meta, arrays) if op == wire.READ else {}
-        except (ValueError, KeyError, IndexError, RuntimeError) as err:
-            return wire.pack(wire.REPLY, {"error": f"rank {self.ctx.env.rank}: {err}"}, {})
+    # ------------------------------------------------------------------ the operations
+    def _on_read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A read (with the sender's push and clock, if it carries them): the answer."""
+        self._count("recv", a)
+        if "clock" in meta:
+            self._step(meta, a)
+        out = self._read(meta, a)
         self._count("sent", out)
-        return wire.pack(wire.REPLY, {}, out)  # (host arrays: read_answer copies them)
+        return out  # (host arrays: read_answer copies them)
+
+    def _on_push(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """A push (with the sender's clock, if it carries it): a bare acknowledgement."""
+        self._count("recv", a)
+        if "clock" in meta:
+            self._step(meta, a)
+        else:
+            self._push(a)
+        return {}
+
+    def _on_clock(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> None:
+        self.set_clock(
+            int(meta["rank"]), int(meta["clock"]), int(meta.get("samples", 0)),
+            int(meta.get("meet", 0)),
+        )  # fmt: skip
 
     def _read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Drain, then one scripted call (no GIL: :mod:`.answer`) that checks the ids,
@@ -362,17 +241,8 @@ class AsyncService:
 
     def _count(self, direction: str, arrays: dict[str, torch.Tensor]) -> None:
         for name, t in arrays.items():
-            kind = _KIND_OF[name]
+            kind = wire.KIND_OF[name]
             self.bytes[f"bytes_{direction}_{kind}"] += t.numel() * t.element_size()
-
-
-_KINDS = ("ids", "versions", "values", "gradients")
-# every array a request or reply carries, by counter kind (the lags count as versions)
-_KIND_OF = {
-    "mids": "ids", "rids": "ids", "ids": "ids", "mver": "versions", "cnt": "versions",
-    "grad": "gradients", "lag": "versions", "values": "values", "versions": "versions",
-    "state": "values",
-}  # fmt: skip
 
 
 def _own_slots(store: Any) -> torch.Tensor:
