@@ -6,8 +6,8 @@ threads that both make torch calls therefore alternate at every call, each hand-
 wake-up. Here a "training" thread makes small torch calls (as a CUDA rank's training thread
 launches kernels) while a "service" thread answers a read of ``--rows`` rows every
 ``--every-us`` microseconds, either with the read's arithmetic run as Python (~20 torch calls,
-:func:`async_answer._read_answer`) or scripted (one call, no GIL:
-:data:`async_answer.read_answer`). Printed and written to ``bench/results/async_convoy.md``:
+:func:`answer._read_answer`) or scripted (one call, no GIL:
+:data:`answer.read_answer`). Printed and written to ``bench/results/async_convoy.md``:
 the training thread's calls per second, relative to no service at all, and the mean time of an
 answer, best of ``--rounds``.
 

@@ -57,7 +57,7 @@ LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hi
 
 if TYPE_CHECKING:
     from hetgmp.embedding.rowservice import AsyncStep
-    from hetgmp.train.trainer import Trainer
+    from hetgmp.train.trainer_view import TrainerView
 
 
 def sample_budget(
@@ -70,7 +70,7 @@ def sample_budget(
 class AsyncLoop:
     """One rank's budget-bound training (construction is collective: the dense server)."""
 
-    def __init__(self, tr: Trainer, engine: AsyncStep) -> None:
+    def __init__(self, tr: TrainerView, engine: AsyncStep) -> None:
         cfg, env = tr.cfg, tr.env
         self.tr, self.engine = tr, engine
         self.budget = sample_budget(cfg.iter, cfg.epochs, env.world_size, cfg.batch_size, tr.counts)
@@ -354,7 +354,7 @@ def _wait_share(phase_ms: dict[str, float]) -> float:
     return round(phase_ms.get("clock_wait", 0.0) / loop, 4) if loop > 0 else 0.0
 
 
-def run_async(tr: Trainer) -> bool:
+def run_async(tr: TrainerView) -> bool:
     """Run :class:`AsyncLoop` when this run trains with unequal step counts (True), else
     leave the lockstep loop to the trainer (False)."""
     engine = getattr(tr.model.embedding, "async_engine", None)
