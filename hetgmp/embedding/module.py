@@ -33,7 +33,7 @@ from hetgmp.embedding.options import (
     resolve_sync,
 )
 from hetgmp.embedding.profile import PhaseTimer
-from hetgmp.embedding.rowservice.step import AsyncConfig, AsyncStep
+from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
