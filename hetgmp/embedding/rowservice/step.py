@@ -1,7 +1,8 @@
 """``--sync async``: a multi-rank step without a global exchange (HET's way: each rank serves
 its owned rows from a ZeroMQ service thread, :mod:`.service`; workers refresh, fetch and
-push point to point, :mod:`.peers`). The same step interface as
-:class:`~.step.Stepper` (``step``, ``grads``), and the same rules (:mod:`..protocol`).
+push point to point, :mod:`hetgmp.comm.rpc.peers`). The same step interface as
+:class:`~hetgmp.embedding.transport.step.Stepper` (``step``, ``grads``), and the same rules
+(:mod:`..protocol`).
 
 A training step ``t`` of one rank has two phases, each ended by a tick of the rank's *clock*
 (``2t + 1`` after the push phase, ``2t + 2`` after the read phase), published to every peer:
