@@ -1,13 +1,13 @@
 """Diagnosis (not a product figure): what a service thread's answers cost the training thread
-of the same interpreter, the GIL convoy behind ``hetgmp.embedding.transport.async_answer``.
+of the same interpreter, the GIL convoy behind ``hetgmp.embedding.rowservice.answer``.
 
 Every torch call made from Python drops the GIL for its C++ work and takes it back; two
 threads that both make torch calls therefore alternate at every call, each hand-over a thread
 wake-up. Here a "training" thread makes small torch calls (as a CUDA rank's training thread
 launches kernels) while a "service" thread answers a read of ``--rows`` rows every
 ``--every-us`` microseconds, either with the read's arithmetic run as Python (~20 torch calls,
-:func:`async_answer._read_answer`) or scripted (one call, no GIL:
-:data:`async_answer.read_answer`). Printed and written to ``bench/results/async_convoy.md``:
+:func:`answer._read_answer`) or scripted (one call, no GIL:
+:data:`answer.read_answer`). Printed and written to ``bench/results/async_convoy.md``:
 the training thread's calls per second, relative to no service at all, and the mean time of an
 answer, best of ``--rounds``.
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from hetgmp.embedding.transport import async_answer as aa  # noqa: E402
+from hetgmp.embedding.rowservice import answer as aa  # noqa: E402
 
 
 def _args(rows: int, device: str) -> tuple[Any, ...]:

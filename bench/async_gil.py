@@ -11,7 +11,7 @@ gloo CPU ranks with an async table (``--max-lag -1``): rank 0 trains ``--steps``
 * runs ``python`` (a pure-Python loop that keeps the GIL until the interpreter forces a switch).
 
 It prints rank 0's mean ms per read for each, for each pair ``SERVING:ANSWERING`` of switch
-intervals of :mod:`hetgmp.embedding.transport.async_service` (while a service runs, while it
+intervals of :mod:`hetgmp.comm.rpc.service` (while a service runs, while it
 answers; ``0:0`` leaves CPython's 5 ms) in ``--intervals``, and writes
 ``bench/results/async_gil.md``.
 
@@ -40,7 +40,7 @@ from hetgmp.comm.collectives import barrier  # noqa: E402
 from hetgmp.comm.env import DistEnv  # noqa: E402
 from hetgmp.comm.spawn import spawn_ranks  # noqa: E402
 from hetgmp.embedding import DistributedEmbedding  # noqa: E402
-from hetgmp.embedding.transport.async_step import AsyncConfig  # noqa: E402
+from hetgmp.embedding.rowservice import AsyncConfig  # noqa: E402
 
 BUSY = ("sleep", "short", "python")
 
@@ -59,7 +59,7 @@ def _keep_busy(env: DistEnv, busy: str) -> None:
 
 
 def _rank(env: DistEnv, busy: str, steps: int, switch: tuple[float, float]) -> dict[str, Any]:
-    import hetgmp.embedding.transport.async_service as svc
+    import hetgmp.comm.rpc.service as svc
 
     svc.SWITCH_INTERVAL_S, svc.ANSWER_SWITCH_INTERVAL_S = switch
     torch.set_num_threads(1)

@@ -23,15 +23,15 @@ from test_embedding import (
 )
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.comm.spawn import spawn_ranks
-from hetgmp.embedding import DistributedEmbedding
-from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.transport.async_service import (
+from hetgmp.comm.rpc.service import (
     ANSWER_SWITCH_INTERVAL_S,
     SWITCH_INTERVAL_S,
     THREAD_PREFIX,
 )
-from hetgmp.embedding.transport.async_step import AsyncConfig
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.embedding import DistributedEmbedding
+from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.rowservice import AsyncConfig
 
 pytest.importorskip("zmq")
 
@@ -270,7 +270,7 @@ def test_shutdown_leaves_no_thread_or_socket() -> None:
 
 def switch_while_answering(env: DistEnv) -> dict:
     from hetgmp.comm.collectives import barrier
-    from hetgmp.embedding.transport import async_wire as wire
+    from hetgmp.train import dense_server as wire  # (DENSE: any registered op does)
 
     emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
     stepper = emb._stepper
@@ -296,7 +296,7 @@ def test_service_answers_with_the_short_switch_interval() -> None:
 def refused_reads(env: DistEnv) -> dict:
     from hetgmp.comm.collectives import barrier
     from hetgmp.comm.errors import CommError
-    from hetgmp.embedding.transport import async_wire as wire
+    from hetgmp.embedding.rowservice import wire
 
     emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
     stepper, peer = emb._stepper, 1 - env.rank

@@ -1,4 +1,4 @@
-"""The async service's scripted arithmetic (:mod:`hetgmp.embedding.transport.async_answer`)
+"""The async service's scripted arithmetic (:mod:`hetgmp.embedding.rowservice.answer`)
 against its plain references: the owner's update against :func:`protocol.apply_at_owner`
 (torch row kernels), the read answer against :func:`protocol.lags` and plain gathers, on the
 CPU and (where there is one) on CUDA; error codes. (Why it is scripted, the GIL, is measured
@@ -12,9 +12,9 @@ import torch
 
 from hetgmp.embedding import protocol
 from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.rowservice import answer as aa
+from hetgmp.embedding.rowservice.service import _own_slots
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.transport import async_answer as aa
-from hetgmp.embedding.transport.async_service import _own_slots
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -26,7 +26,7 @@ from test_embedding import (
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding import DistributedEmbedding
-from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
+from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,7 +15,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import ConfigError
 from hetgmp.embedding import DistributedEmbedding
-from hetgmp.embedding.transport.async_step import AsyncConfig
+from hetgmp.embedding.rowservice import AsyncConfig
 from hetgmp.partition.plan import Plan, save_plan
 from hetgmp.train.async_loop import steady_rates
 from hetgmp.train.straggle import Straggle, Straggler, parse_straggle

@@ -12,7 +12,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import CommError
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding import DistributedEmbedding
-from hetgmp.embedding.transport.async_step import AsyncConfig
+from hetgmp.embedding.rowservice import AsyncConfig
 
 pytest.importorskip("zmq")
 

@@ -40,10 +40,11 @@ same seed gives byte-identical arrays for any chunk size and worker count.
 Memory is O(rows of the table) (float32 weights, uint32 counts for statistics) plus O(chunk);
 samples are streamed through :class:`~hetgmp.data.format.DatasetWriter`.
 
-Layout: the planted model is in :mod:`hetgmp.data.planted_model`, its samples in
-:mod:`hetgmp.data.planted_samples`, the hashing in :mod:`hetgmp.data.counter_hash` and the
-statistics in :mod:`hetgmp.data.generate_stats`; this module holds the options and the driver,
-and re-exports the others' public names (their old import path).
+Layout: the options are in :mod:`hetgmp.data.generate_config`, the planted model in
+:mod:`hetgmp.data.planted_model`, its samples in :mod:`hetgmp.data.planted_samples`, the
+hashing in :mod:`hetgmp.data.counter_hash` and the statistics in
+:mod:`hetgmp.data.generate_stats`; this module holds the driver, and re-exports the others'
+public names (their old import path).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ from typing import Any
 
 import numpy as np
 
-from hetgmp.config import option, validate
+from hetgmp.config import validate
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
+from hetgmp.data.generate_config import CriteoLikeConfig, GenerateError
 from hetgmp.data.generate_stats import FieldCounts, excess_repeat_rate, repeat_rate
 from hetgmp.data.planted_model import (
     CRITEO_CARDINALITIES,
@@ -103,54 +105,6 @@ __all__ = [
 GENERATOR_VERSION = 2
 KAGGLE_NUM_SAMPLES = 45_840_617
 PILOT_SAMPLES = 200_000
-
-
-class GenerateError(ValueError):
-    """Invalid generator options."""
-
-
-@dataclasses.dataclass
-class CriteoLikeConfig:
-    """Options of ``hetgmp generate criteo-like`` (defaults: a demo set made in seconds)."""
-
-    num_samples: int = option(
-        300_000, help="total samples (train + test)", check=lambda v: v >= 2, check_msg=">= 2"
-    )
-    scale: float = option(
-        0.01,
-        help="factor on the Criteo Kaggle field cardinalities (1.0 = 33.8M rows; min 2 per field)",
-        check=lambda v: 0 < v <= 100,
-        check_msg="in (0, 100]",
-    )
-    locality: float = option(
-        0.8,
-        help="probability that a field's id comes from the sample's user profile (0 none, 1 strong)",
-        check=lambda v: 0 <= v <= 1,
-        check_msg="in [0, 1]",
-    )
-    seed: int = option(0, help="random seed", check=lambda v: 0 <= v < 2**63, check_msg=">= 0")
-    test_fraction: float = option(
-        0.1, help="share of samples in the test split (the last ones)",
-        check=lambda v: 0 < v < 1, check_msg="in (0, 1)",
-    )  # fmt: skip
-    positive_rate: float = option(
-        0.25, help="target share of positive labels",
-        check=lambda v: 0.001 <= v <= 0.999, check_msg="in [0.001, 0.999]",
-    )  # fmt: skip
-    samples_per_user: float = option(
-        106.0, help="mean samples per latent user (movielens-100k: 106)",
-        check=lambda v: v >= 1, check_msg=">= 1",
-    )  # fmt: skip
-    chunk_size: int = option(
-        32768, help="rows per generated chunk (does not change the output)",
-        check=lambda v: v >= 1, check_msg=">= 1",
-    )  # fmt: skip
-    workers: int = option(
-        0, help="generator threads (0 = number of CPUs, at most 4; does not change the output)",
-        check=lambda v: v >= 0, check_msg=">= 0",
-    )  # fmt: skip
-    progress: bool = option(True, help="show a progress bar when stderr is a terminal")
-    overwrite: bool = option(False, help="replace an existing output directory")
 
 
 # ----------------------------------------------------------------------------- driver

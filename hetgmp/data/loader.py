@@ -16,18 +16,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from hetgmp.data.format import SplitArrays
 
-if TYPE_CHECKING:
-    from hetgmp.partition.plan import Plan
-
 
 class LoaderError(ValueError):
     """Invalid loader arguments (batch size, indices, rank, plan)."""
+
+
+class SamplePlan(Protocol):
+    """What :func:`rank_sample_indices` reads of a plan (a
+    :class:`hetgmp.partition.plan.Plan`): named by its shape, since the data layer sits below
+    the partitioner and does not import it (docs/architecture.md, "Import arrows")."""
+
+    data_partition: np.ndarray  # the worker of every training sample
+
+    def check_matches(
+        self, *, num_samples: int | None = None, world_size: int | None = None
+    ) -> None: ...
 
 
 @dataclasses.dataclass
@@ -44,7 +53,7 @@ class Batch:
 
 
 def rank_sample_indices(
-    num_samples: int, rank: int, world_size: int, plan: Plan | None = None
+    num_samples: int, rank: int, world_size: int, plan: SamplePlan | None = None
 ) -> np.ndarray:
     """Sample indices (int64, ascending) that worker ``rank`` of ``world_size`` trains on.
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from hetgmp.data.generate import CriteoLikeConfig
+    from hetgmp.data.generate_config import CriteoLikeConfig
 
 CRITEO_CARDINALITIES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,

@@ -21,13 +21,12 @@ not in it take the field's unseen id, and the output has the same fields, offset
 ``num_embeddings`` (:mod:`hetgmp.data.preprocess_vocab`).
 
 Layout: reading (row sources, prefetch, progress) is in :mod:`hetgmp.data.preprocess_stream`,
-the spill file in :mod:`hetgmp.data.preprocess_spill`; this module holds the options and the two
-passes.
+the spill file in :mod:`hetgmp.data.preprocess_spill`, the options in
+:mod:`hetgmp.data.preprocess_options` (re-exported here); this module holds the two passes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +37,11 @@ import numpy as np
 from hetgmp.data.bad_lines import BadInputError, BadLineReport
 from hetgmp.data.delimited import RawBlock
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
+from hetgmp.data.preprocess_options import SPLIT_MODES, PreprocessOptions
 from hetgmp.data.preprocess_spill import Spill
 from hetgmp.data.preprocess_stream import Progress, RowSource, log, prefetch, source_blocks
 from hetgmp.data.preprocess_vocab import CountedIds, FieldIds, VocabIds, open_vocab_from
-from hetgmp.data.vocab import ID_ORDERS, FieldVocab, KeyCounter, build_vocab, splitmix64
+from hetgmp.data.vocab import FieldVocab, KeyCounter, build_vocab, splitmix64
 from hetgmp.data.vocab_files import write_vocabulary
 from hetgmp.data.vocab_store import Vocabulary
 
@@ -49,36 +49,7 @@ __all__ = [
     "SPLIT_MODES", "PreprocessOptions", "RowSource", "log", "preprocess", "random_split_mask",
 ]  # fmt: skip
 
-SPLIT_MODES = ("tail", "random")
 _MAP_THREADS = 2
-
-
-@dataclasses.dataclass
-class PreprocessOptions:
-    """How raw values become ids and rows become splits (see the module docstring)."""
-
-    min_count: int = 1
-    id_order: str = "frequency"
-    test_fraction: float = 0.1
-    split: str = "tail"
-    seed: int = 0
-    on_bad_line: str = "error"
-    progress: bool = True
-    name: str = ""
-    overwrite: bool = False
-    reserve_rare_id: bool = False
-    vocab_from: Path | None = None  # encode with this data set's vocabulary (no counting)
-
-    def check(self) -> None:
-        if self.min_count < 1:
-            raise ValueError(f"--min-count must be >= 1, got {self.min_count}")
-        if self.id_order not in ID_ORDERS:
-            raise ValueError(f"--id-order {self.id_order!r} is not one of {ID_ORDERS}")
-        if not 0.0 <= self.test_fraction < 1.0:
-            raise ValueError(f"--test-fraction must be in [0, 1), got {self.test_fraction}")
-        if self.split not in SPLIT_MODES:
-            raise ValueError(f"--split {self.split!r} is not one of {SPLIT_MODES}")
-        BadLineReport(self.on_bad_line)
 
 
 def random_split_mask(seed: int, file_index: int, lines: np.ndarray, fraction: float) -> np.ndarray:

@@ -11,133 +11,13 @@ criteo-sample and movielens. All go through the same two-pass, bounded-memory pi
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from pathlib import Path
 
-from hetgmp.data.bad_lines import ON_BAD_LINE_CHOICES
-from hetgmp.data.delimited import (
-    DEFAULT_BLOCK_BYTES,
-    DENSE_TRANSFORMS,
-    DelimitedSource,
-    criteo_spec,
-    resolve_columns,
-)
-from hetgmp.data.format import Dataset
+from hetgmp.data.delimited import DENSE_TRANSFORMS, DelimitedSource, criteo_spec, resolve_columns
 from hetgmp.data.libsvm_fields import LIBSVM_HELP
-from hetgmp.data.preprocess import SPLIT_MODES, PreprocessOptions, preprocess
-from hetgmp.data.preprocess_vocab import add_vocab_args
-from hetgmp.data.vocab import ID_ORDERS
-from hetgmp.fmt import key_values
-from hetgmp.progress import log_above_bars
-
-
-def _common(p: argparse.ArgumentParser, *, split: bool = True, test_file: bool = True) -> None:
-    """The options every format but movielens shares (in ``--help`` order)."""
-    p.add_argument("--out", type=Path, required=True, help="output dataset directory")
-    p.add_argument(
-        "--min-count",
-        type=int,
-        default=1,
-        help="values seen fewer times share the field's rare id (default: 1)",
-    )
-    p.add_argument(
-        "--id-order",
-        choices=ID_ORDERS,
-        default="frequency",
-        help="order of ids within a field (default: frequency)",
-    )
-    add_vocab_args(p)
-    _split_args(p, split=split, test_file=test_file)
-    _reading_args(p)
-
-
-def _split_args(p: argparse.ArgumentParser, *, split: bool, test_file: bool) -> None:
-    """How rows are divided into train and test."""
-    if split:
-        p.add_argument(
-            "--test-fraction",
-            type=float,
-            default=0.1,
-            help="share of rows in test; 0 = no test split (default: 0.1)",
-        )
-        p.add_argument(
-            "--split",
-            choices=SPLIT_MODES,
-            default="tail",
-            help="tail: last rows are test (time order); random: hashed line "
-            "number (default: tail)",
-        )
-        p.add_argument("--seed", type=int, default=0, help="seed of --split random (default: 0)")
-    if test_file:
-        p.add_argument(
-            "--test-file",
-            type=Path,
-            nargs="+",
-            default=None,
-            help="files whose rows form the test split (overrides --test-fraction)",
-        )
-
-
-def _reading_args(p: argparse.ArgumentParser) -> None:
-    """Bad lines, block size, progress and overwriting."""
-    p.add_argument(
-        "--on-bad-line",
-        choices=ON_BAD_LINE_CHOICES,
-        default="error",
-        help="error: stop at the first bad line (file:line in the message); "
-        "skip: drop and count them in meta.json source.bad_lines",
-    )
-    p.add_argument(
-        "--block-bytes",
-        type=int,
-        default=DEFAULT_BLOCK_BYTES,
-        help=f"bytes read per block (default: {DEFAULT_BLOCK_BYTES})",
-    )
-    _output_args(p)
-
-
-def _output_args(p: argparse.ArgumentParser) -> None:
-    """Progress and overwriting (every format, movielens too)."""
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="progress bar on a terminal (default: on)",
-    )
-    p.add_argument(
-        "--overwrite",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="replace an existing --out directory (default: off)",
-    )
-
-
-def _options(args: argparse.Namespace, name: str) -> PreprocessOptions:
-    return PreprocessOptions(
-        min_count=args.min_count,
-        id_order=args.id_order,
-        test_fraction=getattr(args, "test_fraction", 0.0),
-        split=getattr(args, "split", "tail"),
-        seed=getattr(args, "seed", 0),
-        on_bad_line=args.on_bad_line,
-        progress=args.progress,
-        name=name,
-        overwrite=args.overwrite,
-        reserve_rare_id=args.reserve_rare_id,
-        vocab_from=args.vocab_from,
-    )
-
-
-def _done(ds: Dataset) -> int:
-    m = ds.meta
-    bad = m.source.get("bad_lines", {}).get("skipped", 0)
-    print(
-        f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
-        f"{m.num_dense} dense, splits {key_values(m.splits)}, skipped bad lines {bad}, "
-        f"fingerprint {m.fingerprint[:12]}"
-    )
-    return 0
+from hetgmp.data.preprocess import preprocess
+from hetgmp.data.preprocess_args import common_args, preprocess_options, report_done, with_logging
+from hetgmp.data.sample_cli import add_criteo_sample, add_movielens
 
 
 def _run_criteo(args: argparse.Namespace) -> int:
@@ -148,7 +28,9 @@ def _run_criteo(args: argparse.Namespace) -> int:
         if args.test_file
         else None
     )
-    return _done(preprocess(src, args.out, _options(args, "criteo"), test_source=test))
+    return report_done(
+        preprocess(src, args.out, preprocess_options(args, "criteo"), test_source=test)
+    )
 
 
 def _inputs_after_column_lists(args: argparse.Namespace) -> None:
@@ -186,7 +68,9 @@ def _run_csv(args: argparse.Namespace) -> int:
         if args.test_file
         else None
     )
-    return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
+    return report_done(
+        preprocess(src, args.out, preprocess_options(args, args.inputs[0].stem), test_source=test)
+    )
 
 
 def _run_libsvm(args: argparse.Namespace) -> int:
@@ -212,7 +96,9 @@ def _run_libsvm(args: argparse.Namespace) -> int:
             field_map=src.field_map,
             form=src.form,
         )
-    return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
+    return report_done(
+        preprocess(src, args.out, preprocess_options(args, args.inputs[0].stem), test_source=test)
+    )
 
 
 def _run_parquet(args: argparse.Namespace) -> int:
@@ -231,17 +117,9 @@ def _run_parquet(args: argparse.Namespace) -> int:
 
     src = make(args.inputs)
     test = make(args.test_file) if args.test_file else None
-    return _done(preprocess(src, args.out, _options(args, args.inputs[0].stem), test_source=test))
-
-
-def _with_logging(fn):  # type: ignore[no-untyped-def]
-    def run(args: argparse.Namespace) -> int:
-        if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-        with log_above_bars():  # (pass lines while a bar is drawn)
-            return fn(args)
-
-    return run
+    return report_done(
+        preprocess(src, args.out, preprocess_options(args, args.inputs[0].stem), test_source=test)
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -254,8 +132,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     fmt = top.add_subparsers(dest="format", metavar="<format>", required=True)
     # The order here is the order ``hetgmp preprocess --help`` lists the formats in.
-    from hetgmp.data.sample_cli import add_criteo_sample, add_movielens
-
     for add in (
         _add_criteo,
         _add_csv,
@@ -277,8 +153,8 @@ def _add_criteo(fmt: argparse._SubParsersAction) -> None:
         "share one rare id per field.",
     )
     p.add_argument("inputs", type=Path, nargs="+", help="TSV files (read as one stream)")
-    _common(p)
-    p.set_defaults(func=_with_logging(_run_criteo))
+    common_args(p)
+    p.set_defaults(func=with_logging(_run_criteo))
 
 
 def _add_csv(fmt: argparse._SubParsersAction) -> None:
@@ -298,8 +174,8 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quote-char", default="", help="quote character (default: none)")
     _dense_transform(p)
-    _common(p)
-    p.set_defaults(func=_with_logging(_run_csv))
+    common_args(p)
+    p.set_defaults(func=with_logging(_run_csv))
 
 
 def _columns(p: argparse.ArgumentParser) -> None:
@@ -350,13 +226,13 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
         help="field indices whose value is a dense feature",
     )
     _dense_transform(p)
-    _common(p)
-    p.set_defaults(func=_with_logging(_run_libsvm))
+    common_args(p)
+    p.set_defaults(func=with_logging(_run_libsvm))
 
 
 def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
     _columns(p)
     _dense_transform(p)
-    _common(p)
-    p.set_defaults(func=_with_logging(_run_parquet))
+    common_args(p)
+    p.set_defaults(func=with_logging(_run_parquet))

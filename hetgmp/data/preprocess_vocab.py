@@ -23,7 +23,7 @@ from hetgmp.data.vocab_input import VocabError
 from hetgmp.data.vocab_store import Vocabulary
 
 if TYPE_CHECKING:
-    from hetgmp.data.preprocess import PreprocessOptions
+    from hetgmp.data.preprocess_options import PreprocessOptions
     from hetgmp.data.preprocess_stream import RowSource
 
 _DEFAULT_MIN_COUNT = 1

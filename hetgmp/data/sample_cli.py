@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hetgmp.data.preprocess_cli import _common, _done, _options, _output_args, _with_logging
+from hetgmp.data.preprocess_args import (
+    common_args,
+    output_args,
+    preprocess_options,
+    report_done,
+    with_logging,
+)
 from hetgmp.data.vocab import ID_ORDERS
 
 DEFAULT_SHARED = Path("../shared/datasets")
@@ -15,12 +21,12 @@ DEFAULT_SHARED = Path("../shared/datasets")
 def _run_criteo_sample(args: argparse.Namespace) -> int:
     from hetgmp.data.criteo_sample import convert_criteo_sample
 
-    return _done(
+    return report_done(
         convert_criteo_sample(
             args.src,
             args.out,
             reference=args.hetgmp_reference,
-            options=_options(args, "criteo-sample"),
+            options=preprocess_options(args, "criteo-sample"),
         )
     )
 
@@ -28,7 +34,7 @@ def _run_criteo_sample(args: argparse.Namespace) -> int:
 def _run_movielens(args: argparse.Namespace) -> int:
     from hetgmp.data.movielens import convert_movielens
 
-    return _done(
+    return report_done(
         convert_movielens(
             args.src,
             args.out,
@@ -62,8 +68,8 @@ def add_criteo_sample(fmt: argparse._SubParsersAction) -> None:
         default=False,
         help="HET-GMP's reference encoding (see above) (default: off)",
     )
-    _common(p, split=False, test_file=False)
-    p.set_defaults(func=_with_logging(_run_criteo_sample))
+    common_args(p, split=False, test_file=False)
+    p.set_defaults(func=with_logging(_run_criteo_sample))
 
 
 def add_movielens(fmt: argparse._SubParsersAction) -> None:
@@ -95,5 +101,5 @@ def add_movielens(fmt: argparse._SubParsersAction) -> None:
         default="first-appearance",
         help="order of ids within a field (default: first-appearance)",
     )
-    _output_args(p)  # (100K ratings are read at once: no bar to show, but the same flags)
-    p.set_defaults(func=_with_logging(_run_movielens))
+    output_args(p)  # (100K ratings are read at once: no bar to show, but the same flags)
+    p.set_defaults(func=with_logging(_run_movielens))

@@ -34,8 +34,8 @@ from hetgmp.embedding.options import (
     resolve_sync,
 )
 from hetgmp.embedding.profile import PhaseTimer
+from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.transport.local import LocalStep
 from hetgmp.embedding.transport.step import Stepper

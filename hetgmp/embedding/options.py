@@ -9,8 +9,9 @@ import torch
 from hetgmp.choices import EXCHANGES, REPLIES
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.optim import SparseOptimizer
-from hetgmp.embedding.placement import owner_array, plan_placement
+from hetgmp.embedding.placement import plan_placement
 from hetgmp.embedding.protocol import I32_MAX
+from hetgmp.partition.owners import owner_array
 from hetgmp.partition.plan import Plan
 
 SYNCS = ("collective", "async")

@@ -1,21 +1,11 @@
-"""Which worker owns each row, and which rows a worker mirrors."""
+"""Which rows a worker mirrors, and their owners, from a plan (without a plan the owners are
+:func:`hetgmp.partition.owners.owner_array`'s)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from hetgmp.partition.plan import Plan, PlanError
-
-PLACEMENTS = ("hash", "random")
-
-
-def owner_array(num_rows: int, world_size: int, placement: str, seed: int) -> np.ndarray:
-    """Owner per row without a plan: ``hash`` is ``id % world``, ``random`` a seeded draw."""
-    if placement == "hash":
-        return (np.arange(num_rows, dtype=np.int64) % world_size).astype(np.int32)
-    if placement == "random":
-        return np.random.default_rng(seed).integers(0, world_size, num_rows).astype(np.int32)
-    raise ValueError(f"placement must be one of {PLACEMENTS} (or pass a plan), got {placement!r}")
 
 
 def plan_placement(

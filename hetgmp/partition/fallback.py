@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hetgmp.embedding.placement import owner_array
+from hetgmp.partition.owners import owner_array
 from hetgmp.partition.plan import Plan
 
 CHUNK = 1 << 20  # samples counted at a time (bounded memory for Criteo-sized shards)

@@ -56,8 +56,8 @@ from hetgmp.train.work_steal import Stealer, epoch_coverage
 LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hint)
 
 if TYPE_CHECKING:
-    from hetgmp.embedding.transport.async_step import AsyncStep
-    from hetgmp.train.trainer import Trainer
+    from hetgmp.embedding.rowservice import AsyncStep
+    from hetgmp.train.trainer_view import TrainerView
 
 
 def sample_budget(
@@ -70,7 +70,7 @@ def sample_budget(
 class AsyncLoop:
     """One rank's budget-bound training (construction is collective: the dense server)."""
 
-    def __init__(self, tr: Trainer, engine: AsyncStep) -> None:
+    def __init__(self, tr: TrainerView, engine: AsyncStep) -> None:
         cfg, env = tr.cfg, tr.env
         self.tr, self.engine = tr, engine
         self.budget = sample_budget(cfg.iter, cfg.epochs, env.world_size, cfg.batch_size, tr.counts)
@@ -211,7 +211,7 @@ class AsyncLoop:
         """Rank 0's own TRAIN line (no collective: the ranks are at different steps)."""
         n = max(1, iv.samples)
         loss, correct = iv.sums.tolist()
-        seen = sum(self.engine.service.samples)
+        seen = sum(self.engine.peer_samples)
         fields: dict[str, Any] = {"loss": loss / n, "acc": correct / n, "rank_samples": iv.samples}
         fields["progress"] = min(1.0, seen / max(1, self.budget))
         fields["epoch"] = iv.epoch
@@ -225,7 +225,7 @@ class AsyncLoop:
         mine = {"steps": self.steps, "samples": self.engine.samples, "secs": self.seconds,
                 "loss": loss, "correct": correct, "stolen": st.get("stolen", 0),
                 "claimed_from": st.get("claimed_from", 0), "phase": self._phase_ms(),
-                "steady": self.steady, "received": dict(self.engine.service.received)}  # fmt: skip
+                "steady": self.steady, "received": dict(self.engine.rpc.received)}  # fmt: skip
         ranks = all_gather_object(env, mine)
         steps = [int(r["steps"]) for r in ranks]
         samples = [int(r["samples"]) for r in ranks]
@@ -354,7 +354,7 @@ def _wait_share(phase_ms: dict[str, float]) -> float:
     return round(phase_ms.get("clock_wait", 0.0) / loop, 4) if loop > 0 else 0.0
 
 
-def run_async(tr: Trainer) -> bool:
+def run_async(tr: TrainerView) -> bool:
     """Run :class:`AsyncLoop` when this run trains with unequal step counts (True), else
     leave the lockstep loop to the trainer (False)."""
     engine = getattr(tr.model.embedding, "async_engine", None)

@@ -1,5 +1,6 @@
 """Dense parameters under ``--sync async`` without a lockstep meeting: a parameter server
-spread over the ranks' async row services (:mod:`hetgmp.embedding.transport.async_service`).
+spread over the ranks' RPC services (:mod:`hetgmp.comm.rpc`; its operation, :data:`DENSE`, is
+registered on the service the async engine runs, ``engine.rpc``).
 
 The dense parameters, flattened, are cut into ``W`` contiguous shards; rank ``p``'s service
 holds the *served value* of shard ``p``. Every rank trains its own copy with its own optimizer
@@ -20,7 +21,7 @@ global batch's gradient), one exchange late, and a slow rank adds its fewer delt
 holding anyone up. The
 optimizer states (Adam's moments) stay per rank. :meth:`DenseServer.finish` (collective, at the
 end of training) pushes what is left, meets the other ranks (through the services:
-:meth:`~hetgmp.embedding.transport.async_step.AsyncStep.meet`), pulls the final value and meets
+:meth:`~hetgmp.embedding.rowservice.AsyncStep.meet`), pulls the final value and meets
 them again, so every rank evaluates and saves the same model.
 """
 
@@ -28,15 +29,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from hetgmp.comm.collectives import barrier
 from hetgmp.comm.env import DistEnv
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_step import AsyncStep
+
+if TYPE_CHECKING:
+    from hetgmp.comm.rpc import Peers
+    from hetgmp.embedding.rowservice import AsyncStep
+
+DENSE = b"dense"  # this server's operation: a shard's push-and-pull (delta -> value)
 
 
 class DenseServer:
@@ -63,10 +68,12 @@ class DenseServer:
         self.lock = threading.Lock()  # the shard, shared with the service thread
         self.steps = 0
         self.exchanges = 0
-        self.channel = engine.peers.channel()  # (its own sockets: an exchange stays in flight)
+        self.channel: Peers = (
+            engine.peers.channel()
+        )  # (its own sockets: an exchange stays in flight)
         self.inflight: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
         self.bytes_sent = 0  # delta bytes this rank sent to the other owners
-        engine.service.handlers[wire.DENSE] = self._serve
+        engine.rpc.register(DENSE, self._serve)
         barrier(env)  # nobody exchanges before every shard is served
 
     def _span(self, p: int) -> tuple[int, int]:
@@ -105,7 +112,7 @@ class DenseServer:
         for p in range(self.w):
             lo, hi = self._span(p)
             if p != self.rank and hi > lo:  # (the channel copies them to its pinned buffer)
-                reqs[p] = (wire.DENSE, {}, {"delta": delta[lo:hi]})
+                reqs[p] = (DENSE, {}, {"delta": delta[lo:hi]})
                 self.bytes_sent += 4 * (hi - lo)
         self.channel.send(reqs)
         lo, hi = self._span(self.rank)

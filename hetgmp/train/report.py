@@ -14,7 +14,7 @@ from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.profile import PHASES, PhaseProfiler
 
 if TYPE_CHECKING:
-    from hetgmp.train.trainer import Trainer
+    from hetgmp.train.trainer_view import TrainerView
 
 
 def local_counters(embedding: nn.Module) -> dict[str, float]:
@@ -66,7 +66,7 @@ def step_profile(env: DistEnv, profiler: PhaseProfiler) -> dict[str, float] | No
     return out
 
 
-def timing_results(tr: Trainer) -> dict[str, Any]:
+def timing_results(tr: TrainerView) -> dict[str, Any]:
     """``speed``, ``warmup_speed`` (global samples/s), ``data_wait_ms`` (steady steps' mean host
     wait for a batch, averaged over ranks) and the timed seconds."""
     out: dict[str, Any] = dict(tr.clock.speeds())
@@ -83,7 +83,7 @@ def timing_results(tr: Trainer) -> dict[str, Any]:
     return out
 
 
-def results(tr: Trainer) -> dict[str, Any]:
+def results(tr: TrainerView) -> dict[str, Any]:
     """The final results of ``tr`` (collective: every rank calls it and gets the same)."""
     out: dict[str, Any] = {
         "step": tr.position.step,

@@ -15,7 +15,7 @@ from hetgmp.train.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from hetgmp.train.trainer import Trainer
+    from hetgmp.train.trainer_view import TrainerView
 
 COMPAT_KEYS = ("model", "embed_dim", "table_dim", "num_rows", "dataset_fingerprint")
 
@@ -25,7 +25,7 @@ def compat_info(info: dict[str, Any]) -> dict[str, Any]:
     return {k: info[k] for k in COMPAT_KEYS if k in info}
 
 
-def save_trainer(tr: Trainer, root: Path | None = None) -> Path:
+def save_trainer(tr: TrainerView, root: Path | None = None) -> Path:
     """Flush the table and write a checkpoint at the current position under ``root`` (default:
     the run's checkpoint directory); returns its directory (collective)."""
     root = root if root is not None else tr.cfg.checkpoint_dir
@@ -46,7 +46,7 @@ def save_trainer(tr: Trainer, root: Path | None = None) -> Path:
     return path
 
 
-def restore_trainer(tr: Trainer, ck: LoadedCheckpoint) -> None:
+def restore_trainer(tr: TrainerView, ck: LoadedCheckpoint) -> None:
     """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
     check_compatible(ck, compat_info(tr.info))
     emb = tr.model.embedding

@@ -167,7 +167,7 @@ def async_config(cfg: TrainConfig) -> Any:
     """``--sync async``'s settings for the table (None with ``--sync collective``)."""
     if cfg.sync != "async":
         return None
-    from hetgmp.embedding.transport.async_step import AsyncConfig
+    from hetgmp.embedding.rowservice import AsyncConfig
 
     return AsyncConfig(
         max_lag=cfg.max_lag, host=cfg.async_host, port_base=cfg.async_port_base,

@@ -34,14 +34,15 @@ import torch
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.data.device_batches import DeviceBatch, Slot, host_to_device
 from hetgmp.data.loader import BatchLoader, gather
-from hetgmp.embedding.transport.async_wire import CLAIM
 
 if TYPE_CHECKING:
     from hetgmp.comm.env import DistEnv
     from hetgmp.data.device_batches import EpochPlan
-    from hetgmp.embedding.transport.async_step import AsyncStep
+    from hetgmp.embedding.rowservice import AsyncStep
 
-# the service op (async_wire.CLAIM): {"epoch": e} -> {"batch": [b]} (b = -1: none left)
+# work stealing's operation on a rank's RPC service (hetgmp.comm.rpc): {"epoch": e} -> {"batch": [b]}
+# (b = -1: none left)
+CLAIM = b"claim"
 
 
 class ShardQueue:
@@ -93,17 +94,17 @@ class Stealer:
         device: torch.device,
     ) -> None:
         self.engine, self.plan, self.indices_of, self.device = engine, plan, indices_of, device
-        self.rank = engine.ctx.env.rank
-        self.world = engine.ctx.env.world_size
+        self.rank = engine.env.rank
+        self.world = engine.env.world_size
         self.queue = ShardQueue(plan.local_batches)
         self.stolen = 0  # batches this rank took from peers
         self.trained: list[tuple[int, int, int]] = []  # (owner, epoch, batch) of each step
         self._loaders: dict[tuple[int, int], BatchLoader] = {}
-        engine.service.handlers[CLAIM] = self._serve  # (before the loop's barrier: see AsyncLoop)
+        engine.rpc.register(CLAIM, self._serve)  # (before the loop's barrier: see AsyncLoop)
 
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         b = self.queue.claim(int(meta["epoch"]))
-        # A host tensor whatever the store's device: replies go out as host frames (wire.pack)
+        # A host tensor whatever the store's device: replies go out as host frames (hetgmp.comm.rpc.wire.pack)
         return {"batch": torch.tensor([b], dtype=torch.int64)}
 
     def steal(self, epoch: int) -> tuple[Slot, DeviceBatch] | None:
@@ -116,7 +117,7 @@ class Stealer:
             self.engine.phase_s["steal"] += time.perf_counter() - t0
 
     def _steal(self, epoch: int) -> tuple[Slot, DeviceBatch] | None:
-        samples = self.engine.service.samples
+        samples = self.engine.peer_samples
         peers = sorted((p for p in range(self.world) if p != self.rank), key=lambda p: samples[p])
         for p in peers:
             ans = self.engine.peers.request_all({p: (CLAIM, {"epoch": epoch}, {})}, "work steal")

@@ -1,8 +1,8 @@
-"""The push phase of an asynchronous step (:mod:`.async_step`): the last step's gradient
+"""The push phase of an asynchronous step (:mod:`.step`): the last step's gradient
 staged on the mirrors (write rule), the owned rows' part handed to the service (applied with
 the pushes at its next drain), and the push requests per owner: the rows not stored here and
 the due mirrors. The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
-:meth:`.async_service.AsyncService._push`."""
+:meth:`.service.RowService._push`."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from typing import Any
 
 import torch
 
+from hetgmp.comm.rpc.peers import Request
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_peers import Request
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import TableLock
+from hetgmp.embedding.rowservice import wire
+from hetgmp.embedding.rowservice.lock import TableLock
+from hetgmp.embedding.rowservice.service import RowService
 from hetgmp.embedding.transport.base import StepContext
 
 
 def push_requests(
-    ctx: StepContext, lock: TableLock, service: AsyncService,
+    ctx: StepContext, lock: TableLock, service: RowService,
     grads: tuple[Batch, torch.Tensor] | None, evaluating: bool,
 ) -> tuple[dict[int, Request], torch.Tensor]:  # fmt: skip
     """Stage ``grads`` (the last step's batch and its rows' gradient), stash the owned rows'

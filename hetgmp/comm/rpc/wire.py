@@ -1,12 +1,14 @@
-"""Messages of the asynchronous transport (``--sync async``) as ZeroMQ multipart frames.
+"""Messages of a rank's RPC service (:mod:`hetgmp.comm.rpc`) as ZeroMQ multipart frames.
 
-A message is ``[op, header, *arrays]``: ``op`` one of the byte strings below, ``header`` a
-small JSON object (scalars, and the dtype and shape of every array frame, in order), then one
-frame per array with its raw bytes. No pickle: a frame from the network is only ever read as
+A message is ``[op, header, *arrays]``: ``op`` a short byte string naming the operation (each
+layer defines its own and registers a handler for it, :meth:`.service.RpcService.register`;
+this module defines only the service's own: :data:`REPLY` and :data:`BYE`), ``header`` a small
+JSON object (scalars, and the dtype and shape of every array frame, in order), then one frame
+per array with its raw bytes. No pickle: a frame from the network is only ever read as
 numbers. Arrays are sent from host memory and received into the device's through
-:class:`~.async_stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere
-else in the package, lazily, so that ``--sync collective`` never needs it (:func:`import_zmq`
-says how to install it).
+:class:`~.stage.HostStage` (pinned buffers on CUDA). pyzmq is imported here and nowhere else
+in the package, lazily, so that ``--sync collective`` never needs it (:func:`import_zmq` says
+how to install it).
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetgmp.embedding.transport.async_stage import HostStage, plain
+from hetgmp.comm.rpc.stage import HostStage, plain
 
-READ, PUSH, CLOCK, REPLY = b"read", b"push", b"clock", b"reply"
-DENSE = b"dense"  # a dense parameter shard's push-and-pull (hetgmp.train.dense_server)
-CLAIM = b"claim"  # a batch of the owner's shard for a work-stealing peer (hetgmp.train.work_steal)
-OPS = (READ, PUSH, CLOCK, DENSE, CLAIM)
+REPLY = b"reply"  # every answer (a refusal is a reply whose header carries "error")
+BYE = b"bye"  # a peer closes its sockets: waits for its answers fail at once (no answer)
 _DTYPES = {"int64": torch.int64, "float32": torch.float32}
 
 
@@ -41,7 +41,7 @@ def import_zmq() -> ModuleType:
 
 def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> list[Any]:
     """``[op, header, *array bytes]`` (host tensors of the dtypes in ``_DTYPES``; on CUDA what
-    :meth:`.async_stage.HostStage.to_host` gives). The array frames are views of the tensors'
+    :meth:`.stage.HostStage.to_host` gives). The array frames are views of the tensors'
     memory: send them at once (ZeroMQ's copying send copies them into the message)."""
     specs, frames = [], []
     for name, t in arrays.items():

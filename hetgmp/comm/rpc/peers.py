@@ -1,16 +1,16 @@
-"""The training thread's side of ``--sync async``: one ZeroMQ DEALER socket per peer,
-connected to the endpoints the ranks published at start (:func:`connect_peers`).
+"""The requesting side of a rank's RPC service: one ZeroMQ DEALER socket per peer, connected
+to the endpoints the ranks published at start (:func:`connect_peers`).
 
-Requests to several owners go out together and their answers are collected in any order. A
-socket may carry several requests: the owner's service answers one connection's messages in
-order, so answers come back in the order of their requests. A push's acknowledgement may be
-left *owed* (:meth:`Peers.send_acked`): it is taken, and its error raised, before the next
-answer from that owner or at :meth:`Peers.settle`; a push followed by a read on the same socket
-is applied before the read is answered all the same. :meth:`Peers.channel` opens a second set
-of sockets with its own buffers, for exchanges that overlap the step (the dense parameters). Arrays go out from, and answers come in
-to, the table's device through this thread's :class:`~.async_stage.HostStage` (pinned buffers
-on CUDA). Clock messages have no answer. A peer
-that does not answer within the timeout, or that said it closed its table, is a
+Requests to several peers go out together and their answers are collected in any order. A
+socket may carry several requests: the peer's service answers one connection's messages in
+order, so answers come back in the order of their requests. An acknowledgement may be left
+*owed* (:meth:`Peers.send_acked`): it is taken, and its error raised, before the next answer
+from that peer or at :meth:`Peers.settle`; a request followed by another on the same socket is
+handled before it all the same. :meth:`Peers.channel` opens a second set of sockets with its
+own buffers, for exchanges that overlap others (the dense parameters). Arrays go out from, and
+answers come in to, the service's device through this thread's :class:`~.stage.HostStage`
+(pinned buffers on CUDA). One-way messages (:meth:`Peers.publish`) have no answer. A peer that
+does not answer within the timeout, or that said goodbye, is a
 :class:`~hetgmp.comm.errors.CommError` naming it.
 """
 
@@ -25,9 +25,9 @@ import torch
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import CommError
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import HostStage
+from hetgmp.comm.rpc import wire
+from hetgmp.comm.rpc.service import RpcService
+from hetgmp.comm.rpc.stage import HostStage
 
 SLICE_MS = 100  # waits are cut in slices to notice a peer that said it closed
 CLOSE_LINGER_MS = 500  # how long a closing socket may still deliver its last message
@@ -39,12 +39,12 @@ class Peers:
     """DEALER sockets to every other rank's service (``endpoints`` in rank order)."""
 
     def __init__(
-        self, env: DistEnv, service: AsyncService, endpoints: list[str], timeout_s: float
+        self, env: DistEnv, service: RpcService, endpoints: list[str], timeout_s: float
     ) -> None:
         zmq = service.zmq
         self.rank, self.service, self.timeout_s = env.rank, service, timeout_s
         self.env, self.endpoints = env, endpoints
-        self.stage = HostStage(service.ctx.store.device)  # (the training thread's)
+        self.stage = HostStage(service.device)  # (the requesting thread's)
         self.socks: dict[int, Any] = {}
         self.owed: dict[int, list[str]] = {}  # per peer: requests whose acks are not yet taken
         self.channels: list[Peers] = []
@@ -124,18 +124,9 @@ class Peers:
             raise CommError(f"rank {self.rank}: {what}: rank {p} refused: {meta['error']}")
         return arrays
 
-    def publish_clock(
-        self, clock: int, *, gone: bool = False, samples: int = 0, meet: int = 0
-    ) -> None:
-        """Tell every peer's service this rank's clock, training samples taken so far and the
-        last meeting it arrived at (``gone``: it closes its table)."""
-        self.publish({"rank": self.rank, "clock": clock, "gone": gone, "samples": samples,
-                      "meet": meet})  # fmt: skip
-
-    def publish(self, meta: dict[str, Any], skip: Container[int] = ()) -> None:
-        """A clock message (``meta``: :meth:`.async_service.AsyncService.set_clock`'s
-        arguments by name, ``rank`` and ``clock`` at least) to every peer not in ``skip``."""
-        msg = wire.pack(wire.CLOCK, meta, {})
+    def publish(self, op: bytes, meta: dict[str, Any], skip: Container[int] = ()) -> None:
+        """A one-way message ``op`` (no answer) to every peer not in ``skip``."""
+        msg = wire.pack(op, meta, {})
         for p, s in self.socks.items():
             if p not in skip:
                 s.send_multipart(msg)
@@ -145,13 +136,13 @@ class Peers:
         for ch in self.channels:
             ch.close()
         if self.announce and any(not s.closed for s in self.socks.values()):
-            self.publish_clock(-1, gone=True)
+            self.publish(wire.BYE, {"rank": self.rank})
         for s in self.socks.values():
             if not s.closed:
                 s.close()
 
 
-def connect_peers(env: DistEnv, service: AsyncService, timeout_s: float) -> tuple[Peers, list[str]]:
+def connect_peers(env: DistEnv, service: RpcService, timeout_s: float) -> tuple[Peers, list[str]]:
     """Publish this rank's endpoint through the launch's process group (collective), start the
     service and connect to every peer's."""
     endpoints = [str(e) for e in all_gather_object(env, service.endpoint)]

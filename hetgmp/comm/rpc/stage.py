@@ -1,23 +1,16 @@
-"""Where ``--sync async`` meets the table's device: the lock the training thread and the service
-thread share (:class:`TableLock`) and the host buffers messages pass through
-(:class:`HostStage`). The rest of the transport is the same code on the CPU and on CUDA
-(``device = store.device``).
+"""Where a rank's RPC messages meet its device: the host buffers they pass through
+(:class:`HostStage`), one set per thread.
 
-On the CPU the lock is a plain reentrant lock, and messages are read into fresh host buffers.
-On CUDA the rows, versions and optimizer state stay on the device, and each thread enqueues its
-work on the table on its own stream (the training thread on its current stream, the service on
-a stream of its own), so the lock also orders the streams: whoever takes it makes its stream
-wait, through an event, for what the last holder enqueued (no device-wide synchronization).
-Messages go through grow-only pinned host buffers, one set per thread: arrays to send are
-copied device -> pinned (non-blocking, then one wait on an event of this thread's stream) and
-the wire copies them into the ZeroMQ message; a message received is laid out in a pinned buffer
-and copied to the device in one non-blocking copy, and the buffer is written again only once an
-event says that copy has finished.
+Arrays of any device go on the wire from host memory and come off it into the device's. On the
+CPU messages are read into fresh host buffers. On CUDA they go through grow-only pinned host
+buffers: arrays to send are copied device -> pinned (non-blocking, then one wait on an event of
+this thread's stream) and the wire copies them into the ZeroMQ message; a message received is
+laid out in a pinned buffer and copied to the device in one non-blocking copy, and the buffer
+is written again only once an event says that copy has finished.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,48 +34,6 @@ def layout(nbytes: Sequence[int]) -> tuple[list[int], int]:
         offs.append(end)
         end += _round_up(n)
     return offs, end
-
-
-class TableLock:
-    """The table's reentrant lock, shared by the training thread and the service thread; on
-    CUDA it also orders their streams (see the module docstring). Use it as a context
-    manager; :meth:`fence` only orders (the current stream waits for the last holder)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._lock = threading.RLock()
-        self._cuda = device.type == "cuda"
-        self._depth = 0  # (changed by the holder only)
-        self._last: tuple[int, Any] | None = None  # (stream handle, event) of the last release
-        self._events: dict[int, Any] = {}  # one event per stream, re-recorded at each release
-
-    def __enter__(self) -> TableLock:
-        self._lock.acquire()
-        self._depth += 1
-        if self._depth == 1 and self._cuda and self._last is not None:
-            stream = torch.cuda.current_stream(self.device)
-            if self._last[0] != stream.cuda_stream:  # (same stream: already in order)
-                stream.wait_event(self._last[1])
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self._depth == 1 and self._cuda:
-                stream = torch.cuda.current_stream(self.device)
-                event = self._events.get(stream.cuda_stream)
-                if event is None:
-                    event = self._events[stream.cuda_stream] = torch.cuda.Event()
-                # (a wait enqueued earlier keeps waiting for the record it saw: CUDA semantics)
-                event.record(stream)
-                self._last = (stream.cuda_stream, event)
-        finally:
-            self._depth -= 1
-            self._lock.release()
-
-    def fence(self) -> None:
-        """Order the current stream after everything enqueued on the table so far."""
-        with self:
-            pass
 
 
 class HostStage:
@@ -112,7 +63,7 @@ class HostStage:
 
     # ------------------------------------------------------------------ device -> wire
     def to_host(self, messages: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
-        """Host copies of every message's arrays, for :func:`.async_wire.pack`; valid until the
+        """Host copies of every message's arrays, for :func:`.wire.pack`; valid until the
         next call (the wire copies them into the ZeroMQ message at once). Without ``reuse``
         the host arrays themselves (contiguous)."""
         flat = [t for m in messages for t in m.values()]
@@ -187,7 +138,7 @@ class HostStage:
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached and contiguous, with no torch call where none is needed: each one drops
-    the GIL, and a service thread waits to get it back (see ``async_service``)."""
+    the GIL, and a service thread waits to get it back (see :mod:`.service`)."""
     if t.requires_grad:
         t = t.detach()
     return t if t.is_contiguous() else t.contiguous()

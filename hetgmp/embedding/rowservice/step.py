@@ -1,7 +1,8 @@
 """``--sync async``: a multi-rank step without a global exchange (HET's way: each rank serves
-its owned rows from a ZeroMQ service thread, :mod:`.async_service`; workers refresh, fetch and
-push point to point, :mod:`.async_peers`). The same step interface as
-:class:`~.step.Stepper` (``step``, ``grads``), and the same rules (:mod:`..protocol`).
+its owned rows from a ZeroMQ service thread, :mod:`.service`; workers refresh, fetch and
+push point to point, :mod:`hetgmp.comm.rpc.peers`). The same step interface as
+:class:`~hetgmp.embedding.transport.step.Stepper` (``step``, ``grads``), and the same rules
+(:mod:`..protocol`).
 
 A training step ``t`` of one rank has two phases, each ended by a tick of the rank's *clock*
 (``2t + 1`` after the push phase, ``2t + 2`` after the read phase), published to every peer:
@@ -31,7 +32,7 @@ than ``max_lag`` steps ahead of the slowest, and with ``max_lag = 0`` every read
 sees every rank's step ``t - 1`` update and none of step ``t``: with ``bound = 0`` that is the
 collective path's arithmetic (SGD and row-wise Adagrad: owners buffer the pushes and their own
 rows' gradient and apply them in one update per row before the next read, see
-:meth:`AsyncService.drain`; equal up to float summation order).
+:meth:`RowService.drain`; equal up to float summation order).
 
 **Reads sent ahead** (:meth:`AsyncStep.send_ahead`): the training loop of unequal steps
 (:mod:`hetgmp.train.async_loop`) runs a step's push phase, clock tick, wait, drain and read
@@ -60,7 +61,7 @@ that waits for a peer sits in the same GPU as the service's work for that peer; 
 once hung there until the timeout (suspected, not proven), which meeting first rules out.
 
 The same code runs on CPU and CUDA ranks (``device = store.device``): on CUDA the rows stay on
-the device and messages pass through pinned host buffers (:mod:`.async_stage`).
+the device and messages pass through pinned host buffers (:mod:`hetgmp.comm.rpc.stage`).
 """
 
 from __future__ import annotations
@@ -72,14 +73,18 @@ from typing import Any
 
 import torch
 
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.rpc.peers import Request, connect_peers
+from hetgmp.comm.rpc.service import RpcService
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
 from hetgmp.embedding.errors import EmbeddingInputError
-from hetgmp.embedding.transport.async_peers import Request, connect_peers
-from hetgmp.embedding.transport.async_push import push_requests
-from hetgmp.embedding.transport.async_reads import SentReads, drop_reads, receive_reads, send_reads
-from hetgmp.embedding.transport.async_service import AsyncService
-from hetgmp.embedding.transport.async_stage import TableLock
+from hetgmp.embedding.rowservice import wire
+from hetgmp.embedding.rowservice.config import AsyncConfig
+from hetgmp.embedding.rowservice.lock import TableLock
+from hetgmp.embedding.rowservice.push import push_requests
+from hetgmp.embedding.rowservice.reads import SentReads, drop_reads, receive_reads, send_reads
+from hetgmp.embedding.rowservice.service import RowService
 from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
@@ -91,26 +96,6 @@ DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real 
 # progress per step is a peak that decays by COMMIT_DECAY a step (warm-up steps fade).
 COMMIT_MARGIN = 3
 COMMIT_DECAY = 0.9
-
-
-@dataclasses.dataclass(frozen=True)
-class AsyncConfig:
-    """Settings of ``--sync async``: ``max_lag`` steps a rank may run ahead of the slowest
-    (-1: unbounded); each rank's service listens on ``host`` at ``port_base + rank`` (``port_base`` 0: a port
-    the OS picks); ``timeout_s`` bounds every wait for a peer."""
-
-    max_lag: int = 0
-    host: str = "127.0.0.1"
-    port_base: int = 0
-    timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_lag < -1:
-            raise ValueError(f"max_lag must be >= 0, or -1 for unbounded; got {self.max_lag}")
-        if not 0 <= self.port_base <= 65535:
-            raise ValueError(f"async port base must be in [0, 65535], got {self.port_base}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"async timeout must be > 0, got {self.timeout_s}")
 
 
 @dataclasses.dataclass
@@ -132,7 +117,7 @@ class AsyncStep:
         self.ctx, self.cfg = ctx, cfg
         self.lock = TableLock(ctx.store.device)  # the table, shared with the service thread
         port = cfg.port_base + env.rank if cfg.port_base else 0
-        self.service = AsyncService(ctx, self.lock, _bind_host(cfg.host), port)
+        self.service = RowService(ctx, self.lock, _bind_host(cfg.host), port)
         try:
             self.peers, self.endpoints = connect_peers(env, self.service, cfg.timeout_s)
         except BaseException:
@@ -302,12 +287,29 @@ class AsyncStep:
         r = self.ctx.env.rank
         meet, clock = self.service.meets[r] + 1, self.service.clocks[r]
         self.service.set_clock(r, clock, samples=self.samples, meet=meet)
-        self.peers.publish_clock(clock, samples=self.samples, meet=meet)
+        self._tell(clock, meet=meet)
         self.service.wait_meet(meet, self.cfg.timeout_s, what)
 
     def service_bytes(self) -> dict[str, int]:
         """Bytes the service received and sent (by counter name)."""
         return dict(self.service.bytes)
+
+    # ------------------------------------------------------------------ for other layers
+    @property
+    def env(self) -> DistEnv:
+        """The ranks this engine runs among (this rank's view of the launch)."""
+        return self.ctx.env
+
+    @property
+    def rpc(self) -> RpcService:
+        """This rank's RPC service: other layers register their own operations on it (the
+        dense parameter server, work stealing); :attr:`peers` reaches the peers' services."""
+        return self.service
+
+    @property
+    def peer_samples(self) -> list[int]:
+        """The training samples each rank has taken, as this rank's service has seen them."""
+        return self.service.samples
 
     # ------------------------------------------------------------------ the phases
     def _wait(self, target: int, phase: str) -> None:
@@ -322,7 +324,12 @@ class AsyncStep:
         peer's too, by a clock message (else they learn it from this rank's next message)."""
         self.service.set_clock(self.ctx.env.rank, clock, samples=self.samples)
         if tell:
-            self.peers.publish_clock(clock, samples=self.samples)
+            self._tell(clock)
+
+    def _tell(self, clock: int, meet: int = 0) -> None:
+        """A clock message to every peer: this rank's clock, samples taken and meetings."""
+        msg = {"rank": self.ctx.env.rank, "clock": clock, "samples": self.samples, "meet": meet}
+        self.peers.publish(wire.CLOCK, msg)
 
     def _riding(self, evaluating: bool) -> bool:
         """Whether a step's push and clock ride on its reads (see the module docstring)."""

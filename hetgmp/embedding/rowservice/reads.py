@@ -1,7 +1,7 @@
-"""The read phase of an asynchronous step (:mod:`.async_step`): one read request per owner,
+"""The read phase of an asynchronous step (:mod:`.step`): one read request per owner,
 stale mirrors refreshed, the batch's rows gathered in block order, counters and audit record.
 The rules are :mod:`hetgmp.embedding.protocol`'s; the owner's side is
-:meth:`.async_service.AsyncService._read`."""
+:meth:`.service.RowService._read`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
+from hetgmp.comm.rpc.peers import Peers, Request
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch
 from hetgmp.embedding.kernels import take_rows
-from hetgmp.embedding.transport import async_wire as wire
-from hetgmp.embedding.transport.async_peers import Peers, Request
-from hetgmp.embedding.transport.async_stage import TableLock
+from hetgmp.embedding.rowservice import wire
+from hetgmp.embedding.rowservice.lock import TableLock
 from hetgmp.embedding.transport.audit import record_audit
 from hetgmp.embedding.transport.base import StepContext
 from hetgmp.embedding.transport.wire import f32
@@ -40,7 +40,7 @@ def send_reads(
     the rows not stored here. Their answers are for :func:`receive_reads` (or
     :func:`drop_reads`), before any other request on ``peers``.
 
-    With ``tick`` (the sender's clock, :meth:`.async_step.AsyncStep._begin`'s one message per
+    With ``tick`` (the sender's clock, :meth:`.step.AsyncStep._begin`'s one message per
     owner and step): each read also carries the clock and the push to its owner (``pushes``,
     applied by the owner before it answers: the answer acknowledges it too); a push to an owner
     with nothing to read goes alone with the clock (its acknowledgement owed), and a peer that
@@ -64,7 +64,7 @@ def send_reads(
     if tick is not None:
         peers.send_acked({p: (op, {**m, **tick}, a) for p, (op, m, a) in alone.items()},
                          "async push")  # fmt: skip
-        peers.publish(tick, skip=set(reqs) | set(alone))
+        peers.publish(wire.CLOCK, tick, skip=set(reqs) | set(alone))
     n_ids = sum(q[2]["mids"].numel() + q[2]["rids"].numel() for q in reqs.values())
     return SentReads(batch, nqm, bound, list(reqs), {"ids": 8 * n_ids, "versions": 8 * batch.n_mir})
 
