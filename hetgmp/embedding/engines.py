@@ -4,7 +4,7 @@ padded exchange where every rank takes it) or the async row service."""
 
 from __future__ import annotations
 
-from hetgmp.embedding.transport.async_step import AsyncConfig, AsyncStep
+from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.transport.base import StepContext
 from hetgmp.embedding.transport.local import LocalStep
 from hetgmp.embedding.transport.padded import PaddedExchange

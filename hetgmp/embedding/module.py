@@ -66,7 +66,7 @@ class DistributedEmbedding(nn.Module):
     shapes). ``sync``: ``"collective"`` (every step one exchange among all ranks) or
     ``"async"`` (each rank serves its owned rows from a ZeroMQ thread and ranks move at
     their own pace within ``async_config.max_lag`` steps; see
-    :mod:`hetgmp.embedding.transport.async_step`); an async table holds sockets and a thread
+    :mod:`hetgmp.embedding.rowservice.step`); an async table holds sockets and a thread
     until :meth:`close` (also called by :func:`hetgmp.comm.launch.shutdown`).
     """
 
@@ -133,7 +133,7 @@ class DistributedEmbedding(nn.Module):
         """(Training, after ``backward``; ``sync="async"``, else :meth:`prefetch`) push this
         step's gradient and send the reads of the NEXT batch ``ids`` now: their round trip
         overlaps the rest of the step; a ``forward`` given this same tensor takes the answers
-        (:meth:`.transport.async_step.AsyncStep.send_ahead`), one given others drops them."""
+        (:meth:`.rowservice.step.AsyncStep.send_ahead`), one given others drops them."""
         if self.async_engine is None or not self.training or input_problem(ids) is not None:
             return self.prefetch(ids)
         self._prefetched = prep = self._plan(ids.to(self.device))
