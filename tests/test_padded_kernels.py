@@ -24,9 +24,12 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import torch
 
-    def run(env, kernels, bound, steps, world, optimizer):
+    def run(env, kernels, bound, steps, world, optimizer, owner_fused=False):
         from hetgmp.embedding import DistributedEmbedding
+        from hetgmp.embedding.kernels import padded as fused_kernels
         from hetgmp.embedding.transport import static
+
+        fused_kernels.FUSED_OWNER_UPDATE = owner_fused  # (the owner's update from row kernels)
 
         assert static.FUSED_WITH_STATE  # (the fused Adagrad segments: on by default)
         from hetgmp.partition.plan import Plan
@@ -54,10 +57,11 @@ SCRIPT = textwrap.dedent(
         counters = emb.counters()
         return emb.state_dict(), outs, state, counters, emb.padded_presyncs
 
-    def check(world, bound, steps, optimizer):
+    def check(world, bound, steps, optimizer, owner_fused):
         from hetgmp.comm.spawn import spawn_ranks
 
-        got = {k: spawn_ranks(run, world, k, bound, steps, world, optimizer, timeout_s=600)
+        got = {k: spawn_ranks(run, world, k, bound, steps, world, optimizer, owner_fused,
+                              timeout_s=600)
                for k in ("torch", "triton")}
         for ref, fused in zip(got["torch"], got["triton"]):
             assert torch.equal(ref[0]["ids"], fused[0]["ids"])
@@ -71,23 +75,30 @@ SCRIPT = textwrap.dedent(
         print("ok")
 
     if __name__ == "__main__":
-        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+              sys.argv[5] == "1")
     """
 )
 
 
 @pytest.mark.parametrize(
-    ("world", "bound", "steps", "optimizer"),
-    [(2, 0, 10, "sgd"), (3, 3, 15, "sgd"), (2, 0, 10, "adagrad"), (3, 3, 15, "adagrad")],
-)
+    ("world", "bound", "steps", "optimizer", "owner_fused"),
+    [
+        (2, 0, 10, "sgd", 0), (3, 3, 15, "sgd", 0), (2, 0, 10, "adagrad", 0),
+        (3, 3, 15, "adagrad", 0), (3, 3, 15, "adagrad", 1),
+    ],
+)  # fmt: skip
 def test_fused_padded_segments_match_reference(
-    tmp_path, world: int, bound: int, steps: int, optimizer: str
+    tmp_path, world: int, bound: int, steps: int, optimizer: str, owner_fused: int
 ) -> None:
+    """The fused segments against the torch ones (``owner_fused``: the owner's merged
+    Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE)."""
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run(
-        [sys.executable, str(script), str(world), str(bound), str(steps), optimizer],
+        [sys.executable, str(script), str(world), str(bound), str(steps), optimizer,
+         str(owner_fused)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr

@@ -8,7 +8,10 @@
 #   1. plain PyTorch on 1 GPU, variants fp32 eager / bf16 + CUDA graph / bf16 + adagrad /
 #      bf16 + compile + CUDA graph (one process, one record per variant; compile last: slowest),
 #   2. the CLI on 1 GPU (whole table on the GPU; default flags, --device cuda),
-#   3. the CLI on 2 GPUs (metis+refine plan, --store_rate 0.01 --bound 100),
+#   3. the CLI on 2 GPUs, and 4 where the machine has them (a metis+refine plan per GPU count,
+#      --store_rate 0.01 --bound 100), under torchrun; at 2 GPUs and the first batch size also
+#      with --bound 0 (the AUC anchor), with hash placement (no plan) and under mpirun -np 2 (the
+#      card's launcher) -- MULTI_VARIANTS, ';'-separated, "hash" and "mpirun" being keywords;
 #   4. the CLI on 1 GPU with each of CLI_VARIANTS (';'-separated flag sets; default --amp, bf16
 #      autocast of the dense part; CLI_VARIANTS= runs none).
 # Every run of a batch size takes the same number of steps (ITERS), so AUCs compare after the same
@@ -23,7 +26,7 @@
 #
 # Knobs (environment): MODELS ("wdl dcn"), BATCHES ("8192 65536"), ITERS ("150 24", one per
 # batch), EMBED_DIM (128), PLAIN_VARIANTS, SAMPLES (derived), CARD_SCALE (1: 33.8M rows), METHOD
-# (metis+refine), PROFILE_STEPS (10: passed as --profile-steps when the CLI has it), BUDGET_S,
+# (metis+refine), MAX_GPUS, MULTI_VARIANTS, PROFILE_STEPS (10: passed as --profile-steps when the CLI has it), BUDGET_S,
 # WORK (/tmp/hetgmp-train-gpu), PYTHON (python3), SKIP_BUILD=1. CPU smoke test (2 gloo ranks
 # stand in for 2 GPUs), see bench/gpu/README.md: DEVICE=cpu SKIP_BUILD=1 SAMPLES=20000 ...
 set -uo pipefail
@@ -69,14 +72,16 @@ if [ "$DEVICE" = cpu ]; then NGPU=2; else
   NGPU=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
 fi
 [ "${NGPU:-0}" -ge 1 ] || { log "FAILED: no CUDA GPU visible (DEVICE=cpu for a smoke test)"; exit 1; }
-WORLD=$((NGPU >= 2 ? 2 : 1))
+WORLD=$((NGPU >= 4 ? 4 : (NGPU >= 2 ? 2 : 1)))  # the most GPUs a run takes (4 where lent)
+[ -n "${MAX_GPUS:-}" ] && [ "$MAX_GPUS" -lt "$WORLD" ] && WORLD=$MAX_GPUS
+COUNTS=(1); [ $WORLD -ge 2 ] && COUNTS+=(2); [ $WORLD -ge 4 ] && COUNTS+=(4)
 MACHINE=$($PY -c "import platform, os, torch; g = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'CPU'; print(f'{platform.node()} {os.cpu_count()} cpus, {torch.cuda.device_count()} x {g}, torch {torch.__version__}')")
 METHOD=${METHOD:-metis+refine}
 if [[ "$METHOD" == metis* ]] && ! $PY -c "import pymetis" 2> /dev/null; then
   log "pymetis is not importable (no .whl/ carried?): partitioning with 'refine' instead of $METHOD"
   METHOD=refine
 fi
-log "$MACHINE; runs on 1$([ $WORLD = 2 ] && echo ' and 2') GPU(s)"
+log "$MACHINE; runs on ${COUNTS[*]} GPU(s)"
 
 # The data: the largest run (WORLD x batch x steps) inside one epoch of the 90 % training split,
 # +20 % for an unbalanced plan, rounded up to 100k samples.
@@ -93,12 +98,15 @@ if [ ! -f "$DS/meta.json" ]; then
   $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" --scale "$CARD_SCALE" \
     --workers "$GEN_WORKERS" --overwrite --no-progress >> "$LOGF" 2>&1 || { log "FAILED: generate"; exit 1; }
 fi
-PLAN="$WORK/part2-$(basename "$DS")-$METHOD.npz"
-if [ $WORLD = 2 ] && [ ! -f "$PLAN" ]; then
-  log "partitioning for 2 GPUs ($METHOD, 2 rounds)"
-  $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method "$METHOD" --rounds 2 \
-    --batch-size "${BATCHES[0]}" --no-progress >> "$LOGF" 2>&1 || log "partition FAILED: no 2-GPU runs"
-fi
+plan_of() { echo "$WORK/part$1-$(basename "$DS")-$METHOD.npz"; }  # the plan for N GPUs
+for g in "${COUNTS[@]}"; do
+  PLAN=$(plan_of "$g")
+  if [ "$g" -gt 1 ] && [ ! -f "$PLAN" ]; then
+    log "partitioning for $g GPUs ($METHOD, 2 rounds)"
+    $PY -m hetgmp partition -n "$g" --data "$DS" -o "$PLAN" --method "$METHOD" --rounds 2 \
+      --batch-size "${BATCHES[0]}" --no-progress >> "$LOGF" 2>&1 || log "partition FAILED: no $g-GPU runs"
+  fi
+done
 PROFILE=()
 if $PY examples/hetuctr.py --help 2> /dev/null | grep -q -- "--profile-steps"; then
   PROFILE=(--profile-steps "${PROFILE_STEPS:-10}")
@@ -145,23 +153,36 @@ run_plain() {  # model batch iters
 }
 
 run_cli() {  # model batch iters gpus [more CLI flags: a variant of the defaults]
-  local variant="whole table on the GPU" extra=() more=("${@:5}")
-  if [ "$4" = 2 ]; then
+  # (more flags may hold "hash": no plan, no mirrors; "mpirun": launched by mpirun -np N)
+  local variant="whole table on the GPU" extra=() more=() launch=torchrun plan
+  plan=$(plan_of "$4")
+  for f in "${@:5}"; do
+    case $f in hash) launch_hash=1 ;; mpirun) launch=mpirun ;; *) more+=("$f") ;; esac
+  done
+  if [ "$4" -gt 1 ]; then
     variant="$METHOD plan, store_rate 0.01, bound 100"
-    extra=(--partition "$PLAN" --store_rate 0.01 --bound 100)
+    extra=(--partition "$plan" --store_rate 0.01 --bound 100)
+    if [ "${launch_hash:-0}" = 1 ]; then variant="hash placement, bound 100"; extra=(--bound 100); fi
   fi
-  [ ${#more[@]} -gt 0 ] && variant="$variant, ${more[*]}"
+  local tag="${more[*]}$([ $launch = mpirun ] && echo ' mpirun')" name
+  name="$tag$([ "${launch_hash:-0}" = 1 ] && echo ' hash')"
+  launch_hash=0
+  tag=${tag# }; name=${name# }
+  [ -n "$tag" ] && variant="$variant, $tag"
   local c; c=$(cap "${CLI_MAX_S:-180}")
-  if [ "$c" = 0 ] || { [ "$4" = 2 ] && [ ! -f "$PLAN" ]; }; then
+  if [ "$c" = 0 ] || { [ "$4" -gt 1 ] && [ ! -f "$plan" ]; }; then
     skipped "$1" "$2" "$4" hetgmp-cli "$variant"; return
   fi
-  local out="$WORK/results/cli_$1_b$2_w$4${more:+_}$(echo "${more[*]}" | tr -dc 'a-z0-9').json"
+  local out="$WORK/results/cli_$1_b$2_w$4$(echo "$name" | tr -dc 'a-z0-9_').json"
   rm -f "$out"
-  local cmd=($PY -m torch.distributed.run --standalone --nproc_per_node "$4" examples/hetuctr.py
+  local run=($PY -m torch.distributed.run --standalone --nproc_per_node "$4")
+  [ $launch = mpirun ] && run=(mpirun --allow-run-as-root --oversubscribe -np "$4" -x NCCL_NVLS_ENABLE
+    -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x PYTHONPATH -x PATH $PY)
+  local cmd=("${run[@]}" examples/hetuctr.py
              --dataset "$DS" --device "$DEVICE" --model "$1" --batch_size "$2"
              --embed_dim "$EMBED_DIM" --iter "$3" --log_every 50 --no-progress "${extra[@]}"
              "${PROFILE[@]}" "${more[@]}" --output "$out")
-  run_logged "$c" "cli $1 b$2 w$4" "${cmd[@]}"
+  run_logged "$c" "cli $1 b$2 w$4${name:+ $name}" "${cmd[@]}"
   $PY bench/gpu/train_report.py add-cli --records "$RECORDS" --result "$out" --model "$1" \
     --batch "$2" --gpus "$4" --iters "$3" --wall-s "$RUN_S" --rc "$RUN_RC" --variant "$variant" \
     --machine "$MACHINE" --command "bash bench/gpu/train_gpu.sh # ${cmd[*]}"
@@ -172,7 +193,12 @@ for model in "${MODELS[@]}"; do
     b=${BATCHES[i]} it=${ITERS[i]}
     run_plain "$model" "$b" "$it"
     run_cli "$model" "$b" "$it" 1
-    [ $WORLD = 2 ] && run_cli "$model" "$b" "$it" 2
+    for g in "${COUNTS[@]:1}"; do run_cli "$model" "$b" "$it" "$g"; done
+    # at 2 GPUs and the first batch size: the bound-0 anchor, hash placement, the card's launcher
+    if [ $WORLD -ge 2 ] && [ "$i" = 0 ]; then
+      IFS=';' read -ra MV <<< "${MULTI_VARIANTS---bound 0;hash;mpirun}"
+      for v in "${MV[@]}"; do [ -n "$v" ] && run_cli "$model" "$b" "$it" 2 $v; done
+    fi
     # variants of the defaults on 1 GPU, e.g. --amp (bf16 autocast: could it be the GPU
     # default? AUC after the same steps) or --no-cuda-graphs (what the whole-step graph gives)
     for v in "${CLI_VARIANT_LIST[@]}"; do

@@ -45,8 +45,16 @@ from typing import Any
 import torch
 
 from hetgmp.embedding import sizes
+from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
-from hetgmp.embedding.kernels.padded_reference import merged_owner_update
+from hetgmp.embedding.kernels.padded_reference import merged_owner_update, pushes_received
+from hetgmp.embedding.kernels.rows import scatter_add_rows
+
+# The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
+# then one Adagrad launch over the leaders) instead of ~20 torch ops over every staged and
+# pushed row. Tested against the torch ops in Triton's interpreter (tests/test_padded_kernels.py);
+# its kernels have run on GPUs, this composition not yet: off until measured on 2 GPUs.
+FUSED_OWNER_UPDATE = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -172,7 +180,9 @@ def answer(st: Any) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     r64 = st.recv1.view(torch.int64)
-    if st.sw:  # one update per row of the staged own rows and the pushes (torch ops)
+    if st.sw and FUSED_OWNER_UPDATE:  # one update per row of own rows and pushes
+        merged_owner_update_fused(st)
+    elif st.sw:  # (torch ops)
         merged_owner_update(st)
     else:
         k.answer_pushes[_grid(st.w * cap.p, br)](
@@ -200,3 +210,33 @@ def finish(st: Any) -> None:
         COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)
+
+
+def merged_owner_update_fused(st: Any) -> None:
+    """:func:`.padded_reference.merged_owner_update` with the row kernels: every valid entry
+    (a staged own row, a received push) finds its row's leader entry through the slot ->
+    position map; the gradients are added at the leaders into ``st.own_gsum`` (kept at zero
+    between steps: the update zeroes the rows it read, nothing else is added to), counts
+    likewise; one Adagrad launch updates the leaders' rows and state; versions move by the
+    rows' counts. Padding entries are skipped (negative indices), so no atomics pile up on a
+    dummy row."""
+    e, o, p, d = st.store, st.cap.o, st.cap.p, st.d
+    pv, ps, rp_cnt, _ = pushes_received(st)
+    slots = torch.cat([st.own_slot, torch.where(pv, ps, e.trash_slot)])
+    valid = slots != e.trash_slot
+    ar = st.ar_own
+    st.pos_map.index_copy_(0, slots, ar)
+    lead = torch.where(valid, st.pos_map.index_select(0, slots), -1)
+    scatter_add_rows(st.own_gsum, lead[:o], st.own_grad, backend="triton")
+    g0 = 4 * st.cap.q + 4 * p  # (each peer's pushed gradients: a contiguous [p, D] block)
+    for j in range(st.w):
+        rows = st.recv1[j, g0 : g0 + p * d].view(p, d)
+        scatter_add_rows(st.own_gsum, lead[o + j * p : o + (j + 1) * p], rows, backend="triton")
+    cnt = torch.cat([st.own_cnt, torch.where(pv, rp_cnt, 0)])
+    csum = torch.zeros_like(ar).index_add_(0, torch.where(valid, lead, ar), cnt * valid)
+    adagrad_rows(
+        e.weight_full, e.opt_state_full, slots, st.own_gsum, st.lr, st.opt.eps, lead=lead,
+        backend="triton", consume=True,
+    )  # fmt: skip
+    is_lead = lead == ar
+    e.version_full.index_add_(0, torch.where(is_lead, slots, st.spread_own), csum * is_lead)

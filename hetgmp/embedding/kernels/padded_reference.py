@@ -200,7 +200,7 @@ def answer(st: StaticExchange) -> None:
     if st.sw:
         merged_owner_update(st)
     else:
-        pv, ps, rp_cnt, rp_grad = _pushes_received(st)
+        pv, ps, rp_cnt, rp_grad = pushes_received(st)
         scatter_add_rows(
             e.weight_full, torch.where(pv, ps, st.skip_s), rp_grad, -st.lr, backend=st.kernels
         )
@@ -222,7 +222,7 @@ def answer(st: StaticExchange) -> None:
     torch.cat(parts, dim=1, out=st.send2)
 
 
-def _pushes_received(
+def pushes_received(
     st: StaticExchange,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Payload 1's pushes: ``(valid [w*p], slots, counts, gradients [w*p, D])``."""
@@ -239,7 +239,7 @@ def _pushes_received(
 def merged_owner_update(st: StaticExchange) -> None:
     """Owners of a non-linear optimizer (Adagrad): the staged own rows and the pushes
     received, one update per row of their summed gradient (the fused path runs this too)."""
-    pv, ps, rp_cnt, rp_grad = _pushes_received(st)
+    pv, ps, rp_cnt, rp_grad = pushes_received(st)
     e = st.store
     _owner_update(st, e, torch.where(pv, ps, e.trash_slot), rp_grad, torch.where(pv, rp_cnt, 0))
 

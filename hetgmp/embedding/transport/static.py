@@ -230,6 +230,7 @@ class StaticExchange:
         self.pos_map = torch.zeros(emb.trash_slot + 1, **i64)  # slot -> leader entry
         self.ar_own = torch.arange(o + wp, **i64)
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
+        self.own_gsum = torch.zeros(o + wp, d, device=emb.device)  # (zero between steps)
 
     # ------------------------------------------------------------------ host side
     def load(
