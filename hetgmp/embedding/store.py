@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hetgmp.embedding.init import initial_rows
+from hetgmp.embedding.memory import check_fits
 from hetgmp.embedding.optim import SparseOptimizer
 
 
@@ -47,6 +48,16 @@ class RowStore:
         owned = np.flatnonzero(owner == rank)
         mirrors = mirrors[np.argsort(owner[mirrors], kind="stable")]
         self.n_own, self.n_mir = int(owned.size), int(mirrors.size)
+        check_fits(
+            num_rows,
+            dim,
+            self.n_own + self.n_mir,
+            self.n_mir,
+            opt.state_width,
+            rank=rank,
+            world=world,
+            device=device,
+        )  # fmt: skip (before anything is allocated: a clear message, not an OOM)
         self._index(owner, owned, mirrors)
         # (one extra trash row with several ranks, see the module docstring)
         s_rows, extra = self.n_own + self.n_mir, int(world > 1)

@@ -1,0 +1,57 @@
+"""What a rank's share of the table takes in device memory, checked before it is allocated.
+
+Why: a table too large for the GPU failed deep inside an allocation (or the driver) after the
+data set and plan were loaded; a user with a table larger than one GPU needs to hear, before
+training, how much it needs, how much there is, and that several GPUs with a plan split it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SLACK = 0.9  # the share of the free memory the table may take (the model, batches, graphs)
+RESERVE = 2 << 30  # bytes kept for everything else besides that share
+
+
+class TableMemoryError(ValueError):
+    """This rank's rows do not fit its device (the message says what to do)."""
+
+
+def table_bytes(num_rows: int, dim: int, stored: int, mirrors: int, state_width: int) -> int:
+    """Device bytes of a rank's table: stored rows (values, versions, optimizer state), the
+    mirrors' accumulators and pending counts, and the id -> slot / block maps of every row."""
+    rows = (stored + 1) * (4 * dim + 8 + 4 * state_width)
+    mirror_part = (mirrors + 1) * (2 * 4 * dim + 8)
+    maps = num_rows * (4 + 4 + 4) + stored * 8  # (slot, block, a step's position map)
+    return rows + mirror_part + maps
+
+
+def check_fits(
+    num_rows: int, dim: int, stored: int, mirrors: int, state_width: int, *, rank: int,
+    world: int, device: torch.device, free: int | None = None,
+) -> None:  # fmt: skip
+    """Raise :class:`TableMemoryError` if this rank's rows cannot fit ``device`` (CUDA; on
+    CPU nothing is checked). ``free``: the device's free bytes (default: asked of CUDA)."""
+    if device.type != "cuda" and free is None:
+        return
+    if free is None:
+        free, _total = torch.cuda.mem_get_info(device)
+    need = table_bytes(num_rows, dim, stored, mirrors, state_width)
+    usable = max(0, int(free * SLACK) - RESERVE)
+    if need <= usable:
+        return
+    whole = table_bytes(num_rows, dim, num_rows, 0, state_width)
+    gpus = max(world + 1, math.ceil(whole / max(usable, 1)) + 1)
+    gib = 2**30
+    raise TableMemoryError(
+        f"rank {rank}: this rank's embedding rows need {need / gib:.1f} GiB on {device} "
+        f"({stored:,} stored rows of {dim} float32 values with their optimizer state and "
+        f"versions, {mirrors:,} of them mirrors, and the id maps of {num_rows:,} rows), but the "
+        f"device has {free / gib:.1f} GiB free ({usable / gib:.1f} GiB usable for rows). "
+        f"Train on more GPUs with a plan, which splits the rows among them: "
+        f"`python partition/partition.py -n {gpus} -o part.npz --data DATASET`, then "
+        f"`mpirun -np {gpus} python examples/hetuctr.py --partition part.npz ...` (about "
+        f"{whole / gpus / gib:.1f} GiB of rows per GPU); or a smaller --embed_dim"
+    )
