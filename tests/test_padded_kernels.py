@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import torch
 
-    def run(env, kernels, bound, steps, world, optimizer, owner_fused=False):
+    def run(env, kernels, bound, steps, world, optimizer, owner_fused=False, push_cap=0):
         from hetgmp.embedding import DistributedEmbedding
         from hetgmp.embedding.kernels import padded as fused_kernels
         from hetgmp.embedding.transport import static
@@ -40,9 +40,14 @@ SCRIPT = textwrap.dedent(
         mirrors = [np.flatnonzero(owner != w).astype(np.int64) for w in range(world)]
         plan = Plan(np.zeros(world, np.int32), owner, mirrors, {})
         emb = DistributedEmbedding(
-            rows, 6, env, plan, store_rate=0.25, bound=bound, optimizer=optimizer, lr=0.1,
-            kernels=kernels, replies="all", exchange="padded",
+            rows, 6, env, plan, store_rate=1.0 if push_cap else 0.25, bound=bound,
+            optimizer=optimizer, lr=0.1, kernels=kernels, replies="all", exchange="padded",
         )
+        if push_cap:  # capacities fixed in advance, pushes under the queries: some wait
+            from hetgmp.embedding.transport.static import Capacity
+
+            o = 48 if optimizer != "sgd" else 0
+            emb._padded.frozen = Capacity(q=48, p=push_cap, u=48, n=48, o=o)
         g = torch.Generator().manual_seed(env.rank)
         outs = []
         for s in range(steps):
@@ -55,13 +60,14 @@ SCRIPT = textwrap.dedent(
         state = [t.clone() for t in (emb.weight, emb.version, emb.pending, emb.grad_acc,
                                      emb.delta_acc, emb.opt_state)]
         counters = emb.counters()
+        assert not push_cap or counters["pushes_capacity_deferred"] > 0, counters
         return emb.state_dict(), outs, state, counters, emb.padded_presyncs
 
-    def check(world, bound, steps, optimizer, owner_fused):
+    def check(world, bound, steps, optimizer, owner_fused, push_cap):
         from hetgmp.comm.spawn import spawn_ranks
 
         got = {k: spawn_ranks(run, world, k, bound, steps, world, optimizer, owner_fused,
-                              timeout_s=600)
+                              push_cap, timeout_s=600)
                for k in ("torch", "triton")}
         for ref, fused in zip(got["torch"], got["triton"]):
             assert torch.equal(ref[0]["ids"], fused[0]["ids"])
@@ -76,29 +82,32 @@ SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
-              sys.argv[5] == "1")
+              sys.argv[5] == "1", int(sys.argv[6]))
     """
 )
 
 
 @pytest.mark.parametrize(
-    ("world", "bound", "steps", "optimizer", "owner_fused"),
+    ("world", "bound", "steps", "optimizer", "owner_fused", "push_cap"),
     [
-        (2, 0, 10, "sgd", 0), (3, 3, 15, "sgd", 0), (2, 0, 10, "adagrad", 0),
-        (3, 3, 15, "adagrad", 0), (3, 3, 15, "adagrad", 1),
+        (2, 0, 10, "sgd", 0, 0), (3, 3, 15, "sgd", 0, 0), (2, 0, 10, "adagrad", 0, 0),
+        (3, 3, 15, "adagrad", 0, 0), (3, 3, 15, "adagrad", 1, 0), (2, 1, 10, "sgd", 0, 4),
+        (2, 1, 10, "adagrad", 1, 4),
     ],
 )  # fmt: skip
 def test_fused_padded_segments_match_reference(
-    tmp_path, world: int, bound: int, steps: int, optimizer: str, owner_fused: int
-) -> None:
+    tmp_path, world: int, bound: int, steps: int, optimizer: str, owner_fused: int,
+    push_cap: int,
+) -> None:  # fmt: skip
     """The fused segments against the torch ones (``owner_fused``: the owner's merged
-    Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE)."""
+    Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE; ``push_cap``: fixed
+    capacities whose push payload has room for that many rows a peer, so due mirrors wait)."""
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run(
         [sys.executable, str(script), str(world), str(bound), str(steps), optimizer,
-         str(owner_fused)],
+         str(owner_fused), str(push_cap)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr

@@ -15,6 +15,7 @@ COUNTER_NAMES = (
     "rows_mirror_refreshed",  # mirrors beyond the bound, refetched (counted in rows_remote)
     "pushes_sent",  # rows whose gradients were sent to their owner
     "pushes_deferred",  # mirror rows holding updates that the bound let them keep
+    "pushes_capacity_deferred",  # due mirror pushes kept a step for want of payload room
     "steps",
 )
 
@@ -50,13 +51,15 @@ class StepCounters:
         self.local_bytes_step["steps"] = 1
         # steps replayed from a whole-step graph with several ranks: their owned rows, rows
         # not stored here and pushes, summed on the device (hetgmp.embedding.transport.whole)
-        self.replay_dev = torch.zeros(3, dtype=torch.int64, device=device)
+        # (and [3]: due pushes deferred for want of room in a fixed push payload)
+        self.replay_dev = torch.zeros(4, dtype=torch.int64, device=device)
 
     def total(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        owned, not_stored, pushes = (int(v) for v in self.replay_dev.tolist())
+        owned, not_stored, pushes, cap_deferred = (int(v) for v in self.replay_dev.tolist())
         host = dict(self.bytes_total)
         host["pushes_sent"] += pushes
+        host["pushes_capacity_deferred"] = cap_deferred
         rows = {"owned": self.rows_host_total["owned"] + owned}
         rows["not_stored"] = self.rows_host_total["not_stored"] + not_stored
         return _merge(host, rows, self.rows_dev_total)

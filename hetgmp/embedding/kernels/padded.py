@@ -47,7 +47,11 @@ import torch
 from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
-from hetgmp.embedding.kernels.padded_reference import merged_owner_update, pushes_received
+from hetgmp.embedding.kernels.padded_reference import (
+    clamp_due,
+    merged_owner_update,
+    pushes_received,
+)
 from hetgmp.embedding.kernels.rows import scatter_add_rows
 
 # The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
@@ -140,6 +144,7 @@ def count_due(st: Any) -> None:
     _ns().count_due[_grid(e.n_mir, 1024)](
         e.pending, e.mir_owner, st.ndue, e.n_mir, int(st.bound), W=st.w, BLOCK=1024
     )
+    clamp_due(st, st.ndue)
 
 
 def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
@@ -163,7 +168,7 @@ def pack(st: Any) -> None:
         due = e.pending > st.bound
         csum = torch.cumsum(due, 0)
         k.pack_due[_grid(e.n_mir, br)](
-            e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, e.stored_ids,
+            e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,
             e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,
             e.n_own, int(st.bound), cap.q, cap.p, st.s1, D=st.d, BR=br, BD=bd,
             EXACT=st.opt.exact_mirror,

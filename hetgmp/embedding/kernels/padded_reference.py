@@ -23,6 +23,19 @@ if TYPE_CHECKING:  # pragma: no cover
 _NQM, _NQR, _NP, _NDUE, _NOWN = sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.NOWN
 
 
+def clamp_due(st: StaticExchange, ndue: torch.Tensor) -> None:
+    """Due pushes per owner (``ndue``, in place) cut to the room the push payload has after
+    the last batch's rows not stored here (``st.pr_n``); the rest stay due, pending, and go at
+    a later step (counted in ``st.cap_deferred``). Only a push capacity under the query
+    capacity cuts (a whole-step graph's, :mod:`hetgmp.embedding.transport.whole`): pushes
+    are rows the last batch queried, so ``p == q`` always fits."""
+    if not st.frozen or st.cap.p >= st.cap.q:  # (growing capacities take every push)
+        return
+    room = torch.minimum(ndue, (st.cap.p - st.pr_n).clamp(min=0))
+    st.cap_deferred.add_((ndue - room).sum())
+    ndue.copy_(room)
+
+
 def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     """The pre-sync segment with torch ops (the reference of the fused kernels)."""
     e, n = st.store, st.cap.n
@@ -62,7 +75,8 @@ def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     take_rows(g, j, out=st.pr_grad, backend=st.kernels)
     st.pr_n.copy_(nqr)
     # mirrors due for a push, per owner
-    ndue = e.due_per_owner(e.pending > st.bound) if e.n_mir else e.zeros_w
+    ndue = e.due_per_owner(e.pending > st.bound) if e.n_mir else e.zeros_w.clone()
+    clamp_due(st, ndue)  # (as many as the push payload has room for)
     # the next batch: inputs and sizes table
     st.u_ids.copy_(cur.u)
     st.slot.copy_(cur.slot)
@@ -161,25 +175,25 @@ def query_slots(st: StaticExchange) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
     """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
     owner (as mirrors are stored); their pending state is cleared."""
-    ndue = st.sz_mine[:, _NDUE]
+    ndue = st.sz_mine[:, _NDUE]  # (those that fit the payload: see clamp_due)
     due = e.pending > st.bound
     st.deferred.copy_(((e.pending > 0) & ~due).sum())
     n_mir = due.numel()
     perm, tot = stable_partition(due, e.mir_arange)
-    kd = min(n_mir, w * p)
-    di = perm[:kd]
-    ev = st.ar_wp[:kd]
-    vd = ev < tot
+    di = perm
+    ev = e.mir_arange
     jd = e.mir_owner.index_select(0, di)
-    before = torch.cumsum(ndue, 0) - ndue
-    posd = st.pr_n.index_select(0, jd) + ev - before.index_select(0, jd)
+    every = e.due_per_owner(due)  # (all due, fitting or not: the ranks within an owner)
+    rank = ev - (torch.cumsum(every, 0) - every).index_select(0, jd)
+    vd = (ev < tot) & (rank < ndue.index_select(0, jd))
+    posd = st.pr_n.index_select(0, jd) + rank
     td = torch.where(vd, jd * p + posd, w * p)
     d_cnt = e.pending.index_select(0, di)
     st.p_ids.index_copy_(0, td, e.stored_ids.index_select(0, di + e.n_own))
     st.p_cnt.index_copy_(0, td, d_cnt)
     put_rows(st.p_grad, td, e.grad_acc.index_select(0, di), backend=st.kernels)
     if st.opt.exact_mirror:  # SGD: the mirror already holds what the owner will apply
-        sp = st.spread_wp[:kd]
+        sp = e.mir_arange % max(1, e.trash_slot)
         e.version_full.index_add_(0, torch.where(vd, di + e.n_own, sp), torch.where(vd, d_cnt, 0))
     zi = torch.where(vd, di, n_mir)  # row n_mir of the mirror buffers: trash
     e.pending_full.index_fill_(0, zi, 0)

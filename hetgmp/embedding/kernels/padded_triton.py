@@ -41,7 +41,7 @@ def _rows(src_ptr, dst_ptr, src_off, dst_off, rmask, D: tl.constexpr, BD: tl.con
 
 @triton.jit
 def pack_due_kernel(
-    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr,
+    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr,
     dacc_ptr, send_ptr, send64_ptr, deferred_ptr, n_mir, n_own, bound, q, p, s1,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -58,6 +58,8 @@ def pack_due_kernel(
     st = tl.load(mstart_ptr + j, mask=due, other=0)
     before = tl.load(csum_ptr + st - 1, mask=due & (st > 0), other=0)
     rank = tl.load(csum_ptr + i, mask=due, other=1) - 1 - before
+    # (only the first ndue[j] of owner j's due mirrors fit the payload: the rest stay due)
+    due = due & (rank < tl.load(ndue_ptr + j, mask=due, other=0))
     pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
     h = j * (s1 // 2)  # the row's start in int64 units
     tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)

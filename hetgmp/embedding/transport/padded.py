@@ -131,7 +131,7 @@ class PaddedExchange:
         if self.capturing:  # (a replay counts on the device, see whole.WholeStep)
             batch.replayed = True
             t = st.sz_mine
-            self.ctx.counters.replay_dev.add_(
+            self.ctx.counters.replay_dev[:3].add_(
                 torch.stack([t[0, sizes.NOWN], t[:, sizes.NQR].sum(), t[:, sizes.NP].sum()])
             )
             return values
@@ -181,6 +181,7 @@ class PaddedExchange:
             raise RuntimeError(f"{batch.u.numel()} distinct rows exceed the fixed {cap}")
         if self.static is None or self.static.cap != cap or not self.static.current:
             new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
+            new.frozen = True
             if s.staged is None and self.static is not None:  # (see _buffers)
                 new.adopt(self.static)
             self.static = new

@@ -131,6 +131,7 @@ class StaticExchange:
         self.grad = torch.zeros(u + 1, d, device=dev)
         self._graphs = GraphCache(graphs)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
+        self.frozen = False  # capacities fixed in advance: due pushes may wait for room
         if not self.fused:
             self._reference_buffers(emb, w, q, p, u, d, i64)
         if self.sw:
@@ -163,7 +164,10 @@ class StaticExchange:
         self.pr_cnt = torch.zeros(w * q, **i64)
         self.pr_grad = torch.zeros(w * q, d, device=dev)
         self.pr_n = torch.zeros(w, **i64)  # ... per owner
-        self.ndue = torch.zeros(w, **i64)  # mirrors due per owner (fused pre-sync)
+        self.ndue = torch.zeros(w, **i64)  # mirrors due per owner, as many as fit (pre-sync)
+        # due pushes left pending for want of room in a push payload (mirror-steps; only with
+        # a push capacity under the query capacity, see clamp_due), summed over steps
+        self.cap_deferred = self.ctx.counters.replay_dev[3:]
         self.prev_meta = torch.zeros(4, **i64)  # the last batch's block bounds (fused pre-sync)
 
     def _payload_buffers(self, w: int, q: int, p: int, d: int, dev: torch.device) -> None:
@@ -253,6 +257,7 @@ class StaticExchange:
         self.blocks.copy_(prep_blocks)
         self.sz_mine.copy_(sz_mine)
         self.sz_theirs.copy_(sz_theirs)
+        self.ndue.copy_(sz_mine[:, sizes.NDUE])  # (host-sized: every due mirror fits)
         if pushes is None:
             self.pr_n.zero_()
             return

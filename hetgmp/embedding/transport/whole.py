@@ -52,6 +52,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.transport.padded import PaddedExchange
 
 QUANTUM = 256  # capacities are multiples of this (even: the fused kernels' int64 pairs)
+# Pushes under the query capacity above bound 0 (the last batch's rows not stored here plus
+# room for due mirrors; a due mirror that finds no room waits a step, counted): fewer bytes
+# and less padding work than p = q. Matches the torch reference in Triton's interpreter
+# (tests/test_padded_kernels.py); off until measured on GPUs (speed, AUC, the wait count).
+TIGHT_PUSHES = False
 KEYS_PER_CHUNK = 1 << 25  # ids sorted at once when counting an epoch's queries
 
 
@@ -90,6 +95,7 @@ class WholeStep:
         self.routed = 0  # full batches over max_q (they ran eagerly, exactly)
         self.replays = 0
         self.epoch_max: list[int] = []  # the last epoch's global maximum per step
+        self._deferred_seen = 0  # (the capacity-deferred push count at the last epoch start)
 
     # ---------------------------------------------------------------- capacities
     def epoch_fits(
@@ -100,48 +106,63 @@ class WholeStep:
         ``max_q``). ``sparse [N, F]``: this rank's samples on the device; ``positions``: the
         epoch's rows of it, batch after batch."""
         local = self.local_maxima(sparse, positions, batch_size)
-        glob = torch.zeros(max(steps, 1), 2, dtype=torch.int64, device=self.ctx.store.device)
+        glob = torch.zeros(max(steps, 1), 3, dtype=torch.int64, device=self.ctx.store.device)
         k = min(steps, local.shape[0])
         glob[:k] = local[:k]
         env = self.ctx.env
         if env.group is not None and env.world_size > 1:
             with guarded(env, "epoch query maxima"):
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
-        maxq, distinct = glob[:steps].t().tolist() if steps else ([], [])
+        maxq, distinct, remote = glob[:steps].t().tolist() if steps else ([], [], [])
         self.epoch_max = maxq
         n = batch_size * int(sparse.shape[1])
-        self._grow(max(maxq, default=0), max(distinct, default=0), n)
+        self._grow(max(maxq, default=0), max(distinct, default=0), max(remote, default=0), n)
         cap = self.padded.frozen
         assert cap is not None
         fits = [m <= cap.q for m in maxq]
         self.routed += fits.count(False)
         return fits
 
-    def _grow(self, need_q: int, need_u: int, n: int) -> None:
+    def _grow(self, need_q: int, need_u: int, need_r: int, n: int) -> None:
         """Fixed capacities for batches of ``n`` ids: ``need_q`` queries per peer, ``need_u``
-        distinct rows (never smaller than before for the same ``n``). Tight: a padding entry
-        costs work in every segment."""
+        distinct rows, ``need_r`` rows not stored here per peer (never smaller than before for
+        the same ``n``). Tight: a padding entry costs work in every segment and its bytes
+        travel. Pushes: at bound 0 every mirror a batch touched is due at the next step, so
+        ``p = q``; above, the last batch's rows not stored here (``need_r``: they must fit)
+        plus room for due mirrors (a share of ``q``, doubled at an epoch start after a step
+        had to keep some back)."""
         old = self.padded.frozen
         q, u = round_up(need_q), min(n, round_up(need_u))
+        p = round_up(need_r + need_r // 2 + q // 8)
         if old is not None and old.n == n:
-            q, u = max(q, old.q), max(u, old.u)
+            q, u, p = max(q, old.q), max(u, old.u), max(p, old.p)
+            if self._deferred_since_grow():
+                p = 2 * p
         if self.max_q is not None:
             q = min(q, self.max_q)
+        p = q if self.ctx.bound == 0 or not TIGHT_PUSHES else min(p, q)
         sw = self.ctx.opt.state_width
-        cap = Capacity(q=q, p=q, u=u, n=n, o=u if sw else 0)
+        cap = Capacity(q=q, p=p, u=u, n=n, o=u if sw else 0)
         if cap != old:
             self.padded.frozen = cap
+
+    def _deferred_since_grow(self) -> bool:
+        """Whether a step kept due pushes back for want of room since the last look (reads
+        the device counter: at an epoch start, where the host waits anyway)."""
+        now = int(self.ctx.counters.replay_dev[3])
+        seen, self._deferred_seen = self._deferred_seen, now
+        return now > seen
 
     def local_maxima(
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
         """Per batch of ``positions``: ``[largest number of distinct rows this rank queries
         from one peer (rows owned elsewhere: mirrors and rows not stored here), distinct
-        rows]`` (``[batches, 2]`` int64)."""
+        rows, largest number of rows not stored here of one peer]`` (``[batches, 3]``)."""
         store, w = self.ctx.store, self.ctx.env.world_size
         n_batches = -(-positions.numel() // batch_size)
         per = max(1, KEYS_PER_CHUNK // max(1, batch_size * int(sparse.shape[1])))
-        out = [torch.zeros(0, 2, dtype=torch.int64, device=store.device)]
+        out = [torch.zeros(0, 3, dtype=torch.int64, device=store.device)]
         for b0 in range(0, n_batches, per):
             pos = positions[b0 * batch_size : (b0 + per) * batch_size]
             out.append(self._chunk_maxima(sparse.index_select(0, pos), batch_size, w))
@@ -155,11 +176,13 @@ class WholeStep:
         which = torch.arange(ids.shape[0], device=ids.device) // batch_size
         key = torch.unique((which[:, None] * rows + ids).reshape(-1))
         block = store.block_of.index_select(0, key % rows).long()
-        peer = torch.where(block >= w, block % w, w)  # (column w: rows owned here)
-        counts = torch.zeros(nb * (w + 1), dtype=torch.int64, device=ids.device)
-        counts.index_add_(0, (key // rows) * (w + 1) + peer, torch.ones_like(key))
-        c = counts.view(nb, w + 1)
-        return torch.stack([c[:, :w].amax(1), c.sum(1)], dim=1)
+        # columns: 0..w-1 mirrors of owner j, w..2w-1 rows not stored of owner j, 2w owned
+        col = torch.where(block >= w, block - w, 2 * w)
+        counts = torch.zeros(nb * (2 * w + 1), dtype=torch.int64, device=ids.device)
+        counts.index_add_(0, (key // rows) * (2 * w + 1) + col, torch.ones_like(key))
+        c = counts.view(nb, 2 * w + 1)
+        queries = c[:, :w] + c[:, w : 2 * w]
+        return torch.stack([queries.amax(1), c.sum(1), c[:, w : 2 * w].amax(1)], dim=1)
 
     # ---------------------------------------------------------------- graph bookkeeping
     def ready(self, shape: tuple[int, int]) -> int | None:
