@@ -1,0 +1,36 @@
+"""Run a script with module switches set (A/B runs of code paths that are off by default until
+measured), e.g. under torchrun::
+
+    torchrun --nproc_per_node 2 bench/gpu/switches.py \
+        hetgmp.embedding.kernels.padded.FUSED_OWNER_UPDATE=1 \
+        hetgmp.embedding.transport.whole.TIGHT_PUSHES=1 -- examples/hetuctr.py --dataset ...
+
+Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is
+an error, not a silent no-op); everything after ``--`` is the script and its arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+import sys
+
+
+def main(argv: list[str]) -> None:
+    if "--" not in argv:
+        raise SystemExit("usage: switches.py MODULE.NAME=0|1 ... -- SCRIPT [ARGS...]")
+    cut = argv.index("--")
+    for item in argv[:cut]:
+        target, _, value = item.partition("=")
+        mod_name, _, attr = target.rpartition(".")
+        mod = importlib.import_module(mod_name)
+        if not hasattr(mod, attr) or value not in ("0", "1"):
+            raise SystemExit(f"switches.py: {item!r}: no switch {attr} in {mod_name}, or not 0/1")
+        setattr(mod, attr, value == "1")
+    script, *rest = argv[cut + 1 :]
+    sys.argv = [script, *rest]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
