@@ -13,6 +13,12 @@
 #include <omp.h>
 #endif
 
+#if defined(__GNUC__)
+#define HETGMP_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define HETGMP_HIDDEN
+#endif
+
 namespace hetgmp {
 namespace py = pybind11;
 
@@ -47,8 +53,9 @@ inline double soft_at(const std::vector<double>& t, int64_t k) {
   return t[k < last ? k : last];
 }
 
-// A read-only view of the [N, F] sample-id matrix, int32 or int64, C-contiguous.
-struct IdMatrix {
+// A read-only view of the [N, F] sample-id matrix, int32 or int64, C-contiguous. Hidden
+// visibility like pybind11's own types (its py::array member is): no -Wattributes warning.
+struct HETGMP_HIDDEN IdMatrix {
   const int32_t* i32 = nullptr;
   const int64_t* i64 = nullptr;
   int64_t n = 0, f = 0;
