@@ -576,7 +576,7 @@ def test_replies_all_reads_the_same_values() -> None:
 
 
 def test_padded_exchange_equals_exact() -> None:
-    """The fixed-capacity exchange (transport/static.py; CUDA graphs on GPU) reads the same values
+    """The fixed-capacity exchange (padded/buffers.py; CUDA graphs on GPU) reads the same values
     and applies the same updates as the exact one: bound 0 equals the single-process
     reference, bound > 0 the exact exchange, row counters included; and it really ran
     (padded byte counts)."""

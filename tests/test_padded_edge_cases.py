@@ -1,4 +1,4 @@
-"""Edge cases of the padded exchange (``exchange="padded"``, hetgmp/embedding/transport/))
+"""Edge cases of the padded exchange (``exchange="padded"``, hetgmp/embedding/padded/))
 against the exact one (both ``replies="all"``, SGD) and, at bound 0, the single-process
 reference, on spawned gloo CPU ranks (on CPU the padded segments run eagerly: the same code as
 the CUDA graphs).

@@ -1,5 +1,5 @@
-"""The fused Triton kernels of the padded exchange (hetgmp/embedding/kernels/padded.py) against
-their reference, the torch op sequences of the same segments (hetgmp/embedding/kernels/padded_reference.py).
+"""The fused Triton kernels of the padded exchange (hetgmp/embedding/padded/kernels.py) against
+their reference, the torch op sequences of the same segments (hetgmp/embedding/padded/reference.py).
 
 Both run on gloo CPU ranks; the Triton kernels in Triton's interpreter (``TRITON_INTERPRET=1``,
 which must be set before triton is imported: a subprocess). Every step's looked-up values, the
@@ -26,8 +26,8 @@ SCRIPT = textwrap.dedent(
 
     def run(env, kernels, bound, steps, world, optimizer, owner_fused=False, push_cap=0):
         from hetgmp.embedding import DistributedEmbedding
-        from hetgmp.embedding.kernels import padded as fused_kernels
-        from hetgmp.embedding.transport import static
+        from hetgmp.embedding.padded import kernels as fused_kernels
+        from hetgmp.embedding.padded import buffers as static
 
         fused_kernels.FUSED_OWNER_UPDATE = owner_fused  # (the owner's update from row kernels)
 
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
             optimizer=optimizer, lr=0.1, kernels=kernels, replies="all", exchange="padded",
         )
         if push_cap:  # capacities fixed in advance, pushes under the queries: some wait
-            from hetgmp.embedding.transport.static import Capacity
+            from hetgmp.embedding.padded.buffers import Capacity
 
             o = 48 if optimizer != "sgd" else 0
             emb._padded.frozen = Capacity(q=48, p=push_cap, u=48, n=48, o=o)

@@ -2,8 +2,8 @@
 measured), e.g. under torchrun::
 
     torchrun --nproc_per_node 2 bench/gpu/switches.py \
-        hetgmp.embedding.kernels.padded.FUSED_OWNER_UPDATE=1 \
-        hetgmp.embedding.transport.whole.TIGHT_PUSHES=1 -- examples/hetuctr.py --dataset ...
+        hetgmp.embedding.padded.kernels.FUSED_OWNER_UPDATE=1 \
+        hetgmp.embedding.padded.whole.TIGHT_PUSHES=1 -- examples/hetuctr.py --dataset ...
 
 Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is
 an error, not a silent no-op); everything after ``--`` is the script and its arguments.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hetgmp.embedding.transport.static import StaticExchange
+    from hetgmp.embedding.padded.buffers import StaticExchange
 
 
 @dataclasses.dataclass
@@ -62,7 +62,7 @@ class Batch:
     prep: Prep | None = None
     static: StaticExchange | None = None
     # recorded while a whole-step CUDA graph was captured: its host counts are the capture's,
-    # not a replay's (:meth:`~hetgmp.embedding.transport.whole.WholeStep.materialize`)
+    # not a replay's (:meth:`~hetgmp.embedding.padded.whole.WholeStep.materialize`)
     replayed: bool = False
 
     def nqr_device(self, device: torch.device) -> torch.Tensor:
@@ -91,7 +91,7 @@ class Occurrences(NamedTuple):
 class Summed(NamedTuple):
     """A padded step's gradient summed per unique row already (``StaticExchange.grad``, a
     fixed buffer), in backward: the whole-step graph's form (nothing of the step then lives
-    in a graph's memory pool; :mod:`hetgmp.embedding.transport.whole`)."""
+    in a graph's memory pool; :mod:`hetgmp.embedding.padded.whole`)."""
 
     grad: torch.Tensor
 

@@ -50,7 +50,7 @@ class StepCounters:
         self.local_bytes_step = zero_counters()
         self.local_bytes_step["steps"] = 1
         # steps replayed from a whole-step graph with several ranks: their owned rows, rows
-        # not stored here and pushes, summed on the device (hetgmp.embedding.transport.whole)
+        # not stored here and pushes, summed on the device (hetgmp.embedding.padded.whole)
         # (and [3]: due pushes deferred for want of room in a fixed push payload)
         self.replay_dev = torch.zeros(4, dtype=torch.int64, device=device)
 

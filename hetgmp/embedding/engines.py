@@ -4,11 +4,11 @@ padded exchange where every rank takes it) or the async row service."""
 
 from __future__ import annotations
 
+from hetgmp.embedding.collective.stepper import Stepper
+from hetgmp.embedding.context import StepContext
+from hetgmp.embedding.local import LocalStep
+from hetgmp.embedding.padded.exchange import PaddedExchange
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
-from hetgmp.embedding.transport.base import StepContext
-from hetgmp.embedding.transport.local import LocalStep
-from hetgmp.embedding.transport.padded import PaddedExchange
-from hetgmp.embedding.transport.step import Stepper
 
 
 def make_engines(

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from hetgmp.embedding.batch import Batch, Occurrences, Summed
+from hetgmp.embedding.collective.stepper import Stepper
+from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.kernels import take_rows
-from hetgmp.embedding.transport.base import OP_FORWARD
-from hetgmp.embedding.transport.local import LocalStep
-from hetgmp.embedding.transport.step import Stepper
+from hetgmp.embedding.local import LocalStep
 
 
 class _LocalLookup(torch.autograd.Function):

@@ -2,8 +2,8 @@
 
 One ``forward`` is one training step (DESIGN.md, "The staleness protocol"). The module only
 wires the parts: the rows (:mod:`.store`), the batch plan (:mod:`.batch`), the staleness rules
-(:mod:`.protocol`), the step's stages and its transport (:mod:`.transport`: one rank has its own
-degenerate step; several ranks run :class:`~.transport.step.Stepper`, whose stage 3 is the exact
+(:mod:`.protocol`), the step's stages and its transport (one rank has its own
+degenerate step; several ranks run :class:`~.collective.stepper.Stepper`, whose stage 3 is the exact
 or the padded transport) and the counters (:mod:`.counters`). The step's gradient comes back
 through one autograd node per lookup and is applied at the next step.
 """
@@ -18,10 +18,13 @@ from torch import nn
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
+from hetgmp.embedding.collective.stepper import Stepper
+from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.engines import make_engines
 from hetgmp.embedding.kernels import gather_rows
 from hetgmp.embedding.kernels import resolve as resolve_kernels
+from hetgmp.embedding.local import LocalStep
 from hetgmp.embedding.lookup import _LocalLookup, _PaddedLookup
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.optim import SparseOptimizer
@@ -33,13 +36,10 @@ from hetgmp.embedding.options import (
     resolve_replies,
     resolve_sync,
 )
+from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
-from hetgmp.embedding.transport.local import LocalStep
-from hetgmp.embedding.transport.step import Stepper
-from hetgmp.embedding.transport.whole import WholeStep
 from hetgmp.partition.plan import Plan
 
 
@@ -316,7 +316,7 @@ class DistributedEmbedding(nn.Module):
 
     def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
         """The padded exchange set up for a whole-step CUDA graph of several ranks (made at
-        the first call, before the first step; :mod:`.transport.whole`); None where this
+        the first call, before the first step; :mod:`.padded.whole`); None where this
         table has no padded exchange (one rank, exact, async)."""
         if self._padded is None or not isinstance(self._stepper, Stepper):
             return None

@@ -6,8 +6,8 @@ which due mirrors), status (bad input), bound, audit flag, operation, and this r
 count; then this rank's largest per-peer query and push counts and whether it asks for the
 padded exchange. The last five are the same in every row (every rank reads every rank's copy;
 only the own copy of the own-row count is read). Defined once here: the exact step
-(:mod:`hetgmp.embedding.transport.step`) and the padded one's pre-sync segment
-(:mod:`hetgmp.embedding.kernels.padded`, :mod:`hetgmp.embedding.kernels.padded_reference`) build it with :func:`sizes_table`.
+(:mod:`hetgmp.embedding.collective.stepper`) and the padded one's pre-sync segment
+(:mod:`hetgmp.embedding.padded.kernels`, :mod:`hetgmp.embedding.padded.reference`) build it with :func:`sizes_table`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why: a step is some 40-60 kernels (lookup, the MLP's forward and backward, loss,
 fused Adam). At batch 8192 most of them run for a few microseconds, so launching them one by one
 from Python leaves the GPU waiting on the host; one graph replay costs the host ~10 us.
 
-What the graph holds: the one-rank lookup (:class:`~hetgmp.embedding.transport.local.LocalStep`,
+What the graph holds: the one-rank lookup (:class:`~hetgmp.embedding.local.LocalStep`,
 no host sync), the model's forward and backward, the row update -- applied at the end of the step
 that produced it (:meth:`~hetgmp.embedding.DistributedEmbedding.apply_pending`) instead of at the
 next forward, which is the same arithmetic since nothing reads the rows in between, and which

@@ -9,7 +9,7 @@ updates and answers, the model's forward and backward, the gradient summed per r
 gradients' all-reduce (on that communicator too) and the dense optimizer. The host copies the
 batch's positions and replays; it never waits for the device.
 
-What makes that possible is the embedding's side (:mod:`hetgmp.embedding.transport.whole`):
+What makes that possible is the embedding's side (:mod:`hetgmp.embedding.padded.whole`):
 capacities fixed per epoch from the epoch's own batches (the verdict of each step,
 :attr:`~hetgmp.data.device_batches.PendingBatch.fits`), and a step whose state lives in fixed
 buffers only. Two graphs alternate, one per preparation ring slot (a step reads the last
@@ -33,8 +33,8 @@ import torch
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding.batch import Batch, Summed
-from hetgmp.embedding.transport.padded import GraphReleaser
-from hetgmp.embedding.transport.whole import WholeStep
+from hetgmp.embedding.padded.exchange import GraphReleaser
+from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler

@@ -5,8 +5,10 @@
   references and the backend choice (:func:`resolve`); the Triton code is in
   :mod:`.rows_triton`.
 * :mod:`.launcher`: loading the Triton kernels and the cached launcher (:func:`launch`).
-* :mod:`.padded`: the padded exchange's segments as fused Triton kernels (:mod:`.padded_triton`),
-  and :mod:`.padded_reference`, the same segments in torch ops (their reference).
+
+The padded exchange's fused segment kernels live with that engine, in
+:mod:`hetgmp.embedding.padded` (``kernels.py``, ``kernels_triton.py``, ``presync_triton.py``,
+``reference.py``).
 """
 
 from hetgmp.embedding.kernels.launcher import launch, triton_available

@@ -13,10 +13,10 @@ import torch
 from hetgmp.comm.rpc.peers import Request
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.rowservice import wire
 from hetgmp.embedding.rowservice.lock import TableLock
 from hetgmp.embedding.rowservice.service import RowService
-from hetgmp.embedding.transport.base import StepContext
 
 
 def push_requests(

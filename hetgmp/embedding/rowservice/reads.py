@@ -12,13 +12,13 @@ import torch
 
 from hetgmp.comm.rpc.peers import Peers, Request
 from hetgmp.embedding import protocol
+from hetgmp.embedding.audit import record_audit
 from hetgmp.embedding.batch import Batch
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.rowservice import wire
 from hetgmp.embedding.rowservice.lock import TableLock
-from hetgmp.embedding.transport.audit import record_audit
-from hetgmp.embedding.transport.base import StepContext
-from hetgmp.embedding.transport.wire import f32
+from hetgmp.embedding.wire import f32
 
 
 @dataclasses.dataclass

@@ -42,9 +42,9 @@ import torch
 
 from hetgmp.comm.errors import CommError
 from hetgmp.comm.rpc.service import RpcService
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.rowservice import answer, wire
 from hetgmp.embedding.rowservice.lock import TableLock
-from hetgmp.embedding.transport.base import StepContext
 
 
 class RowService(RpcService):

@@ -1,7 +1,7 @@
 """``--sync async``: a multi-rank step without a global exchange (HET's way: each rank serves
 its owned rows from a ZeroMQ service thread, :mod:`.service`; workers refresh, fetch and
 push point to point, :mod:`hetgmp.comm.rpc.peers`). The same step interface as
-:class:`~hetgmp.embedding.transport.step.Stepper` (``step``, ``grads``), and the same rules
+:class:`~hetgmp.embedding.collective.stepper.Stepper` (``step``, ``grads``), and the same rules
 (:mod:`..protocol`).
 
 A training step ``t`` of one rank has two phases, each ended by a tick of the rank's *clock*
@@ -78,6 +78,7 @@ from hetgmp.comm.rpc.peers import Request, connect_peers
 from hetgmp.comm.rpc.service import RpcService
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
+from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, StepContext
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.rowservice import wire
 from hetgmp.embedding.rowservice.config import AsyncConfig
@@ -85,7 +86,6 @@ from hetgmp.embedding.rowservice.lock import TableLock
 from hetgmp.embedding.rowservice.push import push_requests
 from hetgmp.embedding.rowservice.reads import SentReads, drop_reads, receive_reads, send_reads
 from hetgmp.embedding.rowservice.service import RowService
-from hetgmp.embedding.transport.base import OP_FLUSH, OP_FORWARD, StepContext
 
 DONE_CLOCK = 2**62  # the clock of a rank that trains no more (above every real clock)
 # How near the budget a commit is told at once (AsyncStep.commit): within COMMIT_MARGIN x (a

@@ -1,7 +1,7 @@
 """The buffers and segments of the padded transport: a multi-rank step with fixed-size
-("padded") payloads, for CUDA graphs (:mod:`.padded` drives it).
+("padded") payloads, for CUDA graphs (:mod:`.exchange` drives it).
 
-The exact transport (:mod:`.exact`) sizes every payload exactly:
+The exact transport (:mod:`hetgmp.embedding.collective.exact`) sizes every payload exactly:
 after the sizes exchange (the step's one host sync) it slices, splits and concatenates with the
 host-known counts, about 150 small ops per step launched one by one from Python. On a GPU that
 launch work, not the bytes, was the step's cost (2x H200, batch 8192, session 2's profiles at
@@ -22,8 +22,8 @@ sizes exchange, nothing there depends on gradient values) and the step proper (p
 answer, exchange, finish). On NCCL with ``graph_collectives`` the all-to-alls (sizes included,
 with the device->host copy of the sizes into pinned memory) are captured too, on a process group
 of their own: the host replays the graphs and waits once, for the sizes. With the Triton backend
-each segment is a few fused kernels (:mod:`hetgmp.embedding.kernels.padded`; the torch ops of
-:mod:`hetgmp.embedding.kernels.padded_reference` are their reference). Measured on 2x H200 at batch 8192 per GPU: 65 kernels per step (was ~290
+each segment is a few fused kernels (:mod:`hetgmp.embedding.padded.kernels`; the torch ops of
+:mod:`hetgmp.embedding.padded.reference` are their reference). Measured on 2x H200 at batch 8192 per GPU: 65 kernels per step (was ~290
 with torch ops), 17-24M samples/s (bench/results/gpu/results_2xH200.md).
 
 Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
@@ -44,7 +44,6 @@ Bytes: the padding travels too (bench: 1,259 vs 830 B/sample at bound 100, batch
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -52,12 +51,13 @@ import torch
 
 from hetgmp.comm.exchange import exchange_fixed
 from hetgmp.embedding import sizes
-from hetgmp.embedding.kernels import padded as fused_segments
-from hetgmp.embedding.kernels import padded_reference as torch_segments
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.ops import current_stream
-from hetgmp.embedding.transport.base import StepContext
-from hetgmp.embedding.transport.graphs import GraphCache
+from hetgmp.embedding.padded import kernels as fused_segments
+from hetgmp.embedding.padded import reference as torch_segments
+from hetgmp.embedding.padded.fields import Capacity
+from hetgmp.embedding.padded.graphs import GraphCache
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.comm.env import DistEnv
@@ -69,17 +69,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # transport over 40 steps at bound 0 and 5 (tests/gpu_padded_check.py); the user's command ran
 # 1.16x faster with them than with the torch segments (5.87M -> 6.79M samples/s, batch 8192).
 FUSED_WITH_STATE = True
-
-
-@dataclasses.dataclass(frozen=True)
-class Capacity:
-    """Fixed sizes of one set of static buffers."""
-
-    q: int  # query rows per peer (each way)
-    p: int  # pushed rows per peer (each way)
-    u: int  # unique rows of this rank's batch
-    n: int  # occurrences per batch (batch x fields)
-    o: int = 0  # the last batch's own rows, staged for the owner's merged update (Adagrad)
 
 
 def grow(cap: int, need: int, *, quantum: int = 256) -> int:
@@ -111,8 +100,8 @@ class StaticExchange:
         w, d, dev = ctx.env.world_size, emb.dim, emb.device
         self.w, self.d = w, d
         q, p, u, n = cap.q, cap.p, cap.u, cap.n
-        # Triton: each segment is a few fused kernels (kernels.padded); torch: the reference
-        # op sequences (kernels.padded_reference). The fused kernels read int64 fields as
+        # Triton: each segment is a few fused kernels (.kernels); torch: the reference
+        # op sequences (.reference). The fused kernels read int64 fields as
         # pairs of float32 at even offsets: even capacities (grow() gives multiples of 256).
         self.opt, self.sw = ctx.opt, ctx.opt.state_width
         self.fused = ctx.kernels == "triton" and (self.sw == 0 or FUSED_WITH_STATE)

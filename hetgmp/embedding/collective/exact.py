@@ -9,7 +9,7 @@ state + int64 version) for the mirrors beyond the requester's bound and for ever
 there (with ``replies="all"`` for every mirror query: the reply sizes are then the query counts
 known since the sizes exchange, and the second size exchange is skipped); payload 2 carries
 them back; stale mirrors are refreshed and the batch's rows gathered. The rules themselves are
-:mod:`hetgmp.embedding.protocol`'s; the byte layout helpers are :mod:`.wire`'s.
+:mod:`hetgmp.embedding.protocol`'s; the byte layout helpers are :mod:`hetgmp.embedding.wire`'s.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 
 from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding import protocol, sizes
+from hetgmp.embedding.audit import record_audit
 from hetgmp.embedding.batch import Batch, Prep
+from hetgmp.embedding.context import OP_FLUSH, StepContext
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.ops import compact
-from hetgmp.embedding.transport.audit import record_audit
-from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
-from hetgmp.embedding.transport.wire import f32, i64, join
+from hetgmp.embedding.wire import f32, i64, join
 
 Staged = tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]  # due, due per owner, deferred
 

@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the padded exchange's segments (:mod:`hetgmp.embedding.transport.static`).
+"""Fused Triton kernels for the padded exchange's segments (:mod:`hetgmp.embedding.padded.buffers`).
 
 Why: on 2x H200 at batch 8192 per GPU the padded step replayed ~290 small kernels inside its
 CUDA graphs (torch's ``where`` / ``index_select`` / ``cumsum`` / ``cat``... each a few
@@ -22,14 +22,14 @@ place:
 With row-wise Adagrad (``st.sw``, the optimizer state's width) the same kernels stage the last
 batch's own rows instead of applying them, take Adagrad's local step on mirrors, carry the
 optimizer state in the replies and refresh it; the owner's update of its own and the pushed
-rows (one per row of their sum) is :func:`.padded_reference.merged_owner_update` (torch ops).
+rows (one per row of their sum) is :func:`.reference.merged_owner_update` (torch ops).
 
 The reference each must match is the torch code of the same segment in
-:mod:`.padded_reference` (the ``torch`` backend runs it); tests
+:mod:`.reference` (the ``torch`` backend runs it); tests
 run both (Triton's interpreter on CPU ranks, and on GPUs) and compare every state tensor.
 
 Payload layouts (per peer row, float32 units; int64 fields are pairs of float32, so every
-capacity must be even, which :func:`hetgmp.embedding.transport.static.grow` guarantees):
+capacity must be even, which :func:`hetgmp.embedding.padded.buffers.grow` guarantees):
 exchange 1 ``[query ids 2q | query versions 2q | push ids 2p | push counts 2p | gradients p*D]``,
 exchange 2 ``[lags q (int32) | values q*D | versions 2q]``. Entries past a peer's count are
 never written nor read.
@@ -47,12 +47,12 @@ import torch
 from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
-from hetgmp.embedding.kernels.padded_reference import (
+from hetgmp.embedding.kernels.rows import scatter_add_rows
+from hetgmp.embedding.padded.reference import (
     clamp_due,
     merged_owner_update,
     pushes_received,
 )
-from hetgmp.embedding.kernels.rows import scatter_add_rows
 
 # The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
 # then one Adagrad launch over the leaders) instead of ~20 torch ops over every staged and
@@ -66,8 +66,8 @@ def _ns() -> Any:
     """The kernels (imported at the first fused segment: triton is needed only then)."""
     import triton
 
-    k = importlib.import_module("hetgmp.embedding.kernels.padded_triton")
-    pre = importlib.import_module("hetgmp.embedding.kernels.padded_presync_triton")
+    k = importlib.import_module("hetgmp.embedding.padded.kernels_triton")
+    pre = importlib.import_module("hetgmp.embedding.padded.presync_triton")
     return SimpleNamespace(
         triton=triton, presync_apply=pre.presync_apply_kernel, count_due=pre.count_due_kernel,
         presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
@@ -218,7 +218,7 @@ def finish(st: Any) -> None:
 
 
 def merged_owner_update_fused(st: Any) -> None:
-    """:func:`.padded_reference.merged_owner_update` with the row kernels: every valid entry
+    """:func:`.reference.merged_owner_update` with the row kernels: every valid entry
     (a staged own row, a received push) finds its row's leader entry through the slot ->
     position map; the gradients are added at the leaders into ``st.own_gsum`` (kept at zero
     between steps: the update zeroes the rows it read, nothing else is added to), counts

@@ -9,7 +9,7 @@
    peers fail at once with :class:`PeerFailedError` instead of waiting for a timeout;
 3. the **transport** moves queries and pushes, owners apply and answer, replies come back and
    the batch's rows are gathered: :class:`~.exact.ExactExchange` (payloads sized exactly) or
-   :class:`~.padded.PaddedExchange` (fixed capacities, CUDA graphs; training steps where every
+   :class:`~hetgmp.embedding.padded.exchange.PaddedExchange` (fixed capacities, CUDA graphs; training steps where every
    rank takes it).
 
 The padded transport can also run stages 1-2 for the next batch in fixed shapes (its
@@ -27,11 +27,11 @@ from hetgmp.comm.errors import PeerFailedError
 from hetgmp.comm.exchange import exchange_sizes
 from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed, range_error
+from hetgmp.embedding.collective.exact import ExactExchange, SizedStep, Staged
+from hetgmp.embedding.context import OP_FLUSH, OP_NAMES, StepContext
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.ops import index_add_rows
-from hetgmp.embedding.transport.base import OP_FLUSH, OP_NAMES, StepContext
-from hetgmp.embedding.transport.exact import ExactExchange, SizedStep, Staged
-from hetgmp.embedding.transport.whole import materialize
+from hetgmp.embedding.padded.whole import materialize
 
 Grads = tuple[Batch, Any]  # (batch, gradient [n, D] per unique row, or Occurrences)
 

@@ -44,12 +44,12 @@ import torch.distributed as dist
 
 from hetgmp.comm.collectives import guarded
 from hetgmp.embedding.batch import Batch, Summed
-from hetgmp.embedding.transport.base import OP_FORWARD
-from hetgmp.embedding.transport.exact import SizedStep
-from hetgmp.embedding.transport.static import Capacity
+from hetgmp.embedding.collective.exact import SizedStep
+from hetgmp.embedding.context import OP_FORWARD
+from hetgmp.embedding.padded.buffers import Capacity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hetgmp.embedding.transport.padded import PaddedExchange
+    from hetgmp.embedding.padded.exchange import PaddedExchange
 
 QUANTUM = 256  # capacities are multiples of this (even: the fused kernels' int64 pairs)
 # Pushes under the query capacity above bound 0 (the last batch's rows not stored here plus

@@ -1,8 +1,8 @@
 """The Triton kernels of the padded exchange's pack, answer and finish segments (the pre-sync
-segment's: :mod:`.padded_presync_triton`) (module-level ``@triton.jit``
-functions; this module imports triton, so :mod:`.padded` imports it only when a fused segment
-runs). What each computes, and the payload layouts: :mod:`.padded`; their reference, the torch
-segments: :mod:`.padded_reference`.
+segment's: :mod:`.presync_triton`) (module-level ``@triton.jit``
+functions; this module imports triton, so :mod:`.kernels` imports it only when a fused segment
+runs). What each computes, and the payload layouts: :mod:`.kernels`; their reference, the torch
+segments: :mod:`.reference`.
 """
 # ruff: noqa: N803 - Triton's constexpr parameters are upper case by convention
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from hetgmp.embedding.batch import Batch
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.errors import StalenessViolation
-from hetgmp.embedding.transport.base import StepContext
-from hetgmp.embedding.transport.wire import i64
+from hetgmp.embedding.wire import i64
 
 
 def record_audit(
@@ -18,7 +18,7 @@ def record_audit(
     values: torch.Tensor, bound: int,
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """Check that no read lags its owner by a negative count and return the step's record
-    (``r``: the replies, see :meth:`~.exact.ExactExchange._send_replies`)."""
+    (``r``: the replies, see :meth:`~hetgmp.embedding.collective.exact.ExactExchange._send_replies`)."""
     store, sw = ctx.store, ctx.opt.state_width
     n_o, n_m = batch.n_own, batch.n_mir
     n_r = batch.u.numel() - n_o - n_m

@@ -1,8 +1,8 @@
 """The Triton kernels of the padded exchange's pre-sync segment (module-level ``@triton.jit``
-functions; this module imports triton, so :mod:`.padded` imports it only when a fused segment
+functions; this module imports triton, so :mod:`.kernels` imports it only when a fused segment
 runs): the last batch's counts and gradient (``presync_apply_kernel``), the mirrors due per
 owner (``count_due_kernel``) and the next batch's sizes table (``presync_table_kernel``). The
-torch reference: :func:`.padded_reference.presync`.
+torch reference: :func:`.reference.presync`.
 """
 # ruff: noqa: N803 - Triton's constexpr parameters are upper case by convention
 

@@ -1,5 +1,5 @@
 """The padded transport: fixed-capacity payloads, so that a training step replays as CUDA
-graphs (the buffers and segments are :class:`~.static.StaticExchange`'s).
+graphs (the buffers and segments are :class:`~.buffers.StaticExchange`'s).
 
 It owns: the capacities every rank agrees on (grown, never shrunk, rebuilding the buffers), the
 preprocessing rings that keep a batch's arrays at fixed addresses (:class:`~.graphs.PrepRing`),
@@ -22,10 +22,10 @@ import torch.distributed as dist
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding import sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
-from hetgmp.embedding.transport.base import StepContext
-from hetgmp.embedding.transport.exact import SizedStep
-from hetgmp.embedding.transport.graphs import PrepRing
-from hetgmp.embedding.transport.static import Capacity, StaticExchange, grow
+from hetgmp.embedding.collective.exact import SizedStep
+from hetgmp.embedding.context import StepContext
+from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
+from hetgmp.embedding.padded.graphs import PrepRing
 
 
 class PaddedExchange:

@@ -22,10 +22,10 @@ from collections.abc import Callable
 import torch
 
 from hetgmp.embedding.batch import LocalBatch, range_error
+from hetgmp.embedding.context import OP_FLUSH, StepContext
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.kernels import mark_local, scatter_add_rows, take_local
 from hetgmp.embedding.ops import current_stream
-from hetgmp.embedding.transport.base import OP_FLUSH, StepContext
 
 BAD_RING = 16  # CUDA bad-id checks in flight at most (then the oldest is waited for)
 # a batch's ids, or how to get them (a batch gathered inside a CUDA graph: only on an error)

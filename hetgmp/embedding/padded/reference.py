@@ -1,6 +1,6 @@
 """The padded exchange's segments in torch ops: the reference the fused Triton kernels of
-:mod:`.padded` are tested against (the ``torch`` backend runs these), on the buffers of a
-:class:`~hetgmp.embedding.transport.static.StaticExchange` ``st``. Where a padding entry must
+:mod:`.kernels` are tested against (the ``torch`` backend runs these), on the buffers of a
+:class:`~.fields.SegmentBuffers` ``st`` (a :class:`~.buffers.StaticExchange`). Where a padding entry must
 write somewhere, its row write goes to a *trash row* (one extra row after the real ones in each
 state tensor, never read as data) and its count update adds 0 to some real row (spread over
 rows: thousands of atomics on one address serialise).
@@ -17,17 +17,17 @@ from hetgmp.embedding.kernels.rows import put_rows, scatter_add_rows, take_rows
 from hetgmp.embedding.ops import stable_partition
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hetgmp.embedding.padded.fields import SegmentBuffers
     from hetgmp.embedding.store import RowStore
-    from hetgmp.embedding.transport.static import StaticExchange
 
 _NQM, _NQR, _NP, _NDUE, _NOWN = sizes.NQM, sizes.NQR, sizes.NP, sizes.NDUE, sizes.NOWN
 
 
-def clamp_due(st: StaticExchange, ndue: torch.Tensor) -> None:
+def clamp_due(st: SegmentBuffers, ndue: torch.Tensor) -> None:
     """Due pushes per owner (``ndue``, in place) cut to the room the push payload has after
     the last batch's rows not stored here (``st.pr_n``); the rest stay due, pending, and go at
     a later step (counted in ``st.cap_deferred``). Only a push capacity under the query
-    capacity cuts (a whole-step graph's, :mod:`hetgmp.embedding.transport.whole`): pushes
+    capacity cuts (a whole-step graph's, :mod:`hetgmp.embedding.padded.whole`): pushes
     are rows the last batch queried, so ``p == q`` always fits."""
     if not st.frozen or st.cap.p >= st.cap.q:  # (growing capacities take every push)
         return
@@ -36,7 +36,7 @@ def clamp_due(st: StaticExchange, ndue: torch.Tensor) -> None:
     ndue.copy_(room)
 
 
-def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+def presync(st: SegmentBuffers, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     """The pre-sync segment with torch ops (the reference of the fused kernels)."""
     e, n = st.store, st.cap.n
     u, lr = st.cap.u, st.lr
@@ -87,7 +87,7 @@ def presync(st: StaticExchange, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     st.sz_mine.copy_(table)
 
 
-def _stage_own(st: StaticExchange, slots: torch.Tensor, cnt: torch.Tensor, g: torch.Tensor) -> None:
+def _stage_own(st: SegmentBuffers, slots: torch.Tensor, cnt: torch.Tensor, g: torch.Tensor) -> None:
     """The last batch's own rows (``slots``: trash where not own) for ``answer``'s merged
     update; entries past them unused."""
     k = slots.numel()
@@ -98,7 +98,7 @@ def _stage_own(st: StaticExchange, slots: torch.Tensor, cnt: torch.Tensor, g: to
 
 
 def _mirror_local_step(
-    st: StaticExchange, e: RowStore, ms: torch.Tensor, mi: torch.Tensor, gm: torch.Tensor
+    st: SegmentBuffers, e: RowStore, ms: torch.Tensor, mi: torch.Tensor, gm: torch.Tensor
 ) -> None:
     """Write rule for the last batch's mirrors (slots ``ms``, mirror rows ``mi``; padding:
     the trash rows): the optimizer's local step, the applied delta and the raw gradient
@@ -114,7 +114,7 @@ def _mirror_local_step(
     scatter_add_rows(e.grad_acc_full, mi, gm, 1.0, backend=st.kernels)
 
 
-def pack(st: StaticExchange) -> None:
+def pack(st: SegmentBuffers) -> None:
     """Queries (mirrors, then rows not stored, per owner) and pushes (the last batch's rows
     not stored here, then this rank's due mirrors, per owner) into ``send1``."""
     e, w, q, p, d = st.store, st.w, st.cap.q, st.cap.p, st.d
@@ -148,7 +148,7 @@ def pack(st: StaticExchange) -> None:
     )
 
 
-def query_slots(st: StaticExchange) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def query_slots(st: SegmentBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For every query slot (peer j, position e; flat ``[w * q]``): whether it is a mirror
     query, whether it is a query of a row not stored here, and the batch entry it asks
     for (mirrors of owner j, then rows not stored of owner j, in block order; the pad
@@ -172,7 +172,7 @@ def query_slots(st: StaticExchange) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return st.q_slots
 
 
-def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
+def _pack_due(st: SegmentBuffers, e: RowStore, w: int, p: int) -> None:
     """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
     owner (as mirrors are stored); their pending state is cleared."""
     ndue = st.sz_mine[:, _NDUE]  # (those that fit the payload: see clamp_due)
@@ -201,7 +201,7 @@ def _pack_due(st: StaticExchange, e: RowStore, w: int, p: int) -> None:
     e.delta_acc_full.index_fill_(0, zi, 0.0)
 
 
-def answer(st: StaticExchange) -> None:
+def answer(st: SegmentBuffers) -> None:
     """Owners apply the pushed gradients, then answer every query: lag, value, version."""
     e, w, q, d = st.store, st.w, st.cap.q, st.d
     r = st.recv1
@@ -237,7 +237,7 @@ def answer(st: StaticExchange) -> None:
 
 
 def pushes_received(
-    st: StaticExchange,
+    st: SegmentBuffers,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Payload 1's pushes: ``(valid [w*p], slots, counts, gradients [w*p, D])``."""
     e, p, d = st.store, st.cap.p, st.d
@@ -250,7 +250,7 @@ def pushes_received(
     return pv, ps, rp_cnt, rp_grad
 
 
-def merged_owner_update(st: StaticExchange) -> None:
+def merged_owner_update(st: SegmentBuffers) -> None:
     """Owners of a non-linear optimizer (Adagrad): the staged own rows and the pushes
     received, one update per row of their summed gradient (the fused path runs this too)."""
     pv, ps, rp_cnt, rp_grad = pushes_received(st)
@@ -259,7 +259,7 @@ def merged_owner_update(st: StaticExchange) -> None:
 
 
 def _owner_update(
-    st: StaticExchange, e: RowStore, ps: torch.Tensor, pg: torch.Tensor, pc: torch.Tensor
+    st: SegmentBuffers, e: RowStore, ps: torch.Tensor, pg: torch.Tensor, pc: torch.Tensor
 ) -> None:
     """One optimizer update per row of the staged own rows and the pushed ones (slots
     ``ps``, trash for padding; gradients ``pg``; counts ``pc``), as
@@ -287,7 +287,7 @@ def _owner_update(
     e.version_full.index_add_(0, spread, csum.index_select(0, lead) * is_lead)
 
 
-def finish(st: StaticExchange) -> None:
+def finish(st: SegmentBuffers) -> None:
     """Refresh the mirrors beyond the bound, then the batch's values in block order."""
     e, w, q, d, u = st.store, st.w, st.cap.q, st.d, st.cap.u
     r = st.recv2
