@@ -5,7 +5,7 @@ from hetgmp.choices import EXCHANGES, REPLIES
 from hetgmp.embedding.counters import COUNTER_NAMES, format_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
-from hetgmp.embedding.module import DistributedEmbedding
+from hetgmp.embedding.module import DistributedEmbedding, engine_of
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.reference import ReferenceEmbedding
 
@@ -18,6 +18,7 @@ __all__ = [
     "ReferenceEmbedding",
     "SparseOptimizer",
     "StalenessViolation",
+    "engine_of",
     "format_counters",
     "initial_rows",
 ]

@@ -1,11 +1,11 @@
 """``DistributedEmbedding``: the distributed table as an ``nn.Module`` (public API and autograd).
 
-One ``forward`` is one training step (DESIGN.md, "The staleness protocol"). The module only
-wires the parts: the rows (:mod:`.store`), the batch plan (:mod:`.batch`), the staleness rules
-(:mod:`.protocol`), the step's stages and its transport (one rank has its own
-degenerate step; several ranks run :class:`~.collective.stepper.Stepper`, whose stage 3 is the exact
-or the padded transport) and the counters (:mod:`.counters`). The step's gradient comes back
-through one autograd node per lookup and is applied at the next step.
+One ``forward`` is one training step (docs/architecture.md, "The staleness protocol"). The
+module holds the rows (:mod:`.store`), the settings and ONE step engine
+(:class:`~.engine.StepEngine`, chosen by :func:`~.engines.make_engine`: one rank's own step,
+the collective stepper with its exact or padded exchange, or the async row service), and
+forwards its public calls to that engine without asking which kind it is. The step's gradient
+comes back through autograd and is applied at the next step.
 """
 
 from __future__ import annotations
@@ -13,24 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
-from hetgmp.embedding.collective.stepper import Stepper
-from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, StepContext
+from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.counters import StepCounters
-from hetgmp.embedding.engines import make_engines
-from hetgmp.embedding.kernels import gather_rows
+from hetgmp.embedding.engine import StepEngine
+from hetgmp.embedding.engines import make_engine
 from hetgmp.embedding.kernels import resolve as resolve_kernels
 from hetgmp.embedding.local import LocalStep
-from hetgmp.embedding.lookup import _LocalLookup, _PaddedLookup
-from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.options import (
     check_sizes,
-    concrete,
     placement_of,
     resolve_exchange,
     resolve_replies,
@@ -100,33 +94,18 @@ class DistributedEmbedding(nn.Module):
             PhaseTimer(env.device, enabled=False), self.bound,
             send_all=audit or self.replies == "all", audit=audit,
         )  # fmt: skip
-        self._local, self._one, self._padded, self._stepper = make_engines(
-            self._ctx, exchange=self.exchange, audit=audit, sync=self.sync, cuda_graphs=cuda_graphs,
-            graph_collectives=graph_collectives, async_config=async_config,
-        )  # fmt: skip
-        if self._local and exchange == "auto":
-            self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
-        if isinstance(self._stepper, AsyncStep):
-            env.closers.append(self.close)
-        s = self.store
-        self._planner = BatchPlanner(s.slot_of, s.block_of, env.world_size, env.device)
-        self._whole: WholeStep | None = None
-        self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
-        self._prefetched: Prep | None = None
         # the leaf the autograd nodes hang on (see lookup._LocalLookup; a plain attribute, not
-        # a parameter: it never gets a gradient) and the device ids need not be moved from
+        # a parameter: it never gets a gradient)
         self._anchor = torch.zeros((), requires_grad=True)
-        self._ids_device = concrete(env.device)
-
-    # Assigned every step: nn.Module.__setattr__ checks every assignment for parameters,
-    # buffers and submodules (~7 us each on the host, measured with cProfile).
-    _PLAIN_ATTRS = frozenset({"_prefetched", "_side"})
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in DistributedEmbedding._PLAIN_ATTRS:
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
+        self.engine: StepEngine = make_engine(
+            self._ctx, self._anchor, exchange=self.exchange, audit=audit, sync=self.sync,
+            cuda_graphs=cuda_graphs, graph_collectives=graph_collectives,
+            async_config=async_config,
+        )  # fmt: skip
+        if self.engine.kind == "local" and exchange == "auto":
+            self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
+        if self.engine.kind == "async":
+            env.closers.append(self.close)
 
     # ------------------------------------------------------------------ public API
     def send_ahead(self, ids: torch.Tensor) -> None:
@@ -134,32 +113,14 @@ class DistributedEmbedding(nn.Module):
         step's gradient and send the reads of the NEXT batch ``ids`` now: their round trip
         overlaps the rest of the step; a ``forward`` given this same tensor takes the answers
         (:meth:`.rowservice.step.AsyncStep.send_ahead`), one given others drops them."""
-        if self.async_engine is None or not self.training or input_problem(ids) is not None:
-            return self.prefetch(ids)
-        self._prefetched = prep = self._plan(ids.to(self.device))
-        prep.source = ids
-        self.async_engine.send_ahead(prep)
+        self.engine.send_ahead(ids, training=self.training)
 
     def prefetch(self, ids: torch.Tensor) -> None:
         """Start the batch plan (unique ids, slot / owner lookup, block order) of the NEXT
         batch now; a following ``forward`` given this same tensor object uses it. On CUDA the
         work runs on a side stream (it needs no host sync); on CPU at once. Input problems
         are left for ``forward`` to report collectively."""
-        if self._local or input_problem(ids) is not None:
-            # (one rank: nothing to prepare, the step's own kernels clamp and check the ids)
-            self._prefetched = None
-            return
-        if self.device.type != "cuda":
-            self._prefetched = self._plan(ids.to(self.device, non_blocking=True))
-            return
-        if self._side is None:
-            self._side = torch.cuda.Stream(device=self.device)
-        self._side.wait_stream(current_stream(self.device))  # ids and tables: main stream
-        with torch.cuda.stream(self._side):
-            dev_ids = ids.to(self.device, non_blocking=True)
-            prep = self._plan(dev_ids)
-        dev_ids.record_stream(self._side)
-        self._prefetched = prep
+        self.engine.prefetch(ids, training=self.training)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up ``ids [B, F]`` (int64) -> ``[B, F, D]``; one call is one training step.
@@ -177,63 +138,37 @@ class DistributedEmbedding(nn.Module):
           global batch, scale the loss by the **global** batch (sum of per-sample losses /
           samples over all ranks) and sum dense gradients over ranks (``hetgmp.Trainer`` does).
         """
-        if self._local:
-            return self._forward_local(ids)
-        err = input_problem(ids)
-        self._ctx.timer.start()
-        prep = self._take_plan(ids, err)
-        b, f = prep.ids.shape
-        values, batch = self._stepper.step(prep, op=OP_FORWARD, error=err, training=self.training)
-        if self._padded is not None:
-            self._padded.consumed(prep)
-        training = self.training and torch.is_grad_enabled()
-        if batch.static is not None and training:
-            out = _PaddedLookup.apply(self._anchor, self._stepper, values, batch, (b, f, self.dim))
-        else:
-            out = self._gather(values, batch, (b, f), training)
-        self._ctx.timer.mark("gather")
-        return out
+        return self.engine.forward(ids, training=self.training)
 
     def flush(self) -> None:
         """(Collective) push every pending gradient and mirror delta so owners hold final values."""
-        empty = torch.zeros(0, 1, dtype=torch.int64, device=self.device)
-        if self._one is not None:
-            self._one.step(empty, op=OP_FLUSH, error=None)
-            return
-        self._stepper.step(self._planner.prepare(empty), op=OP_FLUSH, error=None, training=True)
+        self.engine.flush()
 
     def close(self) -> None:
         """Release what the table holds beyond memory (``sync="async"``: its service thread,
         sockets and ZeroMQ context; idempotent; a no-op otherwise)."""
-        if isinstance(self._stepper, AsyncStep):
-            self._stepper.close()
+        self.engine.close()
 
     def apply_pending(self) -> None:
         """One rank: apply the last backward's row update now instead of at the next forward
         (identical arithmetic; a whole-step CUDA graph needs the update inside its step).
         With several ranks updates travel with the next step's exchange: use :meth:`flush`."""
-        if self._one is None:
-            raise RuntimeError("apply_pending is for one rank; several ranks flush() instead")
-        self._one.apply_pending()
+        self.engine.apply_pending()
 
     @property
     def async_engine(self) -> AsyncStep | None:
         """The ``sync="async"`` step engine of several ranks (its clocks, global progress and
         service; :mod:`hetgmp.train.async_loop`), else None."""
-        return self._stepper if isinstance(self._stepper, AsyncStep) else None
+        return self.engine.async_engine()
 
     @property
     def local_step(self) -> LocalStep | None:
         """The one-rank step engine (None with several ranks or audit)."""
-        return self._one
+        return self.engine.local_step()
 
     def counters(self) -> dict[str, int]:
         """Cumulative counters (bytes by kind, rows by source, pushes)."""
-        total = self._ctx.counters.total()
-        if isinstance(self._stepper, AsyncStep):  # (what this rank's service moved)
-            for k, v in self._stepper.service_bytes().items():
-                total[k] += v
-        return total
+        return self.engine.counters()
 
     def step_counters(self) -> dict[str, int]:
         """The last step's counters."""
@@ -263,9 +198,7 @@ class DistributedEmbedding(nn.Module):
         plan). Every stored row takes its saved value; versions restart at 0 on all ranks, so
         mirrors start in sync. Pending gradients are dropped."""
         self.store.load_rows(sd)
-        self._stepper.grads = None
-        if self._one is not None:
-            self._one.grads = None
+        self.engine.drop_pending()
         return None
 
     def _load_from_state_dict(
@@ -278,8 +211,7 @@ class DistributedEmbedding(nn.Module):
 
     def release_graphs(self) -> None:
         """Drop every CUDA graph this table captured (later steps capture again)."""
-        if self._padded is not None:
-            self._padded.release_graphs()
+        self.engine.release_graphs()
 
     def extra_repr(self) -> str:
         return (
@@ -311,87 +243,48 @@ class DistributedEmbedding(nn.Module):
     def timer(self, value: PhaseTimer) -> None:
         self._ctx.timer = value
 
-    padded_rebuilds = property(lambda self: self._padded.rebuilds if self._padded else [])
-    padded_presyncs = property(lambda self: self._padded.presyncs if self._padded else 0)
+    @property
+    def padded_rebuilds(self) -> list[Any]:
+        """Every capacity the padded exchange took (empty without one)."""
+        return self.engine.padded_rebuilds()
+
+    @property
+    def padded_presyncs(self) -> int:
+        """Steps whose pre-sync part ran in fixed shapes (0 without a padded exchange)."""
+        return self.engine.padded_presyncs()
 
     def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
         """The padded exchange set up for a whole-step CUDA graph of several ranks (made at
         the first call, before the first step; :mod:`.padded.whole`); None where this
         table has no padded exchange (one rank, exact, async)."""
-        if self._padded is None or not isinstance(self._stepper, Stepper):
-            return None
-        if self._whole is None:
-            self._whole = WholeStep(self._padded, self._stepper, max_q=max_q)
-        return self._whole
+        return self.engine.whole_step(max_q=max_q)
 
+    # ------------------------------------------------------------------ for tests
+    # (names the tests have used since before the engines had an interface)
     @property
     def _static(self) -> Any:  # (tests/gpu_padded_check.py looks at its graphs)
-        return self._padded.static if self._padded is not None else None
+        return self.engine.padded_buffers()
 
-    # ------------------------------------------------------------------ step plumbing
-    def _forward_local(self, ids: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` with one rank: ``[B, F, D]`` rows, one per occurrence in input
-        order (through :class:`_LocalLookup` when training, so the gradient comes back)."""
-        one = self._one
-        assert one is not None
-        err = input_problem(ids)
-        self._prefetched = None
-        self._ctx.timer.start()
-        if err is not None:  # (raises, after reporting any earlier bad batch)
-            one.step(self.store.zeros_w[:0], op=OP_FORWARD, error=err)
-        if ids.device != self._ids_device:
-            ids = ids.to(self.device)
-        if self.training and torch.is_grad_enabled():
-            out = _LocalLookup.apply(self._anchor, one, ids)
-        else:
-            out = one.step(ids, op=OP_FORWARD, error=None)[0]
-        self._ctx.timer.mark("gather")
-        return out
+    @property
+    def _local(self) -> bool:
+        return self.engine.kind == "local"
 
-    def _plan(self, ids: torch.Tensor) -> Prep:
-        """The batch plan; with the padded transport (training) into a ring slot."""
-        if self._padded is not None and self.training:
-            return self._padded.prepare(ids, self._planner.prepare)
-        return self._planner.prepare(ids)
+    @property
+    def _one(self) -> LocalStep | None:
+        return self.engine.local_step()
 
-    def _take_plan(self, ids: torch.Tensor, err: str | None) -> Prep:
-        """The prefetched plan of ``ids`` if there is one, else a new one (an empty one when
-        the input is bad: the step still runs its sizes exchange to tell the peers)."""
-        prep, self._prefetched = self._prefetched, None
-        if err is not None:
-            prep = self._planner.prepare(torch.zeros(0, 1, dtype=torch.int64, device=self.device))
-        elif prep is not None and prep.source is ids:
-            if self.device.type == "cuda" and self._side is not None:
-                main = current_stream(self.device)
-                main.wait_stream(self._side)
-                if not prep.static:  # (a captured graph's outputs live in its own pool)
-                    for t in prep.tensors():  # allocated on the side stream, used on this one
-                        t.record_stream(main)
-        else:
-            if self._side is not None:  # a discarded prefetch may still use the leader map
-                current_stream(self.device).wait_stream(self._side)
-            prep = self._plan(ids.to(self.device))
-        prep.source = None
-        return prep
+    @_one.setter
+    def _one(self, value: LocalStep | None) -> None:  # (stands for a table without one)
+        self.engine.one = value  # type: ignore[attr-defined]
 
-    def _gather(
-        self, values: torch.Tensor, batch: Any, shape: tuple[int, int], training: bool
-    ) -> torch.Tensor:
-        """The exact transport's ``[B, F, D]`` output (its gradient captured by a hook)."""
-        if training:
-            leaf = values.requires_grad_()
-            stepper = self._stepper
+    @property
+    def _stepper(self) -> Any:
+        """The stepper of several ranks (``Stepper`` or ``AsyncStep``)."""
+        return self.engine.stepper  # type: ignore[attr-defined]
 
-            def capture(g: torch.Tensor) -> None:
-                stepper.grads = (batch, g.detach())
 
-            leaf.register_hook(capture)
-            values = leaf
-        if self.kernels == "triton":
-            # backward: one zero-fill and one Triton scatter-add (relaxed atomics, row tiles)
-            # instead of embedding_dense_backward's sort and segment sums
-            return gather_rows(values, batch.inv, "triton").view(*shape, self.dim)
-        # F.embedding, not values[inv]: its backward reduces the gradient of repeated (hot)
-        # ids by sorting, where index backward scatters with atomics that serialise on hot
-        # rows (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
-        return F.embedding(batch.inv.view(shape), values)
+def engine_of(table: nn.Module) -> StepEngine | None:
+    """The step engine of a :class:`DistributedEmbedding`; None for any other table (the
+    trainer also takes other tables: any module with ``forward``, ``flush``, ``counters``,
+    ``state_dict`` and ``load_state_dict``)."""
+    return table.engine if isinstance(table, DistributedEmbedding) else None

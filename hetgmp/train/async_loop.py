@@ -48,6 +48,7 @@ import torch
 from hetgmp.comm.collectives import all_gather_object
 from hetgmp.data.device_batches import EpochPlan, Slot, step_slots
 from hetgmp.data.pipeline import BatchSource
+from hetgmp.embedding import engine_of
 from hetgmp.train.accounting import Interval
 from hetgmp.train.checkpoint import Position
 from hetgmp.train.dense_server import DenseServer
@@ -357,7 +358,8 @@ def _wait_share(phase_ms: dict[str, float]) -> float:
 def run_async(tr: TrainerView) -> bool:
     """Run :class:`AsyncLoop` when this run trains with unequal step counts (True), else
     leave the lockstep loop to the trainer (False)."""
-    engine = getattr(tr.model.embedding, "async_engine", None)
+    table_engine = engine_of(tr.model.embedding)
+    engine = table_engine.async_engine() if table_engine is not None else None
     if not tr.cfg.unequal_steps or engine is None:  # (one rank: nothing to be unequal with)
         return False
     AsyncLoop(tr, engine).run()

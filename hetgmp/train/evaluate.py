@@ -24,6 +24,7 @@ from hetgmp.data.device_batches import DeviceBatch, EpochPlan, step_slots
 from hetgmp.data.format import SplitArrays
 from hetgmp.data.loader import rank_sample_indices
 from hetgmp.data.pipeline import PipelineOptions, open_source
+from hetgmp.embedding import engine_of
 from hetgmp.metrics import accuracy_tensor, log_loss_tensor, roc_auc_tensor
 from hetgmp.models import CTRModel
 
@@ -74,7 +75,8 @@ def score_split(
                 probs_b, labels_b = _score_batch(model, source.next()[1], env.device, amp)
                 probs += probs_b
                 labels += labels_b
-        engine = getattr(model.embedding, "async_engine", None)
+        table_engine = engine_of(model.embedding)
+        engine = table_engine.async_engine() if table_engine is not None else None
         if engine is not None:  # (--sync async: every peer's reads answered before the
             engine.meet("async evaluation")  # process group's collectives that follow)
     finally:

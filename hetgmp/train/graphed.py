@@ -31,6 +31,7 @@ import torch
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
+from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.step import TrainStep
@@ -46,7 +47,8 @@ def graph_support(
         return "--no-cuda-graphs"
     if env.device.type != "cuda":
         return f"device {env.device.type}"
-    if getattr(step.model.embedding, "local_step", None) is None:
+    engine = engine_of(step.model.embedding)
+    if engine is None or engine.local_step() is None:
         return "several ranks: every step's exchange sizes cross to the host"
     if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
         return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"

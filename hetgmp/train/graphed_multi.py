@@ -32,9 +32,8 @@ import torch
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
-from hetgmp.embedding.batch import Batch, Summed
-from hetgmp.embedding.padded.exchange import GraphReleaser
-from hetgmp.embedding.padded.whole import WholeStep
+from hetgmp.embedding import engine_of
+from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler
@@ -53,7 +52,8 @@ def multi_graph_support(step: TrainStep, cfg: Any) -> str | None:
         return f"--dense-optimizer {cfg.dense_optimizer}: torch cannot capture it"
     if cfg.dense_sync_every != 1:
         return "--dense-sync-every != 1"
-    if getattr(emb, "exchange", None) != "padded" or getattr(emb, "sync", None) != "collective":
+    engine = engine_of(emb)
+    if engine is None or engine.kind != "collective" or emb.exchange != "padded":
         return "several ranks need the padded exchange (--exchange, --replies, --sync)"
     return None
 
@@ -65,7 +65,7 @@ class _Entry:
     run: Callable[[], torch.Tensor]
     pos: torch.Tensor
     source: ResidentSource
-    grads: tuple[Batch, Summed]
+    grads: PendingGrads
     graph: object = None  # (the CUDA graph: held for as long as the entry)
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from hetgmp.comm.collectives import all_gather_object, all_reduce_sum
 from hetgmp.comm.env import DistEnv
+from hetgmp.embedding import DistributedEmbedding
 from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.profile import PHASES, PhaseProfiler
 
@@ -40,8 +41,9 @@ def global_counters(env: DistEnv, embedding: nn.Module) -> dict[str, float]:
 
 def memory_report(env: DistEnv, embedding: nn.Module) -> dict[str, Any]:
     """Stored rows (owned + mirrors) and peak RSS per rank, max and mean over ranks."""
-    own = int(getattr(embedding, "n_own", 0))
-    mir = int(getattr(embedding, "n_mir", 0))
+    own, mir = 0, 0  # (another kind of table: nothing to say)
+    if isinstance(embedding, DistributedEmbedding):
+        own, mir = embedding.n_own, embedding.n_mir
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
     ranks = all_gather_object(env, (own, mir, rss_mb))
     out: dict[str, Any] = {}

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetgmp.config import to_dict
+from hetgmp.embedding import DistributedEmbedding
 from hetgmp.train.checkpoint import (
     LoadedCheckpoint,
     Position,
@@ -50,8 +51,10 @@ def restore_trainer(tr: TrainerView, ck: LoadedCheckpoint) -> None:
     """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
     check_compatible(ck, compat_info(tr.info))
     emb = tr.model.embedding
-    stored = getattr(emb, "stored_ids", None)  # (a distributed table: only its own rows)
-    emb.load_state_dict(ck.embedding_union() if stored is None else ck.embedding_rows(stored))
+    if isinstance(emb, DistributedEmbedding):  # (only the rows it stores)
+        emb.load_state_dict(ck.embedding_rows(emb.stored_ids))
+    else:
+        emb.load_state_dict(ck.embedding_union())
     dense = ck.dense()
     try:
         tr.model.load_dense_state_dict(dense["model"])

@@ -207,7 +207,9 @@ def build_ctr_model(
     table_dim = model_class(cfg.model).table_dim(cfg.embed_dim)
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
     emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
-    if log is not None and hasattr(emb, "kernels") and hasattr(emb, "replies"):
+    from hetgmp.embedding import DistributedEmbedding
+
+    if log is not None and isinstance(emb, DistributedEmbedding):
         _log_embedding(log, cfg, env, emb)
     model = build_model(
         cfg.model,
@@ -224,11 +226,11 @@ def build_ctr_model(
 
 def _log_embedding(log: RunLog, cfg: TrainConfig, env: DistEnv, emb: Any) -> None:
     """The table's resolved settings, and what --sync async's settings mean for this run."""
-    sync = getattr(emb, "sync", "?")
+    sync = emb.sync
     log.info(
         f"embedding: row-update kernels {emb.kernels} (--kernels {cfg.kernels}), "
         f"replies {emb.replies} (--replies {cfg.replies}), exchange "
-        f"{getattr(emb, 'exchange', '?')} (--exchange {cfg.exchange}), sync {sync}"
+        f"{emb.exchange} (--exchange {cfg.exchange}), sync {sync}"
         + (f" (--max-lag {cfg.max_lag})" if sync == "async" else "")
     )
     if sync != "async" or env.world_size == 1:
