@@ -1,18 +1,22 @@
 """The staleness protocol (DESIGN.md, "The staleness protocol"): the one place that says what
 ``bound`` means. Small tensor functions over a :class:`~hetgmp.embedding.store.RowStore`;
 every transport calls them (the padded exchange's fused kernels and torch segments implement the
-same rules on fixed-size buffers and are tested against these).
+same rules on fixed-size buffers: the torch segments call the rule functions below, the Triton
+kernels restate them in ``padded/rule_triton.py``, which tests/test_staleness_rule.py holds to
+these).
 
 * **Read rule.** A batch's rows are owned (used as they are), mirrors, or not stored here. An
   owner answers a mirror query with the lag ``owner_version - mirror_version`` (:func:`lags`);
-  a mirror whose lag is within ``bound`` is used as it is (*fresh* at lag 0, *stale but
-  allowed* above), one beyond the bound is *refreshed*: it takes the owner's value plus its
-  own not-yet-pushed delta (:func:`refresh_mirrors`). Rows not stored here take the owner's
+  a mirror whose lag is within ``bound`` (:func:`within_bound`) is used as it is (*fresh* at
+  lag 0, *stale but allowed* above), one beyond the bound (:func:`beyond_bound`) is
+  *refreshed*: it takes the owner's value plus its own not-yet-pushed delta
+  (:func:`refresh_mirrors`). Rows not stored here take the owner's
   value. :func:`read_counts` counts the classes.
 * **Write rule.** Owned rows get the update at once. A mirror applies it locally, accumulates
   the raw gradient and the applied delta, and counts the occurrences in ``pending``
-  (:func:`stage_mirror_updates`); it becomes *due* for a push once ``pending > bound`` (any
-  pending at flush and evaluation; :func:`due_state`), and :func:`take_due` clears it. Rows not stored here push every step.
+  (:func:`stage_mirror_updates`); it becomes *due* for a push once ``pending > bound``
+  (:func:`is_due`; any pending at flush and evaluation; :func:`due_state`), and
+  :func:`take_due` clears it; a pending mirror not due is *deferred* (:func:`deferred_mask`). Rows not stored here push every step.
 * **Owners apply before answering.** The owner applies its own rows' and every pushed
   gradient, one optimizer update per row per step of the sum of all contributions
   (:func:`apply_at_owner`), before it computes the lags of this step's queries; so ``bound = 0``
@@ -36,6 +40,30 @@ I32_MAX = 2**31 - 1  # lags travel as int32
 _I64_MIN = -(2**63)
 
 
+def within_bound(lag: torch.Tensor, bound: int) -> torch.Tensor:
+    """Read rule: a mirror read ``lag`` owner updates behind (``owner_version -
+    mirror_version``) is used as it is (``lag <= bound``)."""
+    return lag <= bound
+
+
+def beyond_bound(lag: torch.Tensor, bound: int) -> torch.Tensor:
+    """Read rule: a mirror read ``lag`` behind is refreshed from its owner (``lag > bound``,
+    the complement of :func:`within_bound`). Scriptable: the row service's TorchScript
+    answer calls it."""
+    return lag > bound
+
+
+def is_due(pending: torch.Tensor, bound: int) -> torch.Tensor:
+    """Write rule: a mirror holding ``pending`` unpushed updates pushes now
+    (``pending > bound``)."""
+    return pending > bound
+
+
+def deferred_mask(pending: torch.Tensor, due: torch.Tensor) -> torch.Tensor:
+    """Mirrors with updates the bound lets them keep: pending, not due."""
+    return (pending > 0) & ~due
+
+
 def due_state(
     store: RowStore, bound: int, *, push_all: bool
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -44,8 +72,8 @@ def due_state(
     ``push_all``) and how many hold updates the bound lets them keep (a device scalar)."""
     if store.n_mir == 0:
         return None, store.zeros_w, store.zeros_w[0]
-    due = store.pending > (0 if push_all else bound)
-    deferred = ((store.pending > 0) & ~due).sum()
+    due = is_due(store.pending, 0 if push_all else bound)
+    deferred = deferred_mask(store.pending, due).sum()
     return due, store.due_per_owner(due), deferred
 
 
@@ -142,7 +170,7 @@ def reply_needed(lag: torch.Tensor, theirs: torch.Tensor, per_peer: list[int]) -
         torch.arange(w, device=lag.device), theirs[:, sizes.NQM], output_size=sum(per_peer)
     )
     thr = torch.where(theirs[:, sizes.SEND_ALL] > 0, _I64_MIN, theirs[:, sizes.BOUND])
-    return lag > thr.index_select(0, src)
+    return beyond_bound(lag, thr.index_select(0, src))  # type: ignore[arg-type]
 
 
 def refresh_mirrors(
@@ -179,7 +207,7 @@ def read_counts(
     return torch.stack(
         [
             (q_lag == 0).sum(),
-            ((q_lag > 0) & (q_lag <= bound)).sum(),
+            ((q_lag > 0) & within_bound(q_lag, bound)).sum(),
             refresh.sum(),
             deferred.to(torch.int64),
             zero,

@@ -21,11 +21,11 @@ import torch
 
 from hetgmp.comm.exchange import exchange_payload, exchange_sizes
 from hetgmp.embedding import protocol, sizes
-from hetgmp.embedding.audit import record_audit
 from hetgmp.embedding.batch import Batch, Prep
 from hetgmp.embedding.context import OP_FLUSH, StepContext
 from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.ops import compact
+from hetgmp.embedding.reads import Answers, finish_read
 from hetgmp.embedding.wire import f32, i64, join
 
 Staged = tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]  # due, due per owner, deferred
@@ -272,29 +272,15 @@ class ExactExchange:
     def _gather(
         self, s: SizedStep, batch: Batch, r: dict[str, Any], deferred: torch.Tensor
     ) -> torch.Tensor:
-        """Refresh mirrors beyond the bound, then the batch's values in block order."""
-        ctx, store = self.ctx, self.ctx.store
+        """Refresh mirrors beyond the bound, then the batch's values in block order
+        (:func:`~hetgmp.embedding.reads.finish_read`)."""
+        ctx = self.ctx
         sw, bound = ctx.opt.state_width, 0 if s.evaluating else ctx.bound
-        n_o, n_m = batch.n_own, batch.n_own + batch.n_mir
-        q_lag = r["lag"]
-        refresh = q_lag > bound
-        if r["n_sent_mir"]:
-            # The owner sent values for exactly the refreshed mirrors (every mirror in audit
-            # mode and with replies="all"), in block order.
-            ms = batch.slot[n_o:n_m]
-            ext = r["mir_ext"]
-            state = ext[:, 0] if sw else None
-            if ctx.send_all:
-                protocol.refresh_mirrors(store, ms, r["mir_vals"], i64(ext[:, sw:]), state, refresh)
-            else:
-                rs = ms.index_select(0, compact(refresh, r["n_sent_mir"]))
-                protocol.refresh_mirrors(store, rs, r["mir_vals"], i64(ext[:, sw:]), state, None)
-        values = torch.empty(batch.u.numel(), store.dim, device=store.device)
-        take_rows(store.weight, batch.slot[:n_m], out=values[:n_m], backend=ctx.kernels)
-        values[n_m:] = r["rem_vals"]
-        zero = store.zeros_w[0]
-        ctx.counters.rows_dev_step = protocol.read_counts(q_lag, bound, refresh, deferred, zero)
-        ctx.counters.accumulate_rows()
-        if ctx.audit:
-            ctx.last_audit = record_audit(ctx, batch, r, refresh, values, bound)
-        return values
+        ext, rext = r["mir_ext"], r["rem_ext"]
+        # (decoded only where read: the versions' int64 lanes after the optimizer state)
+        mir_ver = i64(ext[:, sw:]) if r["n_sent_mir"] or ctx.audit else ctx.store.zeros_w[:0]
+        answers = Answers(
+            r["lag"], r["mir_vals"], mir_ver, ext[:, 0] if sw else None, r["rem_vals"],
+            rem_ver=i64(rext[:, sw:]) if ctx.audit else None,
+        )  # fmt: skip
+        return finish_read(ctx, batch, answers, bound, deferred)

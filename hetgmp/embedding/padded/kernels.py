@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from hetgmp.embedding import sizes
+from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
 from hetgmp.embedding.kernels.rows import scatter_add_rows
@@ -165,7 +165,7 @@ def pack(st: Any) -> None:
     st.deferred.zero_()
     s64 = st.send1.view(torch.int64)
     if e.n_mir:
-        due = e.pending > st.bound
+        due = protocol.is_due(e.pending, st.bound)
         csum = torch.cumsum(due, 0)
         k.pack_due[_grid(e.n_mir, br)](
             e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.padded.rule_triton import beyond_bound, is_due, within_bound
+
 
 @triton.jit
 def _block_starts(blocks_ptr, W: tl.constexpr, B3: tl.constexpr):
@@ -50,8 +52,8 @@ def pack_due_kernel(
     i = tl.program_id(0) * BR + tl.arange(0, BR)
     m = i < n_mir
     pend = tl.load(pend_ptr + i, mask=m, other=0)
-    due = m & (pend > bound)
-    k = tl.sum((m & (pend > 0) & (pend <= bound)).to(tl.int64), 0)
+    due = m & is_due(pend, bound)
+    k = tl.sum((m & (pend > 0) & ~is_due(pend, bound)).to(tl.int64), 0)
     if k > 0:
         tl.atomic_add(deferred_ptr, k, sem="relaxed")
     j = tl.load(owner_ptr + i, mask=due, other=0)
@@ -207,7 +209,7 @@ def finish_values_kernel(
     e = tl.where(rem, e0 + nqm, e0)  # position among the queries to owner j
     o = j.to(tl.int64) * s2
     lag = tl.load(recv32_ptr + o + e, mask=mir, other=0).to(tl.int64)
-    fresh = mir & (lag > bound)
+    fresh = mir & beyond_bound(lag, bound)
     s = tl.load(slot_ptr + i, mask=stored, other=0).to(tl.int64)
     rver = tl.load(recv64_ptr + (o + q + q * D) // 2 + e, mask=fresh, other=0)
     tl.store(ver_ptr + s, rver, mask=fresh)
@@ -215,7 +217,7 @@ def finish_values_kernel(
         rstate = tl.load(recv_ptr + o + 3 * q + q * D + e, mask=fresh, other=0.0)
         tl.store(state_ptr + s, rstate, mask=fresh)
     k0 = tl.sum((mir & (lag == 0)).to(tl.int64), 0)
-    k1 = tl.sum((mir & (lag > 0) & (lag <= bound)).to(tl.int64), 0)
+    k1 = tl.sum((mir & (lag > 0) & within_bound(lag, bound)).to(tl.int64), 0)
     k2 = tl.sum(fresh.to(tl.int64), 0)
     tl.atomic_add(rows_ptr + 0, k0, sem="relaxed")
     tl.atomic_add(rows_ptr + 1, k1, sem="relaxed")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.padded.rule_triton import is_due
+
 
 @triton.jit
 def presync_apply_kernel(
@@ -157,7 +159,7 @@ def count_due_kernel(
 ):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_mir
-    due = m & (tl.load(pend_ptr + i, mask=m, other=0) > bound)
+    due = m & is_due(tl.load(pend_ptr + i, mask=m, other=0), bound)
     o = tl.load(owner_ptr + i, mask=m, other=0)
     for j in tl.static_range(W):
         k = tl.sum((due & (o == j)).to(tl.int64), 0)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hetgmp.embedding import sizes
+from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.rows import put_rows, scatter_add_rows, take_rows
 from hetgmp.embedding.ops import stable_partition
 
@@ -75,7 +75,7 @@ def presync(st: SegmentBuffers, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     take_rows(g, j, out=st.pr_grad, backend=st.kernels)
     st.pr_n.copy_(nqr)
     # mirrors due for a push, per owner
-    ndue = e.due_per_owner(e.pending > st.bound) if e.n_mir else e.zeros_w.clone()
+    ndue = e.due_per_owner(protocol.is_due(e.pending, st.bound)) if e.n_mir else e.zeros_w.clone()
     clamp_due(st, ndue)  # (as many as the push payload has room for)
     # the next batch: inputs and sizes table
     st.u_ids.copy_(cur.u)
@@ -176,8 +176,8 @@ def _pack_due(st: SegmentBuffers, e: RowStore, w: int, p: int) -> None:
     """Due mirrors (``pending > bound``) into the push buffers, compacted and grouped by
     owner (as mirrors are stored); their pending state is cleared."""
     ndue = st.sz_mine[:, _NDUE]  # (those that fit the payload: see clamp_due)
-    due = e.pending > st.bound
-    st.deferred.copy_(((e.pending > 0) & ~due).sum())
+    due = protocol.is_due(e.pending, st.bound)
+    st.deferred.copy_(protocol.deferred_mask(e.pending, due).sum())
     n_mir = due.numel()
     perm, tot = stable_partition(due, e.mir_arange)
     di = perm
@@ -296,7 +296,7 @@ def finish(st: SegmentBuffers) -> None:
     r_ver = r[:, q + q * d : 3 * q + q * d].contiguous().view(torch.int64)  # [w, q]
     is_m, is_r, ipos = (t.view(w, q) for t in st.q_slots)  # (from _pack)
     ms = st.slot_pad.index_select(0, ipos.reshape(-1)).view(w, q)
-    refresh = is_m & (r_lag > st.bound)
+    refresh = is_m & protocol.beyond_bound(r_lag, st.bound)
     rs = torch.where(refresh, ms, st.skip_s).reshape(-1)
     mi = torch.where(refresh, ms - e.n_own, e.n_mir).reshape(-1)
     new = r_vals.reshape(-1, d) + e.delta_acc_full.index_select(0, mi)
@@ -314,7 +314,7 @@ def finish(st: SegmentBuffers) -> None:
     torch.stack(
         [
             (is_m & (r_lag == 0)).sum(),
-            (is_m & (r_lag > 0) & (r_lag <= st.bound)).sum(),
+            (is_m & (r_lag > 0) & protocol.within_bound(r_lag, st.bound)).sum(),
             refresh.sum(),
             st.deferred,
             st.deferred * 0,

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hetgmp.embedding import protocol
+
 OK, OUTSIDE, NOT_OWNED = 0, 1, 2
 MESSAGES = {
     OUTSIDE: "a request names a row id outside the table",
@@ -76,7 +78,7 @@ def _read_answer(
     dev = weight.device
     m_slot = _to(m_host, dev)
     lag = version.index_select(0, m_slot) - _to(mver, dev)
-    sent = m_slot if send_all else m_slot[lag > bound]
+    sent = m_slot if send_all else m_slot[protocol.beyond_bound(lag, bound)]
     rows = torch.cat([sent, _to(r_host, dev)])
     out = [lag, weight.index_select(0, rows), version.index_select(0, rows)]
     if with_state:

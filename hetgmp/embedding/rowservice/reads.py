@@ -12,13 +12,12 @@ import torch
 
 from hetgmp.comm.rpc.peers import Peers, Request
 from hetgmp.embedding import protocol
-from hetgmp.embedding.audit import record_audit
 from hetgmp.embedding.batch import Batch
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import take_rows
+from hetgmp.embedding.reads import Answers, finish_read
 from hetgmp.embedding.rowservice import wire
 from hetgmp.embedding.rowservice.lock import TableLock
-from hetgmp.embedding.wire import f32
 
 
 @dataclasses.dataclass
@@ -79,32 +78,13 @@ def receive_reads(
 ) -> torch.Tensor:
     """The answers of :func:`send_reads`: stale mirrors refreshed, the batch's unique rows'
     values in block order, counters and audit record."""
-    store, batch, nqm, bound = ctx.store, sent.batch, sent.nqm, sent.bound
-    n_m = batch.n_own + batch.n_mir
+    batch, nqm, bound = sent.batch, sent.nqm, sent.bound
     replies = _collect(ctx, peers, sent)
     if not batch.n_mir and not ctx.audit:
         return _rows_only(ctx, lock, batch, replies, deferred)
-    r = _assemble(ctx, replies, nqm, batch.nqr)
-    q_lag = r["lag"]
-    refresh = q_lag > bound
-    values = torch.empty(batch.u.numel(), store.dim, device=store.device)
-    with lock:
-        ms = batch.slot[batch.n_own : n_m]
-        state = r["mir_state"]
-        if ctx.send_all:
-            protocol.refresh_mirrors(store, ms, r["mir_vals"], r["mir_ver"], state, refresh)
-        elif r["mir_vals"].numel():
-            rs = ms[refresh]
-            protocol.refresh_mirrors(store, rs, r["mir_vals"], r["mir_ver"], state, None)
-        take_rows(store.weight, batch.slot[:n_m], out=values[:n_m], backend=ctx.kernels)
-        values[n_m:] = r["rem_vals"]
-    zero = store.zeros_w[0]
+    a = _assemble(ctx, replies, nqm, batch.nqr)
     ctx.counters.set_rows_host(batch.n_own, sum(batch.nqr))
-    ctx.counters.rows_dev_step = protocol.read_counts(q_lag, bound, refresh, deferred, zero)
-    ctx.counters.accumulate_rows()
-    if ctx.audit:
-        _audit(ctx, batch, r, refresh, values, bound)
-    return values
+    return finish_read(ctx, batch, a, bound, deferred, lock)
 
 
 def _rows_only(
@@ -143,7 +123,7 @@ def _collect(ctx: StepContext, peers: Peers, sent: SentReads) -> dict[int, dict[
 
 def _assemble(
     ctx: StepContext, replies: dict[int, dict[str, Any]], nqm: list[int], nqr: list[int]
-) -> dict[str, Any]:
+) -> Answers:
     """The owners' answers in block order: lags; values, versions, state of the refreshed
     mirrors (``mir_*``) and of the rows not stored here (``rem_*``)."""
     store, sw, w = ctx.store, ctx.opt.state_width, ctx.env.world_size
@@ -166,30 +146,9 @@ def _assemble(
         return torch.cat(parts[key]) if parts[key] else like
 
     empty_v = torch.zeros(0, d, device=dev)
-    return {
-        "lag": cat("lag", empty_i), "mir_vals": cat("mv", empty_v), "rem_vals": cat("rv", empty_v),
-        "mir_ver": cat("mver", empty_i), "rem_ver": cat("rver", empty_i),
-        "mir_state": cat("ms", torch.zeros(0, device=dev)) if sw else None,
-        "rem_state": cat("rs", torch.zeros(0, device=dev)) if sw else None,
-    }  # fmt: skip
-
-
-def _audit(
-    ctx: StepContext, batch: Batch, r: dict[str, Any], refresh: torch.Tensor,
-    values: torch.Tensor, bound: int,
-) -> None:  # fmt: skip
-    """The step's audit record (the exact transport's format, :func:`record_audit`; only this
-    thread changes the mirrors' ``pending``, so it reads the counts of the read)."""
-    sw = ctx.opt.state_width
-
-    def ext(ver: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-        cols = [f32(ver).view(-1, 2)]
-        if sw:
-            cols.insert(0, state[:, None])
-        return torch.cat(cols, dim=1)
-
-    reply = {
-        "lag": r["lag"], "mir_vals": r["mir_vals"], "rem_vals": r["rem_vals"],
-        "mir_ext": ext(r["mir_ver"], r["mir_state"]), "rem_ext": ext(r["rem_ver"], r["rem_state"]),
-    }  # fmt: skip
-    ctx.last_audit = record_audit(ctx, batch, reply, refresh, values, bound)
+    state = torch.zeros(0, device=dev)
+    return Answers(
+        cat("lag", empty_i), cat("mv", empty_v), cat("mver", empty_i),
+        cat("ms", state) if sw else None, cat("rv", empty_v),
+        rem_ver=cat("rver", empty_i), rem_state=cat("rs", state) if sw else None,
+    )  # fmt: skip
