@@ -1,9 +1,11 @@
 """What every transport works on: the table's rows, protocol settings, optimizer and counters
-(:class:`StepContext`), and the operation codes a step carries in its sizes table."""
+(:class:`StepContext`), the operation codes a step carries in its sizes table, and the names of
+the engines."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 
@@ -14,6 +16,8 @@ from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.store import RowStore
 
 OP_FORWARD, OP_FLUSH = 1, 2
+# which step engine a table runs (:class:`hetgmp.embedding.engine.StepEngine`'s ``kind``)
+EngineKind = Literal["local", "collective", "async"]
 OP_NAMES = {OP_FORWARD: "forward", OP_FLUSH: "flush"}
 
 

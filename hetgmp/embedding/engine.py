@@ -22,11 +22,12 @@ CUDA graphs), not through the engines' files.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from hetgmp.embedding.batch import Batch, Summed
+from hetgmp.embedding.context import EngineKind
 from hetgmp.embedding.padded.exchange import GraphReleaser
 from hetgmp.embedding.padded.whole import WholeStep
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["EngineKind", "GraphReleaser", "PendingGrads", "StepEngine", "WholeStep"]
 
-EngineKind = Literal["local", "collective", "async"]
 # A captured whole step's pending gradient: the batch and its gradient summed per row
 # (restored after each replay, :meth:`WholeStep.pending`).
 PendingGrads = tuple[Batch, Summed]

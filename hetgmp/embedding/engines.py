@@ -1,13 +1,15 @@
 """Which step engine a table runs, from its settings (:func:`make_engine`), and the one-rank
-engine (:class:`LocalEngine`); the engines of several ranks are in :mod:`.planned`."""
+engine (:class:`LocalEngine`); the engines of several ranks are
+:class:`~.collective.engine.CollectiveEngine` and :class:`~.rowservice.AsyncEngine`."""
 
 from __future__ import annotations
 
 import torch
 
 from hetgmp.embedding.batch import input_problem
-from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, StepContext
-from hetgmp.embedding.engine import EngineKind, StepEngine
+from hetgmp.embedding.collective.engine import CollectiveEngine
+from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, EngineKind, StepContext
+from hetgmp.embedding.engine import StepEngine
 from hetgmp.embedding.local import LocalStep
 from hetgmp.embedding.lookup import _LocalLookup
 from hetgmp.embedding.options import concrete
@@ -15,8 +17,7 @@ from hetgmp.embedding.padded.buffers import StaticExchange
 from hetgmp.embedding.padded.exchange import PaddedExchange
 from hetgmp.embedding.padded.fields import Capacity
 from hetgmp.embedding.padded.whole import WholeStep
-from hetgmp.embedding.planned import AsyncEngine, CollectiveEngine
-from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
+from hetgmp.embedding.rowservice import AsyncConfig, AsyncEngine, AsyncStep
 
 
 def make_engine(

@@ -104,8 +104,6 @@ class DistributedEmbedding(nn.Module):
         )  # fmt: skip
         if self.engine.kind == "local" and exchange == "auto":
             self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
-        if self.engine.kind == "async":
-            env.closers.append(self.close)
 
     # ------------------------------------------------------------------ public API
     def send_ahead(self, ids: torch.Tensor) -> None:

@@ -1,23 +1,23 @@
-"""The step engines of several ranks (:class:`CollectiveEngine`, :class:`AsyncEngine`) as
-:class:`~hetgmp.embedding.engine.StepEngine` s: both run a step on a *batch plan* (unique
-ids in block order, :class:`~hetgmp.embedding.batch.BatchPlanner`), made ahead on a side
-CUDA stream by :meth:`prefetch`, and turn the step's unique rows into the ``[B, F, D]``
-output with autograd hooked. What differs is the stepper they hand the plan to:
+"""What the step engines of several ranks share (:class:`PlannedEngine`, the base of
+:class:`~hetgmp.embedding.collective.engine.CollectiveEngine` and of
+:class:`~hetgmp.embedding.rowservice.engine.AsyncEngine`): both run a step on a *batch plan*
+(unique ids in block order, :class:`~hetgmp.embedding.batch.BatchPlanner`), made ahead on a
+side CUDA stream by :meth:`~PlannedEngine.prefetch`, and turn the step's unique rows into the
+``[B, F, D]`` output with autograd hooked. What differs is the stepper they hand the plan to:
 :class:`~hetgmp.embedding.collective.stepper.Stepper` (one exchange among all ranks, exact or
-padded) or :class:`~hetgmp.embedding.rowservice.AsyncStep` (point to point).
+padded) or :class:`~hetgmp.embedding.rowservice.AsyncStep` (point to point), both
+:class:`Stepping`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from hetgmp.embedding.batch import BatchPlanner, Prep, input_problem
-from hetgmp.embedding.collective.stepper import Stepper
-from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, StepContext
-from hetgmp.embedding.engine import EngineKind
+from hetgmp.embedding.batch import Batch, BatchPlanner, Prep, input_problem
+from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, EngineKind, StepContext
 from hetgmp.embedding.kernels import gather_rows
 from hetgmp.embedding.local import LocalStep
 from hetgmp.embedding.lookup import _PaddedLookup
@@ -26,17 +26,30 @@ from hetgmp.embedding.padded.buffers import StaticExchange
 from hetgmp.embedding.padded.exchange import PaddedExchange
 from hetgmp.embedding.padded.fields import Capacity
 from hetgmp.embedding.padded.whole import WholeStep
-from hetgmp.embedding.rowservice import AsyncStep
 
 
-class _PlannedEngine:
+class Stepping(Protocol):
+    """A stepper of several ranks: runs a step on a batch plan and keeps the step's gradient
+    (``grads``) for the next one."""
+
+    grads: Any
+
+    def step(
+        self, prep: Prep, *, op: int, error: str | None, training: bool
+    ) -> tuple[torch.Tensor, Batch]:
+        """The batch's unique rows' values in block order, and the batch record."""
+        ...
+
+
+class PlannedEngine:
     """A multi-rank engine's plumbing around its stepper (see the module docstring);
-    ``anchor``: the table's 0-d leaf the autograd nodes hang on (see :mod:`.lookup`)."""
+    ``anchor``: the table's 0-d leaf the autograd nodes hang on (see :mod:`.lookup`). A
+    subclass adds ``async_engine()`` (this module names no engine's own types)."""
 
     kind: EngineKind
 
     def __init__(
-        self, ctx: StepContext, stepper: Stepper | AsyncStep, padded: PaddedExchange | None,
+        self, ctx: StepContext, stepper: Stepping, padded: PaddedExchange | None,
         anchor: torch.Tensor,
     ) -> None:  # fmt: skip
         self.ctx, self.stepper, self.padded, self.anchor = ctx, stepper, padded, anchor
@@ -101,9 +114,6 @@ class _PlannedEngine:
         return self.ctx.counters.total()
 
     def local_step(self) -> LocalStep | None:
-        return None
-
-    def async_engine(self) -> AsyncStep | None:
         return None
 
     def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
@@ -173,57 +183,3 @@ class _PlannedEngine:
         # ids by sorting, where index backward scatters with atomics that serialise on hot
         # rows (measured on an H200: 6.1 ms vs 0.1 ms per step at batch 8192 x 26 fields).
         return F.embedding(batch.inv.view(shape), values)
-
-
-class CollectiveEngine(_PlannedEngine):
-    """Several ranks, one exchange among all of them per step (:class:`Stepper`: exact
-    payloads, or the padded exchange where every rank takes it)."""
-
-    kind: EngineKind = "collective"
-    stepper: Stepper
-
-    def __init__(
-        self, ctx: StepContext, padded: PaddedExchange | None, anchor: torch.Tensor
-    ) -> None:
-        super().__init__(ctx, Stepper(ctx, padded), padded, anchor)
-        self._whole: WholeStep | None = None
-
-    def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
-        """The padded exchange set up for a whole-step graph (:mod:`.padded.whole`)."""
-        if self.padded is None:
-            return None
-        if self._whole is None:
-            self._whole = WholeStep(self.padded, self.stepper, max_q=max_q)
-        return self._whole
-
-
-class AsyncEngine(_PlannedEngine):
-    """Several ranks at their own pace (:class:`AsyncStep`: each rank's row service)."""
-
-    kind: EngineKind = "async"
-    stepper: AsyncStep
-
-    def __init__(self, ctx: StepContext, step: AsyncStep, anchor: torch.Tensor) -> None:
-        super().__init__(ctx, step, None, anchor)
-
-    def send_ahead(self, ids: torch.Tensor, *, training: bool) -> None:
-        """Push this step's gradient and send the next batch's reads now
-        (:meth:`~hetgmp.embedding.rowservice.AsyncStep.send_ahead`)."""
-        if not training or input_problem(ids) is not None:
-            return self.prefetch(ids, training=training)
-        self._prefetched = prep = self._plan(ids.to(self.device), training)
-        prep.source = ids
-        self.stepper.send_ahead(prep)
-
-    def counters(self) -> dict[str, int]:
-        """With what this rank's service moved."""
-        total = self.ctx.counters.total()
-        for k, v in self.stepper.service_bytes().items():
-            total[k] += v
-        return total
-
-    def async_engine(self) -> AsyncStep | None:
-        return self.stepper
-
-    def close(self) -> None:
-        self.stepper.close()

@@ -4,8 +4,10 @@ ZeroMQ service thread, and ranks step at their own pace within ``--max-lag`` ste
 The public surface, for the training layer: :class:`AsyncStep` (the engine a
 :class:`~hetgmp.embedding.DistributedEmbedding` exposes as ``async_engine``: the budget rule,
 meetings, its RPC service for other layers' operations) and :class:`AsyncConfig` (the
-settings). The rest is the engine's own:
+settings); for the table, :class:`AsyncEngine` (the engine as a
+:class:`~hetgmp.embedding.engine.StepEngine`). The rest is the engine's own:
 
+* ``engine.py``: :class:`AsyncEngine`;
 * ``step.py``: :class:`AsyncStep`, a step's phases and clocks;
 * ``push.py`` / ``reads.py``: the push phase and the read phase of a step;
 * ``service.py``: the row service (the operations on this rank's rows, the peers' clocks), on
@@ -15,6 +17,7 @@ settings). The rest is the engine's own:
 """
 
 from hetgmp.embedding.rowservice.config import AsyncConfig
+from hetgmp.embedding.rowservice.engine import AsyncEngine
 from hetgmp.embedding.rowservice.step import AsyncStep
 
-__all__ = ["AsyncConfig", "AsyncStep"]
+__all__ = ["AsyncConfig", "AsyncEngine", "AsyncStep"]

@@ -1,0 +1,37 @@
+"""The collective engine as a :class:`~hetgmp.embedding.engine.StepEngine`: several ranks,
+one exchange among all of them per step (:class:`~.stepper.Stepper`: exact payloads, or the
+padded exchange where every rank takes it)."""
+
+from __future__ import annotations
+
+import torch
+
+from hetgmp.embedding.collective.stepper import Stepper
+from hetgmp.embedding.context import EngineKind, StepContext
+from hetgmp.embedding.padded.exchange import PaddedExchange
+from hetgmp.embedding.padded.whole import WholeStep
+from hetgmp.embedding.planned import PlannedEngine
+
+
+class CollectiveEngine(PlannedEngine):
+    """The collective engine (see the module docstring)."""
+
+    kind: EngineKind = "collective"
+    stepper: Stepper
+
+    def __init__(
+        self, ctx: StepContext, padded: PaddedExchange | None, anchor: torch.Tensor
+    ) -> None:
+        super().__init__(ctx, Stepper(ctx, padded), padded, anchor)
+        self._whole: WholeStep | None = None
+
+    def whole_step(self, *, max_q: int | None = None) -> WholeStep | None:
+        """The padded exchange set up for a whole-step graph (:mod:`hetgmp.embedding.padded.whole`)."""
+        if self.padded is None:
+            return None
+        if self._whole is None:
+            self._whole = WholeStep(self.padded, self.stepper, max_q=max_q)
+        return self._whole
+
+    def async_engine(self) -> None:
+        return None
