@@ -45,6 +45,7 @@ class LocalEngine:
     sync. ``one``: the step (tests set it to None to stand for a table without one)."""
 
     kind: EngineKind = "local"
+    padded: PaddedExchange | None = None  # (no exchange: as the other engines' attribute)
 
     def __init__(self, ctx: StepContext, anchor: torch.Tensor) -> None:
         self.ctx, self.anchor = ctx, anchor

@@ -264,6 +264,11 @@ class DistributedEmbedding(nn.Module):
         return self.engine.padded_buffers()
 
     @property
+    def _padded(self) -> Any:  # (tests/test_padded_kernels.py fixes its capacities)
+        """The padded exchange (``PaddedExchange``), or None."""
+        return self.engine.padded  # type: ignore[attr-defined]
+
+    @property
     def _local(self) -> bool:
         return self.engine.kind == "local"
 
