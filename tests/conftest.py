@@ -64,3 +64,13 @@ def tiny_dataset(tmp_path: Path):
     return write_dataset(
         tmp_path / "tiny", fields, {"train": split(400), "test": split(100)}, num_dense=2
     )
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook
+    """Tests marked ``slow`` (scale runs, ``pytest -m slow``) or ``gpu`` (whole training runs
+    on the device machine) get 900 s unless they set their own timeout; the default per test
+    is 60 s (pyproject.toml)."""
+    for item in items:
+        long = item.get_closest_marker("slow") or item.get_closest_marker("gpu")
+        if long and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(900))

@@ -72,6 +72,7 @@ def test_hung_rank_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
     assert elapsed < 120, elapsed
 
 
+@pytest.mark.timeout(180)  # (torchrun's agent waits ~30 s before SIGKILL; 150 s cap below)
 def test_hung_rank_ends_the_torchrun_job(tiny_dataset, tmp_path) -> None:
     """The same under torchrun: the failing worker exits, and torchrun's agent ends the stopped
     one (SIGTERM, then SIGKILL after its grace period: ~30 s)."""

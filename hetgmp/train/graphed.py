@@ -33,7 +33,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
-from hetgmp.train.profile import NoMarks, PhaseProfiler
+from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
 GRAPH_DENSE_OPTIMIZERS = ("adam", "sgd")  # torch's fused CUDA kernels, capturable
@@ -79,15 +79,11 @@ class GraphedStep:
         self.pos: torch.Tensor | None = None  # (and its positions input)
         self.out: torch.Tensor | None = None
         self.replays = 0
-        self._timed_left = time_replays
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.timer = ReplayTimer(time_replays)
 
     def replay_ms(self) -> float | None:
         """Mean device milliseconds of the timed replays (None if none ran); synchronizes."""
-        if not self._events:
-            return None
-        self._events[-1][1].synchronize()
-        return sum(a.elapsed_time(b) for a, b in self._events) / len(self._events)
+        return self.timer.mean_ms()
 
     def __call__(
         self,
@@ -113,15 +109,8 @@ class GraphedStep:
             self._capture(batch, global_batch)
         assert self.graph is not None and self.out is not None
         self._load(batch)
-        if self._timed_left > 0 and self.replays > 0:  # (not the replay right after capture)
-            self._timed_left -= 1
-            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            ev[0].record()
-            self.graph.replay()
-            ev[1].record()
-            self._events.append(ev)
-        else:
-            self.graph.replay()
+        # (not the replay right after capture)
+        self.timer.replay(self.graph.replay, timed=self.replays > 0)
         self.one.replayed(batch.sparse if isinstance(batch, DeviceBatch) else _ids(batch))
         self.replays += 1
         return self.out

@@ -36,7 +36,7 @@ from hetgmp.embedding import engine_of
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
-from hetgmp.train.profile import NoMarks, PhaseProfiler
+from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
 
@@ -89,15 +89,11 @@ class MultiRankGraphedStep:
         self._generation: object = None
         self.replays = 0
         self.eager_steps = 0
-        self._timed_left = time_replays
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.timer = ReplayTimer(time_replays)
 
     def replay_ms(self) -> float | None:
         """Mean device milliseconds of the timed replays (None if none ran); synchronizes."""
-        if not self._events:
-            return None
-        self._events[-1][1].synchronize()
-        return sum(a.elapsed_time(b) for a, b in self._events) / len(self._events)
+        return self.timer.mean_ms()
 
     def __call__(
         self,
@@ -149,15 +145,7 @@ class MultiRankGraphedStep:
         return self.whole.ready(self._shape(batch))
 
     def _replay(self, entry: _Entry) -> torch.Tensor:
-        if self._timed_left > 0 and self.replays > 0 and self.graphed:
-            self._timed_left -= 1
-            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            ev[0].record()
-            out = entry.run()
-            ev[1].record()
-            self._events.append(ev)
-            return out
-        return entry.run()
+        return self.timer.replay(entry.run, timed=self.replays > 0 and self.graphed)
 
     def _capture(
         self, batch: PendingBatch, global_batch: int

@@ -15,11 +15,13 @@ the last profiled step: no host sync inside the window); on CPU it reads ``perf_
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
+T = TypeVar("T")
 PHASES = ("data_wait", "embedding", "dense_fwd_bwd", "sync", "optimizers", "total")
 
 
@@ -118,3 +120,32 @@ class PhaseProfiler:
         for marks, wait in zip(self._steps, self._waits, strict=True):
             sums = [s + v for s, v in zip(sums, self._phases(marks, wait), strict=True)]
         return len(self._steps), sums
+
+
+class ReplayTimer:
+    """Device time of a few CUDA graph replays (``--profile-steps``: the profiled steps run
+    eagerly, so a whole-step graph's own time is measured on the replays after them). Each of
+    the first ``count`` calls of :meth:`replay` with ``timed`` true is bracketed by events."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def replay(self, run: Callable[[], T], *, timed: bool) -> T:
+        """``run()``, timed while any of the count is left and ``timed`` is true."""
+        if not timed or self.left <= 0:
+            return run()
+        self.left -= 1
+        ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        ev[0].record()
+        out = run()
+        ev[1].record()
+        self.events.append(ev)
+        return out
+
+    def mean_ms(self) -> float | None:
+        """Mean milliseconds of the timed replays (None if none ran); synchronizes."""
+        if not self.events:
+            return None
+        self.events[-1][1].synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.events) / len(self.events)
