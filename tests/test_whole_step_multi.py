@@ -82,17 +82,19 @@ def _by_id(r: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "bound", "max_q"),
-    [("adagrad", 0, None), ("sgd", 3, None), ("adagrad", 3, 20)],
+    ("optimizer", "bound", "max_q", "evals"),
+    [("adagrad", 0, None, 0), ("sgd", 3, None, 0), ("adagrad", 3, 20, 0), ("adagrad", 3, None, 5)],
 )
 def test_whole_step_flow_trains_as_the_eager_padded_path(
-    tiny_dataset, tmp_path, optimizer: str, bound: int, max_q: int | None
+    tiny_dataset, tmp_path, optimizer: str, bound: int, max_q: int | None, evals: int
 ) -> None:
     """Rows, optimizer state, dense layers and row counters equal the eager padded path's
-    (``max_q=4``: a cap far under the batches' queries, so full batches take the exact path and
-    the next step its pushes: the routing is exercised)."""
+    (``max_q=20``: a cap under some batches' queries, so those take the exact path and the
+    next step its pushes: the routing is exercised; ``evals``: an evaluation every that many
+    steps, each flushing a replayed step's gradient through the exact path)."""
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound)
+    more = {"val": True, "eval_every": evals} if evals else {}
+    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound, **more)
     eager = spawn_ranks(_rank, 2, cfg, False, None, timeout_s=180)
     whole = spawn_ranks(_rank, 2, cfg, True, max_q, timeout_s=180)
     for e, w in zip(eager, whole, strict=True):
@@ -107,6 +109,8 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
     for k in COUNTS:
         assert counts[0][k] == counts[1][k], (k, counts)
     w0 = whole[0]
+    if evals:
+        assert w0["res"]["val_auc"] == eager[0]["res"]["val_auc"]
     if max_q is None:
         assert w0["replays"] >= 4 and w0["routed"] == 0, w0
     else:
