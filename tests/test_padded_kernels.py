@@ -13,8 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("triton")
 
@@ -111,3 +114,12 @@ def test_fused_padded_segments_match_reference(
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr
+
+
+def test_fused_segments_when_capacities_grow_after_presync_began() -> None:
+    """tests/padded_growth_check.py under torchrun, the fused kernels in the interpreter."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(ROOT / "tests" / "padded_growth_check.py")]  # fmt: skip
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "GROWTH CHECK OK" in p.stdout, p.stdout + p.stderr

@@ -371,7 +371,7 @@ class StaticExchange:
 
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
-        for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n"):
+        for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n", "ndue"):
             getattr(self, name).copy_(getattr(old, name))
         k = min(old.pr_ids.numel(), self.pr_ids.numel())
         self.pr_ids[:k].copy_(old.pr_ids[:k])
