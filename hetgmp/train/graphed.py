@@ -61,7 +61,7 @@ class GraphedStep:
     The first full batch fixes the captured shape (batch size, dense features, global batch);
     :attr:`replays` counts the steps that came from the graph. ``time_replays``: the device
     time of that many replays (after the capture) is measured with events, for
-    :meth:`replay_ms` (``--profile-steps``: profiled steps themselves run eagerly)."""
+    ``timer``, a :class:`~.profile.ReplayTimer` (``--profile-steps``: profiled steps themselves run eagerly)."""
 
     def __init__(
         self, step: TrainStep, *, warmup: int = WARMUP_STEPS, time_replays: int = 0
@@ -80,10 +80,6 @@ class GraphedStep:
         self.out: torch.Tensor | None = None
         self.replays = 0
         self.timer = ReplayTimer(time_replays)
-
-    def replay_ms(self) -> float | None:
-        """Mean device milliseconds of the timed replays (None if none ran); synchronizes."""
-        return self.timer.mean_ms()
 
     def __call__(
         self,

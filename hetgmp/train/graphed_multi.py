@@ -73,7 +73,7 @@ class MultiRankGraphedStep:
     """``TrainStep``'s call for a rank of several, replayed as one CUDA graph where it can
     (module docstring). ``comm``: the env of the exchange's own communicator (captured
     collectives must not share one with eager calls); ``batch_size``: the full batch;
-    ``time_replays``: that many replays are timed with events (:meth:`replay_ms`)."""
+    ``time_replays``: that many replays are timed with events (``timer``, a :class:`~.profile.ReplayTimer`)."""
 
     def __init__(
         self, step: TrainStep, whole: WholeStep, comm: DistEnv, *, batch_size: int,
@@ -90,10 +90,6 @@ class MultiRankGraphedStep:
         self.replays = 0
         self.eager_steps = 0
         self.timer = ReplayTimer(time_replays)
-
-    def replay_ms(self) -> float | None:
-        """Mean device milliseconds of the timed replays (None if none ran); synchronizes."""
-        return self.timer.mean_ms()
 
     def __call__(
         self,

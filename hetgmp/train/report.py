@@ -97,7 +97,8 @@ def results(tr: TrainerView) -> dict[str, Any]:
     profile = step_profile(tr.env, tr.profiler)
     if profile is not None:
         out["step_ms"] = profile
-        replay_ms = getattr(tr.run_step, "replay_ms", lambda: None)()
+        timer = getattr(tr.run_step, "timer", None)  # (a whole-step graph's ReplayTimer)
+        replay_ms = timer.mean_ms() if timer is not None else None
         if replay_ms is not None:  # (the profiled steps ran eagerly: the graph's own time)
             profile["eager"] = 1.0
             profile["graph_replay_ms"] = replay_ms

@@ -149,7 +149,7 @@ class Trainer:
         if whole is None:
             raise ValueError("a multi-rank whole-step graph needs the padded exchange")
         self.run_step = MultiRankGraphedStep(
-            self.train_step, whole, whole.padded.comm(), batch_size=self.cfg.batch_size,
+            self.train_step, whole, whole.comm(), batch_size=self.cfg.batch_size,
             time_replays=self.cfg.profile_steps,
         )  # fmt: skip
         self.train_step.head = None

@@ -200,6 +200,11 @@ class WholeStep:
             return None
         return ring.last ^ 1
 
+    def comm(self) -> Any:
+        """The env of the exchange's own communicator (for the captured collectives; collective
+        at the first call, see :meth:`PaddedExchange.comm`)."""
+        return self.padded.comm()
+
     @property
     def generation(self) -> object:
         """Changes whenever the exchange's buffers are rebuilt (captured graphs hold them)."""
