@@ -75,6 +75,12 @@ CASES = textwrap.dedent(
                 out = torch.full((n, d), float("nan"), device=device)
                 assert take_rows(table, idx, out=out, backend="triton") is out
                 assert torch.equal(out, want)
+                # rows leaving in the autocast dtype: converted in the kernel, both backends
+                for backend in ("triton", "torch"):
+                    half = take_rows(table, idx, backend=backend, out_dtype=torch.bfloat16)
+                    assert half.dtype == torch.bfloat16
+                    # (within one bf16 step: the interpreter may truncate, not round)
+                    torch.testing.assert_close(half.float(), want, rtol=2**-7, atol=0)
             # put_rows == index_copy_ for distinct targets; a repeated target: every element is
             # one of its writers' (on CUDA, not necessarily all from the same row)
             src = torch.randn(n, d, generator=g).to(device)

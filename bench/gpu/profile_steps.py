@@ -13,6 +13,7 @@ the sum, which exceeds the step's wall time where kernels overlap (NCCL on its o
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import sys
 from pathlib import Path
@@ -35,12 +36,26 @@ def _table(prof: profile, steps: int, rows: int) -> str:
     return "\n".join(lines)
 
 
+def _export(prof: profile, path: str) -> None:
+    """The Chrome trace, gzipped (a few MB for a few steps)."""
+    raw = Path(path).with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as f, gzip.open(path, "wb") as g:
+        g.write(f.read())
+    raw.unlink()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the table goes here (RANK: the local rank)")
     ap.add_argument("--skip", type=int, default=30, help="training steps before recording")
     ap.add_argument("--steps", type=int, default=20, help="training steps recorded")
     ap.add_argument("--rows", type=int, default=40)
+    ap.add_argument(
+        "--trace",
+        help="also a gzipped Chrome trace of the recorded steps here "
+        "(RANK: the local rank), to read the order and the gaps",
+    )
     args, rest = ap.parse_known_args()
     cli_args = rest[1:] if rest[:1] == ["--"] else rest
     sched = schedule(wait=args.skip, warmup=2, active=args.steps, repeat=1)
@@ -58,7 +73,10 @@ def main() -> int:
         text = _table(prof, args.steps, args.rows)
     except AssertionError:  # (the run ended before the recorded steps)
         text = f"no step recorded: the run has fewer than {args.skip + 2 + args.steps} steps"
-    out = Path(args.out.replace("RANK", os.environ.get("LOCAL_RANK", "0")))
+    rank = os.environ.get("LOCAL_RANK", "0")
+    if args.trace:
+        _export(prof, args.trace.replace("RANK", rank))
+    out = Path(args.out.replace("RANK", rank))
     out.write_text(text + "\n")
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(text)
