@@ -224,6 +224,8 @@ class StaticExchange:
         self.ar_own = torch.arange(o + wp, **i64)
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
         self.own_gsum = torch.zeros(o + wp, d, device=emb.device)  # (zero between steps)
+        # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
+        self.own_entries = torch.zeros(4, o + wp, **i64)
 
     # ------------------------------------------------------------------ host side
     def load(

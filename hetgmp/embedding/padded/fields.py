@@ -68,6 +68,7 @@ class SegmentBuffers(Protocol):
     own_slot: torch.Tensor
     own_cnt: torch.Tensor
     own_grad: torch.Tensor
+    own_entries: torch.Tensor
     # payloads
     send1: torch.Tensor
     recv1: torch.Tensor

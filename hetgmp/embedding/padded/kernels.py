@@ -47,11 +47,9 @@ import torch
 from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
-from hetgmp.embedding.kernels.rows import scatter_add_rows
 from hetgmp.embedding.padded.reference import (
     clamp_due,
     merged_owner_update,
-    pushes_received,
 )
 
 # The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
@@ -219,30 +217,35 @@ def finish(st: Any) -> None:
 
 
 def merged_owner_update_fused(st: Any) -> None:
-    """:func:`.reference.merged_owner_update` with the row kernels: every valid entry
-    (a staged own row, a received push) finds its row's leader entry through the slot ->
-    position map; the gradients are added at the leaders into ``st.own_gsum`` (kept at zero
-    between steps: the update zeroes the rows it read, nothing else is added to), counts
-    likewise; one Adagrad launch updates the leaders' rows and state; versions move by the
-    rows' counts. Padding entries are skipped (negative indices), so no atomics pile up on a
-    dummy row."""
-    e, o, p, d = st.store, st.cap.o, st.cap.p, st.d
-    pv, ps, rp_cnt, _ = pushes_received(st)
-    slots = torch.cat([st.own_slot, torch.where(pv, ps, e.trash_slot)])
-    valid = slots != e.trash_slot
-    ar = st.ar_own
-    st.pos_map.index_copy_(0, slots, ar)
-    lead = torch.where(valid, st.pos_map.index_select(0, slots), -1)
-    scatter_add_rows(st.own_gsum, lead[:o], st.own_grad, backend="triton")
-    g0 = 4 * st.cap.q + 4 * p  # (each peer's pushed gradients: a contiguous [p, D] block)
-    for j in range(st.w):
-        rows = st.recv1[j, g0 : g0 + p * d].view(p, d)
-        scatter_add_rows(st.own_gsum, lead[o + j * p : o + (j + 1) * p], rows, backend="triton")
-    cnt = torch.cat([st.own_cnt, torch.where(pv, rp_cnt, 0)])
-    csum = torch.zeros_like(ar).index_add_(0, torch.where(valid, lead, ar), cnt * valid)
+    """:func:`.reference.merged_owner_update` in four launches (:mod:`.owner_triton`): every
+    valid entry (a staged own row, a received push) finds its row's leader entry through the
+    slot -> entry map; the gradients and counts are added at the leaders (``st.own_gsum`` and
+    the count row of ``st.own_entries``, both zero between steps: what reads them zeroes
+    them); one Adagrad launch updates the leaders' rows and state; versions move by the rows'
+    counts. Padding entries are skipped, so no atomics pile up on a dummy row."""
+    k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
+    slots, cnts, lead, csum = st.own_entries
+    n = slots.numel()
+    k.slots[_grid(n, 1024)](
+        st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of, slots,
+        cnts, st.pos_map, n, o, p, st.s1 // 2, 2 * q, e.num_rows, e.trash_slot,
+        COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024,
+    )  # fmt: skip
+    br, bd = _tiles(st.d)
+    k.sum[_grid(n, br)](
+        slots, cnts, st.pos_map, lead, csum, st.own_grad, st.recv1, st.own_gsum, n, o, p,
+        st.s1, 4 * q + 4 * p, e.trash_slot, D=st.d, BR=br, BD=bd,
+    )  # fmt: skip
     adagrad_rows(
         e.weight_full, e.opt_state_full, slots, st.own_gsum, st.lr, st.opt.eps, lead=lead,
         backend="triton", consume=True,
     )  # fmt: skip
-    is_lead = lead == ar
-    e.version_full.index_add_(0, torch.where(is_lead, slots, st.spread_own), csum * is_lead)
+    k.version[_grid(n, 1024)](slots, lead, csum, e.version_full, n, BLOCK=1024)
+
+
+@functools.lru_cache(maxsize=1)
+def _owner_ns() -> Any:
+    m = importlib.import_module("hetgmp.embedding.padded.owner_triton")
+    return SimpleNamespace(
+        slots=m.owner_slots_kernel, sum=m.owner_sum_kernel, version=m.owner_version_kernel
+    )
