@@ -25,7 +25,7 @@
 # run is recorded and the others go on.
 #
 # Knobs (environment): MODELS ("wdl dcn"), BATCHES ("8192 65536"), ITERS ("150 24", one per
-# batch), EMBED_DIM (128), PLAIN_VARIANTS, SAMPLES (derived), CARD_SCALE (1: 33.8M rows), METHOD
+# batch), EMBED_DIM (128), PLAIN (1; 0: no plain PyTorch runs), PLAIN_VARIANTS, SAMPLES (derived), CARD_SCALE (1: 33.8M rows), METHOD
 # (metis+refine), MAX_GPUS, MULTI_VARIANTS, PROFILE_STEPS (10: passed as --profile-steps when the CLI has it), BUDGET_S,
 # WORK (/tmp/hetgmp-train-gpu), PYTHON (python3), SKIP_BUILD=1. CPU smoke test (2 gloo ranks
 # stand in for 2 GPUs), see bench/gpu/README.md: DEVICE=cpu SKIP_BUILD=1 SAMPLES=20000 ...
@@ -133,7 +133,8 @@ skipped() {  # model batch gpus contender variant
     --gpus "$3" --contender "$4" --variant "$5" --status "skipped: out of time" --machine "$MACHINE"
 }
 
-run_plain() {  # model batch iters
+run_plain() {  # model batch iters (PLAIN=0: none, e.g. where only the GPU-count ratios are wanted)
+  [ "${PLAIN:-1}" = 0 ] && return
   local c; c=$(cap "${PLAIN_MAX_S:-200}")
   [ "$c" = 0 ] && { skipped "$1" "$2" 1 plain-pytorch "$PLAIN_VARIANTS"; return; }
   local cmd=($PY bench/gpu/plain_ctr.py --dataset "$DS" --model "$1" --batch "$2" --iters "$3"
