@@ -34,15 +34,8 @@ def convert_columns(
         new = mask & ~flagged
         if new.any():
             name = spec.column_names[c]
-            bad.extend(
-                bad_rows(
-                    path,
-                    lines,
-                    new,
-                    reason,
-                    lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
-                )
-            )
+            say = lambda i: f"column {name}: {arr[i].as_py()!r} is {what}"  # noqa: E731
+            bad.extend(bad_rows(path, lines, new, reason, say))
             flagged[:] |= new
 
     # Label: a number equal to 0 or 1 (NaN for label-less rows to score).

@@ -172,13 +172,17 @@ class Scorer:
         return self.score(ids, d, check=False)
 
 
-def _read_rows(path: Path) -> dict[str, torch.Tensor]:
+def _read_rows(path: Path, want: list[int]) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise ArtifactError(f"{path}: unreadable safetensors file ({err})") from err
     if "rows" not in tensors or tensors["rows"].dim() != 2:
         raise ArtifactError(f"{path}: holds no 2-D 'rows' tensor")
+    if list(tensors["rows"].shape) != want:
+        raise ArtifactError(
+            f"{path}: rows of shape {list(tensors['rows'].shape)}, manifest says {want}"
+        )
     return tensors
 
 
@@ -253,24 +257,17 @@ def load(
     failure shows here and first requests are not slow. ``amp``: the dense part under bf16
     autocast, as training's ``--amp`` evaluates (scores move by ~1e-3; float32 by default).
 
-    ``trust_program``: the dense part is, by default, this hetgmp's model code built from the
-    manifest's config with the weights of ``dense.safetensors`` (nothing is unpickled, as with
-    ``torch.load(weights_only=True)``); ``True`` loads the exported program ``dense.pt2`` through
-    ``torch.export.load`` instead, which unpickles and so can run any code the artifact's maker
-    put there: only for artifacts from a trusted source (and for those of older hetgmp versions,
-    which have no ``dense.safetensors``)."""
+    ``trust_program``: by default the dense part is this hetgmp's model code, built from the
+    manifest's config, with ``dense.safetensors``' weights (nothing is unpickled); ``True`` loads
+    the exported program ``dense.pt2`` instead, which unpickles and so runs any code its maker
+    put there: only for artifacts from a trusted source (or older ones, without safetensors)."""
     root = Path(model_dir)
     if rows not in ROW_PLACES:
         raise ValueError(f"rows={rows!r}: choose one of {', '.join(ROW_PLACES)}")
     dev = torch.device(device)
     manifest = read_manifest(root)
     verify_files(root, manifest, checksums=verify)
-    tensors = _read_rows(root / ROWS)
-    want = manifest["rows"]["shape"]
-    if list(tensors["rows"].shape) != want:
-        raise ArtifactError(
-            f"{root / ROWS}: rows of shape {list(tensors['rows'].shape)}, manifest says {want}"
-        )
+    tensors = _read_rows(root / ROWS, manifest["rows"]["shape"])
     program = _dense_part(root, manifest, dev, trust_program)
     store = _place_rows(tensors, manifest, dev, rows, gpu_cache_rows)
     index = tensors.get("index")
