@@ -218,7 +218,7 @@ def test_compiled_scorer_scores_as_the_exported_program(tiny_dataset, tmp_path) 
         out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
         eager = hetgmp.serve.load(out)  # auto off CUDA: the rebuilt model code, uncompiled
         assert not eager.compiled and eager.fast is not None
-        program = hetgmp.serve.load(out, compile=False)  # the exported program itself
+        program = hetgmp.serve.load(out, compile=False, trust_program=True)  # the program
         assert program.fast is None
         np.testing.assert_allclose(
             eager.score(ids, dense).numpy(), program.score(ids, dense).numpy(), rtol=0, atol=1e-6
@@ -256,20 +256,20 @@ def test_compile_refusals_and_a_model_that_does_not_rebuild(tiny_dataset, tmp_pa
         hetgmp.serve.load(out, cuda_graphs=True)
     with pytest.raises(ValueError, match=r"on_compile_error='maybe'"):
         hetgmp.serve.load(out, compile=True, on_compile_error="maybe")
-    # an artifact whose program is not what this hetgmp's model code builds (here: the manifest
+    # a trusted program that is not what this hetgmp's model code builds (here: the manifest
     # names another model) cannot be compiled: an error naming why, or a warning and the
-    # exported program, uncompiled
+    # exported program, uncompiled (without trust the weights are refused: test_untrusted_*)
     m = out / "manifest.json"
     m.write_text(m.read_text().replace('"model": "wdl"', '"model": "dcn"'))
     with pytest.raises(
         CompileError, match=r"cannot rebuild the dense part: .*dense state does not"
     ):
-        hetgmp.serve.load(out, compile=True)
-    with pytest.warns(UserWarning, match=r"cannot rebuild the dense part.*runs uncompiled"):
-        s = hetgmp.serve.load(out, compile=True, on_compile_error="warn")
+        hetgmp.serve.load(out, compile=True, trust_program=True)
+    with pytest.warns(UserWarning, match=r"cannot rebuild the dense part.*runs as loaded"):
+        s = hetgmp.serve.load(out, compile=True, on_compile_error="warn", trust_program=True)
     assert not s.compiled and s.fast is None
     ids, dense = _arrays(tiny_dataset.test)
-    want = hetgmp.serve.load(out, compile=False).score(ids, dense)
+    want = hetgmp.serve.load(out, compile=False, trust_program=True).score(ids, dense)
     np.testing.assert_allclose(s.score(ids, dense).numpy(), want.numpy(), rtol=0, atol=0)
 
 

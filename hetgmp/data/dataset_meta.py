@@ -44,6 +44,10 @@ class DatasetMeta:
     source: dict[str, Any] = dataclasses.field(default_factory=dict)
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     best_auc: float | None = None  # AUC of the true probabilities on test (generated data)
+    # per split, each column's smallest and largest global id ({"min": [...], "max": [...]}),
+    # recorded when written, checked when training opens the data (hetgmp.data.id_ranges);
+    # absent from directories written before it existed (those are scanned instead)
+    id_ranges: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 

@@ -75,7 +75,7 @@ class Dataset:
 
 def _load_npy(path: Path) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r")
+        return np.load(path, mmap_mode="r", allow_pickle=False)  # (data, never code)
     except FileNotFoundError:
         raise DatasetError(f"{path}: file is missing") from None
     except ValueError as err:

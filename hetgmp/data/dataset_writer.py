@@ -101,6 +101,7 @@ class DatasetWriter:
         self._files: dict[tuple[str, str], _NpyAppender] = {}
         self._upper = np.array([f.offset + f.cardinality for f in fields], dtype=np.int64)
         self._lower = np.array([f.offset for f in fields], dtype=np.int64)
+        self._ranges: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # split: (min, max) ids
 
     def _appender(self, split: str, kind: str, dtype: Any, row_shape: tuple[int, ...]):
         key = (split, kind)
@@ -130,6 +131,8 @@ class DatasetWriter:
                     f"id {int(sparse[bad[0], bad[1]])} of field {self.meta.fields[bad[1]].name} "
                     f"is outside its range [{self._lower[bad[1]]}, {self._upper[bad[1]]})"
                 )
+        if n:
+            self._note_range(split, sparse)
         self._appender(split, "sparse", self.id_dtype, (nf,)).append(sparse)
         if self.meta.num_dense:
             if dense is None or dense.shape != (n, self.meta.num_dense):
@@ -138,6 +141,14 @@ class DatasetWriter:
         self._appender(split, "labels", np.float32, (1,)).append(
             np.asarray(labels, dtype=np.float32).reshape(n, 1)
         )
+
+    def _note_range(self, split: str, sparse: np.ndarray) -> None:
+        """Fold the chunk's per-column smallest and largest ids into the split's."""
+        lo, hi = sparse.min(axis=0).astype(np.int64), sparse.max(axis=0).astype(np.int64)
+        if split in self._ranges:
+            lo = np.minimum(lo, self._ranges[split][0])
+            hi = np.maximum(hi, self._ranges[split][1])
+        self._ranges[split] = (lo, hi)
 
     def close(self) -> Dataset:
         for split in SPLITS:
@@ -149,6 +160,9 @@ class DatasetWriter:
         for f in self._files.values():
             f.close()
         self.meta.splits = {s: self._files[(s, "sparse")].rows for s in SPLITS}
+        self.meta.id_ranges = {
+            s: {"min": lo.tolist(), "max": hi.tolist()} for s, (lo, hi) in self._ranges.items()
+        }
         self.meta.fingerprint = compute_fingerprint(self.tmp, self.meta)
         (self.tmp / "meta.json").write_text(self.meta.to_json())
         if self.out.exists():

@@ -48,6 +48,7 @@ from hetgmp.data.delimited_spec import (
     DENSE_TRANSFORMS,
     DelimitedSpec,
     RawBlock,
+    checked_dense,
     criteo_spec,
     read_first_line,
     resolve_columns,
@@ -328,7 +329,9 @@ class DelimitedSource:
             raw = np.empty((n, len(spec.dense)), dtype=np.int64)
             for j, c in enumerate(spec.dense):
                 raw[:, j] = _chunked_numpy(pc.fill_null(table.column(self._names[c]), 0))
-            dense = transform_dense(raw.astype(np.float64), spec.dense_transform)
+            dense, over = checked_dense(raw.astype(np.float64), spec.dense_transform)
+            if over.any():  # (the general path reports the line)
+                return None
         lines = first_line + np.arange(n, dtype=np.int64)
         return RawBlock(path, lines, labels.astype(np.float32), dense, keys)
 

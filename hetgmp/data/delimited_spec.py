@@ -43,6 +43,18 @@ def transform_dense(x: np.ndarray, transform: str) -> np.ndarray:
     raise ValueError(f"dense transform {transform!r} is not one of {DENSE_TRANSFORMS}")
 
 
+OVERFLOW = "too large: its stored float32 value would be inf (hetgmp refuses such numbers)"
+
+
+def checked_dense(x: np.ndarray, transform: str) -> tuple[np.ndarray, np.ndarray]:
+    """(``transform_dense(x)``, where it overflowed): a value whose stored float32 is not finite
+    (``1e400`` or a 400-digit integer read as inf, ``1e39`` under ``none``) is a bad number,
+    never a silent inf that turns training's loss into NaN."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = transform_dense(x, transform)
+    return out, ~np.isfinite(out)
+
+
 @dataclasses.dataclass
 class DelimitedSpec:
     """Which column is what in a delimited file (0-based column indices)."""

@@ -1,7 +1,7 @@
 """Column-by-column validation of a parsed delimited chunk (the general, non-fast path).
 
 The label must be a number equal to 0 or 1, dense values numbers (integers for Criteo; empty
-means missing), hex categoricals hex. The first problem of each line is returned as a
+means missing) whose stored float32 is finite, hex categoricals hex. The first problem of each line is returned as a
 :class:`~hetgmp.data.bad_lines.BadLine` and the line is dropped from the block.
 """
 
@@ -15,7 +15,7 @@ from hetgmp.data.arrow_values import FLOAT_RE as _FLOAT_RE
 from hetgmp.data.arrow_values import INT_RE as _INT_RE
 from hetgmp.data.arrow_values import to_float as _to_float
 from hetgmp.data.bad_lines import BAD_CATEGORY, BAD_LABEL, BAD_NUMBER, BadLine, bad_rows
-from hetgmp.data.delimited_spec import DelimitedSpec, RawBlock, transform_dense
+from hetgmp.data.delimited_spec import OVERFLOW, DelimitedSpec, RawBlock, checked_dense
 from hetgmp.data.vocab import hex_keys, string_keys
 
 
@@ -34,15 +34,8 @@ def convert_columns(
         new = mask & ~flagged
         if new.any():
             name = spec.column_names[c]
-            bad.extend(
-                bad_rows(
-                    path,
-                    lines,
-                    new,
-                    reason,
-                    lambda i: f"column {name}: {arr[i].as_py()!r} is {what}",
-                )
-            )
+            say = lambda i: f"column {name}: {arr[i].as_py()!r} is {what}"  # noqa: E731
+            bad.extend(bad_rows(path, lines, new, reason, say))
             flagged[:] |= new
 
     # Label: a number equal to 0 or 1 (NaN for label-less rows to score).
@@ -65,7 +58,8 @@ def convert_columns(
             arr = col(c)
             ok = pc.match_substring_regex(arr, regex).to_numpy(zero_copy_only=False)
             report_rows(~ok, BAD_NUMBER, c, what, arr)
-            dense[:, j] = transform_dense(_to_float(arr, ok), spec.dense_transform)
+            dense[:, j], over = checked_dense(_to_float(arr, ok), spec.dense_transform)
+            report_rows(over, BAD_NUMBER, c, OVERFLOW, arr)
 
     keys = np.empty((n, len(spec.categorical)), dtype=np.uint64)
     for j, c in enumerate(spec.categorical):

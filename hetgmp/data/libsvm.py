@@ -41,7 +41,7 @@ from hetgmp.data.bad_lines import (
     bad_rows,
 )
 from hetgmp.data.delimited import DEFAULT_BLOCK_BYTES
-from hetgmp.data.delimited_spec import RawBlock, transform_dense
+from hetgmp.data.delimited_spec import OVERFLOW, RawBlock, checked_dense, transform_dense
 from hetgmp.data.libsvm_fields import (
     LABEL_MAPPING,
     LIBFM,
@@ -220,7 +220,8 @@ class LibsvmSource:
         known = np.ones(row.size, dtype=bool)
         if self.form.kind == LIBFM:
             f_ok = _np(pc.match_substring_regex(cols[0], _UINT_RE))
-            field = to_float(cols[0], f_ok).astype(np.int64)
+            # (capped: a field number of 400 digits reads as inf; it is reported out of range)
+            field = np.minimum(to_float(cols[0], f_ok), 2.0**62).astype(np.int64)
         elif self.field_map is None:
             f_ok = known
             # the token's position after the label (tokens come in line order)
@@ -230,12 +231,16 @@ class LibsvmSource:
             f_ok = known
             field, known = self.field_map.lookup(ids.astype(np.int64))
         ok = shaped & f_ok & i_ok & v_ok
+        value = to_float(v_s, v_ok)
+        # ids past 2**63 (a 400-digit id reads as inf) and values whose stored float32 is inf
+        over = ok & ((ids >= 2.0**63) | checked_dense(value, self.dense_transform)[1])
         return {
-            "ok": ok,
+            "ok": ok & ~over,
+            "over": over,
             "known": known | ~ok,  # (an unknown index is reported only for a well-formed token)
             "field": field,
             "id": ids,
-            "value": to_float(v_s, v_ok),
+            "value": value,
         }
 
     def iter_blocks(
@@ -307,11 +312,19 @@ class LibsvmSource:
         row, ok, field = t["row"], t["ok"], t["field"]
         tok_idx = np.arange(row.size)
         bad_tok = np.full(n, -1)
-        bad_tok[row[~ok][::-1]] = tok_idx[~ok][::-1]  # first bad token per line
+        malformed = ~ok & ~t["over"]
+        bad_tok[row[malformed][::-1]] = tok_idx[malformed][::-1]  # first bad token per line
         flag(
             bad_tok >= 0,
             BAD_NUMBER,
             lambda i: self.form.mismatch(t["feat"][int(bad_tok[i])].as_py()),
+        )
+        over_tok = np.full(n, -1)
+        over_tok[row[t["over"]][::-1]] = tok_idx[t["over"]][::-1]
+        flag(
+            over_tok >= 0,
+            BAD_NUMBER,
+            lambda i: f"token {t['feat'][int(over_tok[i])].as_py()!r}: a number is {OVERFLOW}",
         )
         if self.by_position:
             nfeat = np.maximum(t["ntok"] - 1, 0)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from hetgmp.data.bad_lines import BAD_LABEL, BAD_NUMBER, BadInputError, BadLineReport, bad_rows
 from hetgmp.data.delimited import _FLOAT_RE, RawBlock, _to_float, transform_dense
+from hetgmp.data.delimited_spec import OVERFLOW, checked_dense
 from hetgmp.data.vocab import MISSING_KEY, int_keys, string_keys
 
 DEFAULT_BATCH_ROWS = 1 << 18
@@ -182,7 +183,13 @@ class ParquetSource:
                     lambda i, c=c, arr=arr: f"column {c}: {arr[i].as_py()!r} is not a number",
                 )
                 flagged |= new
-                dense[:, j] = transform_dense(np.where(ok, vals, 0.0), self.dense_transform)
+                dense[:, j], over = checked_dense(np.where(ok, vals, 0.0), self.dense_transform)
+                new = over & ~flagged
+                bad += bad_rows(
+                    path, rows, new, BAD_NUMBER,
+                    lambda i, c=c, arr=arr: f"column {c}: {arr[i].as_py()!r} is {OVERFLOW}",
+                )  # fmt: skip
+                flagged |= new
         keys = np.empty((n, len(self.categorical)), dtype=np.uint64)
         for j, c in enumerate(self.categorical):
             arr = batch.column(c)

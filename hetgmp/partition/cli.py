@@ -103,9 +103,11 @@ def default_dataset():
 def run_partition(cfg: PartitionConfig) -> Plan:
     """Partition ``cfg.data`` (or the default data set) and write the plan to ``cfg.out``."""
     from hetgmp.data.format import open_dataset
+    from hetgmp.data.id_ranges import check_id_ranges
     from hetgmp.partition.api import partition_dataset
 
     ds = open_dataset(cfg.data) if cfg.data is not None else default_dataset()
+    check_id_ranges(ds, ds.meta.num_embeddings)  # (before the graph is built from the ids)
     n = ds.meta.splits.get("train", len(ds.train))
     if cfg.nparts > n:
         raise PlanError(f"-n {cfg.nparts} is larger than the {n} training samples of {ds.root}")

@@ -4,8 +4,10 @@
 
     manifest.json      written last: format, version, model, shapes, dtype, row map, and
                        every other file's size and SHA-256
-    dense.pt2          the dense part: a torch.export program (rows [B, F, D], dense [B, n]) ->
-                       logits [B, 1], dynamic batch
+    dense.safetensors  the dense part's weights (what loading reads: no unpickling); the model
+                       is rebuilt from the manifest's model, num_fields, num_dense, embed_dim
+    dense.pt2          the dense part as a torch.export program (rows [B, F, D], dense [B, n])
+                       -> logits [B, 1], dynamic batch; unpickled only with trust_program=True
     dense.onnx         the same module through torch.onnx (absent when onnx is not installed;
                        the manifest says why)
     rows.safetensors   "rows" [R, D] (fp32 / bf16 / fp16); with --min-count also "index"
@@ -28,6 +30,7 @@ ARTIFACT_FORMAT = "hetgmp-serving"
 ARTIFACT_VERSION = 1
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
+DENSE = "dense.safetensors"
 ONNX = "dense.onnx"
 ROWS = "rows.safetensors"
 CONFIG = "config.json"
@@ -97,6 +100,21 @@ def verify_files(root: Path, manifest: dict[str, Any], *, checksums: bool = True
         root, manifest["files"], ArtifactError, what=f"serving artifact {root}",
         checksums=checksums,
     )  # fmt: skip
-    for needed in (PROGRAM, ROWS):
-        if needed not in manifest["files"]:
-            raise ArtifactError(f"{Path(root) / MANIFEST}: lists no {needed}")
+    if ROWS not in manifest["files"]:
+        raise ArtifactError(f"{Path(root) / MANIFEST}: lists no {ROWS}")
+
+
+def dense_file(root: Path, manifest: dict[str, Any], *, trust_program: bool) -> str:
+    """The file the dense part is loaded from: ``dense.safetensors`` (never unpickled), or with
+    ``trust_program`` the exported program ``dense.pt2`` (unpickled: it can run code)."""
+    name = PROGRAM if trust_program else DENSE
+    if name in manifest["files"]:
+        return name
+    if trust_program:
+        raise ArtifactError(f"{Path(root) / MANIFEST}: lists no {PROGRAM}")
+    raise ArtifactError(
+        f"{Path(root) / MANIFEST}: lists no {DENSE} (exported by an older hetgmp, whose only "
+        f"dense part is the pickled program {PROGRAM}); re-export it with `hetgmp export`, or, "
+        "only if you trust whoever made this artifact, load it with trust_program=True "
+        "(hetgmp predict --trust-program): unpickling the program can run arbitrary code"
+    )

@@ -52,6 +52,7 @@ def _run_predict(args: argparse.Namespace) -> int:
         device=args.device,
         compile={"auto": "auto", "on": True, "off": False}[args.compile],
         progress=args.progress,
+        trust_program=args.trust_program,
     )
     with log_above_bars():
         res = predict_files(args.model_dir, args.inputs, args.out, opts)
@@ -65,8 +66,8 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
         "export",
         help="write a serving artifact (dense program, rows, vocabulary) from a checkpoint",
         description="Export a checkpoint (written by any number of ranks) as a self-contained "
-        "serving artifact: the dense part as a torch.export program, the rows by global id "
-        "in safetensors, the vocabulary, the config and a manifest with checksums "
+        "serving artifact: the dense part's weights in safetensors (and as a torch.export "
+        "program), the rows by global id in safetensors, the vocabulary, the config and a manifest with checksums "
         "(docs/serving.md).",
     )
     p.add_argument("checkpoint", type=Path, help="checkpoint step directory, or its parent")
@@ -127,7 +128,15 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="torch.compile the scorer, with CUDA graphs on CUDA (auto: on CUDA); a failure "
-        "stops with the reason (off: the exported program, uncompiled)",
+        "stops with the reason (off: the dense part uncompiled)",
+    )
+    p.add_argument(
+        "--trust-program",
+        action="store_true",
+        help="load the dense part from the exported program dense.pt2, which is unpickled and "
+        "so can run code: only for artifacts from a trusted source, or made by a hetgmp older "
+        "than dense.safetensors (default: the weights of dense.safetensors in this hetgmp's "
+        "model code; nothing is unpickled)",
     )
     p.add_argument(
         "--progress",

@@ -1,10 +1,10 @@
 """The scorer's fast path: the scoring step compiled per batch bucket, one CUDA graph per bucket.
 
-The exported program (``dense.pt2``) stays the artifact's portable format, but run as it is its
-dense layers are uncompiled (unfused elementwise ops, one launch per op), and Dynamo cannot
-trace an exported program's module. So the dense part is rebuilt from this hetgmp's model code
-with the program's weights (:func:`hetgmp.serve.program.rebuild_dense_program`, checked against
-the program) and compiled with ``torch.compile``:
+The dense part is this hetgmp's model code with the artifact's weights (``dense.safetensors``;
+with ``trust_program`` it is rebuilt from the exported program's weights,
+:func:`hetgmp.serve.program.rebuild_dense_program`, checked against the program, since Dynamo
+cannot trace an exported program's module). Run as it is its dense layers are uncompiled
+(unfused elementwise ops, one launch per op), so it is compiled with ``torch.compile``:
 
 * batches are padded to a bucket, the next power of two up to ``max_batch`` (larger batches run
   in chunks of ``max_batch``), and each bucket is compiled with static shapes
@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from hetgmp.serve.first_layer import inference_head
-from hetgmp.serve.program import rebuild_dense_program
+from hetgmp.serve.program import DenseProgram, rebuild_dense_program
 
 MAX_BATCH = 65536
 ON_ERROR = ("raise", "warn")
@@ -227,7 +227,7 @@ def build_fast_path(
     on_error: str = "raise",
     amp: bool = False,
 ) -> FastPath | None:
-    """The fast path ``hetgmp.serve.load`` asks for, or None (the exported program, eager).
+    """The fast path ``hetgmp.serve.load`` asks for, or None (the dense part as loaded, eager).
 
     ``table``: the rows when they are all on ``device`` (None: host rows, the gather stays
     eager). ``compile`` / ``cuda_graphs``: ``"auto"`` is on for CUDA (graphs: with the rows on
@@ -246,13 +246,15 @@ def build_fast_path(
         )
     # "auto" off CUDA: this hetgmp's model code with the program's weights, uncompiled (no
     # compilation wait per bucket, and none of the exported program's call overhead: 0.45 ms a
-    # call, 3x plain PyTorch at batch 1 on a CPU); the exported program stays what False runs
+    # call, 3x plain PyTorch at batch 1 on a CPU); False runs the dense part as loaded
     eager_model = compile == "auto" and not cuda
     dense = program
     if want_compile or amp or eager_model:  # (autocast applies to the model code, not the program)
-        dense = _rebuild(program, manifest, amp, on_error if not eager_model else "warn")
-        if dense is program:
+        rebuilt = _rebuild(program, manifest, amp, on_error if not eager_model else "warn")
+        if rebuilt is None:
             want_compile = amp = eager_model = False
+        else:
+            dense = rebuilt
     if not (want_compile or want_graphs or amp or eager_model):
         return None
     step = ScoreStep(dense, table, index if table is not None else None, amp)
@@ -263,22 +265,28 @@ def build_fast_path(
 
 
 def _rebuild(program: Any, manifest: dict[str, Any], amp: bool, on_error: str) -> Any:
-    """The dense part rebuilt from the program's weights (in float32 with WDL's inference first
-    layer), or on failure with ``on_error="warn"`` the program itself, after a warning."""
+    """The dense part as model code (in float32 with WDL's inference first layer): the loaded
+    model itself, or rebuilt from a trusted program's weights; on failure with
+    ``on_error="warn"`` None, after a warning."""
     try:
-        dense = rebuild_dense_program(program, manifest)
+        # (the default load already built the model code from dense.safetensors)
+        dense = (
+            program
+            if isinstance(program, DenseProgram)
+            else rebuild_dense_program(program, manifest)
+        )
     except Exception as err:  # noqa: BLE001 - whatever it is, compiling cannot go on
         why = f"cannot rebuild the dense part: {type(err).__name__}: {err}"
         if on_error == "raise":
             raise CompileError(
-                f"scorer fast path: {why}. Load with compile=False (the exported program, "
+                f"scorer fast path: {why}. Load with compile=False (the dense part as loaded, "
                 "uncompiled) or on_compile_error='warn'"
             ) from err
         warnings.warn(
-            f"scorer fast path: {why}; the exported program runs uncompiled (float32)",
+            f"scorer fast path: {why}; the dense part runs as loaded, uncompiled (float32)",
             stacklevel=4,
         )
-        return program
+        return None
     # (under bf16 autocast the training layout was faster: hetgmp/serve/first_layer.py)
     return dense if amp else inference_head(dense)
 

@@ -23,6 +23,7 @@ from hetgmp.data.format import open_dataset
 from hetgmp.data.vocab_files import has_vocabulary, read_manifest
 from hetgmp.serve.artifact import (
     CONFIG,
+    DENSE,
     DTYPES,
     ONNX,
     PROGRAM,
@@ -31,7 +32,12 @@ from hetgmp.serve.artifact import (
     ArtifactError,
     write_manifest,
 )
-from hetgmp.serve.program import build_dense_program, export_onnx, export_program
+from hetgmp.serve.program import (
+    build_dense_program,
+    export_onnx,
+    export_program,
+    save_dense_weights,
+)
 from hetgmp.serve.table import (
     RARE_RULE,
     TORCH_DTYPES,
@@ -131,6 +137,7 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
         num_dense=meta.num_dense,
         embed_dim=int(info["embed_dim"]),
     )
+    dense_entry = save_dense_weights(program, tmp / DENSE)
     program_entry = export_program(program, tmp / PROGRAM, int(info["table_dim"]))
     onnx_entry = export_onnx(program, tmp / ONNX, int(info["table_dim"]))
     tensors, rows_entry = _rows(ck, ds, opts, info)
@@ -154,6 +161,7 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
         "fields": [dataclasses.asdict(f) for f in meta.fields],
         "dtype": opts.dtype,
         "rows": rows_entry,
+        "dense": dense_entry,
         "program": program_entry,
         "onnx": onnx_entry,
         "vocabulary": VOCAB if vocab else None,

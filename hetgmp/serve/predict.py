@@ -43,6 +43,7 @@ class PredictOptions:
     device: str = "cpu"
     compile: Any = "auto"  # hetgmp.serve.load's: "auto" (on CUDA), True, False
     progress: bool = True
+    trust_program: bool = False  # hetgmp.serve.load's: unpickle dense.pt2 (it can run code)
 
 
 def _format_of(record: dict[str, Any]) -> str:
@@ -121,7 +122,9 @@ def predict_files(
     opts = opts or PredictOptions()
     if opts.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {opts.batch_size}")
-    scorer = load(model_dir, device=opts.device, compile=opts.compile)
+    scorer = load(
+        model_dir, device=opts.device, compile=opts.compile, trust_program=opts.trust_program
+    )
     source, labeled = open_reader(scorer, [Path(p) for p in paths], opts)
     report = BadLineReport(opts.on_bad_line, unit=getattr(source, "unit", "line"))
     fields = [("file", pa.string()), ("line", pa.int64()), ("score", pa.float32())]

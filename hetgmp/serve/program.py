@@ -6,6 +6,12 @@ gathers the rows itself (:mod:`hetgmp.serve.scorer`), so the exported program ta
 ``[B, F, D]`` and the dense features ``[B, num_dense]`` and holds only the dense layers: the
 model with its embedding replaced by the identity on rows. Nothing in it depends on data
 values, and the batch dimension is dynamic.
+
+What an artifact is trusted to do: its dense weights (``dense.safetensors``, plain tensors) are
+read without unpickling and put into this hetgmp's model code, rebuilt from the manifest's
+config (:func:`load_dense_weights`); the exported program (``dense.pt2``) is unpickled by
+``torch.export.load``, which can run code, so :func:`load_program` is only reached with an
+explicit ``trust_program=True`` (``--trust-program``).
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hetgmp.models import CTRModel, build_model
+from hetgmp.serve.artifact import ArtifactError
 
 
 class RowsIdentity(nn.Module):
@@ -143,8 +152,41 @@ def rebuild_dense_program(program: Any, manifest: dict[str, Any]) -> DenseProgra
     return dense
 
 
+def save_dense_weights(program: DenseProgram, path: Path) -> dict[str, Any]:
+    """The dense weights as safetensors (plain tensors: loading them runs no code); returns the
+    manifest entry. The model is rebuilt from the manifest's config on load."""
+    state = {k: v.detach().cpu().contiguous() for k, v in program.model.dense_state_dict().items()}
+    save_file(state, str(path), metadata={"format": "hetgmp-serving-dense"})
+    return {"file": path.name, "tensors": len(state), "format": "safetensors"}
+
+
+def load_dense_weights(path: Path, manifest: dict[str, Any]) -> DenseProgram:
+    """The model the manifest names (``model``, ``num_fields``, ``num_dense``, ``embed_dim``),
+    built by this hetgmp's code, with the weights of ``path``: nothing is unpickled, and a file
+    that is not safetensors, or whose tensors do not fit the model, is an
+    :class:`~hetgmp.serve.artifact.ArtifactError` naming it."""
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise ArtifactError(f"{path}: unreadable safetensors file ({err})") from err
+    try:
+        return build_dense_program(
+            str(manifest["model"]),
+            state,
+            num_fields=int(manifest["num_fields"]),
+            num_dense=int(manifest["num_dense"]),
+            embed_dim=int(manifest["embed_dim"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise ArtifactError(
+            f"{path}: the weights do not fit the manifest's model {manifest.get('model')!r} ({err})"
+        ) from err
+
+
 def load_program(path: Path, device: torch.device | str = "cpu") -> Any:
-    """The saved program as a callable module on ``device`` (constants made during tracing,
+    """Unpickles: only for an artifact whose maker is trusted (``trust_program=True``).
+
+    The saved program as a callable module on ``device`` (constants made during tracing,
     such as DLRM's interaction indices, move with it)."""
     ep = torch.export.load(str(path))
     if torch.device(device).type != "cpu":

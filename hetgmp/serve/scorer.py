@@ -7,7 +7,9 @@
     p = scorer.score_raw({"C1": ["68fd1e64", ...], ...}, raw_dense)   # through the vocabulary
 
 Loading checks the manifest and every file's SHA-256; errors are
-:class:`~hetgmp.serve.artifact.ArtifactError` naming the file.
+:class:`~hetgmp.serve.artifact.ArtifactError` naming the file. Nothing is unpickled: the dense
+weights come from ``dense.safetensors`` into this hetgmp's model code; the exported program
+``dense.pt2`` (a pickle: it can run code) is read only with ``trust_program=True``.
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from hetgmp.serve.artifact import (
-    PROGRAM,
     ROWS,
     VOCAB,
     ArtifactError,
+    dense_file,
     read_manifest,
     verify_files,
 )
 from hetgmp.serve.compiled import MAX_BATCH, FastPath, build_fast_path
-from hetgmp.serve.program import load_program
+from hetgmp.serve.program import load_dense_weights, load_program
 from hetgmp.serve.rows import CachedRows, DeviceRows, hot_order
 
 ROW_PLACES = ("auto", "device", "host")
@@ -51,7 +53,7 @@ class Scorer:
     ) -> None:
         self.root = root
         self.manifest = manifest
-        self.program = program  # the exported program's module (portable path, eager)
+        self.program = program  # the dense part, eager (the exported program when trusted)
         self.rows = rows
         self.index = index  # global id -> table row (--min-count artifacts), or None
         self.fast = fast  # the compiled / CUDA-graph path, or None: the program, eager
@@ -170,13 +172,17 @@ class Scorer:
         return self.score(ids, d, check=False)
 
 
-def _read_rows(path: Path) -> dict[str, torch.Tensor]:
+def _read_rows(path: Path, want: list[int]) -> dict[str, torch.Tensor]:
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise ArtifactError(f"{path}: unreadable safetensors file ({err})") from err
     if "rows" not in tensors or tensors["rows"].dim() != 2:
         raise ArtifactError(f"{path}: holds no 2-D 'rows' tensor")
+    if list(tensors["rows"].shape) != want:
+        raise ArtifactError(
+            f"{path}: rows of shape {list(tensors['rows'].shape)}, manifest says {want}"
+        )
     return tensors
 
 
@@ -206,6 +212,18 @@ def _place_rows(
     return CachedRows(table, device, gpu_cache_rows, order)
 
 
+def _dense_part(root: Path, manifest: dict[str, Any], dev: torch.device, trust: bool) -> Any:
+    """The dense part on ``dev``: the model rebuilt around ``dense.safetensors``, or with
+    ``trust`` the exported program (see :func:`load`)."""
+    name = dense_file(root, manifest, trust_program=trust)
+    if not trust:
+        return load_dense_weights(root / name, manifest).to(dev)
+    try:
+        return load_program(root / name, dev)
+    except Exception as err:  # noqa: BLE001 - any deserialisation failure means a bad file
+        raise ArtifactError(f"{root / name}: cannot load the exported program ({err})") from err
+
+
 def load(
     model_dir: str | Path,
     device: str | torch.device = "cpu",
@@ -220,6 +238,7 @@ def load(
     max_batch: int = MAX_BATCH,
     warmup: Sequence[int] = (1,),
     amp: bool = False,
+    trust_program: bool = False,
 ) -> Scorer:
     """Open a serving artifact made by ``hetgmp export``.
 
@@ -229,30 +248,27 @@ def load(
     the free memory. ``verify``: check every file's SHA-256 (sizes are always checked).
 
     The fast path (:mod:`hetgmp.serve.compiled`): ``compile`` (``"auto"``: on CUDA; off CUDA
-    the rebuilt model code uncompiled; ``False``: the exported program) runs the
-    dense part rebuilt from the program's weights under ``torch.compile`` (``compile_mode``),
+    the model code uncompiled; ``False``: the dense part as loaded, uncompiled) runs the
+    dense part under ``torch.compile`` (``compile_mode``),
     per power-of-two batch bucket up to ``max_batch``; ``cuda_graphs`` (``"auto"``: on CUDA with
     ``rows`` on the device) replays each bucket as one CUDA graph. If either cannot be built,
     ``on_compile_error="raise"`` raises :class:`~hetgmp.serve.compiled.CompileError`, ``"warn"``
     warns why and goes on without it. ``warmup``: batch sizes compiled at load, so that a
     failure shows here and first requests are not slow. ``amp``: the dense part under bf16
-    autocast, as training's ``--amp`` evaluates (scores move by ~1e-3; float32 by default)."""
+    autocast, as training's ``--amp`` evaluates (scores move by ~1e-3; float32 by default).
+
+    ``trust_program``: by default the dense part is this hetgmp's model code, built from the
+    manifest's config, with ``dense.safetensors``' weights (nothing is unpickled); ``True`` loads
+    the exported program ``dense.pt2`` instead, which unpickles and so runs any code its maker
+    put there: only for artifacts from a trusted source (or older ones, without safetensors)."""
     root = Path(model_dir)
     if rows not in ROW_PLACES:
         raise ValueError(f"rows={rows!r}: choose one of {', '.join(ROW_PLACES)}")
     dev = torch.device(device)
     manifest = read_manifest(root)
     verify_files(root, manifest, checksums=verify)
-    tensors = _read_rows(root / ROWS)
-    want = manifest["rows"]["shape"]
-    if list(tensors["rows"].shape) != want:
-        raise ArtifactError(
-            f"{root / ROWS}: rows of shape {list(tensors['rows'].shape)}, manifest says {want}"
-        )
-    try:
-        program = load_program(root / PROGRAM, dev)
-    except Exception as err:  # noqa: BLE001 - any deserialisation failure means a bad file
-        raise ArtifactError(f"{root / PROGRAM}: cannot load the exported program ({err})") from err
+    tensors = _read_rows(root / ROWS, manifest["rows"]["shape"])
+    program = _dense_part(root, manifest, dev, trust_program)
     store = _place_rows(tensors, manifest, dev, rows, gpu_cache_rows)
     index = tensors.get("index")
     if manifest.get("vocabulary") and not (root / VOCAB).is_dir():

@@ -1,8 +1,10 @@
 """What the trainer counts between TRAIN lines, and how it times training without host syncs.
 
-Per step the loss sum and the correct count stay on the device (added into a float64 tensor in
-step order, so the sums equal the old per-step ``float()`` accumulation exactly); the host reads
-them once per TRAIN line. A step's ``perf_counter`` time means nothing on a GPU that has not
+Per step the loss sum and the correct count stay on the device (copied into a float64 row per
+step: one small kernel, as the running sum it replaced; no host sync, and the same under CUDA
+graph replay, since the copy is queued after the replay that wrote the step's outputs); the host
+reads the rows once per TRAIN line, sums them in step order (equal to the old per-step
+``float()`` accumulation exactly) and so also knows the first step whose loss was not finite. A step's ``perf_counter`` time means nothing on a GPU that has not
 finished it, so :class:`TrainClock` times *segments* of steps between synchronized boundaries:
 TRAIN lines, evaluations, checkpoints, the end of warm-up and the end of training.
 """
@@ -10,10 +12,14 @@ TRAIN lines, evaluations, checkpoints, the end of warm-up and the end of trainin
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 
 import torch
+
+from hetgmp.comm.collectives import all_reduce_sum
+from hetgmp.comm.env import DistEnv
 
 
 def global_batch_sizes(counts: list[int], batch_size: int, step_in_epoch: int) -> int:
@@ -27,24 +33,86 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+_CHUNK = 256  # steps per device buffer of per-step stats (16 bytes a step)
+
+
+class DivergedError(RuntimeError):
+    """A training step's loss was not finite: the weights are NaN from there on."""
+
+
 class Interval:
-    """Accumulators between two TRAIN lines: sums on the device, counts on the host."""
+    """Accumulators between two TRAIN lines: per-step stats on the device, counts on the host."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+        self.device = device
+        self._rows: list[torch.Tensor] = []  # [_CHUNK, 2] float64: a step's loss sum, correct
+        self._step_ids: list[int] = []  # the step number of each row
         self.samples = 0
         self.global_samples = 0
         self.steps = 0
         self.epoch = 0  # epoch of the interval's last step (0 = first pass over the samples)
         self.data_wait_s = 0.0  # host time the steps waited for their batch
 
-    def add(self, stats: torch.Tensor, samples: int, global_samples: int, epoch: int) -> None:
-        """Count one step; ``stats`` = [loss sum, correct] of this rank (device, no sync)."""
-        self.sums += stats
+    def add(
+        self, stats: torch.Tensor, samples: int, global_samples: int, epoch: int, step: int
+    ) -> None:
+        """Count step ``step``; ``stats`` = [loss sum, correct] of this rank (device, no sync)."""
+        k = self.steps % _CHUNK
+        if k == 0:
+            self._rows.append(torch.empty(_CHUNK, 2, dtype=torch.float64, device=self.device))
+        self._rows[-1][k].copy_(stats)
+        self._step_ids.append(step)
         self.samples += samples
         self.global_samples += global_samples
         self.steps += 1
         self.epoch = epoch
+
+    def totals(self) -> tuple[float, float, int | None]:
+        """(loss sum, correct, the first step whose loss is not finite or None): one read of
+        the device (waits for it), the sums in step order."""
+        if not self.steps:
+            return 0.0, 0.0, None
+        rows = torch.cat(self._rows)[: self.steps].tolist()
+        loss = correct = 0.0
+        bad = None
+        for (lo, co), step in zip(rows, self._step_ids, strict=True):
+            loss += lo
+            correct += co
+            if bad is None and not math.isfinite(lo):
+                bad = step
+        return loss, correct, bad
+
+
+def first_nonfinite(env: DistEnv, bad: int | None) -> tuple[int, int] | None:
+    """(Collective) the first (step, rank) with a non-finite loss over all ranks, given this
+    rank's first (``bad``, or None), or None: each rank's step in its own slot of one
+    all-reduce (no pickle)."""
+    steps = torch.zeros(env.world_size, dtype=torch.float64, device=env.device)
+    steps[env.rank] = 0 if bad is None else bad
+    seen = [(int(s), r) for r, s in enumerate(all_reduce_sum(env, steps).tolist()) if s > 0]
+    return min(seen) if seen else None
+
+
+def stop_if_diverged(
+    env: DistEnv, iv: Interval, loss: float = math.nan, *, at: int | None = None
+) -> None:
+    """(Collective) raise :class:`DivergedError` naming the first step of ``iv`` with a
+    non-finite loss on any rank; ``at``: the reduced loss already is not finite, so raise
+    anyway (a sum of finite losses that overflowed), naming step ``at``."""
+    found = first_nonfinite(env, iv.totals()[2])
+    if found is None and at is None:
+        return
+    raise diverged(*(found or (at, env.rank)), loss)
+
+
+def diverged(step: int, rank: int, loss: float) -> DivergedError:
+    """The error for a first non-finite loss at ``step`` (on ``rank``'s batch)."""
+    return DivergedError(
+        f"the loss is {loss} at step {step} (rank {rank}'s batch): training stopped there, "
+        "since every step after it trains on NaN weights (nothing after it is checkpointed). "
+        "Look for inf or NaN in the data set's dense features (hetgmp preprocess refuses "
+        "them; arrays written by other means may hold them) or lower --lr"
+    )
 
 
 class TrainClock:

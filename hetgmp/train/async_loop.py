@@ -40,6 +40,7 @@ got past its warm-up, all samples over the slowest rank's loop time.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,7 @@ from hetgmp.comm.collectives import all_gather_object
 from hetgmp.data.device_batches import EpochPlan, Slot, step_slots
 from hetgmp.data.pipeline import BatchSource
 from hetgmp.embedding import engine_of
-from hetgmp.train.accounting import Interval
+from hetgmp.train.accounting import Interval, diverged
 from hetgmp.train.checkpoint import Position
 from hetgmp.train.dense_server import DenseServer
 from hetgmp.train.work_steal import Stealer, epoch_coverage
@@ -83,6 +84,7 @@ class AsyncLoop:
         self.server = DenseServer(env, tr.dense_params, engine, cfg.dense_sync_every)
         tr.train_step.dense_server = self.server
         self.steps = 0
+        self.bad_step: int | None = None  # this rank's first step with a non-finite loss
         self.sums = torch.zeros(2, dtype=torch.float64, device=env.device)  # loss, correct
         self.seconds = 0.0
         self.data_wait_s = 0.0
@@ -157,7 +159,7 @@ class AsyncLoop:
                 step_s -= ahead[-1][2]
                 wait += ahead[-1][2]
             self.engine.phase_s["step"] += step_s
-            iv.add(stats, len(batch), len(batch), slot.epoch)
+            iv.add(stats, len(batch), len(batch), slot.epoch, self.steps + 1)
             self.sums += stats
             iv.data_wait_s += wait
             self.data_wait_s += wait
@@ -169,6 +171,7 @@ class AsyncLoop:
             if self.steps % tr.cfg.log_every == 0:
                 self._log_local(iv)
                 iv = Interval(tr.env.device)
+        self.bad_step = iv.totals()[2]  # (the steps after the last TRAIN line: _report says)
 
     def _ahead(self, source: BatchSource) -> tuple[Slot, Any, float]:
         """(After a step's backward) take the next batch and send its reads now
@@ -211,7 +214,9 @@ class AsyncLoop:
     def _log_local(self, iv: Interval) -> None:
         """Rank 0's own TRAIN line (no collective: the ranks are at different steps)."""
         n = max(1, iv.samples)
-        loss, correct = iv.sums.tolist()
+        loss, correct, bad = iv.totals()
+        if bad is not None:  # (this rank stops; its peers learn it as from any failed rank)
+            raise diverged(bad, self.tr.env.rank, loss / n)
         seen = sum(self.engine.peer_samples)
         fields: dict[str, Any] = {"loss": loss / n, "acc": correct / n, "rank_samples": iv.samples}
         fields["progress"] = min(1.0, seen / max(1, self.budget))
@@ -226,8 +231,12 @@ class AsyncLoop:
         mine = {"steps": self.steps, "samples": self.engine.samples, "secs": self.seconds,
                 "loss": loss, "correct": correct, "stolen": st.get("stolen", 0),
                 "claimed_from": st.get("claimed_from", 0), "phase": self._phase_ms(),
-                "steady": self.steady, "received": dict(self.engine.rpc.received)}  # fmt: skip
+                "steady": self.steady, "received": dict(self.engine.rpc.received),
+                "bad_step": self.bad_step}  # fmt: skip
         ranks = all_gather_object(env, mine)
+        bad = [(int(r["bad_step"]), k) for k, r in enumerate(ranks) if r["bad_step"]]
+        if bad:  # (every rank raises: all see the gathered steps)
+            raise diverged(*min(bad), math.nan)
         steps = [int(r["steps"]) for r in ranks]
         samples = [int(r["samples"]) for r in ranks]
         secs = max(float(r["secs"]) for r in ranks)

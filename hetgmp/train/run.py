@@ -26,6 +26,7 @@ from hetgmp.comm.launch import abort_job, init_distributed, shutdown
 from hetgmp.config import to_dict
 from hetgmp.data.defaults import default_dataset_dir, ensure_default_dataset
 from hetgmp.data.format import Dataset, DatasetError, open_dataset
+from hetgmp.data.id_ranges import check_id_ranges
 from hetgmp.data.loader import rank_sample_indices
 from hetgmp.filecheck import sha256
 from hetgmp.models import CTRModel, build_model, model_class
@@ -266,6 +267,9 @@ def build_trainer(
 ) -> Trainer:
     """Open the data set and plan, build the table and the model, wrap them in a trainer."""
     ds = resolve_dataset(cfg, env, log)
+    scanned = check_id_ranges(ds, ds.meta.num_embeddings)  # (a bad id: refused now, by file)
+    if scanned:
+        log.info(f"data: meta.json records no id ranges for {'/'.join(scanned)}: scanned them")
     plan = load_checked_plan(cfg, env, ds, log)
     model = build_ctr_model(cfg, env, ds, plan, embedding_factory=embedding_factory, log=log)
 

@@ -9,8 +9,8 @@ steps without a per-step collective.
 
 Batches come from :mod:`hetgmp.data.pipeline` (on the device, or prefetched by a thread) in
 :class:`~hetgmp.data.loader.BatchLoader`'s order. In steady state the loop never waits for the
-device: losses and counts are summed on it and read at TRAIN lines, and time is measured
-between synchronized boundaries (:mod:`hetgmp.train.accounting`).
+device: losses and counts stay on it until TRAIN lines (a non-finite loss stops the run there,
+naming its step); time is measured between synced boundaries (:mod:`hetgmp.train.accounting`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from hetgmp.data.format import Dataset
 from hetgmp.data.loader import Batch
 from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
 from hetgmp.models import CTRModel
-from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes
+from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes, stop_if_diverged
 from hetgmp.train.async_loop import run_async
 from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
@@ -301,7 +301,7 @@ class Trainer:
         gb = global_batch_sizes(self.counts, self.cfg.batch_size, slot.batch)
         stats = self.run_step(self._empty if batch is None else batch, gb, marks)
         self.profiler.end(wait)
-        interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch)
+        interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch, slot.step + 1)
         interval.data_wait_s += wait
         ws = self.env.world_size
         if slot.batch + 1 == self.steps_per_epoch:  # epoch done: the next step starts the next
@@ -315,14 +315,20 @@ class Trainer:
     def _boundaries(self, interval: Interval) -> Interval:
         """TRAIN line, evaluation, checkpoint when due (each outside the timed training)."""
         cfg = self.cfg
-        if self._due(cfg.log_every):
+        logged = self._due(cfg.log_every)
+        if logged:
             with self.clock.paused():
                 self._log_train(interval)
             interval = Interval(self.env.device)
-        if cfg.val and self._due(cfg.eval_every):
+        evaluate = cfg.val and self._due(cfg.eval_every)
+        save = cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every)
+        if (evaluate or save) and not logged:
+            with self.clock.paused():
+                stop_if_diverged(self.env, interval)  # (never evaluate or save NaN weights)
+        if evaluate:
             with self.clock.paused():
                 self.run_eval()
-        if cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every):
+        if save:
             with self.clock.paused():
                 self.checkpoint()
         return interval
@@ -345,9 +351,12 @@ class Trainer:
 
     def _log_train(self, iv: Interval) -> None:
         """One TRAIN line: the interval's sums read from the device in one all-reduce."""
-        host = [float(iv.samples), self.clock.take_interval(), iv.data_wait_s]
-        vec = torch.cat([iv.sums, torch.tensor(host, dtype=torch.float64, device=iv.sums.device)])
+        loss, right, _ = iv.totals()
+        host = [loss, right, float(iv.samples), self.clock.take_interval(), iv.data_wait_s]
+        vec = torch.tensor(host, dtype=torch.float64, device=self.env.device)
         loss_sum, correct, samples, secs, wait = all_reduce_sum(self.env, vec).tolist()
+        if not math.isfinite(loss_sum):  # (every rank sees it: it is the reduced sum)
+            stop_if_diverged(self.env, iv, loss_sum / max(1.0, samples), at=self.position.step)
         ws = self.env.world_size
         seconds = secs / ws  # ranks run in lockstep; average their clocks
         now = global_counters(self.env, self.model.embedding)
