@@ -20,7 +20,7 @@ import torch
 from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device
 
 BLOCK = 1024  # occurrences per program (< 4096: the packed in-program rank, prep_triton)
-SCAN_TILE = 2048  # histogram entries per step of the one-program scan
+SCAN_TILE = 4096  # histogram entries per step of the one-program scan
 INT32_MAX = 2**31 - 1
 
 

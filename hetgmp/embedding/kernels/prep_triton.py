@@ -60,13 +60,15 @@ def prep_key_kernel(
     _, c = _clamped(ids_ptr, offs, m, num_rows)
     lead = tl.load(min_ptr + c, mask=m, other=0)
     tl.store(lead_ptr + offs, lead, mask=m)
-    is_lead = lead == offs
-    b = tl.load(block_ptr + c, mask=m & is_lead, other=0)
+    is_lead = (lead == offs) & m
+    b = tl.load(block_ptr + c, mask=is_lead, other=0)
     key = tl.where(is_lead, b, NKEY)
     tl.store(key_ptr + offs, key, mask=m)
     tl.atomic_add(cnt_pos_ptr + lead, tl.full([BLOCK], 1, tl.int64), mask=m, sem="relaxed")
-    hist = tl.histogram(key, KP, mask=m)
-    tl.store(hist_ptr + pid * KP + tl.arange(0, KP), hist)
+    # (tl.histogram's mask argument is recent: the lanes past n count as padding, taken off)
+    bins = tl.arange(0, KP)
+    hist = tl.histogram(key, KP) - tl.where(bins == NKEY, BLOCK - tl.sum(m.to(tl.int32), 0), 0)
+    tl.store(hist_ptr + pid * KP + bins, hist)
 
 
 @triton.jit
