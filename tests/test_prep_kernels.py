@@ -93,7 +93,7 @@ def _oracle(ids: list[int], block_of: list[int], slot_of: list[int], w: int) -> 
     order = sorted(range(len(rows)), key=lambda p: key[p])
     pos = {p: j for j, p in enumerate(order)}
     return {
-        "bad": any(r != i for r, i in zip(rows, ids)),
+        "bad": any(r != i for r, i in zip(rows, ids, strict=True)),
         "u": [rows[p] for p in order],
         "cnt": [rows.count(rows[p]) if key[p] < 3 * w else 0 for p in order],
         "slot": [slot_of[rows[p]] for p in order],

@@ -78,7 +78,9 @@ def prepare_triton(
     ``slot_of`` / ``block_of`` (``[num_rows]`` int32, values of ``block_of`` in ``[0, 3w)``),
     with the leader map ``min_map`` (:func:`new_min_map`; left as it was found)."""
     if slot_of.dtype != torch.int32 or block_of.dtype != torch.int32:
-        raise ValueError(f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}")
+        raise ValueError(
+            f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}"
+        )
     if min_map.shape != slot_of.shape or min_map.dtype != torch.int32:
         raise ValueError(f"min_map must be int32 {tuple(slot_of.shape)}, got {min_map.dtype} "
                          f"{tuple(min_map.shape)}")  # fmt: skip
