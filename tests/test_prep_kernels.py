@@ -57,6 +57,7 @@ SCRIPT = textwrap.dedent(
                     ids[5, 0], ids[-1, -1] = -3, 97 + world
                 seen_bad += bool(compare(ref, tri, ids, (world, b, f)).bad)
         assert seen_bad == 6, seen_bad
+        assert prep.trial(torch.device("cpu"))  # (resolve("auto")'s check: a plan by hand)
         # Empty blocks: only some keys used; several programs and scan steps (small tiles).
         prep.BLOCK, prep.SCAN_TILE = 16, 64
         ref, tri = planners(300, 4, g, used_keys=[1, 5, 11])

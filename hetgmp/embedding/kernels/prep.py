@@ -13,6 +13,7 @@ the kernels leave it so.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -99,3 +100,16 @@ def prepare_triton(
     with on_device(flat):
         _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world)
     return out
+
+
+def trial(device: torch.device) -> bool:
+    """Whether the kernels give a small plan worked out by hand (``resolve("auto")``'s trial
+    launch): ids ``[2, 0, 2, 3, 9]`` (9 clamped to 3: bad) of a 4-row table, world 1."""
+    t = functools.partial(torch.tensor, device=device)
+    got = prepare_triton(
+        t([2, 0, 2, 3, 9]), t([5, 6, 7, -1], dtype=torch.int32), t([1, 0, 2, 0], dtype=torch.int32),
+        new_min_map(4, device), 1,
+    )  # fmt: skip
+    want = {"u": [3, 0, 2, 2, 3], "cnt": [2, 1, 2, 0, 0], "slot": [-1, 5, 7, 7, -1],
+            "inv": [2, 1, 2, 0, 0], "blocks": [1, 1, 1]}  # fmt: skip
+    return bool(got.bad) and all(getattr(got, f).tolist() == v for f, v in want.items())
