@@ -2,12 +2,13 @@
 stored here by owner), their counts and slots, built once per step on the device without a
 host sync; and the records a step keeps until its gradient is applied.
 
-Unique rows without sorting the ids: every occurrence gets its row's *leader* occurrence (one
-scatter of positions into a per-row map, read back: every occurrence of a row reads the same
-winner); the leaders, keyed by block, are then ordered by one stable sort of small int32 keys
-(non-leaders last, as padding), and the block sizes come from a binary search in the sorted
-keys (a bincount would sync on CUDA). The unique count is only known on the host after the
-sizes exchange.
+Unique rows without sorting the ids: every occurrence gets its row's *leader* occurrence, the
+row's first (a scatter-min of positions into a per-row map, read back); the leaders, keyed by
+block, are then ordered by one stable sort of small int32 keys (non-leaders last, as padding),
+and the block sizes come from a binary search in the sorted keys (a bincount would sync on
+CUDA). That is the torch reference; with the Triton backend the same plan comes from five
+fused kernels (:mod:`hetgmp.embedding.kernels.prep`: per-program key histograms and ranks
+instead of the sort). The unique count is only known on the host after the sizes exchange.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ class BatchPlanner:
 
     def _prepare_triton(self, ids: torch.Tensor) -> Prep:
         """:meth:`prepare` in the fused kernels."""
-        if self.min_map is None:
-            self.min_map = new_min_map(self.num_rows, self.device)
+        if self.min_map is None:  # (like pos_map32: made at a first, eager call, not in a
+            self.min_map = new_min_map(self.num_rows, self.device)  # graph's memory pool)
         a = prepare_triton(ids, self.slot_of, self.block_of, self.min_map, self.world)
         return Prep(ids=ids, bad=a.bad, u=a.u, cnt=a.cnt, slot=a.slot, inv=a.inv,
                     blocks=a.blocks, source=ids)  # fmt: skip
