@@ -2,12 +2,13 @@
 stored here by owner), their counts and slots, built once per step on the device without a
 host sync; and the records a step keeps until its gradient is applied.
 
-Unique rows without sorting the ids: every occurrence gets its row's *leader* occurrence (one
-scatter of positions into a per-row map, read back: every occurrence of a row reads the same
-winner); the leaders, keyed by block, are then ordered by one stable sort of small int32 keys
-(non-leaders last, as padding), and the block sizes come from a binary search in the sorted
-keys (a bincount would sync on CUDA). The unique count is only known on the host after the
-sizes exchange.
+Unique rows without sorting the ids: every occurrence gets its row's *leader* occurrence, the
+row's first (a scatter-min of positions into a per-row map, read back); the leaders, keyed by
+block, are then ordered by one stable sort of small int32 keys (non-leaders last, as padding),
+and the block sizes come from a binary search in the sorted keys (a bincount would sync on
+CUDA). That is the torch reference; with the Triton backend the same plan comes from five
+fused kernels (:mod:`hetgmp.embedding.kernels.prep`: per-program key histograms and ranks
+instead of the sort). The unique count is only known on the host after the sizes exchange.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+from hetgmp.embedding.kernels.prep import new_min_map, prepare_triton
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.padded.buffers import StaticExchange
@@ -98,19 +101,38 @@ class Summed(NamedTuple):
 
 class BatchPlanner:
     """Builds :class:`Prep` for a table's id -> slot / block maps (``slot_of``, ``block_of``
-    ``[num_rows]`` int32 on ``device``)."""
+    ``[num_rows]`` int32 on ``device``); ``backend`` (a resolved kernels name): ``"torch"``
+    runs the reference below, ``"triton"`` the same plan in five fused kernels
+    (:func:`hetgmp.embedding.kernels.prep.prepare_triton`), equal to it element for element."""
 
     def __init__(
-        self, slot_of: torch.Tensor, block_of: torch.Tensor, world: int, device: torch.device
-    ) -> None:
+        self, slot_of: torch.Tensor, block_of: torch.Tensor, world: int, device: torch.device,
+        backend: str = "torch",
+    ) -> None:  # fmt: skip
         self.slot_of, self.block_of, self.world, self.device = slot_of, block_of, world, device
+        self.backend = backend
         self.num_rows = int(slot_of.numel())
         self._arange_3w1 = torch.arange(3 * world + 1, dtype=torch.int32, device=device)
         self._size_cache: dict[tuple[str, int], torch.Tensor] = {}
         self.pos_map32: torch.Tensor | None = None  # row -> leader occurrence (leaders())
+        self.min_map: torch.Tensor | None = None  # the Triton plan's leader map (INT32_MAX)
 
     def prepare(self, ids: torch.Tensor) -> Prep:
         """Unique ids in block order (see :class:`Prep`); fixed-size ops only, no host sync."""
+        if self.backend == "triton" and self.num_rows > 0:
+            return self._prepare_triton(ids)
+        return self.prepare_reference(ids)
+
+    def _prepare_triton(self, ids: torch.Tensor) -> Prep:
+        """:meth:`prepare` in the fused kernels."""
+        if self.min_map is None:  # (like pos_map32: made at a first, eager call, not in a
+            self.min_map = new_min_map(self.num_rows, self.device)  # graph's memory pool)
+        a = prepare_triton(ids, self.slot_of, self.block_of, self.min_map, self.world)
+        return Prep(ids=ids, bad=a.bad, u=a.u, cnt=a.cnt, slot=a.slot, inv=a.inv,
+                    blocks=a.blocks, source=ids)  # fmt: skip
+
+    def prepare_reference(self, ids: torch.Tensor) -> Prep:
+        """:meth:`prepare` in torch ops: the reference of the fused kernels."""
         w = self.world
         flat = ids.reshape(-1)
         n = flat.numel()
@@ -141,12 +163,13 @@ class BatchPlanner:
 
     def leaders(self, rows: torch.Tensor) -> torch.Tensor:
         """For every occurrence (a global row id), the position of its row's leader
-        occurrence (int32; any one: CUDA makes no promise which), so ``lead == arange`` marks
-        exactly one occurrence per row."""
+        occurrence (int32), so ``lead == arange`` marks exactly one occurrence per row: the
+        row's first occurrence (a minimum, not ``index_copy_``'s any writer: deterministic,
+        and what the fused kernels pick)."""
         if self.pos_map32 is None:
             self.pos_map32 = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
         ar = self.per_size("arange", rows.numel())
-        self.pos_map32.index_copy_(0, rows, ar)
+        self.pos_map32.scatter_reduce_(0, rows, ar, "amin", include_self=False)
         return self.pos_map32.index_select(0, rows)
 
     def per_size(self, kind: str, n: int) -> torch.Tensor:

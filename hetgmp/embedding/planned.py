@@ -55,7 +55,9 @@ class PlannedEngine:
         self.ctx, self.stepper, self.padded, self.anchor = ctx, stepper, padded, anchor
         s = ctx.store
         self.device = s.device
-        self.planner = BatchPlanner(s.slot_of, s.block_of, ctx.env.world_size, s.device)
+        self.planner = BatchPlanner(
+            s.slot_of, s.block_of, ctx.env.world_size, s.device, backend=ctx.kernels
+        )
         self._side: torch.cuda.Stream | None = None  # prefetch stream (CUDA)
         self._prefetched: Prep | None = None
 

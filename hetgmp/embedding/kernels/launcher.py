@@ -24,13 +24,14 @@ import torch
 
 @functools.lru_cache(maxsize=1)
 def _triton() -> Any:
-    """The Triton row kernels (a namespace: ``triton``, ``scatter``, ``take``, ``take_local``,
-    ``mark_local``, ``put``, ``adagrad``, ``compiled``, ``hooks``), or the import error's text if Triton is
-    unusable."""
+    """The Triton row and batch-plan kernels (a namespace: ``triton``, ``scatter``, ``take``,
+    ``take_local``, ``mark_local``, ``put``, ``adagrad``, ``prep_*`` (:mod:`.prep_triton`),
+    ``compiled``, ``hooks``), or the import error's text if Triton is unusable."""
     try:
         import triton
 
         k = importlib.import_module("hetgmp.embedding.kernels.rows_triton")
+        p = importlib.import_module("hetgmp.embedding.kernels.prep_triton")
     except Exception as e:  # noqa: BLE001 - any import failure means "not available"
         return f"{type(e).__name__}: {e}"
     try:  # (launch()'s fast path; triton.knobs exists since Triton 3.3)
@@ -45,7 +46,8 @@ def _triton() -> Any:
     return SimpleNamespace(
         triton=triton, scatter=k.scatter_add_rows_kernel, take=k.take_rows_kernel,
         take_local=k.take_local_kernel, mark_local=k.mark_local_kernel, put=k.put_rows_kernel,
-        adagrad=k.adagrad_rows_kernel,
+        adagrad=k.adagrad_rows_kernel, prep_mark=p.prep_mark_kernel, prep_key=p.prep_key_kernel,
+        prep_scan=p.prep_scan_kernel, prep_place=p.prep_place_kernel, prep_inv=p.prep_inv_kernel,
         compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
         hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
     )  # fmt: skip

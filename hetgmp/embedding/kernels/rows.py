@@ -53,6 +53,7 @@ from hetgmp.embedding.kernels.launcher import (
     row_tiles,
     triton_available,
 )
+from hetgmp.embedding.kernels.prep import trial as prep_trial
 from hetgmp.embedding.ops import index_add_rows
 
 
@@ -105,6 +106,7 @@ def _trial_launch(device: torch.device) -> str | None:
             ok &= int(flag) > 0
             rows, _ = take_local(t, slots, pos, flag, cnt[:1], cnt[1:], backend="triton")
             ok &= torch.equal(rows, t.index_select(0, ids.clamp(0, 3))) and int(cnt[0]) == 2
+            ok &= prep_trial(device)  # (the batch plan's kernels)
             if not ok:
                 return "wrong result in a trial launch"
     except Exception as e:  # noqa: BLE001 - any failure means "do not use it"

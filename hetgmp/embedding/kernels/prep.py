@@ -1,0 +1,115 @@
+"""The batch plan (:meth:`hetgmp.embedding.batch.BatchPlanner.prepare`) in five Triton kernels
+(:mod:`.prep_triton`) instead of ~35 torch ops; its reference is the torch code of
+``BatchPlanner`` (``backend="torch"``), which it matches exactly: the same leaders (the first
+occurrence of each row), the same stable block order, dtypes and shapes. Why: on 2 H100s at
+batch 8192 x 26 the torch plan took ~223 us of a 1.4 ms step (a 4-pass radix sort of keys
+below ``3w + 1``, a binary search, an int64 ``index_add_``, many small launches); the one-GPU
+lookup does the same leader trick in two kernels.
+
+Fixed-size launches and no host sync: capturable in a CUDA graph. The leader map (``min_map``,
+``[num_rows]`` int32) must hold ``INT32_MAX`` everywhere between calls (:func:`new_min_map`);
+the kernels leave it so.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+
+from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device
+
+BLOCK = 1024  # occurrences per program (< 4096: the packed in-program rank, prep_triton)
+SCAN_TILE = 4096  # histogram entries per step of the one-program scan
+INT32_MAX = 2**31 - 1
+
+
+class PlanArrays(NamedTuple):
+    """What :func:`prepare_triton` computes (the fields of ``batch.Prep`` of the same name)."""
+
+    bad: torch.Tensor  # () bool
+    u: torch.Tensor  # [n] int64
+    cnt: torch.Tensor  # [n] int64
+    slot: torch.Tensor  # [n] int64
+    inv: torch.Tensor  # [n] int32
+    blocks: torch.Tensor  # [3w] int64
+
+
+def new_min_map(num_rows: int, device: torch.device) -> torch.Tensor:
+    """The leader map :func:`prepare_triton` needs: ``[num_rows]`` int32, all ``INT32_MAX``."""
+    return torch.full((num_rows,), INT32_MAX, dtype=torch.int32, device=device)
+
+
+def _launch_plan(
+    k: Any, flat: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor,
+    min_map: torch.Tensor, out: PlanArrays, world: int,
+) -> None:  # fmt: skip
+    """The five launches (see :mod:`.prep_triton`) into ``out``."""
+    triton = k.triton
+    n, num_rows, nkey = flat.numel(), slot_of.numel(), 3 * world
+    kp = triton.next_power_of_2(nkey + 1)
+    progs = max(1, triton.cdiv(n, BLOCK))
+    dev = flat.device
+    cnt_pos = torch.empty(n, dtype=torch.int64, device=dev)  # counts in position order
+    n4 = -(-n // 4) * 4  # (each scratch array 16-byte aligned: kp is a multiple of 4)
+    lead, key, pos, hist, off, start, bad_p = torch.empty(
+        3 * n4 + 2 * progs * kp + kp + progs, dtype=torch.int32, device=dev
+    ).split([n4, n4, n4, progs * kp, progs * kp, kp, progs])
+    b = {"BLOCK": BLOCK}
+    grid = (progs,)
+    launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), b)
+    launch(k.prep_key, grid,
+           (flat, min_map, block_of, lead, key, cnt_pos, hist, n, num_rows),
+           {"NKEY": nkey, "KP": kp, **b})  # fmt: skip
+    launch(k.prep_scan, (1,),
+           (hist, off, start, out.blocks, bad_p, out.bad.view(torch.uint8), progs),
+           {"NKEY": nkey, "KP": kp, "CH": max(1, SCAN_TILE // kp)})  # fmt: skip
+    launch(k.prep_place, grid,
+           (flat, key, cnt_pos, off, start, slot_of, min_map, out.u, out.cnt, out.slot, pos, n,
+            num_rows), {"NKEY": nkey, "KP": kp, **b})  # fmt: skip
+    launch(k.prep_inv, grid, (lead, pos, out.inv, n), b)
+
+
+def prepare_triton(
+    ids: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor, min_map: torch.Tensor,
+    world: int,
+) -> PlanArrays:  # fmt: skip
+    """The batch plan of ``ids`` (any shape, int64; see ``batch.Prep``) for the maps
+    ``slot_of`` / ``block_of`` (``[num_rows]`` int32, values of ``block_of`` in ``[0, 3w)``),
+    with the leader map ``min_map`` (:func:`new_min_map`; left as it was found)."""
+    if slot_of.dtype != torch.int32 or block_of.dtype != torch.int32:
+        raise ValueError(
+            f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}"
+        )
+    if min_map.shape != slot_of.shape or min_map.dtype != torch.int32:
+        raise ValueError(f"min_map must be int32 {tuple(slot_of.shape)}, got {min_map.dtype} "
+                         f"{tuple(min_map.shape)}")  # fmt: skip
+    flat = ids.reshape(-1).contiguous()
+    n, dev = flat.numel(), flat.device
+    if n >= 2**31 - BLOCK:
+        raise ValueError(f"a batch of {n} ids is too large (positions are int32)")
+    out = PlanArrays(
+        bad=torch.empty((), dtype=torch.bool, device=dev),
+        u=torch.empty(n, dtype=torch.int64, device=dev),
+        cnt=torch.empty(n, dtype=torch.int64, device=dev),
+        slot=torch.empty(n, dtype=torch.int64, device=dev),
+        inv=torch.empty(n, dtype=torch.int32, device=dev),
+        blocks=torch.empty(3 * world, dtype=torch.int64, device=dev),
+    )
+    with on_device(flat):
+        _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world)
+    return out
+
+
+def trial(device: torch.device) -> bool:
+    """Whether the kernels give a small plan worked out by hand (``resolve("auto")``'s trial
+    launch): ids ``[2, 0, 2, 3, 9]`` (9 clamped to 3: bad) of a 4-row table, world 1."""
+    t = functools.partial(torch.tensor, device=device)
+    got = prepare_triton(
+        t([2, 0, 2, 3, 9]), t([5, 6, 7, -1], dtype=torch.int32), t([1, 0, 2, 0], dtype=torch.int32),
+        new_min_map(4, device), 1,
+    )  # fmt: skip
+    want = {"u": [3, 0, 2, 2, 3], "cnt": [2, 1, 2, 0, 0], "slot": [-1, 5, 7, 7, -1],
+            "inv": [2, 1, 2, 0, 0], "blocks": [1, 1, 1]}  # fmt: skip
+    return bool(got.bad) and all(getattr(got, f).tolist() == v for f, v in want.items())

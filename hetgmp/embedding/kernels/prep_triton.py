@@ -1,0 +1,138 @@
+"""The Triton kernels of the batch plan (:func:`hetgmp.embedding.kernels.prep.prepare_triton`;
+this module imports triton, so only :func:`hetgmp.embedding.kernels.launcher._triton` imports
+it). Five launches, each over ``n`` occurrences in programs of ``BLOCK`` (the scan: one
+program); ``c`` is an occurrence's clamped id, every kernel recomputes it from the ids:
+
+1. ``prep_mark_kernel``: ``min_map[c[i]] = min(i)`` (atomic: the leader is the FIRST
+   occurrence of its row), ``cnt_pos[i] = 0``, ``bad_p[program]`` = an id out of range here;
+2. ``prep_key_kernel``: ``lead[i] = min_map[c[i]]``, ``key[i]`` = the leader's block
+   (``block_of[c]``) or ``NKEY = 3w`` (padding), ``cnt_pos[lead[i]] += 1`` and the program's
+   key histogram ``hist[program, :]``;
+3. ``prep_scan_kernel``: per program the exclusive column prefix of ``hist`` (``off``), the
+   key totals (``blocks``), the exclusive prefix of the totals (``start``), the ``bad`` flag;
+4. ``prep_place_kernel``: every occurrence's place ``dest = start[key] + off[program, key] +
+   rank`` (``rank``: among the program's earlier occurrences of the same key, so the order is
+   the stable sort by key); ``u / cnt / slot`` scattered there, ``pos[i] = dest``, and each
+   leader's ``min_map`` entry put back to ``INT32_MAX`` (the map's state between calls);
+5. ``prep_inv_kernel``: ``inv[i] = pos[lead[i]]``.
+"""
+# ruff: noqa: N803 - Triton's constexpr parameters are upper case by convention
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+INT32_MAX = tl.constexpr(2**31 - 1)
+# The in-program rank counts each key with a packed int64 cumsum: RANK_KEYS keys a cumsum,
+# RANK_BITS bits each (a count is at most BLOCK, so BLOCK < 2**RANK_BITS).
+RANK_BITS = tl.constexpr(12)
+RANK_KEYS = tl.constexpr(5)
+
+
+@triton.jit
+def _clamped(ids_ptr, offs, m, num_rows):
+    x = tl.load(ids_ptr + offs, mask=m, other=0)
+    return x, tl.minimum(tl.maximum(x, 0), num_rows - 1)
+
+
+@triton.jit
+def prep_mark_kernel(
+    ids_ptr, min_ptr, cnt_pos_ptr, bad_p_ptr, n, num_rows, BLOCK: tl.constexpr
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x, c = _clamped(ids_ptr, offs, m, num_rows)
+    tl.atomic_min(min_ptr + c, offs, mask=m, sem="relaxed")
+    tl.store(cnt_pos_ptr + offs, tl.zeros([BLOCK], dtype=tl.int64), mask=m)
+    tl.store(bad_p_ptr + pid, tl.max(((x != c) & m).to(tl.int32), axis=0))
+
+
+@triton.jit
+def prep_key_kernel(
+    ids_ptr, min_ptr, block_ptr, lead_ptr, key_ptr, cnt_pos_ptr, hist_ptr, n, num_rows,
+    NKEY: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    _, c = _clamped(ids_ptr, offs, m, num_rows)
+    lead = tl.load(min_ptr + c, mask=m, other=0)
+    tl.store(lead_ptr + offs, lead, mask=m)
+    is_lead = (lead == offs) & m
+    b = tl.load(block_ptr + c, mask=is_lead, other=0)
+    key = tl.where(is_lead, b, NKEY)
+    tl.store(key_ptr + offs, key, mask=m)
+    tl.atomic_add(cnt_pos_ptr + lead, tl.full([BLOCK], 1, tl.int64), mask=m, sem="relaxed")
+    # (tl.histogram's mask argument is recent: the lanes past n count as padding, taken off)
+    bins = tl.arange(0, KP)
+    hist = tl.histogram(key, KP) - tl.where(bins == NKEY, BLOCK - tl.sum(m.to(tl.int32), 0), 0)
+    tl.store(hist_ptr + pid * KP + bins, hist)
+
+
+@triton.jit
+def prep_scan_kernel(
+    hist_ptr, off_ptr, start_ptr, blocks_ptr, bad_p_ptr, bad_ptr, P,
+    NKEY: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
+):  # fmt: skip
+    cols = tl.arange(0, KP)
+    carry = tl.zeros([KP], dtype=tl.int32)
+    bad = tl.zeros([CH], dtype=tl.int32)
+    for p0 in range(0, P, CH):
+        rows = p0 + tl.arange(0, CH)
+        rm = rows < P
+        at = rows[:, None] * KP + cols[None, :]
+        x = tl.load(hist_ptr + at, mask=rm[:, None], other=0)
+        tl.store(off_ptr + at, tl.cumsum(x, axis=0) - x + carry[None, :], mask=rm[:, None])
+        carry += tl.sum(x, axis=0)
+        bad = tl.maximum(bad, tl.load(bad_p_ptr + rows, mask=rm, other=0))
+    tl.store(start_ptr + cols, tl.cumsum(carry, axis=0) - carry)
+    tl.store(blocks_ptr + cols, carry.to(tl.int64), mask=cols < NKEY)
+    tl.store(bad_ptr, (tl.max(bad, axis=0) > 0).to(tl.uint8))
+
+
+@triton.jit
+def _rank_in_program(key, BLOCK: tl.constexpr, NK: tl.constexpr):
+    # rank[i] = #{j < i in this program: key[j] == key[i]} (keys in [0, NK); others: 0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for g in tl.static_range(0, NK, RANK_KEYS):
+        kk = key - g
+        here = (kk >= 0) & (kk < RANK_KEYS)
+        sh = tl.where(here, kk * RANK_BITS, 0).to(tl.int64)
+        one = tl.full([BLOCK], 1, tl.int64)
+        cs = tl.cumsum(tl.where(here, one << sh, 0), axis=0)
+        r = ((cs >> sh) & (2**RANK_BITS - 1)).to(tl.int32) - 1
+        rank = tl.where(here, r, rank)
+    return rank
+
+
+@triton.jit
+def prep_place_kernel(
+    ids_ptr, key_ptr, cnt_pos_ptr, off_ptr, start_ptr, slot_of_ptr, min_ptr, u_ptr, cnt_ptr,
+    slot_ptr, pos_ptr, n, num_rows, NKEY: tl.constexpr, KP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    key = tl.load(key_ptr + offs, mask=m, other=0)
+    base = tl.load(start_ptr + key, mask=m, other=0)
+    base += tl.load(off_ptr + pid * KP + key, mask=m, other=0)
+    dest = base + _rank_in_program(tl.where(m, key, -1), BLOCK, NKEY + 1)
+    _, c = _clamped(ids_ptr, offs, m, num_rows)
+    tl.store(u_ptr + dest, c, mask=m)
+    tl.store(cnt_ptr + dest, tl.load(cnt_pos_ptr + offs, mask=m, other=0), mask=m)
+    slot = tl.load(slot_of_ptr + c, mask=m, other=0).to(tl.int64)
+    tl.store(slot_ptr + dest, slot, mask=m)
+    tl.store(pos_ptr + offs, dest, mask=m)
+    # (no kernel reads min_map after prep_key_kernel: put the leaders' entries back)
+    tl.store(min_ptr + c, tl.full([BLOCK], INT32_MAX, tl.int32), mask=m & (key < NKEY))
+
+
+@triton.jit
+def prep_inv_kernel(lead_ptr, pos_ptr, inv_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    lead = tl.load(lead_ptr + offs, mask=m, other=0)
+    tl.store(inv_ptr + offs, tl.load(pos_ptr + lead, mask=m, other=0), mask=m)
