@@ -309,7 +309,9 @@ def refused_reads(env: DistEnv) -> dict:
         req = {"mids": empty, "mver": empty, "rids": torch.tensor([rid])}
         meta = {"bound": 0, "send_all": False}
         try:
-            got = stepper.peers.request_all({peer: (wire.READ, meta, req)}, "test read")[peer]
+            expect = lambda p: wire.read_reply(0, 1, DIM, False, 0, False)  # noqa: E731
+            got = stepper.peers.request_all({peer: (wire.READ, meta, req)}, "test read", expect)
+            got = got[peer]
             out[name] = ("ok", tuple(got["values"].shape))
         except CommError as err:
             out[name] = ("refused", str(err))

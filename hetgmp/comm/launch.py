@@ -37,7 +37,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _my_address() -> str:
+def my_address() -> str:
     """An address of this host the other ranks can reach (the one used for outbound traffic)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -164,7 +164,7 @@ def _mpi_rendezvous(info: LaunchInfo) -> tuple[str, int]:
             "another MPI than the one that started the job; set MASTER_ADDR and MASTER_PORT "
             "(docs/multinode.md) or install mpi4py against this MPI"
         )
-    chosen = (_my_address(), free_port()) if info.rank == 0 else None
+    chosen = (my_address(), free_port()) if info.rank == 0 else None
     addr, port = comm.bcast(chosen, root=0)
     return str(addr), int(port)
 
