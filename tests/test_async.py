@@ -320,7 +320,7 @@ def refused_reads(env: DistEnv) -> dict:
         ("short mver", wire.READ, {"mids": ids, "mver": ids[:1], "rids": empty}),
         ("short grad", wire.PUSH, {"ids": ids, "cnt": ids, "grad": torch.zeros(2 * DIM - 1)}),
     ):  # fmt: skip
-        meta = {"bound": 0, "send_all": False}
+        meta = {"bound": 0, "send_all": False} if op == wire.READ else {}
         try:
             stepper.peers.request_all({peer: (op, meta, req)}, "test request")
             out[name] = ("ok", "")
