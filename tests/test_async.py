@@ -47,9 +47,13 @@ def table(env: DistEnv, case: dict, sync: str, **kw) -> DistributedEmbedding:
     )  # fmt: skip
 
 
-def train(env: DistEnv, case: dict, sync: str) -> dict:
-    """Train a case; its owned rows after flush, counters, and the per-rank delays slept."""
+def train(env: DistEnv, case: dict, sync: str, hook=None, done=None) -> dict:
+    """Train a case; its owned rows after flush, counters, and the per-rank delays slept.
+    ``hook(table)`` runs once the table is up; ``done`` (an event) is waited for before the
+    end (tests/test_rpc_guard.py: a foreign client's messages, all answered by then)."""
     emb = table(env, case, sync)
+    if hook is not None:
+        hook(emb)
     sl = rank_slice(env.rank, env.world_size)
     rng = np.random.default_rng(env.rank)
     for ids, g in zip(
@@ -59,6 +63,11 @@ def train(env: DistEnv, case: dict, sync: str) -> dict:
             time.sleep(float(rng.uniform(0, case["delay"])))
         out = emb(torch.from_numpy(ids[sl]))
         step_loss(out, torch.from_numpy(g[sl]), BATCH).backward()
+    if done is not None:
+        from hetgmp.comm.collectives import barrier
+
+        done.wait(60) if env.rank == 0 else None
+        barrier(env)
     sd = emb.state_dict()
     out = {"sd": sd, "counters": emb.counters()}
     emb.close()

@@ -38,12 +38,14 @@ class BadMessage(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Field:
-    """A header scalar: an ``int`` in ``[lo, hi]`` or a ``bool`` (``kind``)."""
+    """A header scalar: an ``int`` in ``[lo, hi]`` other than ``exclude``, or a ``bool``
+    (``kind``)."""
 
     kind: type = int
     lo: int = 0
     hi: int = BIG
     required: bool = True
+    exclude: int | None = None
 
     def check(self, name: str, value: Any) -> None:
         if self.kind is bool:
@@ -51,8 +53,11 @@ class Field:
                 raise BadMessage(f"header field {name!r} must be true or false")
             return
         # (bool is an int in Python; a JSON float or string is not a count)
-        if type(value) is not int or not self.lo <= value <= self.hi:
-            raise BadMessage(f"header field {name!r} must be an integer in [{self.lo}, {self.hi}]")
+        if type(value) is not int or not self.lo <= value <= self.hi or value == self.exclude:
+            but = f" other than {self.exclude}" if self.exclude is not None else ""
+            raise BadMessage(
+                f"header field {name!r} must be an integer in [{self.lo}, {self.hi}]{but}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,10 +134,7 @@ class RpcService:
     def peer_field(self, required: bool = True) -> Field:
         """A header field naming another rank of the job (never this one: its own clocks
         and goodbyes are set locally)."""
-        if self.world_size < 2:
-            return Field(int, 1, 0, required)  # (no peer: nothing may name one)
-        lo, hi = (1, self.world_size - 1) if self.rank == 0 else (0, self.world_size - 1)
-        return Field(int, lo, hi, required)
+        return Field(int, 0, self.world_size - 1, required, exclude=self.rank)
 
     def register(self, op: bytes, handler: Handler, schema: Schema) -> None:
         """Answer requests ``op`` that fit ``schema`` by ``handler`` from now on (it replaces
