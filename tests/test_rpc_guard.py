@@ -44,12 +44,26 @@ def bad_messages(me: int) -> list[tuple[str, list[bytes]]]:
         ("malformed", [b"read", b"{not json"]),
         ("malformed", [b"read", b"[" * 5000 + b"]" * 5000]),
         ("malformed", [b"read", b'{"meta": {"bound": NaN}, "arrays": []}']),
-        ("malformed", [b"read", json.dumps({"meta": {}, "arrays": [["mids", "int64", [4]]]})
-                       .encode(), b"\0" * 31]),  # fmt: skip
-        ("malformed", [b"read", json.dumps({"meta": {}, "arrays": [["mids", "int64", [2**40]]]})
-                       .encode(), b""]),  # fmt: skip
-        ("malformed", [b"read", json.dumps({"meta": {}, "arrays": [["x", "pickle", [1]]]})
-                       .encode(), b"\0"]),  # fmt: skip
+        (
+            "malformed",
+            [
+                b"read",
+                json.dumps({"meta": {}, "arrays": [["mids", "int64", [4]]]}).encode(),
+                b"\0" * 31,
+            ],
+        ),  # fmt: skip
+        (
+            "malformed",
+            [
+                b"read",
+                json.dumps({"meta": {}, "arrays": [["mids", "int64", [2**40]]]}).encode(),
+                b"",
+            ],
+        ),  # fmt: skip
+        (
+            "malformed",
+            [b"read", json.dumps({"meta": {}, "arrays": [["x", "pickle", [1]]]}).encode(), b"\0"],
+        ),  # fmt: skip
         ("malformed", [b"", b"{}"]),
         ("unknown", _msg(b"exec", {})),
         ("invalid", _msg(b"read", {"bound": "0", "send_all": False}, mids=ids, mver=ids, rids=ids)),
@@ -58,10 +72,22 @@ def bad_messages(me: int) -> list[tuple[str, list[bytes]]]:
         ("invalid", _msg(b"read", read, mids=ids, mver=ids, rids=np.array([10**9], dtype=i8))),
         ("invalid", _msg(b"read", read, mids=ids, mver=ids, rids=np.array([-1], dtype=i8))),
         ("invalid", _msg(b"read", read, mids=ids, mver=ids, rids=ids.astype(f4))),
-        ("invalid", _msg(b"read", read, mids=ids, mver=ids,
-                         rids=np.zeros(ROWS + 1, dtype=i8))),  # (more than it owns)
-        ("invalid", _msg(b"read", {**read, "rank": 1 - me, "clock": 1}, mids=ids, mver=ids,
-                         rids=ids, ids=ids, cnt=ids)),  # fmt: skip
+        (
+            "invalid",
+            _msg(b"read", read, mids=ids, mver=ids, rids=np.zeros(ROWS + 1, dtype=i8)),
+        ),  # (more than it owns)
+        (
+            "invalid",
+            _msg(
+                b"read",
+                {**read, "rank": 1 - me, "clock": 1},
+                mids=ids,
+                mver=ids,
+                rids=ids,
+                ids=ids,
+                cnt=ids,
+            ),
+        ),  # fmt: skip
         ("invalid", _msg(b"read", {**read, "extra": 1}, mids=ids, mver=ids, rids=ids)),
         ("nonfinite", _msg(b"push", {}, ids=ids, cnt=ids, grad=nan)),
         ("invalid", _msg(b"push", {}, ids=ids, cnt=-ids, grad=ok_grad)),

@@ -86,8 +86,11 @@ def _ranks(world: int, present: list[int], port: int) -> dict[int, tuple[int, st
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = {
         r: subprocess.Popen(
-            [sys.executable, "-c", CONNECT, str(r), str(world), str(port)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-c", CONNECT, str(r), str(world), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )  # fmt: skip
         for r in present
     }

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 # (b = -1: none left)
 CLAIM = b"claim"
 MAX_EPOCH = 2**40
+
+
 # a claim's answer: the batch's position, -1 if none is left (hetgmp.comm.rpc.schema)
 def _one_batch(meta: dict[str, Any], a: dict[str, np.ndarray]) -> None:
     if a["batch"].shape != (1,):

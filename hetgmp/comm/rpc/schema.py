@@ -132,5 +132,7 @@ def same_len(arrays: dict[str, np.ndarray], what: str, *names: str) -> int:
     """The common row count of ``names`` (refused when they differ)."""
     lens = [arrays[n].shape[0] for n in names]
     if len(set(lens)) > 1:
-        raise BadMessage(f"{what}: " + ", ".join(f"{n} {k}" for n, k in zip(names, lens, strict=True)))
+        raise BadMessage(
+            f"{what}: " + ", ".join(f"{n} {k}" for n, k in zip(names, lens, strict=True))
+        )
     return lens[0]

@@ -21,6 +21,12 @@ Three operations (:mod:`.wire`):
   on its read, with the push to this owner in the same message (:meth:`RowService._step`:
   push, then clock, then the answer).
 
+Each operation is registered with its schema (:func:`.wire.schemas`): the service checks
+every request against it before a handler runs (ids in the table, at most ``n_own`` rows an
+array, counts per id, finite gradients, a clock only from another rank), and refuses and
+counts a bad one (:mod:`hetgmp.comm.rpc.schema`); the handlers check only what needs the
+table (that this rank owns the rows).
+
 Other layers register their own operations on the same service (the dense parameter shards of
 :mod:`hetgmp.train.dense_server`, work stealing's claims); they are answered by their handler.
 

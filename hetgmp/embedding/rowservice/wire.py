@@ -80,20 +80,27 @@ def schemas(
     return {
         READ: Schema(
             {"bound": Field(), "send_all": Field(bool), **tick},
-            {"mids": dataclasses.replace(ids, required=True),
-             "mver": Array("int64", max_len=n_own, lo=0, hi=BIG),
-             "rids": dataclasses.replace(ids, required=True), **push},
+            {
+                "mids": dataclasses.replace(ids, required=True),
+                "mver": Array("int64", max_len=n_own, lo=0, hi=BIG),
+                "rids": dataclasses.replace(ids, required=True),
+                **push,
+            },
             read,
         ),  # fmt: skip
         PUSH: Schema(tick, push, lambda m, a: pushed(m, a, alone=True)),
-        CLOCK: Schema({"rank": peer(True), "clock": Field(), "samples": Field(required=False),
-                       "meet": Field(required=False)}),  # fmt: skip
+        CLOCK: Schema(
+            {
+                "rank": peer(True),
+                "clock": Field(),
+                "samples": Field(required=False),
+                "meet": Field(required=False),
+            }
+        ),  # fmt: skip
     }
 
 
-def read_reply(
-    nqm: int, nqr: int, dim: int, state: bool, bound: int, send_all: bool
-) -> Schema:
+def read_reply(nqm: int, nqr: int, dim: int, state: bool, bound: int, send_all: bool) -> Schema:
     """An owner's answer to a read of ``nqm`` mirrors and ``nqr`` rows not stored here: a lag
     per mirror, then a value (version, state) for every mirror beyond ``bound`` (every one
     with ``send_all``) and every row; the reader picks the refreshed mirrors by that count,
