@@ -284,10 +284,13 @@ def switch_while_answering(env: DistEnv) -> dict:
     emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
     stepper = emb._stepper
     seen = lambda meta, arrays: {"s": torch.tensor([sys.getswitchinterval()])}  # noqa: E731
-    stepper.service.handlers[wire.DENSE] = seen  # (any registered op: answered by its handler)
+    from hetgmp.comm.rpc.schema import Array, Schema
+
+    stepper.service.register(wire.DENSE, seen, Schema())  # (answered by its handler)
     barrier(env)
     peer = 1 - env.rank
-    answer = stepper.peers.request_all({peer: (wire.DENSE, {}, {})}, "test")[peer]
+    expect = lambda p: Schema({}, {"s": Array("float32")})  # noqa: E731
+    answer = stepper.peers.request_all({peer: (wire.DENSE, {}, {})}, "test", expect)[peer]
     barrier(env)  # (both answered: a service restores the interval before it sends)
     out = {"answering": float(answer["s"][0]), "serving": sys.getswitchinterval()}
     emb.close()

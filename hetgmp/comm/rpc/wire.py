@@ -104,7 +104,8 @@ def decode(frames: list[Any]) -> tuple[bytes, dict[str, Any], list[Spec], list[A
     for (name, dtype, shape), raw in zip(typed, raws, strict=True):
         want = math.prod(shape) * dtype.itemsize  # (Python ints: no overflow)
         if len(raw) != want:
-            raise BadMessage(f"array {name!r}: {len(raw)} bytes for {dtype} {list(shape)}",
+            kind = str(dtype).removeprefix("torch.")
+            raise BadMessage(f"array {name!r}: {len(raw)} bytes for {kind} {list(shape)}",
                              "malformed")  # fmt: skip
     return op, meta, typed, raws
 
