@@ -47,9 +47,13 @@ def table(env: DistEnv, case: dict, sync: str, **kw) -> DistributedEmbedding:
     )  # fmt: skip
 
 
-def train(env: DistEnv, case: dict, sync: str) -> dict:
-    """Train a case; its owned rows after flush, counters, and the per-rank delays slept."""
+def train(env: DistEnv, case: dict, sync: str, hook=None, done=None) -> dict:
+    """Train a case; its owned rows after flush, counters, and the per-rank delays slept.
+    ``hook(table)`` runs once the table is up; ``done`` (an event) is waited for before the
+    end (tests/test_rpc_guard.py: a foreign client's messages, all answered by then)."""
     emb = table(env, case, sync)
+    if hook is not None:
+        hook(emb)
     sl = rank_slice(env.rank, env.world_size)
     rng = np.random.default_rng(env.rank)
     for ids, g in zip(
@@ -59,6 +63,11 @@ def train(env: DistEnv, case: dict, sync: str) -> dict:
             time.sleep(float(rng.uniform(0, case["delay"])))
         out = emb(torch.from_numpy(ids[sl]))
         step_loss(out, torch.from_numpy(g[sl]), BATCH).backward()
+    if done is not None:
+        from hetgmp.comm.collectives import barrier
+
+        done.wait(60) if env.rank == 0 else None
+        barrier(env)
     sd = emb.state_dict()
     out = {"sd": sd, "counters": emb.counters()}
     emb.close()
@@ -275,10 +284,13 @@ def switch_while_answering(env: DistEnv) -> dict:
     emb = table(env, {"optimizer": "sgd", "store_rate": 0.0, "seed": 1}, "async")
     stepper = emb._stepper
     seen = lambda meta, arrays: {"s": torch.tensor([sys.getswitchinterval()])}  # noqa: E731
-    stepper.service.handlers[wire.DENSE] = seen  # (any registered op: answered by its handler)
+    from hetgmp.comm.rpc.schema import Array, Schema
+
+    stepper.service.register(wire.DENSE, seen, Schema())  # (answered by its handler)
     barrier(env)
     peer = 1 - env.rank
-    answer = stepper.peers.request_all({peer: (wire.DENSE, {}, {})}, "test")[peer]
+    expect = lambda p: Schema({}, {"s": Array("float32")})  # noqa: E731
+    answer = stepper.peers.request_all({peer: (wire.DENSE, {}, {})}, "test", expect)[peer]
     barrier(env)  # (both answered: a service restores the interval before it sends)
     out = {"answering": float(answer["s"][0]), "serving": sys.getswitchinterval()}
     emb.close()
@@ -309,7 +321,9 @@ def refused_reads(env: DistEnv) -> dict:
         req = {"mids": empty, "mver": empty, "rids": torch.tensor([rid])}
         meta = {"bound": 0, "send_all": False}
         try:
-            got = stepper.peers.request_all({peer: (wire.READ, meta, req)}, "test read")[peer]
+            expect = lambda p: wire.read_reply(0, 1, DIM, False, 0, False)  # noqa: E731
+            got = stepper.peers.request_all({peer: (wire.READ, meta, req)}, "test read", expect)
+            got = got[peer]
             out[name] = ("ok", tuple(got["values"].shape))
         except CommError as err:
             out[name] = ("refused", str(err))
@@ -318,7 +332,7 @@ def refused_reads(env: DistEnv) -> dict:
         ("short mver", wire.READ, {"mids": ids, "mver": ids[:1], "rids": empty}),
         ("short grad", wire.PUSH, {"ids": ids, "cnt": ids, "grad": torch.zeros(2 * DIM - 1)}),
     ):  # fmt: skip
-        meta = {"bound": 0, "send_all": False}
+        meta = {"bound": 0, "send_all": False} if op == wire.READ else {}
         try:
             stepper.peers.request_all({peer: (op, meta, req)}, "test request")
             out[name] = ("ok", "")

@@ -74,7 +74,7 @@ def test_malformed_messages_are_refused() -> None:
     frames = [bytes(f) for f in wire.pack(wire.PUSH, {}, message(0, 4))]
     with pytest.raises(ValueError, match="bytes for int64"):
         wire.unpack([*frames[:2], frames[2][:-8], *frames[3:]], stage)
-    with pytest.raises(ValueError, match="names 4 arrays, carries 3"):
+    with pytest.raises(ValueError, match="naming 4 arrays for 3 frames"):
         wire.unpack(frames[:-1], stage)
     with pytest.raises(ValueError, match="host tensors"):
         wire.pack(wire.PUSH, {}, {"x": torch.zeros(2, dtype=torch.int32)})

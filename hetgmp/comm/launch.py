@@ -5,6 +5,9 @@ The launcher's environment variables are read in exactly one place,
 :func:`hetgmp.comm.detect.detect_launch`, which returns a small frozen :class:`LaunchInfo`;
 everything else takes that value.
 
+Start-up: every wait (MPI_Init, rank 0's address, the rendezvous store, the process group) is
+bounded by ``timeout_s`` and names the ranks that did not arrive (:mod:`hetgmp.comm.startup`).
+
 Failure behaviour: the process group is created with ``timeout_s``. When a rank dies, its peers'
 next collective fails either at once (gloo sees the TCP connection close) or, if the peer hangs
 without closing its sockets, after ``timeout_s`` seconds; torch raises a ``RuntimeError`` /
@@ -15,17 +18,24 @@ rank and the collective. No rank waits forever.
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import sys
+import time
 import types
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from hetgmp.comm.detect import LAUNCHERS, LaunchInfo, detect_launch
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import LaunchError
+from hetgmp.comm.startup import arrival_marks, arrive, wait_for, watched
+
+ADDRESS_BYTES = 256  # rank 0's "addr:port" as sent over MPI
+ADDRESS_TAG = 7091
 
 __all__ = ["LAUNCHERS", "LaunchInfo", "detect_launch", "init_distributed", "shutdown"]
 
@@ -37,7 +47,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _my_address() -> str:
+def my_address() -> str:
     """An address of this host the other ranks can reach (the one used for outbound traffic)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -85,13 +95,12 @@ def connect(
         raise LaunchError("backend 'nccl' needs CUDA devices; use gloo on CPU")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _store(addr, port, rank, world_size, timeout)
+    arrive(store, rank, world_size, timeout_s)  # (names the ranks that do not come)
     try:
         dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
     except (RuntimeError, ValueError) as err:
         raise LaunchError(
@@ -107,6 +116,27 @@ def connect(
         launcher=launcher,
         group=dist.group.WORLD,
     )
+
+
+def _store(
+    addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta
+) -> dist.TCPStore:
+    """The rendezvous store at ``addr:port``: rank 0 hosts it, without waiting for the others
+    (:func:`~hetgmp.comm.startup.arrive` does, naming the missing), unless torchrun's agent
+    hosts it already (``TORCHELASTIC_USE_AGENT_STORE``: every rank a client)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        return dist.TCPStore(
+            addr, port, world_size, is_master=rank == 0 and not agent, timeout=timeout,
+            wait_for_workers=False,
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as err:
+        host = "torchrun's agent" if agent else "rank 0"
+        raise LaunchError(
+            f"rank {rank}/{world_size}: start-up: could not reach the rendezvous store at "
+            f"{addr}:{port} (hosted by {host}) within {timeout.total_seconds():g}s ({err}); "
+            f"{host} did not arrive, or the address is wrong"
+        ) from err
 
 
 def init_distributed(
@@ -131,7 +161,7 @@ def init_distributed(
         return env
     addr, port = info.master_addr, info.master_port
     if addr is None or port is None:
-        addr, port = _mpi_rendezvous(info)
+        addr, port = _mpi_rendezvous(info, timeout_s)
     return connect(
         rank=info.rank,
         world_size=info.world_size,
@@ -145,10 +175,15 @@ def init_distributed(
     )
 
 
-def _mpi_rendezvous(info: LaunchInfo) -> tuple[str, int]:
-    """Rank 0's address and a free port, broadcast with mpi4py (mpirun / mpich launches)."""
-    try:
-        from mpi4py import MPI
+def _mpi_rendezvous(info: LaunchInfo, timeout_s: float) -> tuple[str, int]:
+    """Rank 0's address and a free port, sent with mpi4py (mpirun / mpich launches); every
+    wait bounded by ``timeout_s`` (:mod:`hetgmp.comm.startup`)."""
+    marks = arrival_marks(os.environ)
+    world = info.world_size if info.local_world_size == info.world_size else 0  # (one host)
+    try:  # (MPI_Init waits for every rank with the interpreter's lock held: a watchdog process)
+        with watched(timeout_s, "MPI_Init (mpi4py, every rank meets there)", info.rank, marks,
+                     world):  # fmt: skip
+            from mpi4py import MPI
     except ImportError as err:
         raise LaunchError(
             f"launched by {info.launcher} but mpi4py is not importable ({err}); install it, "
@@ -164,9 +199,28 @@ def _mpi_rendezvous(info: LaunchInfo) -> tuple[str, int]:
             "another MPI than the one that started the job; set MASTER_ADDR and MASTER_PORT "
             "(docs/multinode.md) or install mpi4py against this MPI"
         )
-    chosen = (_my_address(), free_port()) if info.rank == 0 else None
-    addr, port = comm.bcast(chosen, root=0)
-    return str(addr), int(port)
+    deadline = time.monotonic() + timeout_s
+    buf = np.zeros(ADDRESS_BYTES, dtype=np.uint8)  # ("addr:port", no pickle)
+    if info.rank == 0:
+        text = f"{my_address()}:{free_port()}".encode()
+        buf[: len(text)] = np.frombuffer(text, dtype=np.uint8)
+        reqs = [comm.Isend(buf, dest=r, tag=ADDRESS_TAG) for r in range(1, info.world_size)]
+        if not wait_for(lambda: MPI.Request.Testall(reqs), deadline):
+            late = [r + 1 for r, q in enumerate(reqs) if not q.Test()]
+            raise _late(info, late, timeout_s, "did not take rank 0's address")
+    else:
+        req = comm.Irecv(buf, source=0, tag=ADDRESS_TAG)
+        if not wait_for(req.Test, deadline):
+            raise _late(info, [0], timeout_s, "did not send its address")
+    addr, _, port = bytes(buf).rstrip(b"\0").decode().rpartition(":")
+    return addr, int(port)
+
+
+def _late(info: LaunchInfo, ranks: list[int], timeout_s: float, what: str) -> LaunchError:
+    return LaunchError(
+        f"rank {info.rank}: start-up: rank(s) {', '.join(map(str, ranks))} {what} within "
+        f"{timeout_s:g}s (--timeout-s); stopped, hung, or never started"
+    )
 
 
 def _drop_captured_references(pg: Any) -> int:

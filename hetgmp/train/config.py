@@ -211,10 +211,19 @@ class TrainConfig:
     )
     async_host: str = option(
         "auto",
-        help="--sync async: address each rank's row service listens on (auto: the interface "
-        "this host uses for outbound traffic; 127.0.0.1 for one host); published to the peers "
-        "at start through the launch",
+        help="--sync async: address each rank's row service listens on (auto: 127.0.0.1 when "
+        "every rank runs on one host, else the interface this host uses for outbound "
+        "traffic); published to the peers at start through the launch",
         flags=["--async-host"],
+    )
+    async_auth: str = option(
+        "auto",
+        help="--sync async: who may talk to the ranks' services (auto: on loopback this host's "
+        "processes, beyond it only the job's ranks, by ZeroMQ CURVE keys made at launch; "
+        "curve: CURVE even on loopback; insecure: no CURVE even across hosts, so anyone "
+        "reaching the ports can read rows and push gradients: for private networks only)",
+        choices=("auto", "curve", "insecure"),
+        flags=["--async-auth"],
     )
     async_port_base: int = option(
         0,

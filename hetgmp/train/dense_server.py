@@ -36,6 +36,7 @@ from torch import nn
 
 from hetgmp.comm.collectives import barrier
 from hetgmp.comm.env import DistEnv
+from hetgmp.comm.rpc.schema import Array, BadMessage, Schema
 
 if TYPE_CHECKING:
     from hetgmp.comm.rpc import Peers
@@ -73,22 +74,29 @@ class DenseServer:
         )  # (its own sockets: an exchange stays in flight)
         self.inflight: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
         self.bytes_sent = 0  # delta bytes this rank sent to the other owners
-        engine.rpc.register(DENSE, self._serve)
+        self.schema = self._shard_schema(self.rank, "delta")
+        engine.rpc.register(DENSE, self._serve, self.schema)
         barrier(env)  # nobody exchanges before every shard is served
 
     def _span(self, p: int) -> tuple[int, int]:
         return self.bounds[p], self.bounds[p + 1]
 
+    def _shard_schema(self, p: int, name: str) -> Schema:
+        """A message of exactly shard ``p``'s values, all finite: a push (``delta``, to this
+        rank's service) or its answer (``value``)."""
+        lo, hi = self._span(p)
+
+        def whole(meta: dict[str, Any], a: dict[str, Any]) -> None:
+            if a[name].shape[0] != hi - lo:
+                raise BadMessage(f"a dense {name} of {a[name].shape[0]} values for a shard of "
+                                 f"{hi - lo}")  # fmt: skip
+
+        return Schema({}, {name: Array("float32", max_len=hi - lo)}, whole)
+
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         """(service thread) add ``delta / W`` to the shard; answer with its new value."""
-        delta = arrays.get("delta")
-        if delta is not None:  # (arrives on the host, where the shard is: no copy)
-            delta = delta.cpu()
-        if delta is None or delta.dtype != torch.float32 or delta.shape != self.shard.shape:
-            raise ValueError(
-                f"a dense push does not fit this rank's shard of {self.shard.numel()} values"
-            )
-        with self.lock:
+        delta = arrays["delta"].cpu()  # (arrives on the host, where the shard is: no copy)
+        with self.lock:  # (its size and finite values: checked by self.schema)
             self.shard.add_(delta, alpha=1.0 / self.w)
             return {"value": self.shard.clone()}
 
@@ -127,7 +135,9 @@ class DenseServer:
             return
         sent_at, own, peers = self.inflight
         self.inflight = None
-        answers = self.channel.collect(peers, "async dense exchange")
+        answers = self.channel.collect(
+            peers, "async dense exchange", lambda p: self._shard_schema(p, "value")
+        )
         order = sorted({*peers, self.rank})
         dev = self.flat.device  # (answers arrive on it; the own shard's answer is a host one)
         new = torch.cat([(own if p == self.rank else answers[p]["value"]).to(dev) for p in order])

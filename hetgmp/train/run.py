@@ -172,7 +172,7 @@ def async_config(cfg: TrainConfig) -> Any:
 
     return AsyncConfig(
         max_lag=cfg.max_lag, host=cfg.async_host, port_base=cfg.async_port_base,
-        timeout_s=cfg.timeout_s,
+        timeout_s=cfg.timeout_s, auth=cfg.async_auth,
     )  # fmt: skip
 
 

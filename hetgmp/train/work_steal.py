@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.rpc.schema import Array, BadMessage, Field, Schema
 from hetgmp.data.device_batches import DeviceBatch, Slot, host_to_device
 from hetgmp.data.loader import BatchLoader, gather
 
@@ -43,6 +44,16 @@ if TYPE_CHECKING:
 # work stealing's operation on a rank's RPC service (hetgmp.comm.rpc): {"epoch": e} -> {"batch": [b]}
 # (b = -1: none left)
 CLAIM = b"claim"
+MAX_EPOCH = 2**40
+
+
+# a claim's answer: the batch's position, -1 if none is left (hetgmp.comm.rpc.schema)
+def _one_batch(meta: dict[str, Any], a: dict[str, np.ndarray]) -> None:
+    if a["batch"].shape != (1,):
+        raise BadMessage(f"a claim's answer of {a['batch'].shape[0]} batches, not 1")
+
+
+CLAIMED = Schema({}, {"batch": Array("int64", max_len=1, lo=-1, hi=MAX_EPOCH)}, _one_batch)
 
 
 class ShardQueue:
@@ -100,7 +111,8 @@ class Stealer:
         self.stolen = 0  # batches this rank took from peers
         self.trained: list[tuple[int, int, int]] = []  # (owner, epoch, batch) of each step
         self._loaders: dict[tuple[int, int], BatchLoader] = {}
-        engine.rpc.register(CLAIM, self._serve)  # (before the loop's barrier: see AsyncLoop)
+        # (before the loop's barrier: see AsyncLoop)
+        engine.rpc.register(CLAIM, self._serve, Schema({"epoch": Field(hi=MAX_EPOCH)}))
 
     def _serve(self, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> dict[str, Any]:
         b = self.queue.claim(int(meta["epoch"]))
@@ -120,7 +132,9 @@ class Stealer:
         samples = self.engine.peer_samples
         peers = sorted((p for p in range(self.world) if p != self.rank), key=lambda p: samples[p])
         for p in peers:
-            ans = self.engine.peers.request_all({p: (CLAIM, {"epoch": epoch}, {})}, "work steal")
+            ans = self.engine.peers.request_all(
+                {p: (CLAIM, {"epoch": epoch}, {})}, "work steal", lambda p: CLAIMED
+            )
             b = int(ans[p]["batch"][0])
             if b >= 0:
                 self.stolen += 1

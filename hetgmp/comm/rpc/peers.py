@@ -17,7 +17,7 @@ does not answer within the timeout, or that said goodbye, is a
 from __future__ import annotations
 
 import time
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import CommError
 from hetgmp.comm.rpc import wire
+from hetgmp.comm.rpc.schema import BadMessage, Schema
 from hetgmp.comm.rpc.service import RpcService
 from hetgmp.comm.rpc.stage import HostStage
 
@@ -33,6 +34,8 @@ SLICE_MS = 100  # waits are cut in slices to notice a peer that said it closed
 CLOSE_LINGER_MS = 500  # how long a closing socket may still deliver its last message
 
 Request = tuple[bytes, dict[str, Any], dict[str, torch.Tensor]]
+Expect = Callable[[int], Schema]  # the schema peer p's answer must fit
+ACK = Schema()  # a bare acknowledgement: no field, no array
 
 
 class Peers:
@@ -54,14 +57,20 @@ class Peers:
             if p != env.rank:
                 s = service.zctx.socket(zmq.DEALER)
                 s.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
+                keys = service.keys
+                if keys is not None:  # (CURVE: this rank's keys, and the peer's it checks)
+                    s.curve_publickey, s.curve_secretkey = keys.public, keys.secret
+                    s.curve_serverkey = keys.ranks[p]
                 s.connect(ep)
                 self.socks[p] = s
 
-    def request_all(self, reqs: dict[int, Request], what: str) -> dict[int, dict[str, Any]]:
+    def request_all(
+        self, reqs: dict[int, Request], what: str, expect: Expect | None = None
+    ) -> dict[int, dict[str, Any]]:
         """Send every request, then collect every answer: ``{peer: arrays}`` (on the table's
-        device)."""
+        device), each fitting ``expect(peer)`` (:meth:`collect`)."""
         self.send(reqs)
-        return self.collect(list(reqs), what)
+        return self.collect(list(reqs), what, expect)
 
     def send(self, reqs: dict[int, Request]) -> None:
         """Send every request; their answers are for :meth:`collect` (in the same order)."""
@@ -69,11 +78,15 @@ class Peers:
         for (p, (op, meta, _)), host in zip(reqs.items(), hosts, strict=True):
             self.socks[p].send_multipart(wire.pack(op, meta, host))
 
-    def collect(self, peers: list[int], what: str) -> dict[int, dict[str, Any]]:
+    def collect(
+        self, peers: list[int], what: str, expect: Expect | None = None
+    ) -> dict[int, dict[str, Any]]:
         """The answers of ``peers`` to the requests :meth:`send` sent them last (their owed
-        acknowledgements first); the arrays of an earlier collect may be overwritten."""
+        acknowledgements first); the arrays of an earlier collect may be overwritten.
+        ``expect(p)``: the schema peer ``p``'s answer must fit (default: no arrays); an
+        answer that does not is counted and raised (a peer of the job answered garbage)."""
         self.stage.begin_receive()
-        return {p: self._answer(p, what) for p in peers}
+        return {p: self._answer(p, what, expect) for p in peers}
 
     def send_acked(self, reqs: dict[int, Request], what: str) -> None:
         """Send requests whose answers are bare acknowledgements, and leave them owed."""
@@ -98,20 +111,22 @@ class Peers:
         for what in self.owed.pop(p, []):
             self._receive(p, what)
 
-    def _answer(self, p: int, what: str) -> dict[str, Any]:
+    def _answer(self, p: int, what: str, expect: Expect | None) -> dict[str, Any]:
         if p in self.owed:
             self._take_owed(p)
-        return self._receive(p, what)
+        return self._receive(p, what, expect)
 
-    def _receive(self, p: int, what: str) -> dict[str, Any]:
+    def _receive(self, p: int, what: str, expect: Expect | None = None) -> dict[str, Any]:
         sock, t0 = self.socks[p], time.monotonic()
         deadline = t0 + self.timeout_s
         try:
-            return self._take(sock, p, what, deadline)
+            return self._take(sock, p, what, deadline, expect(p) if expect else ACK)
         finally:
             self.wait_s += time.monotonic() - t0
 
-    def _take(self, sock: Any, p: int, what: str, deadline: float) -> dict[str, Any]:
+    def _take(
+        self, sock: Any, p: int, what: str, deadline: float, schema: Schema
+    ) -> dict[str, Any]:
         while not sock.poll(SLICE_MS):
             self.service.check_peer(p, what)
             if time.monotonic() > deadline:
@@ -119,10 +134,20 @@ class Peers:
                     f"rank {self.rank}: {what}: rank {p} did not answer within "
                     f"{self.timeout_s:.0f}s; it probably died or hangs"
                 )
-        _, meta, arrays = wire.unpack(sock.recv_multipart(), self.stage)
-        if "error" in meta:
-            raise CommError(f"rank {self.rank}: {what}: rank {p} refused: {meta['error']}")
-        return arrays
+        frames = sock.recv_multipart()
+        try:
+            op, meta, typed, raws = wire.decode(frames)
+            if op != wire.REPLY:
+                raise BadMessage(f"a {op[:16]!r} message instead of an answer")
+            if "error" in meta:  # (a refusal: its text is the peer's)
+                raise CommError(f"rank {self.rank}: {what}: rank {p} refused: "
+                                f"{str(meta['error'])[:500]}")  # fmt: skip
+            schema.validate(meta, wire.views(typed, raws))
+        except BadMessage as err:
+            self.service.refused["reply"] += 1
+            raise CommError(f"rank {self.rank}: {what}: rank {p} answered a bad message ({err})"
+                            ) from None  # fmt: skip
+        return self.stage.receive(typed, raws)
 
     def publish(self, op: bytes, meta: dict[str, Any], skip: Container[int] = ()) -> None:
         """A one-way message ``op`` (no answer) to every peer not in ``skip``."""

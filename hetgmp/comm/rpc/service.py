@@ -12,9 +12,16 @@ parameter server (:mod:`hetgmp.train.dense_server`) and work stealing
 A handler runs on the service thread: ``handler(meta, arrays)`` -> the reply's arrays (host
 tensors), or None for a one-way message (no reply). The arrays of a request arrive in host
 memory, in fresh buffers (a handler may keep them); a handler moves what it needs to its
-device. A bad request (``ValueError``, ``KeyError``, ``IndexError``, ``RuntimeError``) is
-answered with a refusal that names this rank; any other error ends the thread, and every wait
-on the service (:meth:`RpcService.check_peer`, waits on :attr:`RpcService.cv`) raises it.
+device. Every message is checked before a handler sees it (:mod:`.schema`: its frames, then
+the schema its operation was registered with); a bad one is answered with a refusal that names
+this rank and counted by reason (:attr:`RpcService.refused`, in the run's counters as
+``rpc_refused*``), and the service goes on: nothing a peer or a stranger sends ends it. A
+handler may refuse a request too (``HANDLER_REFUSALS``); any other error in a handler is a bug
+of this rank: it ends the thread, and every wait on the service
+(:meth:`RpcService.check_peer`, waits on :attr:`RpcService.cv`) raises it.
+
+Who may connect: on loopback anyone on this host; beyond loopback only the job's ranks, by
+ZeroMQ CURVE (``keys``, :mod:`.security`: a ZAP handler admits only their public keys).
 
 A peer that closes its sockets says so (:data:`.wire.BYE`): a wait for its answers then fails
 at once instead of at the timeout. On CUDA the thread runs on a CUDA stream of its own
@@ -33,6 +40,8 @@ import torch
 
 from hetgmp.comm.errors import CommError
 from hetgmp.comm.rpc import wire
+from hetgmp.comm.rpc.schema import REASONS, BadMessage, Field, Schema
+from hetgmp.comm.rpc.security import CurveKeys
 from hetgmp.comm.rpc.stage import HostStage
 
 POLL_MS = 50  # how often the service thread looks at its stop flag
@@ -50,6 +59,12 @@ POLL_MS = 50  # how often the service thread looks at its stop flag
 SWITCH_INTERVAL_S = 1e-4
 ANSWER_SWITCH_INTERVAL_S = 5e-6
 THREAD_PREFIX = "hetgmp-async-service"
+# The largest frame a service takes: ZeroMQ drops the connection of a peer that sends a larger
+# one before it is received (a layer whose messages may be larger passes its own limit).
+MAX_FRAME_BYTES = 256 << 20
+# What a handler may raise for a request it cannot serve (answered with a refusal naming this
+# rank and counted); anything else is a bug of this rank: it ends the thread (see above).
+HANDLER_REFUSALS = (ValueError, KeyError, IndexError, RuntimeError)
 
 # handler(meta, arrays) -> the reply's arrays, or None: no reply (service thread)
 Handler = Callable[[dict[str, Any], dict[str, torch.Tensor]], dict[str, torch.Tensor] | None]
@@ -65,27 +80,29 @@ class RpcService:
     peer_left = "closed its service"  # (what a peer that said goodbye did, in errors)
     bind_hint = ""  # (appended to the error when the address is taken: which option moves it)
 
-    def __init__(self, rank: int, host: str, port: int, device: torch.device) -> None:
+    def __init__(
+        self, rank: int, world_size: int, host: str, port: int, device: torch.device,
+        keys: CurveKeys | None = None, max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:  # fmt: skip
         self.zmq = zmq = wire.import_zmq()
-        self.rank, self.device = rank, device
+        self.rank, self.world_size, self.device, self.keys = rank, world_size, device, keys
+        self.max_frame_bytes = max_frame_bytes
         self.stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
         self.stage = HostStage(torch.device("cpu"), reuse=False)  # (fresh buffers: see above)
+        # bad messages refused, by reason (hetgmp.comm.rpc.schema.REASONS); "reply": bad
+        # answers this rank's requests got (Peers)
+        self.refused: dict[str, int] = dict.fromkeys((*REASONS, "reply"), 0)
         self.zctx = zmq.Context()
+        self.auth = _start_auth(self) if keys is not None else None
         self.sock = self.zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        try:
-            if port:
-                self.sock.bind(f"tcp://{host}:{port}")
-            else:
-                port = self.sock.bind_to_random_port(f"tcp://{host}")
-        except zmq.ZMQError as err:
-            self.sock.close()
-            self.zctx.term()
-            raise CommError(
-                f"rank {rank}: {self.title} cannot listen on {host}:{port} ({err}){self.bind_hint}"
-            ) from err
-        self.endpoint = f"tcp://{host}:{port}"
-        self.handlers: dict[bytes, Handler] = {}
+        # (a frame above it drops the connection in ZeroMQ, before it is all in memory)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        if keys is not None:
+            self.sock.curve_secretkey, self.sock.curve_publickey = keys.secret, keys.public
+            self.sock.curve_server = True
+        self.endpoint = self._bind(host, port)
+        self.handlers: dict[bytes, tuple[Handler, Schema]] = {}
         # messages received by kind (the op; "other": unknown ones): each one takes the GIL
         # from the training thread, so fewer a step is faster
         self.received: dict[str, int] = {"other": 0}
@@ -99,15 +116,34 @@ class RpcService:
         self.thread = threading.Thread(
             target=self._run, name=f"{THREAD_PREFIX}-{rank}", daemon=True
         )
-        self.register(wire.BYE, self._bye)
+        self.register(wire.BYE, self._bye, Schema({"rank": self.peer_field()}))
 
-    def register(self, op: bytes, handler: Handler) -> None:
-        """Answer requests ``op`` by ``handler`` from now on (it replaces an earlier one).
-        Register before any peer may send ``op`` (before the barrier or meeting that lets
-        them): an op nobody registered is refused."""
+    def _bind(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (0: a port the OS picks); the endpoint peers connect to."""
+        try:
+            if port:
+                self.sock.bind(f"tcp://{host}:{port}")
+            else:
+                port = self.sock.bind_to_random_port(f"tcp://{host}")
+        except self.zmq.ZMQError as err:
+            self._close_sockets()
+            raise CommError(f"rank {self.rank}: {self.title} cannot listen on {host}:{port} "
+                            f"({err}){self.bind_hint}") from err  # fmt: skip
+        return f"tcp://{host}:{port}"
+
+    def peer_field(self, required: bool = True) -> Field:
+        """A header field naming another rank of the job (never this one: its own clocks
+        and goodbyes are set locally)."""
+        return Field(int, 0, self.world_size - 1, required, exclude=self.rank)
+
+    def register(self, op: bytes, handler: Handler, schema: Schema) -> None:
+        """Answer requests ``op`` that fit ``schema`` by ``handler`` from now on (it replaces
+        an earlier one); the others are refused and counted (:mod:`.schema`). Register before
+        any peer may send ``op`` (before the barrier or meeting that lets them): an op nobody
+        registered is refused."""
         if op == wire.REPLY:
             raise ValueError(f"{wire.REPLY!r} is the service's answer, not an operation")
-        self.handlers[op] = handler
+        self.handlers[op] = (handler, schema)
         self.received.setdefault(op.decode(), 0)
 
     def start(self) -> None:
@@ -125,10 +161,22 @@ class RpcService:
         if self._switch and sys.getswitchinterval() == self._ours:
             sys.setswitchinterval(self._switch)  # (unless someone changed it since)
         self._switch = 0.0
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
         if not self.sock.closed:
             self.sock.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None
         if not self.zctx.closed:
             self.zctx.term()
+
+    def refusals(self) -> dict[str, int]:
+        """Messages refused so far: ``rpc_refused`` (all) and ``rpc_refused_<reason>``."""
+        out = {f"rpc_refused_{k}": v for k, v in self.refused.items()}
+        out["rpc_refused"] = sum(self.refused.values())
+        return out
 
     # ------------------------------------------------------------------ peers
     def mark_gone(self, rank: int) -> None:
@@ -191,14 +239,53 @@ class RpcService:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
 
     def _handle(self, frames: list[bytes]) -> list[Any] | None:
+        """A request's reply (None: a one-way message): the handler's answer, or a refusal
+        for a message that is malformed, of an unknown operation, off its schema, or that the
+        handler refused (each counted by reason in :attr:`refused`)."""
         try:
-            op, meta, arrays = wire.unpack(frames, self.stage)
-            handler = self.handlers.get(op)
-            kind = op.decode() if handler is not None else "other"
+            op, meta, typed, raws = wire.decode(frames)
+            entry = self.handlers.get(op)
+            kind = op.decode(errors="replace") if entry is not None else "other"
             self.received[kind] = self.received.get(kind, 0) + 1
-            if handler is None:
-                raise ValueError(f"unknown request {op[:16]!r}")
+            if entry is None:
+                raise BadMessage(f"unknown request {op[:16]!r}", "unknown")
+            handler, schema = entry
+            schema.validate(meta, wire.views(typed, raws))
+            arrays = self.stage.receive(typed, raws)
+        except BadMessage as err:
+            return self._refuse(err.reason, err)
+        try:
             out = handler(meta, arrays)
-            return None if out is None else wire.pack(wire.REPLY, {}, out)
-        except (ValueError, KeyError, IndexError, RuntimeError) as err:
-            return wire.pack(wire.REPLY, {"error": f"rank {self.rank}: {err}"}, {})
+        except HANDLER_REFUSALS as err:
+            return self._refuse("refused", err)
+        return None if out is None else wire.pack(wire.REPLY, {}, out)
+
+    def _refuse(self, reason: str, err: Exception) -> list[Any]:
+        self.refused[reason] += 1
+        return wire.pack(wire.REPLY, {"error": f"rank {self.rank}: {err}"}, {})
+
+
+class _Keys:
+    """The ZAP handler's question: is a client's public key one of the job's? (A refused
+    one is counted as ``auth``.)"""
+
+    def __init__(self, service: RpcService) -> None:
+        assert service.keys is not None
+        self.service, self.allowed = service, set(service.keys.ranks)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        ok = bytes(key) in self.allowed
+        if not ok:
+            self.service.refused["auth"] += 1
+        return ok
+
+
+def _start_auth(service: RpcService) -> Any:
+    """The ZAP handler of ``service``'s context (a pyzmq thread that answers only at
+    connection handshakes): CURVE clients whose public key is one of the job's ranks'."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(service.zctx)
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=_Keys(service))
+    return auth

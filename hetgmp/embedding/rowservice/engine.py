@@ -31,10 +31,12 @@ class AsyncEngine(PlannedEngine):
         self.stepper.send_ahead(prep)
 
     def counters(self) -> dict[str, int]:
-        """With what this rank's service moved."""
+        """With what this rank's service moved, and the bad messages it refused
+        (``rpc_refused``, by reason ``rpc_refused_<reason>``: :mod:`hetgmp.comm.rpc.schema`)."""
         total = self.ctx.counters.total()
         for k, v in self.stepper.service_bytes().items():
             total[k] += v
+        total.update(self.stepper.service.refusals())
         return total
 
     def async_engine(self) -> AsyncStep | None:

@@ -112,7 +112,11 @@ def _rows_only(
 
 def _collect(ctx: StepContext, peers: Peers, sent: SentReads) -> dict[int, dict[str, Any]]:
     """The answers of ``sent``; counts the bytes both ways."""
-    replies = peers.collect(sent.peers, "async read")
+    st, d, qr = ctx.opt.state_width > 0, ctx.store.dim, sent.batch.nqr
+    replies = peers.collect(
+        sent.peers, "async read",
+        lambda p: wire.read_reply(sent.nqm[p], qr[p], d, st, sent.bound, bool(ctx.send_all)),
+    )  # fmt: skip
     recv = {"versions": 0, "values": 0}
     for a in replies.values():
         recv["versions"] += wire.nbytes({k: a[k] for k in ("lag", "versions")})

@@ -21,6 +21,12 @@ Three operations (:mod:`.wire`):
   on its read, with the push to this owner in the same message (:meth:`RowService._step`:
   push, then clock, then the answer).
 
+Each operation is registered with its schema (:func:`.wire.schemas`): the service checks
+every request against it before a handler runs (ids in the table, at most ``n_own`` rows an
+array, counts per id, finite gradients, a clock only from another rank), and refuses and
+counts a bad one (:mod:`hetgmp.comm.rpc.schema`); the handlers check only what needs the
+table (that this rank owns the rows).
+
 Other layers register their own operations on the same service (the dense parameter shards of
 :mod:`hetgmp.train.dense_server`, work stealing's claims); they are answered by their handler.
 
@@ -41,7 +47,8 @@ from typing import Any
 import torch
 
 from hetgmp.comm.errors import CommError
-from hetgmp.comm.rpc.service import RpcService
+from hetgmp.comm.rpc.security import CurveKeys
+from hetgmp.comm.rpc.service import MAX_FRAME_BYTES, RpcService
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.rowservice import answer, wire
 from hetgmp.embedding.rowservice.lock import TableLock
@@ -56,8 +63,13 @@ class RowService(RpcService):
     peer_left = "closed its table"
     bind_hint = "; pick another --async-host / --async-port-base"
 
-    def __init__(self, ctx: StepContext, lock: TableLock, host: str, port: int) -> None:
-        super().__init__(ctx.env.rank, host, port, ctx.store.device)
+    def __init__(
+        self, ctx: StepContext, lock: TableLock, host: str, port: int, keys: CurveKeys | None
+    ) -> None:
+        store = ctx.store
+        # (a push of every owned row is its largest frame)
+        frame = max(MAX_FRAME_BYTES, 4 * store.n_own * max(store.dim, 1) + 4096)
+        super().__init__(ctx.env.rank, ctx.env.world_size, host, port, store.device, keys, frame)
         self.ctx, self.lock = ctx, lock
         self.own_slot = _own_slots(ctx.store)
         w = ctx.env.world_size
@@ -68,9 +80,10 @@ class RowService(RpcService):
         # pushes accepted but not yet applied, and the owner's own rows' gradient (drain())
         self.buffered: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self.register(wire.READ, self._on_read)
-        self.register(wire.PUSH, self._on_push)
-        self.register(wire.CLOCK, self._on_clock)
+        ops = wire.schemas(store.num_rows, store.n_own, store.dim, self.peer_field)
+        self.register(wire.READ, self._on_read, ops[wire.READ])
+        self.register(wire.PUSH, self._on_push, ops[wire.PUSH])
+        self.register(wire.CLOCK, self._on_clock, ops[wire.CLOCK])
 
     # ------------------------------------------------------------------ clocks
     def set_clock(self, rank: int, clock: int, samples: int = 0, meet: int = 0) -> None:
@@ -196,10 +209,7 @@ class RowService(RpcService):
     def _read(self, meta: dict[str, Any], a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Drain, then one scripted call (no GIL: :mod:`.answer`) that checks the ids,
         computes the lags and gathers the answer on the host."""
-        store = self.ctx.store
-        if a["mver"].shape != a["mids"].shape:
-            raise ValueError(f"a read carries {a['mver'].numel()} versions for "
-                             f"{a['mids'].numel()} mirror ids")  # fmt: skip
+        store = self.ctx.store  # (the request fits wire.schemas: checked by the service)
         with self.lock:
             self.drain()
             code, out = answer.read_answer(
@@ -226,10 +236,7 @@ class RowService(RpcService):
             )
 
     def _push(self, a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        store, n = self.ctx.store, a["ids"].numel()
-        if a["cnt"].numel() != n or a["grad"].numel() != n * store.dim:
-            raise ValueError(f"a push of {n} rows carries {a['cnt'].numel()} counts and "
-                             f"{a['grad'].numel()} gradient values ({store.dim} per row)")  # fmt: skip
+        store = self.ctx.store  # (ids, counts, finite gradients: checked by wire.schemas)
         code, slots, cnt, grad = answer.push_slots(
             self.own_slot, store.num_rows, a["ids"], a["cnt"], a["grad"], store.dim, store.device
         )  # (fresh host arrays: self.stage does not reuse its buffers)

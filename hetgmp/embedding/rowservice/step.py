@@ -75,6 +75,7 @@ import torch
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.rpc.peers import Request, connect_peers
+from hetgmp.comm.rpc.security import negotiate
 from hetgmp.comm.rpc.service import RpcService
 from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Prep, range_error
@@ -117,7 +118,8 @@ class AsyncStep:
         self.ctx, self.cfg = ctx, cfg
         self.lock = TableLock(ctx.store.device)  # the table, shared with the service thread
         port = cfg.port_base + env.rank if cfg.port_base else 0
-        self.service = RowService(ctx, self.lock, _bind_host(cfg.host), port)
+        sec = negotiate(env, cfg.host, cfg.auth)  # (collective: where to listen, CURVE keys)
+        self.service = RowService(ctx, self.lock, sec.host, port, sec.keys)
         try:
             self.peers, self.endpoints = connect_peers(env, self.service, cfg.timeout_s)
         except BaseException:
@@ -368,12 +370,3 @@ def _batch(prep: Prep, rank: int, w: int) -> tuple[Batch, list[int]]:
         n_mir=sum(nqm), nqr=nqr, nqr_dev=None,
     )  # fmt: skip
     return batch, nqm
-
-
-def _bind_host(host: str) -> str:
-    """``auto``: the address of the interface this host uses for outbound traffic."""
-    if host != "auto":
-        return host
-    from hetgmp.comm.launch import _my_address
-
-    return _my_address()
