@@ -28,6 +28,24 @@ def table_bytes(num_rows: int, dim: int, stored: int, mirrors: int, state_width:
     return rows + mirror_part + maps
 
 
+BALANCE = 1.05  # a plan's rows per rank over the mean (partition.py balances rows to ~1.0)
+MIRRORS = 0.01  # mirrored rows per rank, as a share of all rows (the card's --store_rate)
+
+
+def gpus_needed(
+    num_rows: int, dim: int, state_width: int, usable: int, *, at_least: int
+) -> tuple[int, int]:
+    """The fewest GPUs (``>= at_least``) whose share of the rows (a plan's, with
+    :data:`BALANCE` and :data:`MIRRORS`) fits ``usable`` bytes each, and that share's bytes."""
+    for k in range(max(1, at_least), 1 << 16):
+        mirrors = math.ceil(num_rows * MIRRORS) if k > 1 else 0
+        stored = math.ceil(num_rows / k * BALANCE) + mirrors
+        share = table_bytes(num_rows, dim, stored, mirrors, state_width)
+        if share <= usable:
+            return k, share
+    return 1 << 16, share  # (the id maps alone exceed the device: no plan helps)
+
+
 def check_fits(
     num_rows: int, dim: int, stored: int, mirrors: int, state_width: int, *, rank: int,
     world: int, device: torch.device, free: int | None = None,
@@ -42,8 +60,7 @@ def check_fits(
     usable = max(0, int(free * SLACK) - RESERVE)
     if need <= usable:
         return
-    whole = table_bytes(num_rows, dim, num_rows, 0, state_width)
-    gpus = max(world + 1, math.ceil(whole / max(usable, 1)) + 1)
+    gpus, share = gpus_needed(num_rows, dim, state_width, usable, at_least=world + 1)
     gib = 2**30
     raise TableMemoryError(
         f"rank {rank}: this rank's embedding rows need {need / gib:.1f} GiB on {device} "
@@ -53,5 +70,5 @@ def check_fits(
         f"Train on more GPUs with a plan, which splits the rows among them: "
         f"`python partition/partition.py -n {gpus} -o part.npz --data DATASET`, then "
         f"`mpirun -np {gpus} python examples/hetuctr.py --partition part.npz ...` (about "
-        f"{whole / gpus / gib:.1f} GiB of rows per GPU); or a smaller --embed_dim"
+        f"{share / gib:.1f} GiB of rows per GPU); or a smaller --embed_dim"
     )
