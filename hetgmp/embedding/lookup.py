@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hetgmp.embedding.batch import Batch, Occurrences, Summed
+from hetgmp.embedding.batch import Batch, Occurrences
 from hetgmp.embedding.collective.stepper import Stepper
 from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.kernels import take_rows
@@ -73,7 +73,7 @@ class _PaddedLookup(torch.autograd.Function):
         b, padded = ctx.batch, ctx.stepper.padded
         if padded is not None and padded.whole:  # summed now, into a fixed buffer (.whole)
             # (a bf16 gradient is added in float32 by the row kernel: no cast pass)
-            ctx.stepper.grads = (b, Summed(b.static.sum_grad(b.inv, g.contiguous())))
+            ctx.stepper.grads = (b, padded.sum_grad_aside(b, g.contiguous()))
             return None, None, None, None, None
         if g.dtype != torch.float32 or not g.is_contiguous():
             g = g.to(torch.float32).contiguous()  # (e.g. the expanded gradient of a sum())

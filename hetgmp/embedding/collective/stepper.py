@@ -56,6 +56,8 @@ class Stepper:
         bound = 0 if evaluating else ctx.bound
         ctx.timer.mark("unique")
         grads, self.grads = self.grads, None
+        if self.padded is not None:
+            self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
         padded = self.padded is not None and not evaluating and error is None
         padded = padded and self.padded.accepts(prep)
         if padded and self.padded.can_presync(grads, prep):

@@ -48,6 +48,10 @@ class PaddedExchange:
         self.frozen: Capacity | None = None
         self.whole = False
         self.capturing = False
+        # the row gradient summed on a side stream (sum_grad_aside): the stream, and what it
+        # reads, held until join()
+        self._side: torch.cuda.Stream | None = None
+        self._held: tuple[torch.Tensor, ...] | None = None
 
     # ---------------------------------------------------------------- preprocessing
     def prepare(self, ids: torch.Tensor, plain: Callable[[torch.Tensor], Prep]) -> Prep:
@@ -216,6 +220,34 @@ class PaddedExchange:
         c.set_rows_host(batch.n_own, sum(batch.nqr))
         c.rows_dev_step = st.rows_step
         c.accumulate_rows(device_part=False)  # (the device counts were added in-graph)
+
+    # ---------------------------------------------------------------- the row gradient
+    def sum_grad_aside(self, batch: Batch, grad_occ: torch.Tensor) -> Summed:
+        """``batch``'s gradient (one row per occurrence) summed per unique row into its
+        exchange's fixed buffer (whole-step mode), on a side CUDA stream: the dense gradient's
+        all-reduce and the dense optimizer, which follow on the main stream, run under this
+        scatter-add instead of after it (2 H100s, batch 8192: ~50 us of a 1.03 ms step).
+        Nothing reads the sum before :meth:`join` (the next step, or the end of a captured
+        step)."""
+        st = batch.static
+        assert st is not None
+        if st.store.device.type != "cuda":
+            return Summed(st.sum_grad(batch.inv, grad_occ))
+        main = torch.cuda.current_stream(st.store.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(st.store.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            out = st.sum_grad(batch.inv, grad_occ)
+        # (alive until the main stream waits: the allocator must not hand them out earlier)
+        self._held = (grad_occ, batch.inv)
+        return Summed(out)
+
+    def join(self) -> None:
+        """The main stream waits for a gradient summed aside (a no-op when none is)."""
+        if self._held is not None and self._side is not None:
+            torch.cuda.current_stream(self._side.device).wait_stream(self._side)
+            self._held = None
 
     # ---------------------------------------------------------------- graphs and groups
     def release_graphs(self) -> None:

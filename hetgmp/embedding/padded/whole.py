@@ -213,10 +213,12 @@ class WholeStep:
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        """Around the capture of a whole-step graph (or its plain run, on CPU)."""
+        """Around the capture of a whole-step graph (or its plain run, on CPU); the step's
+        side stream rejoins before the capture ends."""
         self.padded.set_plain(True)
         try:
             yield
+            self.padded.join()
         finally:
             self.padded.set_plain(False)
 
