@@ -48,7 +48,6 @@ from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
 from hetgmp.embedding.padded.reference import (
-    clamp_due,
     merged_owner_update,
 )
 
@@ -142,17 +141,17 @@ def count_due(st: Any) -> None:
         return
     _ns().count_due[_grid(e.n_mir, 1024)](
         e.pending, e.mir_owner, st.ndue, e.n_mir, int(st.bound), W=st.w, BLOCK=1024
-    )
-    clamp_due(st, st.ndue)
+    )  # (cut to the payload's room by presync_table, as reference.clamp_due)
 
 
 def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     """The next batch's sizes table into ``st.sz_mine`` (and its block sizes into
-    ``st.blocks``), from its blocks, ``st.ndue`` and ``st.pr_n`` (the pushes of this step)."""
-    st.blocks.copy_(cur.blocks)
+    ``st.blocks``), from its blocks, ``st.ndue`` and ``st.pr_n`` (the pushes of this step);
+    ``st.ndue`` cut to the push payload's room first (:func:`.reference.clamp_due`)."""
+    cut = st.frozen and st.cap.p < st.cap.q  # (growing capacities take every push)
     _ns().presync_table[(1,)](
         st.sz_mine, cur.blocks, st.ndue, st.pr_n, cur.bad, bound_cols.contiguous(),
-        st.rank, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS,
+        st.rank, st.blocks, st.cap_deferred, st.cap.p if cut else 1 << 62, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS,
     )  # fmt: skip
 
 

@@ -169,19 +169,28 @@ def count_due_kernel(
 
 @triton.jit
 def presync_table_kernel(
-    out_ptr, blocks_ptr, ndue_ptr, nqr_ptr, bad_ptr, consts_ptr, rank,
-    W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, CP: tl.constexpr,
+    out_ptr, blocks_ptr, ndue_ptr, nqr_ptr, bad_ptr, consts_ptr, rank, blocks_out_ptr,
+    cap_def_ptr, room_p, W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, CP: tl.constexpr,
     NQM: tl.constexpr, NQR: tl.constexpr, NP: tl.constexpr, NDUE: tl.constexpr,
     STATUS: tl.constexpr, BOUND: tl.constexpr, SEND_ALL: tl.constexpr, OP: tl.constexpr,
     NOWN: tl.constexpr, MAXQ: tl.constexpr, MAXP: tl.constexpr, PADDED: tl.constexpr,
 ):  # fmt: skip
-    # one program: the sizes table (see hetgmp.embedding.sizes.sizes_table)
+    # one program: the sizes table (see hetgmp.embedding.sizes.sizes_table); the due pushes
+    # per owner cut to the push payload's room (room_p: its capacity, reference.clamp_due)
+    # and the block sizes copied for the pack kernels
     j = tl.arange(0, WP)
     jm = j < W
+    b3 = tl.arange(0, 4 * WP)
+    b3m = b3 < 3 * W
+    tl.store(blocks_out_ptr + b3, tl.load(blocks_ptr + b3, mask=b3m, other=0), mask=b3m)
     mir = tl.load(blocks_ptr + W + j, mask=jm, other=0)
     rem = tl.load(blocks_ptr + 2 * W + j, mask=jm, other=0)
-    ndue = tl.load(ndue_ptr + j, mask=jm, other=0)
-    npush = ndue + tl.load(nqr_ptr + j, mask=jm, other=0)
+    pr_n = tl.load(nqr_ptr + j, mask=jm, other=0)
+    due = tl.load(ndue_ptr + j, mask=jm, other=0)
+    ndue = tl.minimum(due, tl.maximum(room_p - pr_n, 0))
+    tl.store(ndue_ptr + j, ndue, mask=jm)
+    tl.store(cap_def_ptr, tl.load(cap_def_ptr) + tl.sum(due - ndue, 0))
+    npush = ndue + pr_n
     bad = tl.load(bad_ptr).to(tl.int64)
     n_own = tl.load(blocks_ptr + rank)
     maxq = tl.max(mir + rem, 0)
