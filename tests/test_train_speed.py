@@ -166,6 +166,11 @@ def _evaluate(env: DistEnv, root: str, batch_size: int) -> tuple:
     return res, probs.numpy(), labels.numpy()
 
 
+def _evaluate_50_and_9(env: DistEnv, root: str) -> tuple:
+    """:func:`_evaluate` at batch 50 and at batch 9, in one spawn."""
+    return _evaluate(env, root, 50), _evaluate(env, root, 9)
+
+
 def test_two_rank_evaluation_equals_one(tiny_dataset) -> None:
     root = str(tiny_dataset.root)
     # Batches of 50: both runs score the same 50-sample batches, so the scores are bitwise
@@ -174,13 +179,14 @@ def test_two_rank_evaluation_equals_one(tiny_dataset) -> None:
     assert one.samples == 100 and np.array_equal(y, np.asarray(tiny_dataset.test.labels).ravel())
     assert one.val_auc == roc_auc(y, p) and one.val_acc == accuracy(y, p)
     assert one.val_loss == pytest.approx(log_loss(y, p), rel=1e-12)
-    outs = spawn_ranks(_evaluate, 2, root, 50, timeout_s=120)
+    both = spawn_ranks(_evaluate_50_and_9, 2, root, timeout_s=120)
+    outs = [b50 for b50, _ in both]
     np.testing.assert_array_equal(np.concatenate([o[1] for o in outs]), p)
     for res, *_ in outs:
         assert res == one
     # Batches of 9 do not divide the shards: ranks run out at different steps; scores differ
     # from one process's only by matmul rounding of other batch shapes.
-    for res, *_ in spawn_ranks(_evaluate, 2, root, 9, timeout_s=120):
+    for res, *_ in (b9 for _, b9 in both):
         assert res.samples == 100 and res.val_auc == pytest.approx(one.val_auc, abs=1e-6)
         assert res.val_loss == pytest.approx(one.val_loss, abs=1e-6)
 
