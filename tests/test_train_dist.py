@@ -281,20 +281,23 @@ def test_bound100_train_loss_tracks_bound0(tiny_dataset, tmp_path) -> None:
     """Regression: with Adagrad (accumulators start at 0) mirrors once stepped at lr / eps, so
     the TRAIN loss at bound 100 was far above bound 0's (0.80 vs ~0.5 on criteo-like)."""
     plan_path = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")
-    losses = {}
-    for bound in (0, 100):
-        log = tmp_path / f"log{bound}.jsonl"
-        cfg = _cfg(
+    bounds = (0, 100)
+    cfgs = [
+        _cfg(
             tiny_dataset.root,
             model="wdl",
             epochs=3,
             partition=plan_path,
             store_rate=1.0,
             bound=bound,
-            log_json=log,
+            log_json=tmp_path / f"log{bound}.jsonl",
         )
-        spawn_ranks(_train_rank, 2, cfg)
-        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        for bound in bounds
+    ]
+    spawn_ranks(_train_each, 2, cfgs)  # (both runs in one spawn)
+    losses = {}
+    for bound, cfg in zip(bounds, cfgs, strict=True):
+        recs = [json.loads(line) for line in cfg.log_json.read_text().splitlines()]
         losses[bound] = [r["loss"] for r in recs if r["kind"] == "train"]
     assert len(losses[0]) == len(losses[100]) > 3
     for l0, l100 in zip(losses[0], losses[100], strict=True):

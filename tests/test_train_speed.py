@@ -71,8 +71,9 @@ def _cfg(ds_root, **kw) -> TrainConfig:
     return validate(TrainConfig(**base))
 
 
-def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
-    return train(cfg, env)
+def _train_each(env: DistEnv, cfgs: list[TrainConfig]) -> list[dict]:
+    """Independent runs one after another in one spawn (starting ranks costs more)."""
+    return [train(cfg, env) for cfg in cfgs]
 
 
 def _state(ckdir):
@@ -88,17 +89,23 @@ def _train_losses(log) -> list[float]:
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_every_data_path_trains_the_same(tiny_dataset, tmp_path, ranks: int) -> None:
-    outs = []
-    for i, path in enumerate(PATHS):
-        cfg = _cfg(
+    cfgs = [
+        _cfg(
             tiny_dataset.root,
             checkpoint_dir=tmp_path / f"ck{i}",
             log_json=tmp_path / f"log{i}.jsonl",
             **path,
         )
-        res = [train(cfg, DistEnv.single())] if ranks == 1 else spawn_ranks(_train_rank, 2, cfg)
+        for i, path in enumerate(PATHS)
+    ]
+    if ranks == 1:
+        firsts = [train(cfg, DistEnv.single()) for cfg in cfgs]
+    else:  # (the three runs in one spawn)
+        firsts = spawn_ranks(_train_each, 2, cfgs)[0]
+    outs = []
+    for cfg, res in zip(cfgs, firsts, strict=True):
         dense, weight = _state(cfg.checkpoint_dir)
-        outs.append((res[0], _train_losses(cfg.log_json), dense, weight))
+        outs.append((res, _train_losses(cfg.log_json), dense, weight))
     (res0, losses0, dense0, weight0), *others = outs
     assert res0["data_source"] == "resident" and len(losses0) > 3
     for res, losses, dense, weight in others:
