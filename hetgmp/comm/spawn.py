@@ -1,8 +1,9 @@
 """Run a function on N freshly spawned CPU ranks joined by a real gloo process group (for tests).
 
-``spawn_ranks(fn, world_size, *args)`` starts ``world_size`` processes (``spawn`` start method),
-each calls ``fn(env, *args)`` with its :class:`DistEnv` and sends back the return value (which
-must be picklable). Unlike ``torch.multiprocessing.spawn`` a failing rank does NOT kill its peers:
+``spawn_ranks(fn, world_size, *args)`` starts ``world_size`` processes (``forkserver`` start
+method: forked from a server that imported torch once; the caller's environment and working
+directory), each calls ``fn(env, *args)`` with its :class:`DistEnv` and sends back the return
+value (which must be picklable). Unlike ``torch.multiprocessing.spawn`` a failing rank does NOT kill its peers:
 each rank's outcome (result, exception, or death) is reported, so tests can check that the other
 ranks failed cleanly by themselves. The whole run has a wall-clock deadline; ranks still running
 then are killed and reported as hung.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import pickle
 import queue as queue_mod
 import signal
@@ -78,8 +80,14 @@ def _child(
     q: Any,
     collective_timeout_s: float,
     threads: int,
+    environ: dict[str, str],
+    cwd: str,
 ) -> None:
     t0 = time.monotonic()
+    # (the server's environment is the one it started with: the caller's may have changed)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     torch.set_num_threads(threads)  # N ranks share a few cores; avoid oversubscription
     env = None
     try:
@@ -132,7 +140,11 @@ def spawn_ranks(
     :class:`SpawnError`; with ``raise_on_error=False`` returns the list of :class:`RankOutcome`
     instead. ``collective_timeout_s`` is the process-group timeout inside the ranks.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # One server per parent process imports these once; each rank is forked from it instead of
+    # a fresh interpreter importing torch (~1.5 s a rank: most of a small test's time).
+    ctx.set_forkserver_preload(["torch", "numpy"])
+    where = (dict(os.environ), os.getcwd())
     # Plain pickle (bytes) both ways: torch's multiprocessing pickler would share tensors through
     # file descriptors that die with the child process.
     args_blob = pickle.dumps(args)
@@ -141,7 +153,7 @@ def spawn_ranks(
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, port, args_blob, q, collective_timeout_s, threads),
+            args=(fn, r, world_size, port, args_blob, q, collective_timeout_s, threads, *where),
             daemon=True,
         )
         for r in range(world_size)
