@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import multiprocessing.reduction
 import os
 import pickle
 import queue as queue_mod
@@ -60,6 +61,26 @@ class SpawnError(RuntimeError):
         super().__init__("spawned ranks failed:\n" + "\n".join(parts))
 
 
+class _CallerFd:
+    """The caller's descriptor ``fd`` (1, 2) as it is when a rank starts, duplicated into the
+    rank at pickling time: a forkserver child would otherwise write where the server's
+    descriptors pointed when it started (an earlier test's capture, a terminal long gone)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_adopt_fd, (self.fd, multiprocessing.reduction.DupFd(self.fd)))
+
+
+def _adopt_fd(fd: int, dup: Any) -> int:
+    """(In the rank) point ``fd`` at the caller's descriptor."""
+    inherited = dup.detach()
+    os.dup2(inherited, fd)
+    os.close(inherited)
+    return fd
+
+
 def _exit_text(exitcode: int) -> str:
     """``exit code 3`` / ``killed by SIGABRT (exit code -6)`` (the rank's stderr has the rest)."""
     if exitcode < 0:
@@ -82,6 +103,7 @@ def _child(
     threads: int,
     environ: dict[str, str],
     cwd: str,
+    fds: list[int],  # (1 and 2, now the caller's: unpickling _CallerFd pointed them)
 ) -> None:
     t0 = time.monotonic()
     # (the server's environment is the one it started with: the caller's may have changed)
@@ -144,7 +166,7 @@ def spawn_ranks(
     # One server per parent process imports these once; each rank is forked from it instead of
     # a fresh interpreter importing torch (~1.5 s a rank: most of a small test's time).
     ctx.set_forkserver_preload(["torch", "numpy"])
-    where = (dict(os.environ), os.getcwd())
+    where = (dict(os.environ), os.getcwd(), [_CallerFd(1), _CallerFd(2)])
     # Plain pickle (bytes) both ways: torch's multiprocessing pickler would share tensors through
     # file descriptors that die with the child process.
     args_blob = pickle.dumps(args)
