@@ -39,8 +39,8 @@ demo: install
 	$(PY) -m hetgmp.demo --out $(DEMO_DIR) --np $(NP)
 
 # Two pytest workers: most tests wait on spawned ranks and process start-up, not on a core
-# (2-core box, 2026-11-26: 8 min 04 s with one worker, 6 min 08-28 s with two; TEST_WORKERS=0
-# runs in one process).
+# (2-core box, 2026-11-26: 8 min 04 s with one worker, 6 min 08-28 s with two; after issue 35
+# 3 min 47 s + 10 s of lint at load 3: docs/testing.md; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 2
 # lint first: CI runs `make test` alone (.ci/run), and a type error fails it in seconds
 test: install lint
