@@ -1,6 +1,7 @@
 # hetgmp developer entry points. Every target installs what it needs, idempotently.
 #   make demo   generate a data set, partition it, train on CPU ranks under mpirun
-#   make test   run the test suite (what CI runs)
+#   make test   lint (ruff, mypy), then the test suite (what CI runs)
+#   make lint   ruff on the sources, mypy on hetgmp/
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -38,10 +39,11 @@ demo: install
 	$(PY) -m hetgmp.demo --out $(DEMO_DIR) --np $(NP)
 
 # Two pytest workers: most tests wait on spawned ranks and process start-up, not on a core
-# (2-core box, 2026-11-26: 8 min 04 s with one worker, 6 min 08-28 s with two; TEST_WORKERS=0
-# runs in one process).
+# (2-core box, 2026-11-26: 8 min 04 s with one worker, 6 min 08-28 s with two; after issue 35
+# 3 min 47 s + 10 s of lint at load 3: docs/testing.md; TEST_WORKERS=0 runs in one process).
 TEST_WORKERS ?= 2
-test: install
+# lint first: CI runs `make test` alone (.ci/run), and a type error fails it in seconds
+test: install lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow and not gpu" tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
@@ -52,6 +54,8 @@ test-all: install
 lint: install
 	$(VENV)/bin/ruff check hetgmp tests bench examples partition datasets
 	$(VENV)/bin/ruff format --check hetgmp tests bench examples partition datasets
+	# types of hetgmp/ (what and how: [tool.mypy] in pyproject.toml)
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf build *.egg-info hetgmp/_native*.so $(VENV)/.native-stamp

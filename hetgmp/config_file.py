@@ -218,6 +218,7 @@ def convert(action: argparse.Action, value: Any, where: str) -> Any:
 
 def _scalar(action: argparse.Action, value: Any, where: str) -> Any:
     tp = action.type
+    out: Any  # (what the option's type makes of the value)
     if isinstance(value, (dict, bool)) or (isinstance(value, list) and tp in (int, float, str)):
         raise ConfigFileError(f"{where}: expected {_expected(tp)}, got {_kind(value)}")
     if tp in (int, float):
@@ -233,6 +234,8 @@ def _scalar(action: argparse.Action, value: Any, where: str) -> Any:
         out = Path(value) if tp is Path else value
     else:  # the option's own parser (e.g. comma-separated numbers): a list joins with commas
         text = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        if isinstance(tp, str):  # (a type argparse looks up by name: hetgmp's options have none)
+            raise ConfigFileError(f"{where}: option type {tp!r} is not supported in a file")
         try:
             out = tp(text)
         except (argparse.ArgumentTypeError, ValueError, TypeError) as err:

@@ -6,7 +6,9 @@ Python, and a silent fallback would turn a broken install into a mysteriously sl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 _FIX = (
     "hetgmp's native extension (hetgmp._native) is not built or failed to load: {err}. "
@@ -22,13 +24,13 @@ class NativeExtensionError(ImportError):
 def native() -> ModuleType:
     """Return the compiled extension module, or raise :class:`NativeExtensionError`."""
     try:
-        from hetgmp import _native  # type: ignore[attr-defined]
+        from hetgmp import _native
     except ImportError as err:  # pragma: no cover - exercised by broken installs only
         raise NativeExtensionError(_FIX.format(err=err)) from err
     return _native
 
 
-def native_function(name: str):  # type: ignore[no-untyped-def]
+def native_function(name: str) -> Callable[..., Any]:
     """The extension's function ``name``, or :class:`NativeExtensionError` when the built
     extension predates it (a stale ``.so`` from before a source change: rebuild)."""
     fn = getattr(native(), name, None)

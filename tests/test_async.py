@@ -104,6 +104,11 @@ def assert_async_equals_collective(results: list, n_cases: int, atol: float) -> 
 
 
 # ------------------------------------------- one message per owner: pushes and clocks alone
+def own_only_both_ways(env: DistEnv) -> dict:
+    """:func:`own_only_steps` for both store rates and both step kinds, in one spawn."""
+    return {(r, s): own_only_steps(env, r, s) for r in (0.0, 0.3) for s in ("collective", "async")}
+
+
 def own_only_steps(env: DistEnv, store_rate: float, sync: str) -> dict:
     """SGD on fixed output gradients (the final rows are the initial rows minus lr x every
     gradient, whatever the order and staleness): rank 0's second and third batches hold only
@@ -132,9 +137,9 @@ def own_only_steps(env: DistEnv, store_rate: float, sync: str) -> dict:
 
 
 def test_pushes_and_clocks_alone_reach_the_owner() -> None:
+    ranks = spawn_ranks(own_only_both_ways, 2, timeout_s=120)
     for store_rate in (0.0, 0.3):
-        res = {s: spawn_ranks(own_only_steps, 2, store_rate, s, timeout_s=120)
-               for s in ("collective", "async")}  # fmt: skip
+        res = {s: [r[store_rate, s] for r in ranks] for s in ("collective", "async")}
         coll = union([r["sd"] for r in res["collective"]])
         asyn = union([r["sd"] for r in res["async"]])
         assert torch.equal(coll["ids"], asyn["ids"])

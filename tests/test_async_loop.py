@@ -192,12 +192,30 @@ def _dense_rule(env: DistEnv) -> dict:
     return out
 
 
-def test_dense_server_serves_the_mean_of_the_changes() -> None:
-    """Served value = start + the mean of the ranks' deltas (1 and 2: +1.5), on every rank."""
-    for r in spawn_ranks(_dense_rule, 2, timeout_s=90):
+def _dense_all(env: DistEnv) -> tuple:
+    """The three dense-server runs below, one after another in one spawn."""
+    return _dense_rule(env), _dense_overlapped(env), _dense_random(env)
+
+
+def test_dense_server_rule_overlap_and_same_bits() -> None:
+    """(one spawn, three runs: starting the ranks costs more than the runs)"""
+    ranks = spawn_ranks(_dense_all, 2, timeout_s=90)
+    # served value = start + the mean of the ranks' deltas (1 and 2: +1.5), on every rank
+    for r, _, _ in ranks:
         assert r["before"] == 0 and r["after"] == 2
         torch.testing.assert_close(r["values"][0], torch.full((3,), 1.5))
         torch.testing.assert_close(r["values"][1], torch.full((2, 2), 2.5))
+    # 7 steps of +1 (rank 0) and +2 (rank 1): the final value is 7 x 1.5 everywhere, although
+    # each rank took every answer one exchange late (its own progress meanwhile kept)
+    for _, r, _ in ranks:
+        assert r["exchanges"] == 6 + 2 + 1  # (6 taken during the run, finish: the 7th, 2 more)
+        for v in r["values"]:
+            torch.testing.assert_close(v, torch.full_like(v, 10.5))
+    # after finish every rank evaluates and saves the same dense model, bit for bit (random
+    # changes, unequal step counts, overlapped exchanges)
+    (_, _, r0), (_, _, r1) = ranks
+    for a, b in zip(r0, r1, strict=True):
+        assert torch.equal(a, b)
 
 
 def _dense_overlapped(env: DistEnv) -> dict:
@@ -222,15 +240,6 @@ def _dense_overlapped(env: DistEnv) -> dict:
     return out
 
 
-def test_dense_server_overlapped_exchanges_keep_every_change() -> None:
-    """7 steps of +1 (rank 0) and +2 (rank 1): the final value is 7 x 1.5 everywhere, although
-    each rank took every answer one exchange late (its own progress meanwhile kept)."""
-    for r in spawn_ranks(_dense_overlapped, 2, timeout_s=90):
-        assert r["exchanges"] == 6 + 2 + 1  # (6 taken during the run, finish: the 7th, 2 more)
-        for v in r["values"]:
-            torch.testing.assert_close(v, torch.full_like(v, 10.5))
-
-
 def _dense_random(env: DistEnv) -> list[torch.Tensor]:
     """Random changes (no exact float sums), unequal step counts, overlapped exchanges."""
     from hetgmp.train.dense_server import DenseServer
@@ -253,13 +262,6 @@ def _dense_random(env: DistEnv) -> list[torch.Tensor]:
     out = [p.detach().clone() for p in params]
     emb.close()
     return out
-
-
-def test_dense_server_leaves_every_rank_the_same_bits() -> None:
-    """After finish every rank evaluates and saves the same dense model, bit for bit."""
-    r0, r1 = spawn_ranks(_dense_random, 2, timeout_s=90)
-    for a, b in zip(r0, r1, strict=True):
-        assert torch.equal(a, b)
 
 
 def test_dense_buffer_is_the_parameters_flat_storage() -> None:

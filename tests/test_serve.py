@@ -50,13 +50,27 @@ def _train_and_score(env: DistEnv, cfg) -> np.ndarray:
     return gather_rows(env, torch.stack([probs, labels]))[0].numpy()
 
 
-@pytest.mark.parametrize("model", ["wdl", "dlrm"])
+def _train_and_score_each(env: DistEnv, cfgs: list) -> list[np.ndarray]:
+    """:func:`_train_and_score` for each config, one after another in one spawn."""
+    return [_train_and_score(env, cfg) for cfg in cfgs]
+
+
 def test_export_of_a_two_rank_checkpoint_scores_as_training_evaluates(
-    tiny_dataset, tmp_path, model
+    tiny_dataset, tmp_path
 ) -> None:
-    ck = tmp_path / "ck"
-    cfg = _cfg(tiny_dataset.root, model=model, iter=6, checkpoint_dir=ck, val=False, threads=1)
-    want = spawn_ranks(_train_and_score, 2, cfg, timeout_s=180)[0]
+    models = ("wdl", "dlrm")
+    cfgs = [
+        _cfg(tiny_dataset.root, model=m, iter=6, checkpoint_dir=tmp_path / m, val=False, threads=1)
+        for m in models
+    ]
+    wants = spawn_ranks(_train_and_score_each, 2, cfgs, timeout_s=180)[0]
+    for model, want in zip(models, wants, strict=True):
+        _export_scores_as(tiny_dataset, tmp_path / model, tmp_path / f"m-{model}", want)
+
+
+def _export_scores_as(tiny_dataset, ck: Path, out_root: Path, want: np.ndarray) -> None:
+    """The exports of the 2-rank checkpoint ``ck`` (fp32, bf16, host rows with a GPU cache)
+    score the test split as the training run's own evaluation did (``want``)."""
     manifest = json.loads((ck / "step-00000006" / "manifest.json").read_text())
     assert manifest["world_size"] == 2
     shards = list(open_checkpoint(ck).embedding_shards())  # rank order, disjoint ids
@@ -65,7 +79,7 @@ def test_export_of_a_two_rank_checkpoint_scores_as_training_evaluates(
     assert a and b and not a & b
     ids, dense = _arrays(tiny_dataset.test)
     for dtype, tol in (("fp32", 1e-6), ("bf16", 1e-2)):
-        out = export_checkpoint(ck, tmp_path / f"m-{dtype}", ExportOptions(dtype=dtype))
+        out = export_checkpoint(ck, out_root / dtype, ExportOptions(dtype=dtype))
         scorer = hetgmp.serve.load(out)
         got = scorer.score(ids, dense).numpy()
         np.testing.assert_allclose(got, want, rtol=0, atol=tol)

@@ -58,6 +58,11 @@ def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
     return train(cfg, env)
 
 
+def _train_each(env: DistEnv, cfgs: list[TrainConfig]) -> list[dict]:
+    """Independent runs one after another in one spawn (starting ranks costs more)."""
+    return [train(cfg, env) for cfg in cfgs]
+
+
 def _uneven_plan(ds, nparts: int, path: Path) -> Path:
     """Rank 0 gets ~half the samples, the rest share the others; random owners; every rank
     mirrors every row it does not own (store_rate 1)."""
@@ -130,44 +135,49 @@ def _ckpt_state(ckdir: Path):
     return ck.dense()["model"], u["weight"][order], u["ids"][order]
 
 
-@pytest.mark.parametrize(
-    ("nparts", "sparse"),
-    [(3, {}), (3, {"optimizer": "sgd", "replies": "all", "exchange": "padded"})],
-)
-def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path, nparts: int, sparse) -> None:
-    """Adagrad + the exact exchange, and SGD + the padded exchange (--exchange padded)."""
+def test_bound0_n_ranks_equal_one_process(tiny_dataset, tmp_path) -> None:
+    """Adagrad + the exact exchange, and SGD + the padded exchange (--exchange padded), on 3
+    ranks (both runs in one spawn)."""
+    nparts = 3
     plan_path = _uneven_plan(tiny_dataset, nparts, tmp_path / "part.npz")
-    ck = tmp_path / "ck"
-    cfg = _cfg(
-        tiny_dataset.root,
-        model="dfm",
-        epochs=2,
-        partition=plan_path,
-        store_rate=1.0,
-        bound=0,
-        checkpoint_dir=ck,
-        **sparse,
-    )
-    res = spawn_ranks(_train_rank, nparts, cfg, timeout_s=180)
-    assert res[0]["embedding"]["mirror_hit"] > 0  # mirrors were really used
-    dense, weight, ids = _ckpt_state(ck)
-    assert torch.equal(ids, torch.arange(tiny_dataset.meta.num_embeddings))
-    ref_dense, ref_weight = _reference_run(cfg, nparts, load_plan(plan_path))
-    # SGD on the dense side: Adam divides tiny gradients by their tiny running norm, which
-    # magnifies summation-order noise (1e-9) into 1e-5 differences without any bug.
-    for k in ref_dense:
-        torch.testing.assert_close(dense[k], ref_dense[k], rtol=0, atol=1e-6, msg=k)
-    torch.testing.assert_close(weight, ref_weight, rtol=0, atol=1e-6)
-    # the state moved away from its initial values: the comparison is not vacuous
-    init = ReferenceEmbedding(tiny_dataset.meta.num_embeddings, 5, seed=0).weight
-    assert (weight - init).abs().max() > 1e-2
+    sparses = [{}, {"optimizer": "sgd", "replies": "all", "exchange": "padded"}]
+    cfgs = [
+        _cfg(
+            tiny_dataset.root,
+            model="dfm",
+            epochs=2,
+            partition=plan_path,
+            store_rate=1.0,
+            bound=0,
+            checkpoint_dir=tmp_path / f"ck{i}",
+            **sparse,
+        )
+        for i, sparse in enumerate(sparses)
+    ]
+    ranks = spawn_ranks(_train_each, nparts, cfgs, timeout_s=180)
+    for i, cfg in enumerate(cfgs):
+        assert ranks[0][i]["embedding"]["mirror_hit"] > 0  # mirrors were really used
+        dense, weight, ids = _ckpt_state(tmp_path / f"ck{i}")
+        assert torch.equal(ids, torch.arange(tiny_dataset.meta.num_embeddings))
+        ref_dense, ref_weight = _reference_run(cfg, nparts, load_plan(plan_path))
+        # SGD on the dense side: Adam divides tiny gradients by their tiny running norm, which
+        # magnifies summation-order noise (1e-9) into 1e-5 differences without any bug.
+        for k in ref_dense:
+            torch.testing.assert_close(dense[k], ref_dense[k], rtol=0, atol=1e-6, msg=k)
+        torch.testing.assert_close(weight, ref_weight, rtol=0, atol=1e-6)
+        # the state moved away from its initial values: the comparison is not vacuous
+        init = ReferenceEmbedding(tiny_dataset.meta.num_embeddings, 5, seed=0).weight
+        assert (weight - init).abs().max() > 1e-2
 
 
 def test_resume_exact_and_other_worker_count(tiny_dataset, tmp_path) -> None:
     kw = dict(model="wdl", bound=0, dense_optimizer="adam", dense_lr=0.01)  # Adam: state restored
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=10, checkpoint_dir=straight, **kw))
-    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=5, checkpoint_dir=halves, **kw))
+    # (the two fresh runs share a spawn; the resume starts new processes, as a user's would)
+    spawn_ranks(_train_each, 2, [
+        _cfg(tiny_dataset.root, iter=10, checkpoint_dir=straight, **kw),
+        _cfg(tiny_dataset.root, iter=5, checkpoint_dir=halves, **kw),
+    ])  # fmt: skip
     spawn_ranks(
         _train_rank, 2, _cfg(tiny_dataset.root, iter=10, checkpoint_dir=halves, resume=True, **kw)
     )
@@ -271,20 +281,23 @@ def test_bound100_train_loss_tracks_bound0(tiny_dataset, tmp_path) -> None:
     """Regression: with Adagrad (accumulators start at 0) mirrors once stepped at lr / eps, so
     the TRAIN loss at bound 100 was far above bound 0's (0.80 vs ~0.5 on criteo-like)."""
     plan_path = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")
-    losses = {}
-    for bound in (0, 100):
-        log = tmp_path / f"log{bound}.jsonl"
-        cfg = _cfg(
+    bounds = (0, 100)
+    cfgs = [
+        _cfg(
             tiny_dataset.root,
             model="wdl",
             epochs=3,
             partition=plan_path,
             store_rate=1.0,
             bound=bound,
-            log_json=log,
+            log_json=tmp_path / f"log{bound}.jsonl",
         )
-        spawn_ranks(_train_rank, 2, cfg)
-        recs = [json.loads(line) for line in log.read_text().splitlines()]
+        for bound in bounds
+    ]
+    spawn_ranks(_train_each, 2, cfgs)  # (both runs in one spawn)
+    losses = {}
+    for bound, cfg in zip(bounds, cfgs, strict=True):
+        recs = [json.loads(line) for line in cfg.log_json.read_text().splitlines()]
         losses[bound] = [r["loss"] for r in recs if r["kind"] == "train"]
     assert len(losses[0]) == len(losses[100]) > 3
     for l0, l100 in zip(losses[0], losses[100], strict=True):

@@ -71,8 +71,9 @@ def _cfg(ds_root, **kw) -> TrainConfig:
     return validate(TrainConfig(**base))
 
 
-def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
-    return train(cfg, env)
+def _train_each(env: DistEnv, cfgs: list[TrainConfig]) -> list[dict]:
+    """Independent runs one after another in one spawn (starting ranks costs more)."""
+    return [train(cfg, env) for cfg in cfgs]
 
 
 def _state(ckdir):
@@ -88,17 +89,23 @@ def _train_losses(log) -> list[float]:
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_every_data_path_trains_the_same(tiny_dataset, tmp_path, ranks: int) -> None:
-    outs = []
-    for i, path in enumerate(PATHS):
-        cfg = _cfg(
+    cfgs = [
+        _cfg(
             tiny_dataset.root,
             checkpoint_dir=tmp_path / f"ck{i}",
             log_json=tmp_path / f"log{i}.jsonl",
             **path,
         )
-        res = [train(cfg, DistEnv.single())] if ranks == 1 else spawn_ranks(_train_rank, 2, cfg)
+        for i, path in enumerate(PATHS)
+    ]
+    if ranks == 1:
+        firsts = [train(cfg, DistEnv.single()) for cfg in cfgs]
+    else:  # (the three runs in one spawn)
+        firsts = spawn_ranks(_train_each, 2, cfgs)[0]
+    outs = []
+    for cfg, res in zip(cfgs, firsts, strict=True):
         dense, weight = _state(cfg.checkpoint_dir)
-        outs.append((res[0], _train_losses(cfg.log_json), dense, weight))
+        outs.append((res, _train_losses(cfg.log_json), dense, weight))
     (res0, losses0, dense0, weight0), *others = outs
     assert res0["data_source"] == "resident" and len(losses0) > 3
     for res, losses, dense, weight in others:
@@ -166,6 +173,11 @@ def _evaluate(env: DistEnv, root: str, batch_size: int) -> tuple:
     return res, probs.numpy(), labels.numpy()
 
 
+def _evaluate_50_and_9(env: DistEnv, root: str) -> tuple:
+    """:func:`_evaluate` at batch 50 and at batch 9, in one spawn."""
+    return _evaluate(env, root, 50), _evaluate(env, root, 9)
+
+
 def test_two_rank_evaluation_equals_one(tiny_dataset) -> None:
     root = str(tiny_dataset.root)
     # Batches of 50: both runs score the same 50-sample batches, so the scores are bitwise
@@ -174,13 +186,14 @@ def test_two_rank_evaluation_equals_one(tiny_dataset) -> None:
     assert one.samples == 100 and np.array_equal(y, np.asarray(tiny_dataset.test.labels).ravel())
     assert one.val_auc == roc_auc(y, p) and one.val_acc == accuracy(y, p)
     assert one.val_loss == pytest.approx(log_loss(y, p), rel=1e-12)
-    outs = spawn_ranks(_evaluate, 2, root, 50, timeout_s=120)
+    both = spawn_ranks(_evaluate_50_and_9, 2, root, timeout_s=120)
+    outs = [b50 for b50, _ in both]
     np.testing.assert_array_equal(np.concatenate([o[1] for o in outs]), p)
     for res, *_ in outs:
         assert res == one
     # Batches of 9 do not divide the shards: ranks run out at different steps; scores differ
     # from one process's only by matmul rounding of other batch shapes.
-    for res, *_ in spawn_ranks(_evaluate, 2, root, 9, timeout_s=120):
+    for res, *_ in (b9 for _, b9 in both):
         assert res.samples == 100 and res.val_auc == pytest.approx(one.val_auc, abs=1e-6)
         assert res.val_loss == pytest.approx(one.val_loss, abs=1e-6)
 

@@ -1,8 +1,9 @@
 """Run a function on N freshly spawned CPU ranks joined by a real gloo process group (for tests).
 
-``spawn_ranks(fn, world_size, *args)`` starts ``world_size`` processes (``spawn`` start method),
-each calls ``fn(env, *args)`` with its :class:`DistEnv` and sends back the return value (which
-must be picklable). Unlike ``torch.multiprocessing.spawn`` a failing rank does NOT kill its peers:
+``spawn_ranks(fn, world_size, *args)`` starts ``world_size`` processes (``forkserver`` start
+method: forked from a server that imported torch once; the caller's environment and working
+directory), each calls ``fn(env, *args)`` with its :class:`DistEnv` and sends back the return
+value (which must be picklable). Unlike ``torch.multiprocessing.spawn`` a failing rank does NOT kill its peers:
 each rank's outcome (result, exception, or death) is reported, so tests can check that the other
 ranks failed cleanly by themselves. The whole run has a wall-clock deadline; ranks still running
 then are killed and reported as hung.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import multiprocessing.reduction
+import os
 import pickle
 import queue as queue_mod
 import signal
@@ -58,6 +61,26 @@ class SpawnError(RuntimeError):
         super().__init__("spawned ranks failed:\n" + "\n".join(parts))
 
 
+class _CallerFd:
+    """The caller's descriptor ``fd`` (1, 2) as it is when a rank starts, duplicated into the
+    rank at pickling time: a forkserver child would otherwise write where the server's
+    descriptors pointed when it started (an earlier test's capture, a terminal long gone)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_adopt_fd, (self.fd, multiprocessing.reduction.DupFd(self.fd)))
+
+
+def _adopt_fd(fd: int, dup: Any) -> int:
+    """(In the rank) point ``fd`` at the caller's descriptor."""
+    inherited = dup.detach()
+    os.dup2(inherited, fd)
+    os.close(inherited)
+    return fd
+
+
 def _exit_text(exitcode: int) -> str:
     """``exit code 3`` / ``killed by SIGABRT (exit code -6)`` (the rank's stderr has the rest)."""
     if exitcode < 0:
@@ -78,8 +101,15 @@ def _child(
     q: Any,
     collective_timeout_s: float,
     threads: int,
+    environ: dict[str, str],
+    cwd: str,
+    fds: list[int],  # (1 and 2, now the caller's: unpickling _CallerFd pointed them)
 ) -> None:
     t0 = time.monotonic()
+    # (the server's environment is the one it started with: the caller's may have changed)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     torch.set_num_threads(threads)  # N ranks share a few cores; avoid oversubscription
     env = None
     try:
@@ -132,7 +162,11 @@ def spawn_ranks(
     :class:`SpawnError`; with ``raise_on_error=False`` returns the list of :class:`RankOutcome`
     instead. ``collective_timeout_s`` is the process-group timeout inside the ranks.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    # One server per parent process imports these once; each rank is forked from it instead of
+    # a fresh interpreter importing torch (~1.5 s a rank: most of a small test's time).
+    ctx.set_forkserver_preload(["torch", "numpy"])
+    where = (dict(os.environ), os.getcwd(), [_CallerFd(1), _CallerFd(2)])
     # Plain pickle (bytes) both ways: torch's multiprocessing pickler would share tensors through
     # file descriptors that die with the child process.
     args_blob = pickle.dumps(args)
@@ -141,7 +175,7 @@ def spawn_ranks(
     procs = [
         ctx.Process(
             target=_child,
-            args=(fn, r, world_size, port, args_blob, q, collective_timeout_s, threads),
+            args=(fn, r, world_size, port, args_blob, q, collective_timeout_s, threads, *where),
             daemon=True,
         )
         for r in range(world_size)

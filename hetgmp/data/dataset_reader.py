@@ -128,7 +128,7 @@ def compute_fingerprint(root: Path, meta: DatasetMeta) -> str:
             h.update(f"{split}/{kind}:{arr.dtype.str}:{arr.shape}".encode())
             rows = max(1, _HASH_CHUNK // max(1, arr.itemsize * int(np.prod(arr.shape[1:]))))
             for chunk in _iter_chunks(arr, rows):
-                h.update(memoryview(chunk).cast("B"))
+                h.update(chunk.data.cast("B"))
     return h.hexdigest()
 
 

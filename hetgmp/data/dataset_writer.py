@@ -53,7 +53,7 @@ class _NpyAppender:
             raise DatasetError(f"{self.path}: row shape {arr.shape[1:]}, expected {self.row_shape}")
         if arr.size == 0:  # memoryview cannot cast an empty array; nothing to write anyway
             return
-        self._f.write(memoryview(arr).cast("B"))
+        self._f.write(arr.data.cast("B"))
         self.rows += arr.shape[0]
 
     def close(self) -> None:

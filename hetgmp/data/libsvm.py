@@ -339,10 +339,11 @@ class LibsvmSource:
             )
         unknown = np.full(n, -1)
         unknown[row[~t["known"]]] = t["id"][~t["known"]]
+        fm_path = self.field_map.path if self.field_map is not None else None  # (unknown: set)
         flag(
             unknown >= 0,
             BAD_CATEGORY,
-            lambda i: f"feature index {unknown[i]} is not in --field-map {self.field_map.path}",
+            lambda i: f"feature index {unknown[i]} is not in --field-map {fm_path}",
         )
         out_of_range = ok & t["known"] & (field >= self.num_fields)
         oor = np.full(n, -1)

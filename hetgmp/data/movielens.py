@@ -42,7 +42,7 @@ class MovielensInput:
         return ["fnv1a64" if f in _STRING_FIELDS else "int" for f in range(len(FIELDS))]
 
 
-def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[list[str]]:
+def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[tuple[int, list[str]]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     rows = []
@@ -54,7 +54,7 @@ def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[list[str]]:
             parts = line.split(sep)
             if len(parts) != ncols:
                 raise BadInputError(f"{path}:line {lineno}: {len(parts)} fields, expected {ncols}")
-            rows.append([lineno, *parts])
+            rows.append((lineno, parts))
     if not rows:
         raise BadInputError(f"{path}:line 1: file is empty")
     return rows
@@ -71,14 +71,14 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     """(raw keys uint64 [100000, 7], labels float32, u.data line numbers) of the ratings."""
     src = Path(src)
     users = {}
-    for r in _rows(src / "u.user", "|", 5, "latin-1"):
-        uid = _int(src / "u.user", r[0], "user id", r[1])
-        age = _int(src / "u.user", r[0], "age", r[2])
-        users[uid] = (age // 10, r[3], r[4], r[5][:3])
+    for ln, r in _rows(src / "u.user", "|", 5, "latin-1"):
+        uid = _int(src / "u.user", ln, "user id", r[0])
+        age = _int(src / "u.user", ln, "age", r[1])
+        users[uid] = (age // 10, r[2], r[3], r[4][:3])
     genres = {}
-    for r in _rows(src / "u.item", "|", 24, "latin-1"):
-        iid = _int(src / "u.item", r[0], "item id", r[1])
-        flags = r[6:25]
+    for ln, r in _rows(src / "u.item", "|", 24, "latin-1"):
+        iid = _int(src / "u.item", ln, "item id", r[0])
+        flags = r[5:24]
         first = next((g for g, v in enumerate(flags) if v.strip() == "1"), -1)
         genres[iid] = first
     data = _rows(src / "u.data", "\t", 4, "latin-1")
@@ -89,22 +89,22 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     path = src / "u.data"
     raw = np.zeros((n, len(FIELDS)), dtype=np.int64)
     text: list[list[str]] = [[] for _ in _STRING_FIELDS]
-    for k, r in enumerate(data):
-        uid = _int(path, r[0], "user id", r[1])
-        iid = _int(path, r[0], "item id", r[2])
-        rating = _int(path, r[0], "rating", r[3])
+    for k, (ln, r) in enumerate(data):
+        uid = _int(path, ln, "user id", r[0])
+        iid = _int(path, ln, "item id", r[1])
+        rating = _int(path, ln, "rating", r[2])
         if uid not in users:
-            raise BadInputError(f"{path}:line {r[0]}: user {uid} is not in u.user")
+            raise BadInputError(f"{path}:line {ln}: user {uid} is not in u.user")
         if iid not in genres:
-            raise BadInputError(f"{path}:line {r[0]}: item {iid} is not in u.item")
+            raise BadInputError(f"{path}:line {ln}: item {iid} is not in u.item")
         if not 1 <= rating <= 5:
-            raise BadInputError(f"{path}:line {r[0]}: rating {rating} is not in 1..5")
+            raise BadInputError(f"{path}:line {ln}: rating {rating} is not in 1..5")
         age_b, gender, occ, zip3 = users[uid]
         raw[k, [0, 1, 2, 6]] = (uid, iid, age_b, genres[iid])
         for j, value in enumerate((gender, occ, zip3)):
             text[j].append(value)
         labels[k] = 1.0 if rating >= 4 else 0.0
-        lines[k] = r[0]
+        lines[k] = ln
     keys[:] = int_keys(raw.ravel()).reshape(raw.shape)
     for j, f in enumerate(_STRING_FIELDS):
         keys[:, f] = string_keys(pa.array(text[j], pa.string()))
@@ -151,7 +151,7 @@ def convert_movielens(
     ids = np.stack([v.lookup(keys[:, f]) + fields[f].offset for f, v in enumerate(vocabs)], axis=1)
     is_test = random_split_mask(seed, 0, lines, test_fraction)
     # Empty splits are left out: the writer creates them empty on close.
-    splits = {
+    splits: dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]] = {
         name: (ids[m], None, labels[m])
         for name, m in (("train", ~is_test), ("test", is_test))
         if m.any()

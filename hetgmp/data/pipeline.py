@@ -95,7 +95,7 @@ def open_source(
             f"samples resident on {device} ({src.nbytes / 2**20:.1f} MiB, ids {width}; {why})",
         )
     if opts.prefetch_batches > 0:
-        src = ThreadSource(plan, slots, device, depth=opts.prefetch_batches)
+        thread = ThreadSource(plan, slots, device, depth=opts.prefetch_batches)
         pinned = ", pinned buffers, side stream" if device.type == "cuda" else ""
-        return src, f"background reader {opts.prefetch_batches} batches ahead{pinned} ({why})"
+        return thread, f"background reader {opts.prefetch_batches} batches ahead{pinned} ({why})"
     return SyncSource(plan, slots, device), f"batches gathered in the training thread ({why})"

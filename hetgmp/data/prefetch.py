@@ -52,7 +52,7 @@ class _Pinned:
         n, split = idx.size, plan.split
         np.take(split.sparse, idx, axis=0, out=self.sparse.numpy()[:n])
         out = [self.sparse[:n]]
-        if self.dense is not None:
+        if self.dense is not None and split.dense is not None:  # (one exists with the other)
             rows = self.dense.numpy()[:n]
             if split.dense.dtype == rows.dtype:
                 np.take(split.dense, idx, axis=0, out=rows)
@@ -112,7 +112,7 @@ class ThreadSource:
             if loader is None or loader.epoch != slot.epoch:
                 loader = self.plan.loader(slot.epoch)
             idx = loader.batch_indices(slot.batch)
-            if pinned is None:
+            if pinned is None or stream is None:  # (both set on CUDA)
                 self._put((slot, gather(self.plan.split, idx)))
             else:
                 self._put((slot, self._copy(pinned.fill(self.plan, idx), stream)))

@@ -277,5 +277,5 @@ def _save_vocabulary(
             id_order=opt.id_order,
             reserve_rare=opt.reserve_rare_id,
         )
-    else:
+    elif isinstance(field_ids, VocabIds):  # (the ids came from --vocab-from's vocabulary)
         field_ids.copy_files(writer.tmp)

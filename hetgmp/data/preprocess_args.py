@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -135,7 +136,7 @@ def report_done(ds: Dataset) -> int:
     return 0
 
 
-def with_logging(fn):  # type: ignore[no-untyped-def]
+def with_logging(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``fn(args)`` with log lines on stderr, drawn above any progress bar."""
 
     def run(args: argparse.Namespace) -> int:

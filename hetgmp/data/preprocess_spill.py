@@ -41,14 +41,14 @@ class Spill:
         if self.keep_lines:
             parts.append(block.lines.astype(np.int64, copy=False))
         for a in parts:
-            self.f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+            self.f.write(np.ascontiguousarray(a).data.cast("B"))
         self.index.append(
             (role, file_index, block.path, n, keys.shape[1], small, block.dense is not None)
         )
 
     def _read(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = np.empty(shape, dtype=dtype)
-        if a.nbytes and self.f.readinto(memoryview(a).cast("B")) != a.nbytes:
+        if a.nbytes and self.f.readinto(a.data.cast("B")) != a.nbytes:
             raise RuntimeError("preprocess spill file is truncated")
         return a
 

@@ -138,11 +138,11 @@ def _check_split(ds: Dataset, split: str, arrays, rep: VerifyReport) -> None:
                 if first_dense < 0:
                     first_dense = start + int(np.flatnonzero(nonfinite)[0])
     if bad_ids.any():
-        for f, (row, val) in sorted(first_bad.items()):
-            field = ds.meta.fields[f]
+        for fi, (row, val) in sorted(first_bad.items()):
+            field = ds.meta.fields[fi]
             rep.bad(
-                f"{paths['sparse'].name}: {int(bad_ids[f])} ids of field {field.name} outside "
-                f"[{lo[f]}, {hi[f]}); first at row {row} (id {val})"
+                f"{paths['sparse'].name}: {int(bad_ids[fi])} ids of field {field.name} outside "
+                f"[{lo[fi]}, {hi[fi]}); first at row {row} (id {val})"
             )
     else:
         rep.good(f"{paths['sparse'].name}: {n} rows, every id within its field's range")

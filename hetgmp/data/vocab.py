@@ -92,7 +92,7 @@ def hex8_keys(arr: pa.Array) -> np.ndarray | None:
         if bad.any():
             return None
     keys = byte.astype(np.uint8).view(">u4").astype(np.uint64)
-    if nulls:
+    if present is not None:  # (nulls)
         keys[~present] = MISSING_KEY
     return keys
 
@@ -234,6 +234,7 @@ class KeyCounter:
             raise ValueError(f"block has {keys.shape[1:]} fields, expected {self.num_fields}")
         for f in range(self.num_fields):
             col = keys[:, f]
+            part: tuple[np.ndarray, np.ndarray, np.ndarray | None]  # (first rows: tracked only)
             if self.track_first:
                 u, first, cnt = np.unique(col, return_index=True, return_counts=True)
                 part = (u, cnt.astype(np.int64), first.astype(np.int64) + self.rows)

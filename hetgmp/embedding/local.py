@@ -87,6 +87,7 @@ class LocalStep:
             self.grads = None
         ctx.timer.mark("update")
         if n:
+            assert pos_map is not None  # (made above for any n)
             values, lead = take_local(
                 self.weight, slots, pos_map, self._bad_flag, counts[0], counts[1],
                 backend=ctx.kernels, out_dtype=self._out_dtype(),

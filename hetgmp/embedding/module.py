@@ -10,6 +10,7 @@ comes back through autograd and is applied at the next step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -190,8 +191,8 @@ class DistributedEmbedding(nn.Module):
         return destination
 
     def load_state_dict(
-        self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
-    ) -> Any:  # type: ignore[override]
+        self, sd: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
         """Load rows by global id from the union of any ranks' state dicts (any world size /
         plan). Every stored row takes its saved value; versions restart at 0 on all ranks, so
         mirrors start in sync. Pending gradients are dropped."""

@@ -7,6 +7,7 @@ are applied at the start of the next ``forward`` or at ``flush``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -109,8 +110,8 @@ class ReferenceEmbedding(nn.Module):
         }
 
     def load_state_dict(
-        self, sd: dict[str, torch.Tensor], strict: bool = True, assign: bool = False
-    ) -> Any:  # type: ignore[override]
+        self, sd: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
         ids = sd["ids"].to(torch.int64)
         if strict and (ids.numel() != self.num_rows or torch.unique(ids).numel() != self.num_rows):
             raise ValueError(f"state dict holds {ids.numel()} rows, table has {self.num_rows}")

@@ -24,6 +24,7 @@ Storage (all on the rank's device):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -122,7 +123,7 @@ class RowStore:
             "opt_state": self.opt_state[: self.n_own].cpu().clone(),
         }
 
-    def load_rows(self, sd: dict[str, Any]) -> None:
+    def load_rows(self, sd: Mapping[str, Any]) -> None:
         """Every stored row (owned and mirrored) takes its value from ``sd`` (rows by global
         id: the union of any ranks' :meth:`owned_rows`); versions restart at 0 on all ranks,
         so mirrors start in sync; pending mirror updates are dropped."""

@@ -149,10 +149,10 @@ class WDL(CTRModel):
         return self.from_first(first_layer(emb, dense, self.first_linears()))
 
     def first_linears(self) -> tuple[nn.Linear, ...]:
-        return (self.deep[0], self.wide)
+        return (self.deep.first, self.wide)
 
     def from_first(self, h: torch.Tensor) -> torch.Tensor:
-        n = self.deep[0].out_features
+        n = self.deep.first.out_features
         x = run_layers(self._deep_rest, h[:, :n])
         return h[:, n : n + 1] + self.deep_out(x)
 
@@ -181,7 +181,7 @@ class DCN(CTRModel):
     def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         # the deep part's first layer and the output layer without concatenations
         # (hetgmp.models.layers.first_layer says why)
-        deep = first_layer(emb, dense, (self.deep[0],))[:, : self.deep[0].out_features]
+        deep = first_layer(emb, dense, (self.deep.first,))[:, : self.deep.first.out_features]
         deep = run_layers(self._deep_rest, deep)
         return self._cross_logit(emb, dense) + F.linear(
             deep, self.out.weight[:, self.cross_dim :], self.out.bias
@@ -244,7 +244,7 @@ class DeepFM(CTRModel):
             logit = logit + self.dense_linear(dense.to(vec.dtype))
         # FM: 0.5 * ((sum v)^2 - sum v^2), summed over the embedding dimension.
         fm = 0.5 * (vec.sum(dim=1).pow(2) - vec.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
-        h = first_layer(vec, dense, (self.deep[0],))[:, : self.deep[0].out_features]
+        h = first_layer(vec, dense, (self.deep.first,))[:, : self.deep.first.out_features]
         deep = self.deep_out(run_layers(tuple(self.deep)[1:], h))
         return logit + fm + deep
 

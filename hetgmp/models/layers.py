@@ -62,6 +62,13 @@ class MLP(nn.Sequential):
         super().__init__(*layers)
         self.out_dim = dim
 
+    @property
+    def first(self) -> nn.Linear:
+        """The first linear layer (what :func:`first_layer` runs on the unconcatenated input)."""
+        lin = self[0]
+        assert isinstance(lin, nn.Linear)  # (every MLP starts with one)
+        return lin
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return run_layers(tuple(self), x)
 
@@ -149,7 +156,7 @@ def first_layer(
         parts = [lin.weight[:, cols] for lin in linears]
         return torch.cat([*parts, w0.new_zeros(pad, width)] if pad else parts)
 
-    biases = [lin.bias for lin in linears]
+    biases: list[torch.Tensor] = [lin.bias for lin in linears]
     bias = torch.cat([*biases, w0.new_zeros(pad)] if pad else biases)
     out = F.linear(flat, block(slice(0, k), k))
     n_dense = w0.shape[1] - k

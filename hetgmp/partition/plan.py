@@ -126,7 +126,7 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "parts": plan.nparts, **plan.meta}
-    arrays: dict[str, np.ndarray] = {
+    arrays: dict[str, Any] = {  # (Any: np.savez types its keywords)
         "data_partition": np.asarray(plan.data_partition, dtype=np.int32),
         "embed_partition": np.asarray(plan.embed_partition, dtype=np.int32),
         "meta": np.array(json.dumps(meta, sort_keys=True, default=_json_default)),

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetgmp.models import CTRModel
 from hetgmp.serve.program import DenseProgram
 
 ALIGN = 8  # cuBLAS's fast float32 kernels want leading dimensions in multiples of 4 floats
@@ -65,6 +66,14 @@ class InferenceFirstLayer(nn.Module):
             self.register_buffer(f"w_{name}", w, persistent=False)
             self.register_buffer(f"wd_{name}", wd, persistent=False)
             self.register_buffer(f"b_{name}", b, persistent=False)
+
+    # (registered buffers, declared for the type checker)
+    w_wide: torch.Tensor
+    wd_wide: torch.Tensor
+    b_wide: torch.Tensor
+    w_narrow: torch.Tensor
+    wd_narrow: torch.Tensor
+    b_narrow: torch.Tensor
 
     def forward(self, rows: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         b = rows.shape[0]
@@ -104,7 +113,7 @@ class InferenceHead(nn.Module):
         return self.model.from_first(self.first(rows, dense if self.num_dense else None))
 
 
-def rows_dim(model: nn.Module) -> int:
+def rows_dim(model: CTRModel) -> int:
     """The width of the model's rows (``table_dim``)."""
     return type(model).table_dim(model.embed_dim)
 

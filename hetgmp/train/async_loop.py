@@ -53,6 +53,7 @@ from hetgmp.embedding import engine_of
 from hetgmp.train.accounting import Interval, diverged
 from hetgmp.train.checkpoint import Position
 from hetgmp.train.dense_server import DenseServer
+from hetgmp.train.step import table
 from hetgmp.train.work_steal import Stealer, epoch_coverage
 
 LAG_CAP_HINT_SHARE = 0.1  # (of a rank's loop time at the cap: the end-of-run hint)
@@ -183,7 +184,7 @@ class AsyncLoop:
         loading = time.perf_counter() - t0
         sparse = getattr(batch, "sparse", None)
         if sparse is not None:
-            self.tr.model.embedding.send_ahead(sparse)
+            table(self.tr.model).send_ahead(sparse)
         return slot, batch, loading
 
     def _next(self, source: BatchSource) -> tuple[Slot, Any]:

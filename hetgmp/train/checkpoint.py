@@ -73,13 +73,13 @@ def _save(obj: Any, path: Path) -> dict[str, Any]:
 
 
 def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=False)  # (the legacy tuple's fields, by name)
     return {
         "torch": torch.get_rng_state(),
         "numpy": {
-            "key": np_state[1],
-            "pos": int(np_state[2]),
-            "gauss": [int(np_state[3]), float(np_state[4])],
+            "key": np_state["state"]["key"],
+            "pos": int(np_state["state"]["pos"]),
+            "gauss": [int(np_state["has_gauss"]), float(np_state["gauss"])],
         },
     }
 

@@ -39,7 +39,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.rpc.schema import Array, BadMessage, Schema
 
 if TYPE_CHECKING:
-    from hetgmp.comm.rpc import Peers
+    from hetgmp.comm.rpc import Peers, Request
     from hetgmp.embedding.rowservice import AsyncStep
 
 DENSE = b"dense"  # this server's operation: a shard's push-and-pull (delta -> value)
@@ -116,7 +116,7 @@ class DenseServer:
         round trip, and the copy keeps what it learns meanwhile)."""
         cur = self.flat.detach().clone()  # (on the device: the copy's value at sending)
         delta = cur - self.base
-        reqs = {}
+        reqs: dict[int, Request] = {}
         for p in range(self.w):
             lo, hi = self._span(p)
             if p != self.rank and hi > lo:  # (the channel copies them to its pinned buffer)
@@ -179,7 +179,7 @@ def _flat_buffer(params: list[nn.Parameter]) -> torch.Tensor:
         views = views and p.storage_offset() == offset
         offset += p.numel()
     if views and base.nbytes() == 4 * offset:
-        return torch.empty(0, device=params[0].device).set_(base, 0, (offset,))
+        return torch.empty(0, device=params[0].device).set_(base, 0, (offset,), (1,))
     if any(p.dtype != torch.float32 for p in params):
         raise ValueError("the async dense server needs float32 dense parameters")
     from hetgmp.train.flat_adam import flatten_parameters

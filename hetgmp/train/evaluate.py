@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from hetgmp.comm.collectives import all_gather_object, guarded
 from hetgmp.comm.env import DistEnv
-from hetgmp.data.device_batches import DeviceBatch, EpochPlan, step_slots
+from hetgmp.data.device_batches import DeviceBatch, EpochPlan, PendingBatch, step_slots
 from hetgmp.data.format import SplitArrays
 from hetgmp.data.loader import rank_sample_indices
 from hetgmp.data.pipeline import PipelineOptions, open_source
@@ -88,7 +88,7 @@ def score_split(
 
 
 def _score_batch(
-    model: CTRModel, batch: DeviceBatch | None, device: torch.device, amp: bool
+    model: CTRModel, batch: DeviceBatch | PendingBatch | None, device: torch.device, amp: bool
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """([probabilities], [labels]) of one batch; none for an empty slot, whose lookup still
     runs because the distributed table needs every rank at every exchange."""
@@ -96,6 +96,8 @@ def _score_batch(
         fields = model.num_fields
         model.embedding(torch.zeros((0, fields), dtype=torch.long, device=device))
         return [], []
+    if isinstance(batch, PendingBatch):  # (a source that defers its gathers)
+        batch = batch.gather()
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
         logits = model(batch.sparse, batch.dense)
     return [torch.sigmoid(logits.float()).reshape(-1)], [batch.labels.reshape(-1)]

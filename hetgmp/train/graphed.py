@@ -34,7 +34,7 @@ from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
-from hetgmp.train.step import TrainStep
+from hetgmp.train.step import TrainStep, table
 
 GRAPH_DENSE_OPTIMIZERS = ("adam", "sgd")  # torch's fused CUDA kernels, capturable
 
@@ -66,7 +66,7 @@ class GraphedStep:
     def __init__(
         self, step: TrainStep, *, warmup: int = WARMUP_STEPS, time_replays: int = 0
     ) -> None:
-        one = step.model.embedding.local_step
+        one = table(step.model).local_step
         if one is None:
             raise ValueError("a whole-step CUDA graph needs the one-rank embedding step")
         self.step, self.one = step, one
@@ -91,16 +91,20 @@ class GraphedStep:
         until the next call (a replay rewrites it; stream order keeps work enqueued before
         then correct)."""
         pending = isinstance(batch, PendingBatch)
-        dense = batch.has_dense if pending else batch.dense is not None
+        dense = batch.has_dense if isinstance(batch, PendingBatch) else batch.dense is not None
         key = (len(batch), dense, global_batch, pending)
         if self.key is None and len(batch):
             self.key = key
         profiled = isinstance(marks, PhaseProfiler) and marks.active
-        foreign = pending and self.source is not None and batch.source is not self.source
+        foreign = (
+            isinstance(batch, PendingBatch)
+            and self.source is not None
+            and batch.source is not self.source
+        )
         if key != self.key or profiled or self.warmup > 0 or foreign:
             if key == self.key:
                 self.warmup -= 1
-            return self.step(batch.gather() if pending else batch, global_batch, marks)
+            return self.step(batch, global_batch, marks)  # (it gathers a pending batch)
         if self.graph is None:
             self._capture(batch, global_batch)
         assert self.graph is not None and self.out is not None

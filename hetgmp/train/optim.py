@@ -6,13 +6,15 @@ the same update as the per-parameter loop, up to float rounding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from hetgmp.train.config import DENSE_OPTIMIZERS
 
 
-def optimizer_impl(name: str, device: torch.device) -> dict[str, bool]:
+def optimizer_impl(name: str, device: torch.device) -> dict[str, Any]:
     """The implementation keywords for ``name`` on ``device``: fused where torch ships a CUDA
     kernel (Adam, SGD; Adam capturable, so a CUDA graph can hold its step), else foreach
     (Adagrad on CUDA, everything on CPU)."""

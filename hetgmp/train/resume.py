@@ -14,6 +14,7 @@ from hetgmp.train.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from hetgmp.train.step import table
 
 if TYPE_CHECKING:
     from hetgmp.train.trainer_view import TrainerView
@@ -31,7 +32,7 @@ def save_trainer(tr: TrainerView, root: Path | None = None) -> Path:
     the run's checkpoint directory); returns its directory (collective)."""
     root = root if root is not None else tr.cfg.checkpoint_dir
     assert root is not None
-    tr.model.embedding.flush()
+    table(tr.model).flush()
     dense = {"model": tr.model.dense_state_dict(), "optimizer": tr.dense_opt.state_dict()}
     path = save_checkpoint(
         root,

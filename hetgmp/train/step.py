@@ -10,13 +10,13 @@ the sums only at TRAIN lines.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.data.device_batches import DeviceBatch
+from hetgmp.data.device_batches import DeviceBatch, PendingBatch
 from hetgmp.models import CTRModel
 from hetgmp.train.dense_sync import GradBucket, average_params
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
@@ -25,7 +25,16 @@ from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 
 if TYPE_CHECKING:
+    from hetgmp.embedding import DistributedEmbedding
     from hetgmp.train.dense_server import DenseServer
+
+
+def table(model: CTRModel) -> DistributedEmbedding:
+    """``model.embedding`` as the trainer drives it. The models take any row module (typed
+    ``nn.Module``: they only look rows up); training also calls the table's own methods
+    (``flush``, ``apply_pending``, ...), those of :class:`DistributedEmbedding` (the tests'
+    one-process ``ReferenceEmbedding`` has the ones its paths reach)."""
+    return cast("DistributedEmbedding", model.embedding)
 
 
 class TrainStep:
@@ -65,7 +74,7 @@ class TrainStep:
 
     def __call__(
         self,
-        batch: DeviceBatch,
+        batch: DeviceBatch | PendingBatch,
         global_batch: int,
         marks: NoMarks | PhaseProfiler | None = None,
         after_backward: Callable[[], None] | None = None,
@@ -75,6 +84,8 @@ class TrainStep:
         ``after_backward``: called once the gradients exist, before the optimizers (the
         async loop sends the next batch's reads there)."""
         marks = marks if marks is not None else NoMarks()
+        if isinstance(batch, PendingBatch):  # (a resident source's deferred batch: gathered)
+            batch = batch.gather()
         self.model.train()
         if self.head is not None:
             logits, loss_sum = self.head(batch, global_batch)
@@ -88,7 +99,7 @@ class TrainStep:
             loss_sum = self.loss_fn(logits, batch.labels)
             (loss_sum / max(1, global_batch)).backward()
         if self.rows_now:
-            self.model.embedding.apply_pending()
+            table(self.model).apply_pending()
         if after_backward is not None:
             after_backward()
         marks.mark("fwd_bwd")

@@ -53,7 +53,7 @@ from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
 from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
-from hetgmp.train.step import TrainStep
+from hetgmp.train.step import TrainStep, table
 from hetgmp.train.straggle import Straggler, parse_straggle
 
 __all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
@@ -145,7 +145,7 @@ class Trainer:
         """Several ranks: replay the whole step as one graph (:mod:`.graphed_multi`; on CPU
         its flow runs plainly, which tests use). Collective (the exchange's communicator);
         before the first step."""
-        whole = self.model.embedding.whole_step()
+        whole = table(self.model).whole_step()
         if whole is None:
             raise ValueError("a multi-rank whole-step graph needs the padded exchange")
         self.run_step = MultiRankGraphedStep(
@@ -210,7 +210,7 @@ class Trainer:
         finally:
             self.profiler.remove_hooks()
         self.train_step.average_dense()
-        self.model.embedding.flush()
+        table(self.model).flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):
             self.run_eval()
         if cfg.checkpoint_dir is not None and not self._due(cfg.checkpoint_every):
@@ -376,7 +376,7 @@ class Trainer:
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""
         self.train_step.average_dense()
-        self.model.embedding.flush()
+        table(self.model).flush()
         before = local_counters(self.model.embedding)
         res = evaluate(
             self.model,

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hetgmp.train.config import TrainConfig
     from hetgmp.train.evaluate import EvalResult
     from hetgmp.train.graphed import GraphedStep
+    from hetgmp.train.graphed_multi import MultiRankGraphedStep
     from hetgmp.train.profile import PhaseProfiler
     from hetgmp.train.runlog import RunLog
     from hetgmp.train.step import TrainStep
@@ -48,7 +49,7 @@ class TrainerView(Protocol):
     info: dict[str, Any]
     amp: bool
     train_step: TrainStep
-    run_step: TrainStep | GraphedStep
+    run_step: TrainStep | GraphedStep | MultiRankGraphedStep
     dense_params: list[nn.Parameter]
     dense_opt: torch.optim.Optimizer
     position: Position

@@ -84,7 +84,7 @@ class HostStage:
                 src = t.detach() if t.requires_grad else t  # (copy_ takes any layout)
                 host[k] = dst.copy_(src, non_blocking=self.cuda)
             out.append(host)
-        if self.cuda:  # (waits for this thread's stream only)
+        if self._out_done is not None:  # (CUDA; waits for this thread's stream only)
             self._out_done.record(torch.cuda.current_stream(self.device))
             self._out_done.synchronize()
         return out
@@ -93,7 +93,7 @@ class HostStage:
     def begin_receive(self) -> None:
         """Start a new batch of received messages: the earlier ones' host bytes are no longer
         needed (on CUDA: once their copies to the device have finished)."""
-        if self._in_pending:
+        if self._in_pending and self._in_done is not None:
             self._in_done.synchronize()
             self._in_pending = False
         self._in_used = 0
@@ -114,7 +114,7 @@ class HostStage:
             if n:
                 hv[off : off + n] = np.frombuffer(raw, dtype=np.uint8, count=n)
         dev = host
-        if self.cuda:
+        if self._in_done is not None:  # (CUDA)
             dev = host.to(self.device, non_blocking=True)
             self._in_done.record(torch.cuda.current_stream(self.device))
             self._in_pending = True

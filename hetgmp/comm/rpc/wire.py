@@ -60,7 +60,7 @@ def pack(op: bytes, meta: dict[str, Any], arrays: dict[str, torch.Tensor]) -> li
             raise ValueError(f"async message array {name!r}: {t.dtype} on {t.device} (host "
                              f"tensors of {sorted(_DTYPES)} only)")  # fmt: skip
         specs.append([name, str(t.dtype).removeprefix("torch."), list(t.shape)])
-        frames.append(memoryview(t.numpy().reshape(-1).view(np.uint8)))
+        frames.append(t.numpy().reshape(-1).view(np.uint8).data)
     header = json.dumps({"meta": meta, "arrays": specs}).encode()
     return [op, header, *frames]
 

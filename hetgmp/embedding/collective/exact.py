@@ -94,7 +94,7 @@ class ExactExchange:
         replies = self._answer(s, recv)
         return self._gather(s, batch, replies, staged[2])
 
-    def _pushes(self, s: SizedStep, staged: Staged) -> list[tuple[torch.Tensor, ...]]:
+    def _pushes(self, s: SizedStep, staged: Staged) -> list[tuple[Any, ...]]:
         """``[(ids, counts, grads, per-owner counts)]`` of the last batch's rows not stored
         here and of the due mirrors (their sync state cleared)."""
         ctx, store = self.ctx, self.ctx.store

@@ -58,13 +58,13 @@ class Stepper:
         grads, self.grads = self.grads, None
         if self.padded is not None:
             self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
-        padded = self.padded is not None and not evaluating and error is None
-        padded = padded and self.padded.accepts(prep)
-        if padded and self.padded.can_presync(grads, prep):
+        pe = self.padded if not evaluating and error is None else None
+        padded = pe is not None and pe.accepts(prep)
+        if pe is not None and padded and pe.can_presync(grads, prep):
             # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
-            host, grads = self.padded.presync(grads, prep, self.const_cols(bound, op, True))
+            host, grads = pe.presync(grads, prep, self.const_cols(bound, op, True))
             ctx.timer.mark("update")
-            st = self.padded.static
+            st = pe.static
             # (SGD applied the last batch's own rows there; other optimizers staged them)
             linear = ctx.opt.exact_mirror
             s = SizedStep(prep, grads, op, False, st.sz_mine, st.sz_theirs, host, None, linear)
@@ -146,9 +146,10 @@ class Stepper:
         self, s: SizedStep, error: str | None, padded: bool
     ) -> tuple[torch.Tensor, Batch]:
         """Check every rank's status, then hand the step to its transport."""
-        if padded and self.padded.capturing:  # (a replay's sizes are not read: see .whole)
+        pe = self.padded if padded else None
+        if pe is not None and pe.capturing:  # (a replay's sizes are not read: see .whole)
             batch = s.make_batch()
-            return self.padded.run(s, batch), batch
+            return pe.run(s, batch), batch
         mine, theirs = s.mine, s.theirs
         if error is None and mine[0][sizes.STATUS]:
             error = range_error(s.prep.ids, self.ctx.store.num_rows)
@@ -160,8 +161,8 @@ class Stepper:
             self._keep_unapplied(s.grads, s.own_done)
             raise
         batch = s.make_batch()
-        if padded and all(row[sizes.PADDED] for row in theirs) and self.padded.fits(theirs):
-            return self.padded.run(s, batch), batch
+        if pe is not None and all(row[sizes.PADDED] for row in theirs) and pe.fits(theirs):
+            return pe.run(s, batch), batch
         return self.exact.run(s, batch), batch
 
     def _check_peers(self, theirs: list[list[int]], op: int) -> None:

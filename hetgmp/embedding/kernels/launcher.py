@@ -110,9 +110,9 @@ def _arg_key(a: Any) -> Any:
     raise TypeError(f"launch: unsupported kernel argument type {type(a).__name__}")
 
 
-def _raw_stream(index: int) -> int:
-    """The current CUDA stream of device ``index`` as an int (what Triton launches on)."""
-    return torch.cuda.current_stream(index).cuda_stream
+def _raw_stream(device: int) -> int:
+    """The current CUDA stream of device ``device`` as an int (what Triton launches on)."""
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):  # what Triton's own driver calls: no
@@ -139,8 +139,8 @@ def launch(
     k = _kernels()
     hooks = k.hooks
     if not fast or not k.compiled or (
-        (hooks.launch_enter_hook is not None and getattr(hooks.launch_enter_hook, "calls", 1))
-        or (hooks.launch_exit_hook is not None and getattr(hooks.launch_exit_hook, "calls", 1))
+        (hooks.launch_enter_hook is not None and getattr(hooks.launch_enter_hook, "calls", True))
+        or (hooks.launch_exit_hook is not None and getattr(hooks.launch_exit_hook, "calls", True))
     ):  # fmt: skip
         kernel[grid](*args, **consts)
         return

@@ -42,7 +42,7 @@ def push_requests(
         pb, pg = grads
         r0 = pb.n_own + pb.n_mir
         rest = list(zip(*(x[r0:].split(pb.nqr) for x in (pb.u, pb.cnt, pg)), strict=True))
-    reqs = {}
+    reqs: dict[int, Request] = {}
     for p in range(w):  # (a cat only where both kinds go to one owner: each is a kernel)
         parts = [q for q in (rest[p], due[p] if due else None) if q and q[0].numel()]
         if parts:
