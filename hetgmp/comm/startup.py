@@ -110,7 +110,7 @@ def watched(
         yield
     finally:
         dog.cancel()
-        if mark is not None:
+        if mark is not None and marks is not None:
             with contextlib.suppress(OSError):
                 mark.unlink()
                 marks.rmdir()  # (the last rank's succeeds)

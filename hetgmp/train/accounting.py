@@ -100,9 +100,10 @@ def stop_if_diverged(
     non-finite loss on any rank; ``at``: the reduced loss already is not finite, so raise
     anyway (a sum of finite losses that overflowed), naming step ``at``."""
     found = first_nonfinite(env, iv.totals()[2])
-    if found is None and at is None:
-        return
-    raise diverged(*(found or (at, env.rank)), loss)
+    if found is not None:
+        raise diverged(*found, loss)
+    if at is not None:
+        raise diverged(at, env.rank, loss)
 
 
 def diverged(step: int, rank: int, loss: float) -> DivergedError:
