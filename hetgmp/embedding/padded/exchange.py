@@ -27,6 +27,15 @@ from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
 
+# The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside). Off
+# until it has run on GPUs: its first version forked in eager steps too, and the next capture
+# failed ("dependency created on uncaptured work in another stream", 2 H100s, 2026-11-26).
+SUM_GRAD_ASIDE = False
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
 
 class PaddedExchange:
     """Stage 3 with fixed capacities, and the pre-sync segment (see the module docstring).
@@ -231,7 +240,9 @@ class PaddedExchange:
         step)."""
         st = batch.static
         assert st is not None
-        if st.store.device.type != "cuda":
+        # (only inside a captured step: its fork and join are both captured; an eager step's
+        # fork would make the next capture depend on uncaptured work, which CUDA refuses)
+        if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
             return Summed(st.sum_grad(batch.inv, grad_occ))
         main = torch.cuda.current_stream(st.store.device)
         if self._side is None:

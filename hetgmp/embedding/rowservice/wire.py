@@ -15,9 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from hetgmp.comm.rpc.schema import BIG, Array, BadMessage, Field, Schema, same_len, together
 from hetgmp.comm.rpc.wire import nbytes, pack, unpack
+from hetgmp.embedding.protocol import beyond_bound
 
 __all__ = [
     "CLOCK", "KINDS", "KIND_OF", "OPS", "PUSH", "READ", "nbytes", "pack", "read_reply",
@@ -107,7 +109,7 @@ def read_reply(nqm: int, nqr: int, dim: int, state: bool, bound: int, send_all: 
     so it must be the one the lags say."""
 
     def check(meta: dict[str, Any], a: dict[str, np.ndarray]) -> None:
-        k = nqm if send_all else int((a["lag"] > bound).sum())
+        k = nqm if send_all else int(beyond_bound(torch.from_numpy(a["lag"]), bound).sum())
         if a["lag"].shape[0] != nqm:
             raise BadMessage(f"{a['lag'].shape[0]} lags for {nqm} mirrors")
         want = k + nqr
