@@ -49,6 +49,16 @@ SCRIPT = textwrap.dedent(
     def main():
         g = torch.Generator().manual_seed(3)
         seen_bad = 0
+        # the in-program aggregation (prep.AGGREGATE: sorts, slow in the interpreter) on
+        # hot rows, ids out of range, several programs of 32; then the plain atomics
+        prep.AGGREGATE, prep.BLOCK = True, 32
+        ref, tri = planners(97, 3, g)
+        for b, f in ((0, 1), (1, 1), (37, 26), (50, 41)):
+            ids = (torch.rand(b, f, generator=g) ** 4 * 97).long()
+            if b > 40:
+                ids[5, 0], ids[-1, -1] = -3, 99
+            assert bool(compare(ref, tri, ids, ("agg", b, f)).bad) == (b > 40)
+        prep.AGGREGATE, prep.BLOCK = False, 1024
         for world in (1, 2, 3, 4):
             ref, tri = planners(97, world, g)
             for b, f in ((0, 1), (1, 1), (700, 1), (37, 26), (64, 32), (50, 41)):

@@ -14,6 +14,7 @@ the kernels leave it so.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +23,12 @@ from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device
 
 BLOCK = 1024  # occurrences per program (< 4096: the packed in-program rank, prep_triton)
 SCAN_TILE = 4096  # histogram entries per step of the one-program scan
+# One atomic per distinct row of a program (its ids and leaders sorted in the program) rather
+# than one per occurrence: hot rows serialised them (2 H100s, batch 65536 x 26: the plan took
+# 546 us, 312 us with this). Off: the plain atomics (the same result; Triton's interpreter
+# runs the in-program sorts slowly: its checks take this path unless they ask, see
+# tests/test_prep_kernels.py; the interpreter is only ever chosen by that variable).
+AGGREGATE = os.environ.get("TRITON_INTERPRET") != "1"
 INT32_MAX = 2**31 - 1
 
 
@@ -58,10 +65,11 @@ def _launch_plan(
     ).split([n4, n4, n4, progs * kp, progs * kp, kp, progs])
     b = {"BLOCK": BLOCK}
     grid = (progs,)
-    launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), b)
+    agg = {"AGG": AGGREGATE, **b}
+    launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), agg)
     launch(k.prep_key, grid,
            (flat, min_map, block_of, lead, key, cnt_pos, hist, n, num_rows),
-           {"NKEY": nkey, "KP": kp, **b})  # fmt: skip
+           {"NKEY": nkey, "KP": kp, **agg})  # fmt: skip
     launch(k.prep_scan, (1,),
            (hist, off, start, out.blocks, bad_p, out.bad.view(torch.uint8), progs),
            {"NKEY": nkey, "KP": kp, "CH": max(1, SCAN_TILE // kp)})  # fmt: skip

@@ -39,7 +39,8 @@ def _clamped(ids_ptr, offs, m, num_rows):
 
 @triton.jit
 def prep_mark_kernel(
-    ids_ptr, min_ptr, cnt_pos_ptr, bad_p_ptr, n, num_rows, BLOCK: tl.constexpr
+    ids_ptr, min_ptr, cnt_pos_ptr, bad_p_ptr, n, num_rows, AGG: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -47,12 +48,15 @@ def prep_mark_kernel(
     x, c = _clamped(ids_ptr, offs, m, num_rows)
     # one atomic per distinct row of the program: (row, local index) pairs sorted, each run's
     # first pair is the row's first occurrence here (hot rows serialised their atomics)
-    i = tl.arange(0, BLOCK)
-    pair = tl.sort(tl.where(m, (c << 16) | i, -1))  # (padding lanes first: -1)
-    row = pair >> 16
-    start = (pair >= 0) & ((i == 0) | (row != tl.gather(row, tl.maximum(i - 1, 0), 0)))
-    first = (pid * BLOCK + (pair & 0xFFFF)).to(tl.int32)
-    tl.atomic_min(min_ptr + tl.where(start, row, 0), first, mask=start, sem="relaxed")
+    if AGG:
+        i = tl.arange(0, BLOCK)
+        pair = tl.sort(tl.where(m, (c << 16) | i, -1))  # (padding lanes first: -1)
+        row = pair >> 16
+        start = (pair >= 0) & ((i == 0) | (row != tl.gather(row, tl.maximum(i - 1, 0), 0)))
+        first = (pid * BLOCK + (pair & 0xFFFF)).to(tl.int32)
+        tl.atomic_min(min_ptr + tl.where(start, row, 0), first, mask=start, sem="relaxed")
+    else:
+        tl.atomic_min(min_ptr + c, offs, mask=m, sem="relaxed")
     tl.store(cnt_pos_ptr + offs, tl.zeros([BLOCK], dtype=tl.int64), mask=m)
     tl.store(bad_p_ptr + pid, tl.max(((x != c) & m).to(tl.int32), axis=0))
 
@@ -74,7 +78,7 @@ def _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK: tl.constexpr):
 @triton.jit
 def prep_key_kernel(
     ids_ptr, min_ptr, block_ptr, lead_ptr, key_ptr, cnt_pos_ptr, hist_ptr, n, num_rows,
-    NKEY: tl.constexpr, KP: tl.constexpr, BLOCK: tl.constexpr,
+    NKEY: tl.constexpr, KP: tl.constexpr, AGG: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -86,7 +90,10 @@ def prep_key_kernel(
     b = tl.load(block_ptr + c, mask=is_lead, other=0)
     key = tl.where(is_lead, b, NKEY)
     tl.store(key_ptr + offs, key, mask=m)
-    _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK)
+    if AGG:
+        _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK)
+    else:
+        tl.atomic_add(cnt_pos_ptr + lead, tl.full([BLOCK], 1, tl.int64), mask=m, sem="relaxed")
     # (tl.histogram's mask argument is recent: the lanes past n count as padding, taken off)
     bins = tl.arange(0, KP)
     hist = tl.histogram(key, KP) - tl.where(bins == NKEY, BLOCK - tl.sum(m.to(tl.int32), 0), 0)
