@@ -151,7 +151,7 @@ def test_yaml_file(tmp_path) -> None:
 
 def test_partition_config_round_trip_and_precedence(tiny_dataset, tmp_path, capsys) -> None:
     """``partition stats --json`` shows the resolved options, and that output loads back (less
-the plan file it describes)."""
+    the plan file it describes)."""
     out = tmp_path / "p.npz"
     cfg = _write(tmp_path / "c.json", {"nparts": 3, "method": "hash", "progress": False,
                                        "data": str(tiny_dataset.root), "out": str(out)})  # fmt: skip

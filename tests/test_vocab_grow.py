@@ -52,7 +52,8 @@ def test_grow_appends_new_values_and_keeps_old_ids(tmp_path, capsys) -> None:
         (f.name, f.offset, f.cardinality) for f in da.meta.fields]  # fmt: skip
     assert db.meta.source["grown_from"]["new_ids"] == grown["new_ids"]
     assert vb.encode_values("site", ["never seen"])[0] == db.meta.fields[0].offset + new_ids_of(
-        local_b[0], local_a[0], "never seen")
+        local_b[0], local_a[0], "never seen"
+    )
     capsys.readouterr()
     assert main(["dataset", "verify", str(tmp_path / "B")]) == 0  # (ids, checksums, layout)
     # a third day grows day 2's vocabulary again; day 2's ids stay

@@ -144,8 +144,11 @@ class GrownIds(VocabIds):
         log.info(
             "preprocess: --grow-vocab added %d ids (%s) to the %d of %s",
             sum(grown["new_ids"]),
-            ", ".join(f"{f.name} +{n}" for f, n in zip(self.vocab.fields, grown["new_ids"],
-                                                         strict=True) if n),  # fmt: skip
+            ", ".join(
+                f"{f.name} +{n}"
+                for f, n in zip(self.vocab.fields, grown["new_ids"], strict=True)
+                if n
+            ),  # fmt: skip
             grown["num_embeddings"],
             grown["vocab_from"],
         )

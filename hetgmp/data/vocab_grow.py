@@ -125,4 +125,3 @@ def growth_of(manifest: dict[str, Any]) -> dict[str, Any] | None:
     """The ``grown_from`` record of a vocabulary manifest (None: not grown)."""
     g = manifest.get("grown_from")
     return g if isinstance(g, dict) else None
-
