@@ -137,14 +137,20 @@ def test_init_from_refuses_what_differs(days, tmp_path, capsys) -> None:
 def test_cli_init_from_logs_what_it_loaded(days, tmp_path, capsys) -> None:
     """``hetgmp train --init-from``: the log says what came from the checkpoint, training
     starts at step 0 of the new data, and the results record where it started from."""
-    out = tmp_path / "res.json"
-    assert main(["train", "--init-from", str(days / "ckA"), "--dataset", str(days / "B"),
-                 "--iter", "3", "--batch-size", "16", "--embed-dim", "4", "--seed", "3",
-                 "--device", "cpu", "--no-progress", "--threads", "1",
-                 "--output", str(out)]) == 0  # fmt: skip
+    out, ck = tmp_path / "res.json", tmp_path / "ck"
+    argv = ["train", "--init-from", str(days / "ckA"), "--dataset", str(days / "B"),
+            "--batch-size", "16", "--embed-dim", "4", "--seed", "3", "--device", "cpu",
+            "--no-progress", "--threads", "1", "--checkpoint-dir", str(ck), "--resume",
+            "--output", str(out)]  # fmt: skip
+    assert main([*argv, "--iter", "3"]) == 0
     text = capsys.readouterr().out
     assert f"init from {days / 'ckA'}" in text and "new, initialised" in text, text
     import json
 
     res = json.loads(out.read_text())
     assert res["step"] == 3 and res["config"]["init_from"] == str(days / "ckA")
+    # run again (a crashed day-2 run restarted): its own checkpoint wins over --init-from
+    assert main([*argv, "--iter", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "resumed from" in text and "init from" not in text, text
+    assert json.loads(out.read_text())["step"] == 5
