@@ -49,8 +49,9 @@ from hetgmp.partition.plan import load_plan as _load_plan
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.evaluate import EvalResult
 from hetgmp.train.facade import BUILD_ATTR, BuildRecord, Trainer, check_types
-from hetgmp.train.run import apply_threads, build_ctr_model, check_plan, fallback_plan
+from hetgmp.train.run import build_ctr_model, check_plan, fallback_plan
 from hetgmp.train.run import on_rank0_then_all as _on_rank0_then_all
+from hetgmp.train.threads import apply_threads
 
 __all__ = [
     "Dataset", "DistEnv", "DistributedEmbedding", "EvalResult", "Plan", "Trainer",

@@ -6,9 +6,15 @@ the command line is parsed, so a flag given on the command line always wins, whe
 stands. Keys are the option names of the resolved config (``batch_size``) or any of the
 option's long spellings without the dashes (``batch-size``, ``iters``).
 
-What ``hetgmp train`` writes loads back as it is: a file holding a ``config`` mapping (the
-results file of ``--output``, a checkpoint's ``manifest.json``, a ``partition stats --json``
-dump) is read from that mapping, and a ``--log-json`` run log from its last ``config`` record.
+What ``hetgmp train`` writes loads back: a file holding a ``config`` mapping (the results file
+of ``--output``, a checkpoint's ``manifest.json``, a ``partition stats --json`` dump) is read
+from that mapping, and a ``--log-json`` run log from its last ``config`` record. Such a *run
+record* describes a run that already wrote its outputs, so its output options
+(:data:`RUN_OUTPUTS`: the results file, the log, the checkpoint directory and ``--resume``, a
+plan's ``--out``) are not taken from it: re-running ``--config runs/result.json`` with one flag
+changed must not replace that run's result nor append to its log (issue 32). A note on stderr
+names what was left out; give the options again on the command line to write them. A
+hand-written config file (no ``config`` mapping) is taken whole, outputs included.
 
 Every parser built from :class:`ConfigFileParser` (``hetgmp``'s, and through
 ``add_subparsers`` every subcommand's) honours ``--config`` once :func:`add_config_option`
@@ -25,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 CONFIG_FLAG = "--config"
+# Options naming what a run writes: a run record's values of these are that run's outputs.
+RUN_OUTPUTS = ("output", "log_json", "checkpoint_dir", "resume", "out")
 _NOT_OPTIONS = {"help", "version", "config"}
 _FLAG_ACTIONS = (
     argparse.BooleanOptionalAction,
@@ -46,7 +54,9 @@ def add_config_option(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read options from a YAML or JSON file; options given as flags win over the file, "
         "the file over the defaults. The resolved config a run writes (its --output results "
-        "file, a checkpoint's manifest.json, its --log-json log) loads as it is",
+        "file, a checkpoint's manifest.json, its --log-json log) loads too, less that run's "
+        "outputs (--output, --log-json, --checkpoint-dir, --resume, --out), so a re-run does "
+        "not overwrite them; give them again to write them",
     )
 
 
@@ -66,6 +76,8 @@ class ConfigFileParser(argparse.ArgumentParser):
             values = resolve_file(self, path)
         except ConfigFileError as err:
             self.error(str(err))
+        if is_run_record(path):
+            values = _without_outputs(values, path)
         saved = {a: (a.default, a.required) for a in self._actions if a.dest in values}
         try:
             for action in saved:
@@ -92,6 +104,30 @@ def _config_path(argv: Sequence[str]) -> Path | None:
         elif tok.startswith(CONFIG_FLAG + "="):
             path = Path(tok.split("=", 1)[1])
     return path
+
+
+def is_run_record(path: Path) -> bool:
+    """True when ``path`` is what a run wrote (a results file, a checkpoint manifest, a run
+    log, a stats dump: a ``config`` mapping or ``config`` records), not a hand-written file."""
+    try:
+        return _read(path)[1]
+    except ConfigFileError:
+        return False
+
+
+def _without_outputs(values: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``values`` less the run record's outputs, with a note on stderr naming them."""
+    import sys
+
+    dropped = {k: v for k, v in values.items() if k in RUN_OUTPUTS and v not in (None, False)}
+    if dropped:
+        named = ", ".join(f"{k}={v}" for k, v in dropped.items())
+        print(
+            f"note: --config {path} is a run's record: its outputs ({named}) are not reused, so "
+            "that run's files stay as they are; give them on the command line to write them",
+            file=sys.stderr,
+        )
+    return {k: v for k, v in values.items() if k not in RUN_OUTPUTS}
 
 
 def resolve_file(parser: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
@@ -137,6 +173,11 @@ def _suggest(key: str, names: dict[str, argparse.Action]) -> str:
 def read_config_file(path: Path) -> dict[str, Any]:
     """The option mapping of a YAML / JSON file, a results file, a checkpoint manifest or a
     JSON-lines run log (see the module docstring)."""
+    return _read(path)[0]
+
+
+def _read(path: Path) -> tuple[dict[str, Any], bool]:
+    """(the option mapping of ``path``, whether it is a run record)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
@@ -146,9 +187,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a mapping of option: value, got {_kind(data)}")
     inner = data.get("config")
-    if isinstance(inner, dict):  # results file, checkpoint manifest, run-log record
-        return inner
-    return data
+    if isinstance(inner, dict):  # results file, checkpoint manifest, stats dump, run-log record
+        return inner, True
+    return data, False
 
 
 def _load_json(path: Path, text: str) -> Any:

@@ -47,9 +47,10 @@ def test_train_flags_beat_the_file_and_the_file_beats_defaults(tmp_path) -> None
     assert (a.batch_size, a.lr, a.val, a.iter) == (1024, 0.05, True, 0)
 
 
-def test_what_train_writes_loads_back_as_it_is(tiny_dataset, tmp_path) -> None:
+def test_what_train_writes_loads_back_without_its_outputs(tiny_dataset, tmp_path, capsys) -> None:
     """The results file, the checkpoint manifest and the JSON-lines log each give back the
-    resolved config of the run that wrote them, unchanged."""
+    resolved config of the run that wrote them, less that run's outputs (issue 32: re-running
+    ``--config runs/result.json`` replaced the saved result and appended to its log)."""
     from hetgmp.comm.env import DistEnv
     from hetgmp.train.run import train
 
@@ -65,15 +66,36 @@ def test_what_train_writes_loads_back_as_it_is(tiny_dataset, tmp_path) -> None:
     )
     train(cfg, DistEnv.single(), embedding_factory=local_factory)
     (manifest,) = (tmp_path / "ck").glob("*/manifest.json")
+    no_outputs = dataclasses.replace(cfg, log_json=None, output=None, checkpoint_dir=None)
     for written in (tmp_path / "res.json", manifest, tmp_path / "log.jsonl"):
+        capsys.readouterr()
         args = build_parser().parse_args(["train", "--config", str(written)])
-        assert from_namespace(TrainConfig, args) == cfg, written
-    # a config taken out of the results file, and then one flag changed
+        assert from_namespace(TrainConfig, args) == no_outputs, written
+        note = capsys.readouterr().err
+        assert "not reused" in note and "res.json" in note and "log.jsonl" in note, note
+    # given again on the command line, they are written
+    args = build_parser().parse_args(
+        ["train", "--config", str(tmp_path / "res.json"), "--output", str(tmp_path / "b.json")]
+    )
+    assert from_namespace(TrainConfig, args).output == tmp_path / "b.json"
+    # a config taken out of the results file (hand-written: taken whole), one flag changed
     plain = _write(
         tmp_path / "plain.json", json.loads((tmp_path / "res.json").read_text())["config"]
     )
     args = build_parser().parse_args(["train", "--config", str(plain), "--seed", "6"])
     assert from_namespace(TrainConfig, args) == dataclasses.replace(cfg, seed=6)
+
+
+def test_rerunning_a_result_leaves_it_and_its_log_alone(tiny_dataset, tmp_path) -> None:
+    """A real re-run from a results file with one flag changed: the saved result and its log
+    are byte for byte what they were."""
+    res, log = tmp_path / "res.json", tmp_path / "log.jsonl"
+    base = ["train", "--dataset", str(tiny_dataset.root), "--iter", "2", "--batch-size", "16",
+            "--device", "cpu", "--no-progress", "--no-val", "--threads", "1"]  # fmt: skip
+    assert hetgmp_main([*base, "--output", str(res), "--log-json", str(log)]) == 0
+    before = (res.read_bytes(), log.read_bytes())
+    assert hetgmp_main(["train", "--config", str(res), "--seed", "7"]) == 0
+    assert (res.read_bytes(), log.read_bytes()) == before
 
 
 def test_unknown_key_names_it_the_file_and_a_close_match(tmp_path, capsys) -> None:
@@ -128,7 +150,8 @@ def test_yaml_file(tmp_path) -> None:
 
 
 def test_partition_config_round_trip_and_precedence(tiny_dataset, tmp_path, capsys) -> None:
-    """``partition stats --json`` shows the resolved options, and that output loads back."""
+    """``partition stats --json`` shows the resolved options, and that output loads back (less
+    the plan file it describes)."""
     out = tmp_path / "p.npz"
     cfg = _write(tmp_path / "c.json", {"nparts": 3, "method": "hash", "progress": False,
                                        "data": str(tiny_dataset.root), "out": str(out)})  # fmt: skip
@@ -139,7 +162,9 @@ def test_partition_config_round_trip_and_precedence(tiny_dataset, tmp_path, caps
     resolved = from_namespace(
         PartitionConfig, build_parser().parse_args(["partition", "--config", str(stats)])
     )
-    assert (resolved.nparts, resolved.method, resolved.seed, resolved.out) == (3, "hash", 4, out)
+    # (the plan it describes is that run's output: not overwritten by a re-run, issue 32)
+    assert (resolved.nparts, resolved.method, resolved.seed) == (3, "hash", 4)
+    assert resolved.out == PartitionConfig().out != out
     assert resolved.batch_size == PartitionConfig().batch_size  # a default, resolved
     a = build_parser().parse_args(["partition", "--config", str(stats), "--ngpus", "2"])
     assert (a.nparts, a.method) == (2, "hash")

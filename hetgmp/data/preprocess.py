@@ -40,7 +40,13 @@ from hetgmp.data.format import Dataset, DatasetWriter, make_fields
 from hetgmp.data.preprocess_options import SPLIT_MODES, PreprocessOptions
 from hetgmp.data.preprocess_spill import Spill
 from hetgmp.data.preprocess_stream import Progress, RowSource, log, prefetch, source_blocks
-from hetgmp.data.preprocess_vocab import CountedIds, FieldIds, VocabIds, open_vocab_from
+from hetgmp.data.preprocess_vocab import (
+    CountedIds,
+    FieldIds,
+    GrownIds,
+    VocabIds,
+    open_vocab_from,
+)
 from hetgmp.data.vocab import FieldVocab, KeyCounter, build_vocab, splitmix64
 from hetgmp.data.vocab_files import write_vocabulary
 from hetgmp.data.vocab_store import Vocabulary
@@ -85,7 +91,7 @@ def preprocess(
     # Pass 1: parse, validate and count; the parsed blocks go to a spill file for pass 2.
     report = BadLineReport(opt.on_bad_line, unit=getattr(source, "unit", "line"))
     counter = None
-    if vocab is None:
+    if vocab is None or opt.grow_vocab:  # (growing counts the new data's values)
         counter = KeyCounter(num_fields, track_first=opt.id_order == "first-appearance")
     keep_lines = test_source is None and opt.split == "random" and opt.test_fraction > 0.0
     spill = Spill(Path(out).resolve().parent, keep_lines=keep_lines)
@@ -167,10 +173,11 @@ def _field_ids(
     field_names: list[str],
     opt: PreprocessOptions,
 ) -> FieldIds:
-    """Ids from pass 1's counts, or from the ``--vocab-from`` vocabulary."""
-    if counter is None:
-        assert vocab is not None  # one of the two is always set by preprocess
-        return VocabIds(vocab)
+    """Ids from pass 1's counts, or from the ``--vocab-from`` vocabulary (grown by the counts
+    with ``--grow-vocab``)."""
+    if vocab is not None:
+        return VocabIds(vocab) if counter is None else GrownIds(vocab, counter)
+    assert counter is not None  # one of the two is always set by preprocess
     vocabs = _build_vocabs(counter, len(field_names), opt)
     return CountedIds(vocabs, make_fields(field_names, [v.cardinality for v in vocabs]))
 

@@ -121,6 +121,7 @@ def preprocess_options(args: argparse.Namespace, name: str) -> PreprocessOptions
         overwrite=args.overwrite,
         reserve_rare_id=args.reserve_rare_id,
         vocab_from=args.vocab_from,
+        grow_vocab=getattr(args, "grow_vocab", False),
     )
 
 

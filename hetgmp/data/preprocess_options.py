@@ -33,6 +33,7 @@ class PreprocessOptions:
     overwrite: bool = False
     reserve_rare_id: bool = False
     vocab_from: Path | None = None  # encode with this data set's vocabulary (no counting)
+    grow_vocab: bool = False  # with vocab_from: new values get ids appended (vocab_grow.py)
 
     def check(self) -> None:
         if self.min_count < 1:

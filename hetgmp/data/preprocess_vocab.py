@@ -17,7 +17,7 @@ import numpy as np
 
 from hetgmp.data.dataset_meta import FieldInfo
 from hetgmp.data.preprocess_stream import log
-from hetgmp.data.vocab import FieldVocab
+from hetgmp.data.vocab import FieldVocab, KeyCounter
 from hetgmp.data.vocab_files import vocab_dir
 from hetgmp.data.vocab_input import VocabError
 from hetgmp.data.vocab_store import Vocabulary
@@ -132,11 +132,48 @@ class VocabIds:
         shutil.copytree(vocab_dir(self.vocab.root), vocab_dir(root))
 
 
+class GrownIds(VocabIds):
+    """Ids from a saved vocabulary grown by this run's new values (``--grow-vocab``,
+    :mod:`hetgmp.data.vocab_grow`): old values keep their local ids, new ones are appended."""
+
+    def __init__(self, vocab: Vocabulary, counter: KeyCounter) -> None:
+        from hetgmp.data.vocab_grow import grow_vocabulary
+
+        super().__init__(grow_vocabulary(vocab, counter))
+        grown = self.vocab.manifest["grown_from"]
+        log.info(
+            "preprocess: --grow-vocab added %d ids (%s) to the %d of %s",
+            sum(grown["new_ids"]),
+            ", ".join(
+                f"{f.name} +{n}"
+                for f, n in zip(self.vocab.fields, grown["new_ids"], strict=True)
+                if n
+            ),  # fmt: skip
+            grown["num_embeddings"],
+            grown["vocab_from"],
+        )
+
+    def source_meta(self, opt: PreprocessOptions) -> dict[str, Any]:
+        meta = super().source_meta(opt)
+        meta["id_layout"] += (
+            "; grown (--grow-vocab): new values got local ids after the field's old ones, "
+            "old local ids unchanged, offsets moved (vocab/manifest.json grown_from)"
+        )
+        return {**meta, "grown_from": self.vocab.manifest["grown_from"]}
+
+    def copy_files(self, root: Path) -> None:
+        from hetgmp.data.vocab_grow import write_grown
+
+        write_grown(self.vocab, root)
+
+
 def open_vocab_from(
     opt: PreprocessOptions, source: RowSource, test_source: RowSource | None
 ) -> Vocabulary | None:
     """The vocabulary of ``opt.vocab_from`` checked against the inputs (None without it)."""
     if opt.vocab_from is None:
+        if opt.grow_vocab:
+            raise VocabError("--grow-vocab grows the vocabulary of --vocab-from DIR; give DIR")
         return None
     vocab = Vocabulary.load(opt.vocab_from)
     m = vocab.manifest
@@ -170,6 +207,14 @@ def add_vocab_args(p: argparse.ArgumentParser) -> None:
         help="encode with the vocabulary of data set DIR instead of counting: same fields and "
         "ids as DIR (so a model trained on DIR scores the output); values DIR never kept take "
         "the field's rare id",
+    )
+    p.add_argument(
+        "--grow-vocab",
+        action="store_true",
+        help="with --vocab-from: values DIR's vocabulary does not hold that occur at least its "
+        "min_count times here get new ids, appended after each field's old ones (old values "
+        "keep theirs); for daily retraining with hetgmp train --init-from, which carries the "
+        "old rows over (docs/daily.md)",
     )
     p.add_argument(
         "--reserve-rare-id",

@@ -195,8 +195,9 @@ class DistributedEmbedding(nn.Module):
     ) -> Any:
         """Load rows by global id from the union of any ranks' state dicts (any world size /
         plan). Every stored row takes its saved value; versions restart at 0 on all ranks, so
-        mirrors start in sync. Pending gradients are dropped."""
-        self.store.load_rows(sd)
+        mirrors start in sync. Pending gradients are dropped. ``strict=False``: rows ``sd``
+        lacks keep their values (a warm start onto a grown vocabulary's new rows)."""
+        self.store.load_rows(sd, partial=not strict)
         self.engine.drop_pending()
         return None
 

@@ -123,30 +123,36 @@ class RowStore:
             "opt_state": self.opt_state[: self.n_own].cpu().clone(),
         }
 
-    def load_rows(self, sd: Mapping[str, Any]) -> None:
+    def load_rows(self, sd: Mapping[str, Any], *, partial: bool = False) -> None:
         """Every stored row (owned and mirrored) takes its value from ``sd`` (rows by global
         id: the union of any ranks' :meth:`owned_rows`); versions restart at 0 on all ranks,
-        so mirrors start in sync; pending mirror updates are dropped."""
+        so mirrors start in sync; pending mirror updates are dropped. ``partial``: rows ``sd``
+        lacks keep their values (a warm start's new rows keep their initialisation)."""
         ids = torch.as_tensor(sd["ids"]).to(torch.int64).reshape(-1)
         if ids.numel() and (ids.min() < 0 or ids.max() >= self.num_rows):
             raise ValueError(f"state dict holds row ids outside [0, {self.num_rows})")
-        src = self._positions_of_stored(ids)
+        src, dst = self._positions_of_stored(ids, partial=partial)
         weight = torch.as_tensor(sd["weight"])
         if weight.shape != (ids.numel(), self.dim):
             raise ValueError(
                 f"state dict weight has shape {tuple(weight.shape)}, expected "
                 f"({ids.numel()}, {self.dim})"
             )
-        self.weight.copy_(weight[src].to(self.device))
+        dst = dst.to(self.device)
+        self.weight[dst] = weight[src].to(self.device, self.weight.dtype)
         if self.state_width:
-            self.opt_state.copy_(torch.as_tensor(sd["opt_state"])[src].to(self.device))
+            state = torch.as_tensor(sd["opt_state"])
+            self.opt_state[dst] = state[src].to(self.device, self.opt_state.dtype)
         self.version.zero_()
         self.pending.zero_()
         self.grad_acc.zero_()
         self.delta_acc.zero_()
 
-    def _positions_of_stored(self, ids: torch.Tensor) -> torch.Tensor:
-        """For every stored row, its position in ``ids``; raises if one is missing."""
+    def _positions_of_stored(
+        self, ids: torch.Tensor, *, partial: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions in ``ids``, the stored rows' slots they go to) for every stored row;
+        raises if one is missing, unless ``partial`` (then only the rows ``ids`` holds)."""
         order = torch.argsort(ids)
         sorted_ids = ids[order]
         want = self.stored_ids.cpu()
@@ -155,6 +161,8 @@ class RowStore:
             found = sorted_ids[pos] == want
         else:
             found = torch.zeros_like(want, dtype=torch.bool)
+        if partial:
+            return order[pos[found]], torch.nonzero(found).reshape(-1)
         if not bool(found.all()):
             missing = want[~found]
             raise ValueError(
@@ -162,4 +170,4 @@ class RowStore:
                 f"{self.rank} stores (first missing id {int(missing[0])}); pass the union of "
                 "all ranks' dicts"
             )
-        return order[pos]
+        return order[pos], torch.arange(want.numel())

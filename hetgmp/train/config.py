@@ -297,6 +297,13 @@ class TrainConfig:
         check_msg="must be >= 0",
     )
     resume: bool = option(False, help="continue from the latest checkpoint in --checkpoint-dir")
+    init_from: Path | None = option(
+        None,
+        help="start from this checkpoint's rows, dense weights and optimizer states (any rank "
+        "count or plan; data encoded with its vocabulary, grown or not: docs/daily.md), at "
+        "step 0 of this data; with --resume, a checkpoint in --checkpoint-dir wins",
+        flags=["--init-from"],
+    )
     log_json: Path | None = option(None, help="JSON-lines log file (rank 0 writes it)")
     progress: bool | None = option(
         None,
@@ -320,7 +327,8 @@ class TrainConfig:
     )
     threads: int = option(
         0,
-        help="torch CPU threads per rank (0: the machine's cores divided by the rank count)",
+        help="torch CPU threads per rank (0: each rank's share of the cores the load average "
+        "leaves free, at least 1; the log says what was picked)",
         check=_non_negative,
         check_msg="must be >= 0",
     )

@@ -31,6 +31,7 @@ from hetgmp.train.resume import save_trainer
 from hetgmp.train.run import run_info
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.trainer import Trainer as LoopTrainer
+from hetgmp.train.warm_start import warm_start
 
 # What the model was built with (set by hetgmp.api.build_model): its options and plan.
 BUILD_ATTR = "_hetgmp_build"
@@ -241,6 +242,14 @@ class Trainer:
         rows, dense parameters, optimizer states and the position :meth:`fit` resumes from.
         Collective; refused when made for another model shape or data set."""
         self._loop.restore(open_checkpoint(Path(path), verify=self.env.is_main))
+
+    def init_from(self, path: str | Path) -> None:
+        """Start from a checkpoint's rows, dense weights and optimizer states (``--init-from``:
+        yesterday's model on today's data, encoded with its vocabulary, grown or not); the
+        position stays at step 0 and this trainer's options (learning rates included) apply.
+        Any rank count or plan; refused, saying what differs, when shapes differ.
+        Collective."""
+        warm_start(self._loop, open_checkpoint(Path(path), verify=self.env.is_main))
 
     def close(self) -> None:
         """Close the JSON log (``log_json``), if any."""

@@ -34,7 +34,9 @@ from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
 from hetgmp.train.runlog import RunLog
+from hetgmp.train.threads import set_threads
 from hetgmp.train.trainer import Trainer
+from hetgmp.train.warm_start import layout_of, warm_start
 
 EmbeddingFactory = Callable[[TrainConfig, DistEnv, int, int, Plan | None], nn.Module]
 
@@ -176,23 +178,6 @@ def async_config(cfg: TrainConfig) -> Any:
     )  # fmt: skip
 
 
-def set_threads(cfg: TrainConfig, env: DistEnv) -> None:
-    """CPU threads per rank; on CUDA the float32 matmul precision (TF32 by default: torch's
-    own default, full fp32, ran the WDL MLP at ~25 TFLOP/s on an H200, issue 14)."""
-    apply_threads(env, cfg.threads, cfg.matmul_precision)
-
-
-def apply_threads(env: DistEnv, threads: int = 0, matmul_precision: str = "high") -> None:
-    """:func:`set_threads` from its two values (0 threads: the cores shared among the ranks)."""
-    if env.device.type == "cuda":
-        torch.set_float32_matmul_precision(matmul_precision)
-        torch.backends.cudnn.allow_tf32 = matmul_precision != "highest"
-    if env.device.type != "cpu":
-        return
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, env.world_size))
-    torch.set_num_threads(n)
-
-
 def build_ctr_model(
     cfg: TrainConfig,
     env: DistEnv,
@@ -259,6 +244,7 @@ def run_info(cfg: TrainConfig, ds: Dataset, plan_path: Path | None) -> dict[str,
         "num_rows": ds.meta.num_embeddings,
         "dataset_fingerprint": ds.fingerprint,
         "plan_fingerprint": plan_fingerprint(plan_path) if plan_path else None,
+        "fields": layout_of(ds),  # (how --init-from maps rows onto a grown vocabulary)
     }
 
 
@@ -283,16 +269,19 @@ def build_trainer(
 
 
 def maybe_resume(cfg: TrainConfig, env: DistEnv, trainer: Trainer, log: RunLog) -> None:
-    """``--resume``: continue from the latest checkpoint, or start fresh when there is none."""
-    if not cfg.resume:
-        return
-    assert cfg.checkpoint_dir is not None
-    try:
-        find_checkpoint(cfg.checkpoint_dir)
-    except CheckpointError:
-        log.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting fresh")
-        return
-    trainer.restore(open_checkpoint(cfg.checkpoint_dir, verify=env.is_main))
+    """``--resume``: continue from the latest checkpoint, or start fresh (from ``--init-from``
+    when given) when there is none."""
+    if cfg.resume:
+        assert cfg.checkpoint_dir is not None
+        try:
+            find_checkpoint(cfg.checkpoint_dir)
+        except CheckpointError:
+            log.info(f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting fresh")
+        else:
+            trainer.restore(open_checkpoint(cfg.checkpoint_dir, verify=env.is_main))
+            return
+    if cfg.init_from is not None:
+        warm_start(trainer, open_checkpoint(cfg.init_from, verify=env.is_main))
 
 
 def train(
@@ -305,8 +294,10 @@ def train(
     """Train per ``cfg`` on the already-joined ``env``; returns the results (every rank)."""
     log = RunLog(active=env.is_main, json_path=cfg.log_json, progress=cfg.progress, stream=stream)
     try:
-        set_threads(cfg, env)
+        threads = set_threads(cfg, env)
         log.config(to_dict(cfg))
+        if threads is not None:
+            log.info(threads)
         log.info(
             f"launcher {env.launcher}, {env.world_size} rank(s), device {env.device}, "
             f"backend {env.backend}"
