@@ -71,3 +71,21 @@ def test_a_later_run_removes_dead_writers_temps(tmp_path: Path) -> None:
     assert _temps(out) == [live]
     assert other.exists() and out.is_dir()
     assert remove_stale_temps(out) == []  # (the live one stays while its writer runs)
+
+
+def test_sigterm_stops_training_like_ctrl_c(tmp_path: Path) -> None:
+    ds = tmp_path / "ds"
+    assert cli_main(["generate", "criteo-like", "--out", str(ds), "--num-samples", "4000",
+                     "--no-progress"]) == 0  # fmt: skip
+    log = tmp_path / "log.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetgmp", "train", "--dataset", str(ds), "--iter", "1000000",
+         "--batch-size", "16", "--log-every", "1", "--log-json", str(log), "--no-progress",
+         "--threads", "1"],
+        env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for(lambda: log.exists() and '"train"' in log.read_text(), "a training step", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=40)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err
