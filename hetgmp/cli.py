@@ -49,8 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     light = LIGHT_COMMANDS.get(argv[0]) if argv else None
     parser = build_parser((light,) if light else COMMAND_MODULES)
     args = parser.parse_args(argv)
+    from hetgmp.signals import Terminated, terminate_as_interrupt
+
     try:
-        rc = args.func(args)
+        with terminate_as_interrupt():  # SIGTERM unwinds like Ctrl-C: temp files get removed
+            rc = args.func(args)
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 128 + 15
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

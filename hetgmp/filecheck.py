@@ -25,6 +25,21 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha256(path)}
 
 
+def inside(root: Path, rel: Any, error: type[Exception], *, where: str) -> Path:
+    """``root / rel`` for a path a manifest names, refused (``error`` naming ``where``) unless it
+    is a relative path that stays inside ``root``: no absolute path, no ``..``, no symbolic
+    link leading out. A manifest is data a user hands us; it must not point at other files."""
+    if not isinstance(rel, str) or not rel:
+        raise error(f"{where}: file name {rel!r} is not a non-empty string")
+    parts = Path(rel).parts
+    if Path(rel).is_absolute() or "\\" in rel or ".." in parts:
+        raise error(f"{where}: file name {rel!r} points outside {root} (refused)")
+    p = Path(root) / rel
+    if p.exists() and not p.resolve().is_relative_to(Path(root).resolve()):
+        raise error(f"{where}: {rel!r} is a link that leads outside {root} (refused)")
+    return p
+
+
 def check_listed(
     root: Path, files: dict[str, dict[str, Any]], error: type[Exception], *, what: str,
     checksums: bool = True,
@@ -33,7 +48,7 @@ def check_listed(
     ``{"bytes", "sha256"}``) exists with its size and, with ``checksums``, its SHA-256.
     ``what`` names the container in the message (e.g. ``"checkpoint DIR"``)."""
     for rel, rec in files.items():
-        p = Path(root) / rel
+        p = inside(root, rel, error, where=f"the manifest of {what}")
         if not p.is_file():
             raise error(f"{p}: missing from {what}")
         size = p.stat().st_size

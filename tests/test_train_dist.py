@@ -359,3 +359,20 @@ def test_checkpoint_rows_are_read_per_rank(tiny_dataset, tmp_path) -> None:
         torch.testing.assert_close(row, union["weight"][union["ids"] == i][0], rtol=0, atol=0)
     for i, s in zip(got["ids"].tolist(), got["opt_state"], strict=True):
         assert s == union["opt_state"][union["ids"] == i][0]
+
+
+def test_resume_on_three_ranks_mid_epoch_skips_no_samples(tiny_dataset, tmp_path) -> None:
+    """4 steps on 2 ranks (mid-epoch), the epoch finished on 3 ranks (issue 31, item 7): the
+    share-of-steps rounding skipped a global step's samples (here 32 of 400); now none are, and
+    the samples trained twice (the shards differ) are fewer than one global step and logged."""
+    kw = dict(model="wdl", bound=0, val=False)
+    ck, log = tmp_path / "ck", tmp_path / "resume.jsonl"
+    spawn_ranks(_train_rank, 2, _cfg(tiny_dataset.root, iter=4, checkpoint_dir=ck, **kw))
+    cfg = _cfg(tiny_dataset.root, epochs=1, checkpoint_dir=ck, resume=True, log_json=log, **kw)
+    res = spawn_ranks(_train_rank, 3, cfg)[0]
+    n, bs = len(tiny_dataset.train), cfg.batch_size
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    (note,) = [r for r in recs if "rank checkpoint on 3 ranks" in r.get("message", "")]
+    assert note["samples_done"] == 4 * 2 * bs and "none skipped" in note["message"]
+    assert 0 <= note["samples_repeated"] < 3 * bs
+    assert res["samples_seen"] == n + note["samples_repeated"]  # every sample of the epoch

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,6 +22,7 @@ from hetgmp.data.dataset_meta import (
     id_dtype_for,
 )
 from hetgmp.data.dataset_reader import Dataset, compute_fingerprint, open_dataset
+from hetgmp.signals import remove_stale_temps, temp_name
 
 _HEADER_BYTES = 128  # fixed .npy v1 header size so we can rewrite the shape in place
 
@@ -90,7 +90,8 @@ class DatasetWriter:
         if self.out.exists() and not overwrite:
             raise DatasetError(f"{self.out}: already exists (pass overwrite to replace it)")
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        remove_stale_temps(self.out)  # what a killed earlier run of this output left
+        self.tmp = temp_name(self.out)
         self.tmp.mkdir()
         self.overwrite = overwrite
         num_emb = sum(f.cardinality for f in fields)

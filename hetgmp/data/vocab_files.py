@@ -25,7 +25,7 @@ import numpy as np
 from hetgmp.data.dataset_meta import INT32_LIMIT, FieldInfo
 from hetgmp.data.vocab import MISSING_KEY, FieldVocab
 from hetgmp.data.vocab_input import VocabError, dense_record, input_record, key_schemes
-from hetgmp.filecheck import sha256
+from hetgmp.filecheck import inside, sha256
 
 VOCAB_DIR = "vocab"
 MANIFEST = "manifest.json"
@@ -112,6 +112,9 @@ _FIELD_KEYS = ("name", "offset", "cardinality", "key_scheme", "rare_id", "missin
                "unseen_id", "num_keys", "keys_file", "ids_file")  # fmt: skip
 
 
+FILE_KEYS = ("keys_file", "ids_file")
+
+
 def read_manifest(root: str | Path) -> dict[str, Any]:
     """The parsed ``vocab/manifest.json``; :class:`VocabError` naming the file when bad."""
     path = vocab_dir(root) / MANIFEST
@@ -142,6 +145,8 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         missing = [k for k in _FIELD_KEYS if not isinstance(e, dict) or k not in e]
         if missing:
             raise VocabError(f"{path}: field {i} lacks {', '.join(missing)}")
+        for k in FILE_KEYS:
+            inside(vocab_dir(root), e[k], VocabError, where=f"{path}: field {e['name']}: {k}")
         for k in ("rare_id", "missing_id", "unseen_id"):
             v = e[k]
             if v is not None and not (isinstance(v, int) and 0 <= v < e["cardinality"]):
@@ -166,7 +171,7 @@ def _load(path: Path, mmap: bool) -> np.ndarray:
 def load_field(root: str | Path, entry: dict[str, Any], *, mmap: bool) -> tuple[np.ndarray, ...]:
     """(keys, ids) of one manifest entry, with dtypes and shapes checked (cheap)."""
     d = vocab_dir(root)
-    kp, ip = d / entry["keys_file"], d / entry["ids_file"]
+    kp, ip = (inside(d, entry[k], VocabError, where=f"{d / MANIFEST}: {k}") for k in FILE_KEYS)
     keys, ids = _load(kp, mmap), _load(ip, mmap)
     n = entry["num_keys"]
     if keys.dtype != np.uint64 or keys.shape != (n,):

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from hetgmp.signals import remove_stale_temps, temp_name
+
 PLAN_FORMAT = "hetgmp-plan"
 PLAN_VERSION = 1
 
@@ -133,12 +135,17 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
     }
     for w, m in enumerate(plan.mirrors):
         arrays[str(w)] = np.asarray(m, dtype=np.int64)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    remove_stale_temps(path)  # what a killed earlier run of this output left
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # (SIGTERM too: hetgmp.signals) no half-written plan stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -157,6 +164,12 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     path = Path(path)
     if not path.exists():
         raise PlanError(f"{path}: plan file does not exist")
+    if path.is_file() and not zipfile.is_zipfile(path):
+        # (else numpy guesses a pickle and suggests allow_pickle, which is never the fix)
+        raise PlanError(
+            f"{path}: not a plan file, or corrupted (a plan is a .npz zip archive of arrays; "
+            "this is no zip archive)"
+        )
     try:
         with np.load(path, allow_pickle=False) as z:
             keys = set(z.files)
@@ -183,7 +196,8 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     except PlanError:
         raise
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as err:
-        raise PlanError(f"{path}: corrupted or unreadable plan file ({err})") from err
+        why = "it holds object arrays, which are never unpickled" if "pickle" in str(err) else err
+        raise PlanError(f"{path}: corrupted or unreadable plan file ({why})") from err
     if not mirrors:
         nparts = int(max(data_part.max(initial=-1), embed_part.max(initial=-1))) + 1
         mirrors = [np.zeros(0, dtype=np.int64) for _ in range(nparts)]

@@ -52,8 +52,26 @@ def file_records(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # (reading it means setting it: put it straight back)
+    os.umask(mask)
+    return mask
+
+
+def normalize_modes(root: Path) -> None:
+    """Give every file under ``root`` the mode a plain ``open`` would (0644 under umask 022):
+    safetensors writes 0600, which left ``rows.safetensors`` unreadable to the serving user
+    while every other file of the artifact was readable."""
+    mode = 0o666 & ~_umask()
+    for p in root.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            p.chmod(mode)
+
+
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
-    """Add the file records and write ``manifest.json`` atomically (it is written last)."""
+    """Add the file records and write ``manifest.json`` atomically (it is written last); every
+    file gets the umask's mode (:func:`normalize_modes`)."""
+    normalize_modes(root)
     full = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, **manifest}
     full["files"] = file_records(root)
     tmp = root / f".{MANIFEST}.tmp"

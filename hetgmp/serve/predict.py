@@ -122,6 +122,11 @@ def predict_files(
     opts = opts or PredictOptions()
     if opts.batch_size < 1:
         raise ValueError(f"--batch-size must be positive, got {opts.batch_size}")
+    out = Path(out)
+    if not out.parent.is_dir():  # (a mistyped path must not grow new directories)
+        raise FileNotFoundError(
+            f"--out {out}: directory {out.parent} does not exist; create it first"
+        )
     scorer = load(
         model_dir, device=opts.device, compile=opts.compile, trust_program=opts.trust_program
     )
@@ -129,8 +134,6 @@ def predict_files(
     report = BadLineReport(opts.on_bad_line, unit=getattr(source, "unit", "line"))
     fields = [("file", pa.string()), ("line", pa.int64()), ("score", pa.float32())]
     schema = pa.schema(fields + ([("label", pa.float32())] if labeled else []))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     bar = tqdm(
         total=source.total_bytes,

@@ -70,15 +70,40 @@ def restore_trainer(tr: TrainerView, ck: LoadedCheckpoint) -> None:
             set_rng_state(rng)
         tr.position = pos
     else:
-        # Another worker count: the shards differ, so continue at the same share of the epoch,
-        # and count the steps done in this world's steps (a global step of w ranks covers w
-        # batches: kept in the old world's units, --epochs would train the wrong amount)
-        spe_old = int(ck.manifest.get("steps_per_epoch", tr.steps_per_epoch))
-        batch = min(round(pos.batch * tr.steps_per_epoch / max(1, spe_old)), tr.steps_per_epoch)
-        step = pos.epoch * tr.steps_per_epoch + batch
-        tr.position = Position(step, pos.epoch, batch, tr.env.world_size)
-        tr.log.info(
-            f"resuming a {pos.world_size}-rank checkpoint on {tr.env.world_size} ranks: "
-            f"epoch {pos.epoch}, batch {tr.position.batch} of {tr.steps_per_epoch}"
-        )
+        tr.position = _reshard_position(tr, ck)
     tr.log.info(f"resumed from {ck.path} at step {tr.position.step}")
+
+
+def _epoch_samples(counts: list[int], batch: int, batch_size: int) -> int:
+    """Samples the ranks of ``counts`` (each rank's share) train in the first ``batch`` batches
+    of an epoch (a rank whose share ran out trains nothing more)."""
+    return sum(min(batch * batch_size, c) for c in counts)
+
+
+def _reshard_position(tr: TrainerView, ck: LoadedCheckpoint) -> Position:
+    """Where a checkpoint of another worker count goes on: the same epoch, at the last batch
+    whose samples (over all new ranks) do not exceed what the old ranks had trained of it.
+
+    Counted in samples, not in the share of steps: rounding the share had skipped up to a
+    global step's samples (2 -> 3 ranks: 512). No sample count is skipped now; the shards and
+    shuffles differ across worker counts, so the rest of the epoch comes from the new shards
+    and up to one global step's samples are trained twice; the log says how many and why."""
+    pos, bs, n = ck.position, tr.cfg.batch_size, sum(tr.counts)
+    old_counts = ck.manifest.get("rank_samples")  # (absent in older checkpoints: even shards)
+    if not (isinstance(old_counts, list) and len(old_counts) == pos.world_size):
+        old_counts = [(r + 1) * n // pos.world_size - r * n // pos.world_size
+                      for r in range(pos.world_size)]  # fmt: skip
+    done = _epoch_samples([int(c) for c in old_counts], pos.batch, bs)
+    batch = 0
+    while batch < tr.steps_per_epoch and _epoch_samples(tr.counts, batch + 1, bs) <= done:
+        batch += 1
+    again = done - _epoch_samples(tr.counts, batch, bs)
+    tr.log.info(
+        f"resuming a {pos.world_size}-rank checkpoint on {tr.env.world_size} ranks: epoch "
+        f"{pos.epoch}, batch {batch} of {tr.steps_per_epoch}; the old ranks had trained {done} "
+        f"of the epoch's {n} samples; the new ranks train its last {n - done + again}, from "
+        f"their own shards (the shards and shuffles differ across worker counts), so {again} "
+        "samples of this epoch are trained twice (less than one global step) and none skipped",
+        samples_done=done, samples_repeated=again,
+    )  # fmt: skip
+    return Position(pos.epoch * tr.steps_per_epoch + batch, pos.epoch, batch, tr.env.world_size)

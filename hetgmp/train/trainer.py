@@ -200,7 +200,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``--iter`` steps or ``--epochs`` epochs; returns the final results."""
         cfg = self.cfg
-        self.info["steps_per_epoch"] = self.steps_per_epoch
+        self.info.update(steps_per_epoch=self.steps_per_epoch, rank_samples=self.counts)
         self._counters0 = global_counters(self.env, self.model.embedding)
         try:
             if not run_async(self):  # (--sync async --max-lag != 0: unequal step counts)
