@@ -90,6 +90,8 @@ def decode(frames: list[Any]) -> tuple[bytes, dict[str, Any], list[Spec], list[A
     try:  # (any exception: deep nesting is a RecursionError, a huge number a ValueError...)
         parsed = json.loads(bytes(head), parse_constant=_no_constant)
         meta, specs = parsed["meta"], parsed["arrays"]
+        if not isinstance(specs, list):  # (an empty object or string passed for no arrays)
+            raise BadMessage("a header whose arrays are not a list", "malformed")
         typed = [_spec(s) for s in specs]
     except BadMessage:
         raise
@@ -116,6 +118,8 @@ def _no_constant(name: str) -> None:
 
 def _spec(s: Any) -> Spec:
     """One array's ``[name, dtype, shape]`` of a header, checked."""
+    if not isinstance(s, list):  # (a 3-letter string unpacks to three letters)
+        raise BadMessage("an array spec that is not [name, dtype, shape]", "malformed")
     name, dtype, shape = s
     if not isinstance(name, str) or len(name) > 32 or dtype not in _DTYPES:
         raise BadMessage(f"an array named {str(name)[:32]!r} of dtype {str(dtype)[:16]!r}",
@@ -123,6 +127,9 @@ def _spec(s: Any) -> Spec:
     if (
         not isinstance(shape, list) or len(shape) > MAX_NDIM
         or any(type(x) is not int or not 0 <= x <= MAX_DIM for x in shape)
+        # (numpy and torch refuse a shape whose other sides overflow even with no values:
+        # [0, 2**40, 2**40] passed the byte count and its view raised in the service)
+        or math.prod(max(x, 1) for x in shape) > MAX_DIM
     ):  # fmt: skip
         raise BadMessage(f"array {name!r} has a bad shape", "malformed")
     return name, _DTYPES[dtype], tuple(shape)
