@@ -34,6 +34,7 @@ from hetgmp.models import CTRModel, build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
+from hetgmp.train.memory_plan import memory_plan
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
@@ -313,6 +314,10 @@ def train(
                 "(bench/sgd_quality/results.md)"
             )
         trainer = build_trainer(cfg, env, log, embedding_factory)
+        for line in memory_plan(
+            env, trainer.model.embedding, trainer.dataset.train, trainer.indices
+        ):
+            log.info(line)
         maybe_resume(cfg, env, trainer, log)
         results = trainer.fit()
         results["config"] = to_dict(cfg)
