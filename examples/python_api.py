@@ -18,13 +18,20 @@ from pathlib import Path
 
 import hetgmp
 
+LEARNED_SHARE = 0.75  # of the way from chance to the best AUC (1 epoch at 1 and 2 ranks: 0.8-0.9)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     default_work = Path(tempfile.gettempdir()) / "hetgmp-python-api"
     p.add_argument("--work", type=Path, default=default_work, help="data, plan and checkpoints")
     p.add_argument("--samples", type=int, default=20_000, help="samples of the generated data")
-    p.add_argument("--steps", type=int, default=300, help="global training steps")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="global training steps (0: one epoch at any rank count)",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="samples per rank per step")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads per rank (0: auto)")
@@ -52,9 +59,13 @@ def main() -> None:
         options = dict(model="wdl", embed_dim=8, lr=0.05, store_rate=0.1 if plan else 0.0)
         model = hetgmp.build_model(ds, env, plan, seed=0, **options)
 
-        # 4. Train, evaluate (exact AUC over the whole test split), checkpoint.
+        # 4. Train, evaluate (exact AUC over the whole test split), checkpoint. One epoch by
+        # default: the global batch grows with the ranks, so a fixed step count trained 2 ranks
+        # twice the epochs of one, and this small set over-fits past one.
+        per_epoch = -(-len(ds.train) // (args.batch_size * env.world_size))
+        steps = args.steps or per_epoch
         trainer = hetgmp.Trainer(
-            model, ds, env, batch_size=args.batch_size, iters=args.steps, log_every=100
+            model, ds, env, batch_size=args.batch_size, iters=steps, log_every=100
         )
         results = trainer.fit()
         checkpoint = trainer.save(args.work / "checkpoints")
@@ -68,7 +79,20 @@ def main() -> None:
         say(f"reloaded: step {restored.global_step}, val_auc {again.val_auc:.6f}")
         if again.val_auc != results["val_auc"]:
             raise SystemExit(f"AUC differs after reload: {again.val_auc} vs {results['val_auc']}")
-        say("OK")
+        check_learned(results["val_auc"], ds.meta.best_auc, steps / per_epoch)
+        say(f"OK: val_auc {results['val_auc']:.4f} of the best possible {ds.meta.best_auc:.4f}")
+
+
+def check_learned(auc: float, best: float, epochs: float) -> None:
+    """Fail unless the model got most of the way from chance (0.5) to the data's best AUC:
+    a model that barely learned, or over-fitted, must not print OK."""
+    floor = 0.5 + LEARNED_SHARE * (best - 0.5)
+    if auc < floor:
+        raise SystemExit(
+            f"val_auc {auc:.4f} is below {floor:.4f} ({LEARNED_SHARE:.0%} of the way from chance "
+            f"to the best possible {best:.4f}) after {epochs:.1f} epoch(s): more than one epoch "
+            "over-fits this small set; fewer --steps, or more --samples"
+        )
 
 
 if __name__ == "__main__":

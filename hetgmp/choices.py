@@ -10,5 +10,10 @@ from __future__ import annotations
 MODEL_NAMES = ("dcn", "dfm", "dlrm", "wdl")  # hetgmp.models.MODELS' keys
 REPLIES = ("stale", "all")  # hetgmp.embedding.DistributedEmbedding(replies=...)
 EXCHANGES = ("exact", "padded")  # hetgmp.embedding.DistributedEmbedding(exchange=...)
+# What --exchange padded needs, in one sentence that --help, the error and the README share
+# (tests/test_frictions.py holds the README to it: they disagreed, issue 32).
+PADDED_NEEDS = (
+    "--replies all (or --replies auto, which resolves to all on NCCL) and --sync collective"
+)
 KERNELS = ("auto", "torch", "triton")  # hetgmp.embedding.kernels.resolve
 DATA_ON_DEVICE = ("auto", "on", "off")  # hetgmp.data.pipeline

@@ -69,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Our error types subclass ValueError/RuntimeError and carry user-facing messages.
         if getattr(args, "debug", False):
             raise
-        print(f"hetgmp {args.command}: error: {err}", file=sys.stderr)
+        from hetgmp.comm.failure import reports_error
+
+        if reports_error(err):  # (under mpirun: the first rank to fail, not every rank)
+            print(f"hetgmp {args.command}: error: {err}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -88,6 +88,33 @@ class ConfigFileParser(argparse.ArgumentParser):
             for action, (default, required) in saved.items():
                 action.default, action.required = default, required
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """As argparse's, but an unknown flag gets a "did you mean" from the options of the
+        (sub)command it was given to, as a config file's unknown key does."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = _chosen_parser(self, ns)
+            names = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+            hints = []
+            for tok in extras:
+                flag = tok.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, names, n=1) if flag.startswith("-") else []
+                hints.append(f"{tok} (did you mean {close[0]}?)" if close else tok)
+            parser.error(f"unrecognized arguments: {' '.join(hints)}")
+        return ns
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> Any:
+    """The innermost (sub)command parser that ``ns`` went through."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(ns, action.dest, None) or "")
+            if chosen is not None:
+                return _chosen_parser(chosen, ns)
+    return parser
+
 
 def _has_config_option(parser: argparse.ArgumentParser) -> bool:
     return any(CONFIG_FLAG in a.option_strings for a in parser._actions)

@@ -48,7 +48,7 @@ def test_async_options_are_checked(tiny_dataset) -> None:
         _cfg(tiny_dataset.root, max_lag=2)
     with pytest.raises(ConfigError, match="--dense-sync-every applies to --sync async only"):
         _cfg(tiny_dataset.root, dense_sync_every=4)
-    with pytest.raises(ConfigError, match="--exchange padded does not apply"):
+    with pytest.raises(ConfigError, match="--exchange padded needs"):
         _cfg(tiny_dataset.root, sync="async", exchange="padded")
 
 

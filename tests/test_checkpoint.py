@@ -147,7 +147,7 @@ def test_plan_for_another_worker_count_is_refused(tiny_dataset, tmp_path) -> Non
         {"dataset_fingerprint": tiny_dataset.fingerprint},
     )
     path = save_plan(plan, tmp_path / "part.npz")
-    with pytest.raises(PlanError, match=r"made for 2 workers but 1 are running.*-n 1"):
+    with pytest.raises(PlanError, match=r"made for 2 workers but 1 is running.*-n 1"):
         train(
             _cfg(tiny_dataset.root, partition=path, iter=1),
             DistEnv.single(),

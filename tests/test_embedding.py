@@ -348,7 +348,7 @@ def test_unequal_batch_counts_and_bad_input(optimizer: str, exchange: str) -> No
 
 def test_plan_for_other_world_size_is_refused() -> None:
     plan = make_plan("plan", 3, 0)
-    with pytest.raises(PlanError, match="made for 3 workers but 1 are running"):
+    with pytest.raises(PlanError, match="made for 3 workers but 1 is running"):
         DistributedEmbedding(ROWS, DIM, DistEnv.single(), plan)
     with pytest.raises(ValueError, match="store_rate > 0 needs a plan"):
         DistributedEmbedding(ROWS, DIM, DistEnv.single(), store_rate=0.1)

@@ -27,7 +27,7 @@ from hetgmp.train.run import train
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "python_api.py"
 MPIRUN = Path(sys.executable).parent / "mpirun"
-EXAMPLE_ARGS = ["--samples", "6000", "--steps", "120", "--batch-size", "64", "--threads", "1"]
+EXAMPLE_ARGS = ["--samples", "6000", "--batch-size", "64", "--threads", "1"]
 
 
 def _clean_env() -> dict[str, str]:
@@ -44,11 +44,12 @@ def _check_example_output(out: str, ranks: int) -> None:
     trained = re.search(r"^trained: (\d+) steps, val_auc (\S+)$", out, re.M)
     reloaded = re.search(r"^reloaded: step (\d+), val_auc (\S+)$", out, re.M)
     assert trained and reloaded, out
-    assert trained.group(1) == reloaded.group(1) == "120"
+    # one epoch by default at any rank count (5400 training samples, 64 per rank and step)
+    assert trained.group(1) == reloaded.group(1) == str(-(-5400 // (64 * ranks)))
     auc = float(trained.group(2))
     assert 0.6 < auc < 1.0, out  # (the planted model's best AUC is 0.74 on this data)
     assert reloaded.group(2) == trained.group(2)
-    assert re.search(r"^OK$", out, re.M), out
+    assert re.search(r"^OK: val_auc \S+ of the best possible \S+$", out, re.M), out
 
 
 def test_example_one_process(tmp_path: Path) -> None:
@@ -56,6 +57,17 @@ def test_example_one_process(tmp_path: Path) -> None:
     p = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     _check_example_output(p.stdout, 1)
+
+
+def test_example_fails_when_it_overfits(tmp_path: Path) -> None:
+    """Six epochs over-fit this small set: the example says so and exits non-zero (it printed
+    OK on any AUC before: issue 32)."""
+    args = [*EXAMPLE_ARGS, "--steps", "500"]
+    cmd = [sys.executable, str(EXAMPLE), "--work", str(tmp_path), *args]
+    p = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "over-fits this small set" in p.stderr, p.stderr
+    assert not re.search(r"^OK", p.stdout, re.M)
 
 
 def test_example_two_ranks_torchrun(tmp_path: Path) -> None:

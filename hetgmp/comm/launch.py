@@ -32,10 +32,12 @@ import torch.distributed as dist
 from hetgmp.comm.detect import LAUNCHERS, LaunchInfo, detect_launch
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import LaunchError
+from hetgmp.comm.failure import claim_first_failure
 from hetgmp.comm.startup import arrival_marks, arrive, wait_for, watched
 
 ADDRESS_BYTES = 256  # rank 0's "addr:port" as sent over MPI
 ADDRESS_TAG = 7091
+ABORT_WAIT_S = 10.0  # a rank that did not report waits this long for the reporter's abort
 
 __all__ = ["LAUNCHERS", "LaunchInfo", "detect_launch", "init_distributed", "shutdown"]
 
@@ -303,8 +305,15 @@ def abort_job(env: DistEnv, err: BaseException) -> None:
     docs/multinode.md; one process has no peers.)"""
     if env.launcher != "mpirun" or env.world_size <= 1:
         return
-    print(f"hetgmp rank {env.rank}: error: {err}", file=sys.stderr, flush=True)
-    print(f"hetgmp rank {env.rank}: ending the mpirun job (MPI_Abort)", file=sys.stderr, flush=True)
     from mpi4py import MPI
 
+    if claim_first_failure(err):
+        print(
+            f"hetgmp: error on rank {env.rank} of {env.world_size} (the first to fail; ending "
+            f"the mpirun job with MPI_Abort): {err}",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:  # another rank reported and aborts: one message, one Open MPI banner
+        time.sleep(ABORT_WAIT_S)  # (mpirun kills us meanwhile; if it did not, end it ourselves)
     MPI.COMM_WORLD.Abort(2)

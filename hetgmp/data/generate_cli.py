@@ -55,13 +55,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     from hetgmp.data.format import open_dataset
-    from hetgmp.data.verify import describe
+    from hetgmp.data.verify import describe, missing_files
 
     ds = open_dataset(args.dir)
     if args.json:
         print(json.dumps(json.loads(ds.meta.to_json()), indent=2, sort_keys=True))
     else:
         print("\n".join(describe(ds)))
+    missing = missing_files(ds)
+    if missing:  # (was silent: the metadata alone looked like a whole data set)
+        print(
+            f"hetgmp dataset info: {args.dir}: missing {', '.join(missing)}; training on it "
+            "will fail (hetgmp dataset verify checks every file)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

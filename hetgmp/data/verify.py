@@ -160,6 +160,18 @@ def _check_split(ds: Dataset, split: str, arrays, rep: VerifyReport) -> None:
             rep.good(f"{paths['dense'].name}: all values finite")
 
 
+def missing_files(ds: Dataset) -> list[str]:
+    """The array files ``meta.json``'s splits call for that are not in the directory."""
+    out = []
+    for split, count in sorted(ds.meta.splits.items()):
+        if not count:
+            continue
+        for kind, path in array_paths(ds.root, split).items():
+            if (kind != "dense" or ds.meta.num_dense > 0) and not path.exists():
+                out.append(path.name)
+    return out
+
+
 def describe(ds: Dataset) -> list[str]:
     """Human-readable summary lines of a data set's metadata (``hetgmp dataset info``)."""
     m = ds.meta
@@ -174,6 +186,9 @@ def describe(ds: Dataset) -> list[str]:
         "vocabulary   "
         + ("vocab/ (hetgmp.data.vocab_store.Vocabulary)" if has_vocabulary(ds.root) else "none"),
     ]
+    missing = missing_files(ds)
+    if missing:
+        lines.append(f"MISSING      {', '.join(missing)} (meta.json lists the split)")
     if m.best_auc is not None:
         lines.append(f"best_auc     {m.best_auc:.6f} (AUC of the true probabilities on test)")
     if m.source:
@@ -188,4 +203,4 @@ def describe(ds: Dataset) -> list[str]:
     return lines
 
 
-__all__ = ["VerifyReport", "describe", "verify_dataset"]
+__all__ = ["VerifyReport", "describe", "missing_files", "verify_dataset"]

@@ -15,6 +15,7 @@ from hetgmp.experiments.sweep import (
     DEFAULT_PARTS,
     DEFAULT_STORE_RATES,
     add_common_arguments,
+    check_grid,
     options_from,
 )
 
@@ -58,8 +59,10 @@ def _finish(errors: list[str], csv: Path) -> int:
 def handle_store_rate(args: argparse.Namespace) -> int:
     from hetgmp.experiments.store_rate import run_store_rate
 
+    opts = options_from(args)
+    check_grid(opts, store_rate=args.store_rates, bound=(args.bound,))
     errors, csv = run_store_rate(
-        options_from(args), store_rates=args.store_rates, bound=args.bound, plan=args.plan
+        opts, store_rates=args.store_rates, bound=args.bound, plan=args.plan
     )
     return _finish(errors, csv)
 
@@ -67,16 +70,26 @@ def handle_store_rate(args: argparse.Namespace) -> int:
 def handle_staleness(args: argparse.Namespace) -> int:
     from hetgmp.experiments.staleness import run_staleness
 
+    opts = options_from(args)
+    check_grid(opts, bound=args.bounds, store_rate=(args.store_rate,))
     errors, csv = run_staleness(
-        options_from(args), bounds=args.bounds, store_rate=args.store_rate, plan=args.plan
+        opts, bounds=args.bounds, store_rate=args.store_rate, plan=args.plan
     )
     return _finish(errors, csv)
 
 
 def handle_partition(args: argparse.Namespace) -> int:
     from hetgmp.experiments.partition_compare import run_partition_compare
+    from hetgmp.partition.api import METHODS
 
-    errors, csv = run_partition_compare(options_from(args), methods=args.methods, parts=args.parts)
+    opts = options_from(args)
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown or any(p < 1 for p in args.parts):
+        raise ValueError(
+            f"--methods must be among {','.join(METHODS)} (got {','.join(args.methods)}) and "
+            f"--parts >= 1 (got {list(args.parts)})"
+        )
+    errors, csv = run_partition_compare(opts, methods=args.methods, parts=args.parts)
     return _finish(errors, csv)
 
 

@@ -7,6 +7,7 @@ JSON-lines log (``--log-json``); :func:`result_row` reads both.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hetgmp.train.config import TrainConfig, resolve_dense_lr
 
@@ -102,7 +103,28 @@ def train_command(spec: RunSpec, run_dir: Path, *, threads: int = 1) -> list[str
     cmd = [find_mpirun(), "-np", str(spec.ranks)]
     if spec.ranks > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
-    cmd += [sys.executable, "-m", "hetgmp", "train", "--dataset", spec.dataset]
+    return [*cmd, sys.executable, "-m", "hetgmp", "train", *train_args(spec, run_dir, threads)]
+
+
+def check_spec(spec: RunSpec, run_dir: Path, *, threads: int = 1) -> None:
+    """Parse and validate the ``hetgmp train`` options ``spec`` will run with, here and now, so
+    that a bad option (``--model foo``) is refused before any plan is made or rank launched,
+    with ``hetgmp train``'s own message (issue 32); raises ``ValueError``."""
+    from hetgmp.config import from_namespace
+    from hetgmp.train.cli import add_train_arguments
+
+    class Refusing(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise ValueError(f"the runs' training options: {message}")
+
+    parser = Refusing(prog="hetgmp train", add_help=False)
+    add_train_arguments(parser)
+    from_namespace(TrainConfig, parser.parse_args(train_args(spec, run_dir, threads)))
+
+
+def train_args(spec: RunSpec, run_dir: Path, threads: int) -> list[str]:
+    """The ``hetgmp train`` options of ``spec``."""
+    cmd = ["--dataset", spec.dataset]
     if spec.plan:
         cmd += ["--partition", spec.plan]
     cmd += [

@@ -19,7 +19,14 @@ from tqdm import tqdm
 
 from hetgmp.config import add_arguments, from_namespace, option
 from hetgmp.config_file import add_config_option
-from hetgmp.experiments.launch import LaunchError, RunSpec, run_one, train_field
+from hetgmp.experiments.launch import (
+    LaunchError,
+    RunSpec,
+    check_spec,
+    find_mpirun,
+    run_one,
+    train_field,
+)
 from hetgmp.experiments.table import Row, RunTable
 from hetgmp.progress import auto_unless_off, bar_wanted
 from hetgmp.train.config import resolve_dense_lr
@@ -81,7 +88,7 @@ class SweepOptions:
     adagrad_init: float = train_option("adagrad_init")
     dense_optimizer: str = train_option("dense_optimizer")
     dense_lr: float | None = train_option("dense_lr")
-    model: str = option("wdl", help="CTR model")
+    model: str = train_option("model")
     seed: int = option(0, help="seed of repeat 0 (repeat i: seed + i)")
     repeats: int = option(1, help="runs per setting (mean and spread)", **_at_least(1))
     threads: int = option(1, help="torch threads per CPU rank", **_at_least(1))
@@ -151,10 +158,23 @@ def add_common_arguments(p: argparse.ArgumentParser, *, eval_every: int = 0) -> 
 
 
 def options_from(args: argparse.Namespace) -> SweepOptions:
+    """The sweep's options, every one checked before a plan is made or a run launched: the
+    data set, mpirun, and the training options the runs will get (issue 32)."""
     opts = from_namespace(SweepOptions, args)
     if not (opts.data / "meta.json").exists():
         raise FileNotFoundError(f"--data {opts.data}: no meta.json (not a dataset directory)")
+    find_mpirun()
+    check_spec(opts.base_spec("check"), opts.out / "runs" / "check", threads=opts.threads)
     return opts
+
+
+def check_grid(opts: SweepOptions, **grids: Sequence[Any]) -> None:
+    """Every value of every swept option (``store_rate=(0.0, 0.1)``) checked as ``hetgmp train``
+    checks it, before anything is partitioned or launched; raises ``ValueError``."""
+    base = opts.base_spec("check")
+    for name, values in grids.items():
+        for v in values:
+            check_spec(dataclasses.replace(base, **{name: v}), opts.out, threads=opts.threads)
 
 
 def with_repeats(specs: Sequence[RunSpec], repeats: int) -> list[RunSpec]:

@@ -103,7 +103,8 @@ class Plan:
         """Refuse a plan made for other data or another worker count, saying which differs."""
         if world_size is not None and world_size != self.nparts:
             raise PlanError(
-                f"{where} was made for {self.nparts} workers but {world_size} are running; "
+                f"{where} was made for {self.nparts} workers but {world_size} "
+                f"{'is' if world_size == 1 else 'are'} running; "
                 f"re-partition with -n {world_size} or launch {self.nparts} ranks"
             )
         fp = self.fingerprint

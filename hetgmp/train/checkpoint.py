@@ -278,11 +278,23 @@ def open_checkpoint(path: Path, *, verify: bool = True) -> LoadedCheckpoint:
     return LoadedCheckpoint(ck, manifest)
 
 
-def check_compatible(ck: LoadedCheckpoint, expected: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another model / data set, naming what differs."""
+def check_compatible(
+    ck: LoadedCheckpoint, expected: dict[str, Any], *, dataset: Path | str | None = None
+) -> None:
+    """Refuse a checkpoint of another model / data set, naming what differs; for the data set,
+    which one each fingerprint belongs to (``dataset``: this run's directory)."""
     for key, want in expected.items():
         have = ck.manifest.get(key)
-        if have != want:
+        if have == want:
+            continue
+        if key == "dataset_fingerprint":
+            theirs = (ck.manifest.get("config") or {}).get("dataset", "?")
             raise CheckpointError(
-                f"{ck.path / MANIFEST}: made for {key}={have!r}, this run has {key}={want!r}"
+                f"{ck.path / MANIFEST}: made for another data set: {theirs} (fingerprint "
+                f"{str(have)[:12]}...); this run's data set {dataset or ''} has fingerprint "
+                f"{str(want)[:12]}.... Data encoded with --vocab-from continues training "
+                "through --init-from, not --resume"
             )
+        raise CheckpointError(
+            f"{ck.path / MANIFEST}: made for {key}={have!r}, this run has {key}={want!r}"
+        )

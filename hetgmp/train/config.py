@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 # (the choices from hetgmp.choices: the parsers, and so --help, must not import torch)
-from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, REPLIES
+from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, PADDED_NEEDS, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
 from hetgmp.train.straggle import straggle_ok
@@ -176,8 +176,7 @@ class TrainConfig:
         "auto",
         help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
         "so a step replays as CUDA graphs, with several ranks on CUDA the whole step as one; "
-        "needs replies resolving to all: --replies all, or auto on NCCL); auto: padded where "
-        "it applies on CUDA",
+        f"needs {PADDED_NEEDS}); auto: padded where it applies on CUDA",
         choices=["auto", *EXCHANGES],
     )
     sync: str = option(
@@ -347,6 +346,11 @@ class TrainConfig:
 
     def _check_sync(self) -> None:
         """What ``--sync async`` does not support yet is refused here, by name."""
+        if self.exchange == "padded" and (self.sync != "collective" or self.replies == "stale"):
+            raise ConfigError(
+                f"exchange: --exchange padded needs {PADDED_NEEDS}; got --replies "
+                f"{self.replies} --sync {self.sync}"
+            )
         if self.sync == "collective":
             for name, flag, default in (
                 ("max_lag", "--max-lag", 0), ("dense_sync_every", "--dense-sync-every", 1),
@@ -355,10 +359,6 @@ class TrainConfig:
                 if getattr(self, name) != default:
                     raise ConfigError(f"{name}: {flag} applies to --sync async only")
             return
-        if self.exchange == "padded":
-            raise ConfigError(
-                "sync: --sync async moves rows point to point; --exchange padded does not apply"
-            )
         if not self.unequal_steps:
             return
         for name, flag, bad in (

@@ -50,7 +50,7 @@ def save_trainer(tr: TrainerView, root: Path | None = None) -> Path:
 
 def restore_trainer(tr: TrainerView, ck: LoadedCheckpoint) -> None:
     """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
-    check_compatible(ck, compat_info(tr.info))
+    check_compatible(ck, compat_info(tr.info), dataset=tr.cfg.dataset)
     emb = tr.model.embedding
     if isinstance(emb, DistributedEmbedding):  # (only the rows it stores)
         emb.load_state_dict(ck.embedding_rows(emb.stored_ids))

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from hetgmp.models import CTRModel, build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
+from hetgmp.train.memory_plan import memory_plan
 from hetgmp.train.runlog import RunLog
+from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
 from hetgmp.train.trainer import Trainer
 from hetgmp.train.warm_start import layout_of, warm_start
@@ -292,6 +295,7 @@ def train(
     stream: Any = None,
 ) -> dict[str, Any]:
     """Train per ``cfg`` on the already-joined ``env``; returns the results (every rank)."""
+    started = time.monotonic()
     log = RunLog(active=env.is_main, json_path=cfg.log_json, progress=cfg.progress, stream=stream)
     try:
         threads = set_threads(cfg, env)
@@ -310,10 +314,16 @@ def train(
                 "(bench/sgd_quality/results.md)"
             )
         trainer = build_trainer(cfg, env, log, embedding_factory)
+        for line in memory_plan(
+            env, trainer.model.embedding, trainer.dataset.train, trainer.indices
+        ):
+            log.info(line)
         maybe_resume(cfg, env, trainer, log)
         results = trainer.fit()
         results["config"] = to_dict(cfg)
         log.result({k: v for k, v in results.items() if k not in ("config", "embedding_counters")})
+        best = trainer.dataset.meta.best_auc
+        log.summary(summary_lines(results, best_auc=best, wall_s=time.monotonic() - started))
         if cfg.output is not None and env.is_main:
             write_results(cfg.output, results)
         return results

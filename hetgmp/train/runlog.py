@@ -24,7 +24,9 @@ from tqdm import tqdm
 from hetgmp.progress import bar_wanted, log_above_bars
 
 
-def _fmt(v: Any) -> str:
+def number(v: Any) -> str:
+    """A value as every console line of a run prints it (TRAIN, EVAL, the summary): 4
+    decimals, or 6 significant digits for the very large and the very small."""
     if isinstance(v, float):
         return f"{v:.6g}" if abs(v) >= 1e4 or (v != 0 and abs(v) < 1e-3) else f"{v:.4f}"
     return str(v)
@@ -32,7 +34,7 @@ def _fmt(v: Any) -> str:
 
 def format_line(kind: str, step: int, fields: dict[str, Any]) -> str:
     """``KIND <step>: key value key value ...`` (the parseable console form)."""
-    return f"{kind.upper()} {step}: " + " ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
+    return f"{kind.upper()} {step}: " + " ".join(f"{k} {number(v)}" for k, v in fields.items())
 
 
 class RunLog:
@@ -106,6 +108,12 @@ class RunLog:
         if self.active:
             self._emit("RESULT " + json.dumps(fields, sort_keys=True, default=str))
             self._record("result", fields)
+
+    def summary(self, lines: list[str]) -> None:
+        """The end-of-run summary for people (console only: RESULT holds the same numbers)."""
+        if self.active:
+            for line in lines:
+                self._emit(line)
 
     def close(self) -> None:
         self._redirect.close()

@@ -1,0 +1,78 @@
+"""The memory plan printed before training (issue 32): per rank, the rows it owns and mirrors,
+the bytes of its rows, their optimizer state and its training data, against the device's free
+memory, as TorchRec's planner prints its sharding plan.
+
+The table's bytes come from :func:`hetgmp.embedding.memory.table_bytes`, the same estimate that
+refuses a table too large for its device (``check_fits``, before anything is allocated); this
+module only reports, one line per rank, from rank 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.env import DistEnv
+from hetgmp.embedding import DistributedEmbedding
+from hetgmp.embedding.memory import table_bytes
+
+MIB = 1 << 20
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device``: CUDA's, or on CPU the host's available memory (Linux)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rank_memory(emb: Any, samples: int, sample_bytes: int, device: torch.device) -> dict[str, Any]:
+    """This rank's line of the plan (rows, bytes) for a :class:`DistributedEmbedding`."""
+    own, mir, state = 0, 0, 0
+    rows_b = 0
+    if isinstance(emb, DistributedEmbedding):
+        own, mir, state = emb.n_own, emb.n_mir, emb.opt.state_width
+        total = table_bytes(emb.num_rows, emb.dim, own + mir, mir, state)
+        state_b = (own + mir) * 4 * state
+        rows_b = total - state_b
+    else:
+        total, state_b = 0, 0
+    return {
+        "owned": own, "mirrored": mir, "rows_bytes": rows_b, "state_bytes": state_b,
+        "data_bytes": samples * sample_bytes, "free": free_bytes(device), "device": str(device),
+    }  # fmt: skip
+
+
+def plan_lines(ranks: list[dict[str, Any]]) -> list[str]:
+    """The plan as aligned lines: a header and one line per rank."""
+    head = f"{'rank':>4} {'owned':>10} {'mirrored':>9} {'rows MiB':>9} {'state MiB':>9} "
+    head += f"{'data MiB':>9} {'total MiB':>9} {'free MiB':>9}  device"
+    lines = ["memory plan (per rank, before training)", "  " + head]
+    for i, r in enumerate(ranks):
+        total = r["rows_bytes"] + r["state_bytes"] + r["data_bytes"]
+        free = "?" if r["free"] is None else f"{r['free'] / MIB:.0f}"
+        lines.append(
+            f"  {i:>4} {r['owned']:>10,} {r['mirrored']:>9,} {r['rows_bytes'] / MIB:>9.1f} "
+            f"{r['state_bytes'] / MIB:>9.1f} {r['data_bytes'] / MIB:>9.1f} {total / MIB:>9.1f} "
+            f"{free:>9}  {r['device']}"
+        )
+    return lines
+
+
+def memory_plan(env: DistEnv, emb: Any, split: Any, indices: np.ndarray) -> list[str]:
+    """The plan's lines (collective: every rank calls; rank 0 prints them)."""
+    row = split.sparse.itemsize * split.sparse.shape[1] + split.labels.itemsize
+    if split.dense is not None:
+        row += split.dense.itemsize * split.dense.shape[1]
+    mine = rank_memory(emb, int(len(indices)), int(row), env.device)
+    return plan_lines(all_gather_object(env, mine))
