@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hetgmp.data.vocab_files import has_vocabulary, read_manifest
-from hetgmp.data.vocab_grow import growth_of
 from hetgmp.train.checkpoint import MANIFEST, CheckpointError, LoadedCheckpoint
 
 if TYPE_CHECKING:
@@ -71,6 +69,11 @@ def row_map(ck: LoadedCheckpoint, ds: Dataset) -> RowMap:
     have_rows = int(ck.manifest.get("num_rows", -1))
     have = ck.manifest.get("fields")  # (checkpoints before issue 32 lack it)
     new = layout_of(ds)
+    # (imported here: the vocabulary modules pull in pyarrow, ~0.15 s of every training
+    # process's start-up, and only a warm start reads a vocabulary)
+    from hetgmp.data.vocab_files import has_vocabulary, read_manifest
+    from hetgmp.data.vocab_grow import growth_of
+
     grown = growth_of(read_manifest(ds.root)) if has_vocabulary(ds.root) else None
     if have_rows == ds.meta.num_embeddings and (have is None or have == new):
         return RowMap(new, new)
