@@ -18,10 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-from torch.profiler import ProfilerActivity, profile, schedule
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
-from hetgmp.train import trainer as trainer_module
-from hetgmp.train.cli import main as cli_main
+from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
+
+from bench.gpu.trace_overlap import overlap, read_trace  # noqa: E402
+from hetgmp.train import trainer as trainer_module  # noqa: E402
+from hetgmp.train.cli import main as cli_main  # noqa: E402
 
 
 def _table(prof: profile, steps: int, rows: int) -> str:
@@ -75,7 +79,11 @@ def main() -> int:
         text = f"no step recorded: the run has fewer than {args.skip + 2 + args.steps} steps"
     rank = os.environ.get("LOCAL_RANK", "0")
     if args.trace:
-        _export(prof, args.trace.replace("RANK", rank))
+        path = args.trace.replace("RANK", rank)
+        _export(prof, path)
+        o = overlap(read_trace(Path(path)))  # (the recorded steps' collectives and gaps)
+        text += (f"\ncollectives {o['comm_us'] / args.steps:.1f} us/step, hidden under compute "
+                 f"{o['hidden_share']:.0%}; GPU idle {o['idle_us'] / args.steps:.1f} us/step")  # fmt: skip
     out = Path(args.out.replace("RANK", rank))
     out.write_text(text + "\n")
     if os.environ.get("LOCAL_RANK", "0") == "0":
