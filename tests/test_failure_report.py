@@ -36,6 +36,29 @@ def test_exactly_one_of_racing_processes_reports(tmp_path) -> None:
     assert claim_first_failure(ValueError("x"), key="job2", directory=tmp_path)
 
 
+def test_a_reused_launcher_pid_is_another_job(tmp_path) -> None:
+    # an earlier job's marker under the same launcher pid (pids are reused) made every rank of
+    # a later job believe another had reported: the failure printed nothing at all
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        key = job_key({"TORCHELASTIC_RUN_ID": "none"}, parent=sleeper.pid)
+        assert claim_first_failure(ValueError("day 1"), key=key, directory=tmp_path)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the pid no longer names the process that launched the first job (as when reused)
+    later = job_key({"TORCHELASTIC_RUN_ID": "none"}, parent=sleeper.pid)
+    assert claim_first_failure(ValueError("day 2"), key=later, directory=tmp_path)
+
+
+def test_markers_of_old_jobs_are_removed(tmp_path) -> None:
+    old = tmp_path / "hetgmp-failed-old-job"
+    old.write_text("1\n")
+    os.utime(old, (1e9, 1e9))  # 2001: an earlier job's
+    assert claim_first_failure(ValueError("x"), key="new-job", directory=tmp_path)
+    assert not old.exists() and (tmp_path / "hetgmp-failed-new-job").exists()
+
+
 def test_job_key_separates_jobs() -> None:
     a = job_key({"PMIX_NAMESPACE": "prterun-vm-1@1"}, parent=10)
     assert a == job_key({"PMIX_NAMESPACE": "prterun-vm-1@1"}, parent=10)

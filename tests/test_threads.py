@@ -3,6 +3,11 @@ least one, and the log says what was picked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from hetgmp.cli import main
@@ -21,14 +26,14 @@ from hetgmp.train import threads
     ],
 )
 def test_default_threads_leave_busy_cores_alone(monkeypatch, cores, load, ranks, want) -> None:
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, load, load))
     n, why = threads.default_threads(ranks)
     assert n == want and f"load average {load:.1f}" in why
 
 
 def test_the_log_says_what_was_picked(tiny_dataset, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
     args = ["train", "--dataset", str(tiny_dataset.root), "--iter", "1", "--batch-size", "16",
             "--device", "cpu", "--no-progress", "--no-val"]  # fmt: skip
@@ -38,3 +43,23 @@ def test_the_log_says_what_was_picked(tiny_dataset, monkeypatch, capsys) -> None
     out = capsys.readouterr().out
     assert "threads: 1 torch intra-op thread(s) per rank (--threads 0: 2 cores" in out, out
     assert "reader thread (--prefetch-batches 4)" in out
+
+
+_PINNED = """
+import os, sys
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from hetgmp.train import threads
+threads.os.getloadavg = lambda: (0.0, 0.0, 0.0)  # an idle box: only the affinity may limit
+print(threads.default_threads(1)[0])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2,
+                    reason="needs CPU affinity and two cores")  # fmt: skip
+def test_default_threads_stay_within_the_cores_the_process_may_use() -> None:
+    # a rank pinned to one core (mpirun --bind-to core, taskset, a Slurm cgroup) got the
+    # machine's core count from os.cpu_count and ran 2+ threads on its one core
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", _PINNED], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=50, check=True)  # fmt: skip
+    assert out.stdout.strip() == "1", out

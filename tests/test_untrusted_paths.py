@@ -105,3 +105,15 @@ def test_a_plan_holding_object_arrays_is_named_without_numpy_advice(tmp_path) ->
     with pytest.raises(PlanError, match=rf"{plan}: .*object arrays") as err:
         load_plan(plan)
     assert "allow_pickle" not in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [("cardinality", "5"), ("offset", None),
+                                            ("num_keys", 1.5), ("cardinality", 10**15)])  # fmt: skip
+def test_vocab_manifest_numbers_are_checked(criteo_dir, key, value) -> None:
+    # a string cardinality raised TypeError (a traceback) comparing the special ids with it,
+    # and a huge one made `dataset verify` allocate a byte per id of it
+    manifest = criteo_dir / "vocab" / "manifest.json"
+    _point(manifest, key, value)
+    with pytest.raises(VocabError, match=rf"{manifest}: field .*{key}"):
+        Vocabulary.load(criteo_dir)
+    assert main(["dataset", "verify", str(criteo_dir)]) != 0

@@ -10,6 +10,7 @@ agree through, since a failing job's collectives are what broke.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -28,11 +29,27 @@ JOB_VARS = (
 PEER_GRACE_S = 1.0
 
 
+# Markers older than this are an earlier job's (a failing job's ranks claim within seconds):
+# any claim removes them, so /tmp does not collect one file per failed job.
+STALE_S = 24 * 3600
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, Linux), or "" where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 def job_key(environ: Mapping[str, str] | None = None, parent: int | None = None) -> str:
     """A name shared by the ranks of this job on this host (the job's variables and the
-    launcher process that started them)."""
+    launcher process that started them, with its start time: a pid is reused, and a marker of
+    an earlier job under the same pid silenced every rank of a later one)."""
     env = os.environ if environ is None else environ
-    parts = [env.get(v, "") for v in JOB_VARS] + [str(os.getppid() if parent is None else parent)]
+    ppid = os.getppid() if parent is None else parent
+    parts = [env.get(v, "") for v in JOB_VARS] + [str(ppid), _started(ppid)]
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))[:200]
 
 
@@ -50,6 +67,7 @@ def claim_first_failure(
     if isinstance(err, PeerFailedError):
         time.sleep(PEER_GRACE_S)
     path = marker_path(job_key() if key is None else key, directory)
+    _remove_stale(path.parent)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -71,3 +89,13 @@ def reports_error(err: BaseException) -> bool:
     except RuntimeError:  # (the launcher's variables are unusable: say so everywhere)
         alone = True
     return alone or claim_first_failure(err)
+
+
+def _remove_stale(directory: Path) -> None:
+    """Remove failure markers older than :data:`STALE_S` (earlier jobs')."""
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for p in directory.glob("hetgmp-failed-*"):
+            with contextlib.suppress(OSError):
+                if now - p.stat().st_mtime > STALE_S:
+                    p.unlink()

@@ -113,6 +113,7 @@ _FIELD_KEYS = ("name", "offset", "cardinality", "key_scheme", "rare_id", "missin
 
 
 FILE_KEYS = ("keys_file", "ids_file")
+MAX_ROWS = 1 << 40  # the most rows (ids) a field may declare
 
 
 def read_manifest(root: str | Path) -> dict[str, Any]:
@@ -145,6 +146,11 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
         missing = [k for k in _FIELD_KEYS if not isinstance(e, dict) or k not in e]
         if missing:
             raise VocabError(f"{path}: field {i} lacks {', '.join(missing)}")
+        for k in ("offset", "cardinality", "num_keys"):  # (before any comparison or allocation)
+            v = e[k]
+            if type(v) is not int or not 0 <= v <= MAX_ROWS:
+                raise VocabError(f"{path}: field {e['name']}: {k} {v!r} is not an integer in "
+                                 f"[0, {MAX_ROWS}]")  # fmt: skip
         for k in FILE_KEYS:
             inside(vocab_dir(root), e[k], VocabError, where=f"{path}: field {e['name']}: {k}")
         for k in ("rare_id", "missing_id", "unseen_id"):
@@ -208,9 +214,13 @@ def check_field(root: str | Path, entry: dict[str, Any], *, checksums: bool) -> 
             f"first at index {first} (id {int(ids[first])})"
         )
     elif ids.size:
-        seen = np.zeros(card, bool)  # O(n) marks: a sort of a memory map is far slower
-        seen[ids] = True
-        if int(np.count_nonzero(seen)) != ids.size:
+        if card <= 8 * ids.size + (1 << 20):
+            seen = np.zeros(card, bool)  # O(n) marks: a sort of a memory map is far slower
+            seen[ids] = True
+            distinct = int(np.count_nonzero(seen))
+        else:  # (a cardinality far above the ids' count: a byte per id would not fit)
+            distinct = int(np.unique(ids).size)
+        if distinct != ids.size:
             problems.append(f"{ip}: two keys share one id")
     for kind, path in (("keys", kp), ("ids", ip)):
         want = entry.get("sha256", {}).get(kind)

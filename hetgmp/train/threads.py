@@ -27,6 +27,16 @@ def set_threads(cfg: TrainConfig, env: DistEnv) -> str | None:
     return line
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (what ``taskset``, Slurm's cgroup
+    or ``mpirun --bind-to core`` leave it), not the machine's count; ``os.cpu_count`` counted
+    every core of the box, so a rank bound to one core ran two or more threads on it."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (not every platform has it)
+        return os.cpu_count() or 1
+
+
 def default_threads(world_size: int) -> tuple[int, str]:
     """``--threads 0``: torch intra-op threads per rank from the cores and the box's load.
 
@@ -35,7 +45,7 @@ def default_threads(world_size: int) -> tuple[int, str]:
     process anywhere from 1.6x faster to 37x slower than one thread, depending on what else
     ran (an OpenMP thread whose core is taken stalls every parallel region), while one thread
     stayed within a few percent (bench/results/threads_cpu2.md). Returns (threads, why)."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     share = max(1, cores // max(1, world_size))
     try:
         load = os.getloadavg()[0]
