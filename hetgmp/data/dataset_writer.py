@@ -97,7 +97,11 @@ class DatasetWriter:
         self.tmp.mkdir()
         self.overwrite = overwrite
         self.meta = DatasetMeta(
-            fields=fields, num_dense=num_dense, splits={}, name=name, multi_hot=list(multi_hot or [])
+            fields=fields,
+            num_dense=num_dense,
+            splits={},
+            name=name,
+            multi_hot=list(multi_hot or []),
         )
         num_emb = self.meta.num_embeddings
         self.id_dtype = np.dtype(id_dtype) if id_dtype is not None else id_dtype_for(num_emb)

@@ -17,6 +17,16 @@ class GenerateError(ValueError):
     """Invalid generator options."""
 
 
+def _valid_multi_hot(spec: str) -> bool:
+    from hetgmp.data.planted_multi_hot import parse_multi_hot
+
+    try:
+        parse_multi_hot(spec)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclasses.dataclass
 class CriteoLikeConfig:
     """Options of ``hetgmp generate criteo-like`` (defaults: a demo set made in seconds)."""
@@ -48,6 +58,11 @@ class CriteoLikeConfig:
     samples_per_user: float = option(
         106.0, help="mean samples per latent user (movielens-100k: 106)",
         check=lambda v: v >= 1, check_msg=">= 1",
+    )  # fmt: skip
+    multi_hot: str = option(
+        "", help="K:L: add K multi-hot fields (lists of ids drawn from the user's interests) of "
+        "mean length L; empty: none (see hetgmp.data.planted_multi_hot)",
+        check=_valid_multi_hot, check_msg="K:L with K in 1..64 and L in 1..10000, or empty",
     )  # fmt: skip
     chunk_size: int = option(
         32768, help="rows per generated chunk (does not change the output)",

@@ -13,6 +13,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from hetgmp.data.generate_config import CriteoLikeConfig
+    from hetgmp.data.planted_multi_hot import MultiHotModel
 
 CRITEO_CARDINALITIES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -101,6 +102,7 @@ class PlantedModel:
     locality: float
     num_users: int
     seed: int
+    multi_hot: MultiHotModel | None = None  # --multi-hot's fields (hetgmp.data.planted_multi_hot)
 
     @property
     def num_fields(self) -> int:
