@@ -157,6 +157,7 @@ def generate_criteo_like(
     test_fraction: float = 0.1,
     positive_rate: float = 0.25,
     samples_per_user: float = 106.0,
+    multi_hot: str = "",
     chunk_size: int = 32768,
     workers: int = 0,
     progress: bool = True,
@@ -170,7 +171,8 @@ def generate_criteo_like(
     cfg = validate(CriteoLikeConfig(
         num_samples=num_samples, scale=scale, locality=locality, seed=seed,
         test_fraction=test_fraction, positive_rate=positive_rate,
-        samples_per_user=samples_per_user, chunk_size=chunk_size, workers=workers,
+        samples_per_user=samples_per_user, multi_hot=multi_hot, chunk_size=chunk_size,
+        workers=workers,
         progress=progress, overwrite=overwrite,
     ))  # fmt: skip
     return generate_from_config(out, cfg, log=log)

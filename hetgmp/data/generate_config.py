@@ -17,9 +17,19 @@ class GenerateError(ValueError):
     """Invalid generator options."""
 
 
-def _valid_multi_hot(spec: str) -> bool:
-    from hetgmp.data.planted_multi_hot import parse_multi_hot
+def parse_multi_hot(spec: str) -> tuple[int, int]:
+    """``"K:L"`` -> (K fields, mean length L); ``""`` -> (0, 0). Raises ValueError."""
+    if not spec:
+        return 0, 0
+    k, sep, length = spec.partition(":")
+    if not sep or not k.strip().isdigit() or not length.strip().isdigit():
+        raise ValueError(f"expected K:L (two whole numbers), got {spec!r}")
+    if int(k) < 1 or int(k) > 64 or int(length) < 1 or int(length) > 10_000:
+        raise ValueError(f"K in 1..64 and L in 1..10000, got {spec!r}")
+    return int(k), int(length)
 
+
+def _valid_multi_hot(spec: str) -> bool:
     try:
         parse_multi_hot(spec)
     except ValueError:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     from hetgmp.data.generate_config import CriteoLikeConfig
-    from hetgmp.data.planted_multi_hot import MultiHotModel
 
 CRITEO_CARDINALITIES: tuple[int, ...] = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
@@ -102,7 +101,9 @@ class PlantedModel:
     locality: float
     num_users: int
     seed: int
-    multi_hot: MultiHotModel | None = None  # --multi-hot's fields (hetgmp.data.planted_multi_hot)
+    # --multi-hot's fields: a hetgmp.data.planted_multi_hot.MultiHotModel, or None (typed Any:
+    # that module builds on this one, so naming its class here would be an import cycle)
+    multi_hot: Any = None
 
     @property
     def num_fields(self) -> int:

@@ -22,24 +22,13 @@ import math
 import numpy as np
 
 from hetgmp.data.counter_hash import GOLDEN, hash_uniform, mix, salt
+from hetgmp.data.generate_config import parse_multi_hot
 from hetgmp.data.planted_model import LEARNABLE_COUNT, PowerLaw
 
 MULTI_HOT_BASE_CARDINALITY = 1_000_000  # x scale (min 2): an item catalogue
 MULTI_HOT_EXPONENT = 1.1
 INTEREST_SLOTS = 16
 MULTI_HOT_LOGIT_STD = 1.0
-
-
-def parse_multi_hot(spec: str) -> tuple[int, int]:
-    """``"K:L"`` -> (K fields, mean length L); ``""`` -> (0, 0). Raises ValueError."""
-    if not spec:
-        return 0, 0
-    k, sep, length = spec.partition(":")
-    if not sep or not k.strip().isdigit() or not length.strip().isdigit():
-        raise ValueError(f"expected K:L (two whole numbers), got {spec!r}")
-    if int(k) < 1 or int(k) > 64 or int(length) < 1 or int(length) > 10_000:
-        raise ValueError(f"K in 1..64 and L in 1..10000, got {spec!r}")
-    return int(k), int(length)
 
 
 @dataclasses.dataclass
