@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 FORMAT_NAME = "hetgmp-dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this hetgmp reads; 2 adds multi-hot fields (hetgmp.data.multi_hot)
+PLAIN_VERSION = 1  # what a directory without multi-hot fields is still written as
 SPLITS = ("train", "test")
 INT32_LIMIT = 2**31 - 1
 
@@ -48,8 +49,13 @@ class DatasetMeta:
     # recorded when written, checked when training opens the data (hetgmp.data.id_ranges);
     # absent from directories written before it existed (those are scanned instead)
     id_ranges: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
+    # Multi-hot fields (version 2): a list of ids per sample, laid out after ``fields`` in the
+    # global id space, stored as values + offsets (hetgmp.data.multi_hot); per split and field,
+    # samples, values, list lengths and id range as written.
+    multi_hot: list[FieldInfo] = dataclasses.field(default_factory=list)
+    multi_hot_stats: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     format: str = FORMAT_NAME
-    version: int = FORMAT_VERSION
+    version: int = PLAIN_VERSION
 
     @property
     def num_fields(self) -> int:
@@ -57,7 +63,8 @@ class DatasetMeta:
 
     @property
     def num_embeddings(self) -> int:
-        return sum(f.cardinality for f in self.fields)
+        """Rows of the whole id space: single-hot fields, then multi-hot ones."""
+        return sum(f.cardinality for f in self.fields) + sum(f.cardinality for f in self.multi_hot)
 
     @property
     def field_offsets(self) -> np.ndarray:
@@ -70,6 +77,8 @@ class DatasetMeta:
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
         d["num_embeddings"] = self.num_embeddings
+        if not self.multi_hot:  # (a version-1 meta.json stays byte-for-byte what it was)
+            del d["multi_hot"], d["multi_hot_stats"]
         return json.dumps(d, indent=2, sort_keys=True)
 
     @classmethod
@@ -83,11 +92,14 @@ class DatasetMeta:
             )
         try:
             fields = [FieldInfo(**f) for f in d["fields"]]
+            multi = [FieldInfo(**f) for f in d.get("multi_hot", [])]
             known = {f.name for f in dataclasses.fields(cls)}
-            kw = {k: v for k, v in d.items() if k in known and k != "fields"}
-            meta = cls(fields=fields, **kw)
+            kw = {k: v for k, v in d.items() if k in known and k not in ("fields", "multi_hot")}
+            meta = cls(fields=fields, multi_hot=multi, **kw)
         except (KeyError, TypeError) as err:
             raise DatasetError(f"{where}: malformed metadata ({err})") from err
+        if meta.multi_hot and int(meta.version) < 2:
+            raise DatasetError(f"{where}: multi_hot fields in a version {meta.version} directory")
         if "num_embeddings" in d and int(d["num_embeddings"]) != meta.num_embeddings:
             raise DatasetError(f"{where}: num_embeddings disagrees with the field cardinalities")
         return meta

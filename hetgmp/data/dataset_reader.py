@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,17 +22,20 @@ from hetgmp.data.dataset_meta import (
     FieldInfo,
     array_paths,
 )
+from hetgmp.data.multi_hot import MultiHotArrays, multi_hot_paths, open_field
 
 _HASH_CHUNK = 1 << 24
 
 
 @dataclasses.dataclass
 class SplitArrays:
-    """Memory-mapped arrays of one split. ``dense`` is None when the data set has none."""
+    """Memory-mapped arrays of one split. ``dense`` is None when the data set has none;
+    ``multi_hot`` holds one values + offsets pair per multi-hot field (none in version 1)."""
 
     sparse: np.ndarray
     dense: np.ndarray | None
     labels: np.ndarray
+    multi_hot: list[MultiHotArrays] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.sparse.shape[0])
@@ -106,7 +110,8 @@ def _open_split(root: Path, split: str, meta: DatasetMeta) -> SplitArrays:
             raise DatasetError(
                 f"{paths['dense']}: shape {dense.shape}, expected ({n}, {meta.num_dense})"
             )
-    return SplitArrays(sparse=sparse, dense=dense, labels=labels)
+    multi = [open_field(_load_npy, root, split, k, f, n) for k, f in enumerate(meta.multi_hot)]
+    return SplitArrays(sparse=sparse, dense=dense, labels=labels, multi_hot=multi)
 
 
 def _iter_chunks(arr: np.ndarray, rows: int) -> Iterator[np.ndarray]:
@@ -115,21 +120,31 @@ def _iter_chunks(arr: np.ndarray, rows: int) -> Iterator[np.ndarray]:
 
 
 def compute_fingerprint(root: Path, meta: DatasetMeta) -> str:
-    """SHA-256 over field cardinalities and every array's shape, dtype and bytes (streamed)."""
+    """SHA-256 over field cardinalities and every array's shape, dtype and bytes (streamed).
+
+    Multi-hot fields add their cardinalities and files after the rest, so a version-1
+    directory's fingerprint is what it always was."""
     h = hashlib.sha256()
     h.update(json.dumps([f.cardinality for f in meta.fields]).encode())
+    if meta.multi_hot:
+        h.update(json.dumps({"multi_hot": [f.cardinality for f in meta.multi_hot]}).encode())
     for split in SPLITS:
         paths = array_paths(root, split)
-        for kind in ("sparse", "dense", "labels"):
-            p = paths[kind]
-            if not p.exists():
-                continue
-            arr = _load_npy(p)
-            h.update(f"{split}/{kind}:{arr.dtype.str}:{arr.shape}".encode())
-            rows = max(1, _HASH_CHUNK // max(1, arr.itemsize * int(np.prod(arr.shape[1:]))))
-            for chunk in _iter_chunks(arr, rows):
-                h.update(chunk.data.cast("B"))
+        named = [(kind, paths[kind]) for kind in ("sparse", "dense", "labels")]
+        for k in range(len(meta.multi_hot)):
+            mh = multi_hot_paths(root, split, k)
+            named += [(f"multi_hot_{k}_{kind}", mh[kind]) for kind in ("values", "offsets")]
+        for kind, p in named:
+            if p.exists():
+                _hash_array(h, f"{split}/{kind}", _load_npy(p))
     return h.hexdigest()
+
+
+def _hash_array(h: Any, label: str, arr: np.ndarray) -> None:
+    h.update(f"{label}:{arr.dtype.str}:{arr.shape}".encode())
+    rows = max(1, _HASH_CHUNK // max(1, arr.itemsize * int(np.prod(arr.shape[1:]))))
+    for chunk in _iter_chunks(arr, rows):
+        h.update(chunk.data.cast("B"))
 
 
 def open_dataset(path: str | os.PathLike[str]) -> Dataset:

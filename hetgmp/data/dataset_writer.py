@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -22,6 +22,7 @@ from hetgmp.data.dataset_meta import (
     id_dtype_for,
 )
 from hetgmp.data.dataset_reader import Dataset, compute_fingerprint, open_dataset
+from hetgmp.data.multi_hot import MULTI_HOT_VERSION, check_chunk, fold_stats, multi_hot_paths
 from hetgmp.signals import remove_stale_temps, temp_name
 
 _HEADER_BYTES = 128  # fixed .npy v1 header size so we can rewrite the shape in place
@@ -85,6 +86,7 @@ class DatasetWriter:
         name: str = "",
         overwrite: bool = False,
         id_dtype: np.dtype | None = None,
+        multi_hot: list[FieldInfo] | None = None,
     ) -> None:
         self.out = Path(out)
         if self.out.exists() and not overwrite:
@@ -94,11 +96,16 @@ class DatasetWriter:
         self.tmp = temp_name(self.out)
         self.tmp.mkdir()
         self.overwrite = overwrite
-        num_emb = sum(f.cardinality for f in fields)
-        self.id_dtype = np.dtype(id_dtype) if id_dtype is not None else id_dtype_for(num_emb)
         self.meta = DatasetMeta(
-            fields=fields, num_dense=num_dense, splits={}, id_dtype=str(self.id_dtype), name=name
+            fields=fields,
+            num_dense=num_dense,
+            splits={},
+            name=name,
+            multi_hot=list(multi_hot or []),
         )
+        num_emb = self.meta.num_embeddings
+        self.id_dtype = np.dtype(id_dtype) if id_dtype is not None else id_dtype_for(num_emb)
+        self.meta.id_dtype = str(self.id_dtype)
         self._files: dict[tuple[str, str], _NpyAppender] = {}
         self._upper = np.array([f.offset + f.cardinality for f in fields], dtype=np.int64)
         self._lower = np.array([f.offset for f in fields], dtype=np.int64)
@@ -118,8 +125,12 @@ class DatasetWriter:
         labels: np.ndarray,
         *,
         check_ids: bool = True,
+        multi_hot: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> None:
-        """Append a chunk of samples with *global* ids to ``split``."""
+        """Append a chunk of samples with *global* ids to ``split``.
+
+        ``multi_hot`` holds, per multi-hot field, the chunk's ``(values, offsets)``: offsets of
+        length ``n + 1`` from 0 to ``len(values)`` (:mod:`hetgmp.data.multi_hot`)."""
         if split not in SPLITS:
             raise DatasetError(f"unknown split {split!r}; expected one of {SPLITS}")
         n, nf = sparse.shape
@@ -142,6 +153,37 @@ class DatasetWriter:
         self._appender(split, "labels", np.float32, (1,)).append(
             np.asarray(labels, dtype=np.float32).reshape(n, 1)
         )
+        self._append_multi_hot(split, n, multi_hot or [], check_ids)
+
+    def _append_multi_hot(
+        self, split: str, n: int, bags: Sequence[tuple[np.ndarray, np.ndarray]], check_ids: bool
+    ) -> None:
+        """Append each multi-hot field's lists, offsets shifted past what the split holds."""
+        if not bags and not self.meta.multi_hot:
+            return
+        if len(bags) != len(self.meta.multi_hot):
+            raise DatasetError(
+                f"chunk has {len(bags)} multi-hot fields, dataset has {len(self.meta.multi_hot)}"
+            )
+        stats = self.meta.multi_hot_stats.setdefault(split, [None] * len(bags))
+        for k, (field, (values, offsets)) in enumerate(zip(self.meta.multi_hot, bags, strict=True)):
+            values, offsets = np.asarray(values), np.asarray(offsets, dtype=np.int64)
+            check_chunk(field, values, offsets, n, check_ids)
+            vals, offs = self._multi_hot_files(split, k)
+            offs.append(offsets[1:] + vals.rows)
+            vals.append(values)
+            stats[k] = fold_stats(stats[k], values, np.diff(offsets))
+
+    def _multi_hot_files(self, split: str, k: int) -> tuple[_NpyAppender, _NpyAppender]:
+        """The values and offsets files of field ``k`` (the offsets start with their 0)."""
+        key = (split, f"multi_hot_{k}_values")
+        if key not in self._files:
+            paths = multi_hot_paths(self.tmp, split, k)
+            self._files[key] = _NpyAppender(paths["values"], self.id_dtype, ())
+            offs = _NpyAppender(paths["offsets"], np.int64, ())
+            offs.append(np.zeros(1, dtype=np.int64))
+            self._files[(split, f"multi_hot_{k}_offsets")] = offs
+        return self._files[key], self._files[(split, f"multi_hot_{k}_offsets")]
 
     def _note_range(self, split: str, sparse: np.ndarray) -> None:
         """Fold the chunk's per-column smallest and largest ids into the split's."""
@@ -158,12 +200,16 @@ class DatasetWriter:
                 if self.meta.num_dense:
                     self._appender(split, "dense", np.float32, (self.meta.num_dense,))
                 self._appender(split, "labels", np.float32, (1,))
+            for k in range(len(self.meta.multi_hot)):
+                self._multi_hot_files(split, k)
         for f in self._files.values():
             f.close()
         self.meta.splits = {s: self._files[(s, "sparse")].rows for s in SPLITS}
         self.meta.id_ranges = {
             s: {"min": lo.tolist(), "max": hi.tolist()} for s, (lo, hi) in self._ranges.items()
         }
+        if self.meta.multi_hot:  # (older hetgmp refuses it rather than ignoring the lists)
+            self.meta.version = MULTI_HOT_VERSION
         self.meta.fingerprint = compute_fingerprint(self.tmp, self.meta)
         (self.tmp / "meta.json").write_text(self.meta.to_json())
         if self.out.exists():
@@ -199,16 +245,20 @@ def write_dataset(
     best_auc: float | None = None,
     overwrite: bool = False,
     extra_files: Callable[[Path], None] | None = None,
+    multi_hot: list[FieldInfo] | None = None,
 ) -> Dataset:
     """Write in-memory arrays ``{split: (sparse, dense, labels)}`` as a dataset directory.
+
+    With ``multi_hot`` fields, each split's tuple has a fourth item: per field, its
+    ``(values, offsets)`` (see :meth:`DatasetWriter.append`).
 
     ``extra_files(tmp)`` may add files (e.g. the vocabulary) to the directory before it is
     renamed into place.
     """
-    w = DatasetWriter(out, fields, num_dense, name=name, overwrite=overwrite)
+    w = DatasetWriter(out, fields, num_dense, name=name, overwrite=overwrite, multi_hot=multi_hot)
     try:
-        for split, (sp, de, lb) in splits.items():
-            w.append(split, sp, de, lb)
+        for split, (sp, de, lb, *bags) in splits.items():
+            w.append(split, sp, de, lb, multi_hot=bags[0] if bags else None)
         w.meta.source = dict(source or {})
         w.meta.stats = dict(stats or {})
         w.meta.best_auc = best_auc

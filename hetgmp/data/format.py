@@ -1,4 +1,4 @@
-"""The on-disk dataset directory (format ``hetgmp-dataset`` version 1).
+"""The on-disk dataset directory (format ``hetgmp-dataset`` version 1; 2 with multi-hot fields).
 
 Layout (file names compatible with HET-GMP's preprocessed Criteo directories)::
 
@@ -6,6 +6,8 @@ Layout (file names compatible with HET-GMP's preprocessed Criteo directories)::
     train_sparse_feats.npy       int32 or int64 [N, F]; global id = field offset + local id
     train_dense_feats.npy        float32 [N, num_dense]            (absent when num_dense == 0)
     train_labels.npy             float32 [N, 1]
+    train_multi_hot_KKK_{values,offsets}.npy   version 2: multi-hot field KKK's lists, ragged
+                                 (:mod:`hetgmp.data.multi_hot`)
     test_*.npy                   the same for the test split
     vocab/                       the vocabulary (raw key -> id per field, rare / missing ids,
                                  the dense transform; preprocessed data only), see

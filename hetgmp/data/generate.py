@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from hetgmp.config import validate
-from hetgmp.data.format import Dataset, DatasetWriter, make_fields
+from hetgmp.data.format import Dataset, DatasetWriter, FieldInfo, make_fields
 from hetgmp.data.generate_config import CriteoLikeConfig, GenerateError
 from hetgmp.data.generate_stats import FieldCounts, excess_repeat_rate, repeat_rate
 from hetgmp.data.planted_model import (
@@ -82,6 +82,7 @@ from hetgmp.data.planted_model import (
     expected_distinct,
     scaled_cardinalities,
 )
+from hetgmp.data.planted_multi_hot import build_multi_hot
 from hetgmp.data.planted_samples import (
     Chunk,
     generate_chunk,
@@ -156,6 +157,7 @@ def generate_criteo_like(
     test_fraction: float = 0.1,
     positive_rate: float = 0.25,
     samples_per_user: float = 106.0,
+    multi_hot: str = "",
     chunk_size: int = 32768,
     workers: int = 0,
     progress: bool = True,
@@ -169,7 +171,8 @@ def generate_criteo_like(
     cfg = validate(CriteoLikeConfig(
         num_samples=num_samples, scale=scale, locality=locality, seed=seed,
         test_fraction=test_fraction, positive_rate=positive_rate,
-        samples_per_user=samples_per_user, chunk_size=chunk_size, workers=workers,
+        samples_per_user=samples_per_user, multi_hot=multi_hot, chunk_size=chunk_size,
+        workers=workers,
         progress=progress, overwrite=overwrite,
     ))  # fmt: skip
     return generate_from_config(out, cfg, log=log)
@@ -196,10 +199,16 @@ def generate_from_config(
     if n_train < 1:
         raise GenerateError(f"--num-samples {cfg.num_samples} leaves no training samples")
     m = build_model(cfg, n_train)
+    m.multi_hot = build_multi_hot(
+        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum())
+    )
     pilot = generate_chunk(m, 0, min(PILOT_SAMPLES, cfg.num_samples))
     m.bias = solve_bias(pilot.logit, cfg.positive_rate)
     fields = make_fields([f"C{i + 1}" for i in range(m.num_fields)], m.cards.tolist())
-    writer = DatasetWriter(out, fields, NUM_DENSE, name=Path(out).name, overwrite=cfg.overwrite)
+    writer = DatasetWriter(
+        out, fields, NUM_DENSE, name=Path(out).name, overwrite=cfg.overwrite,
+        multi_hot=_multi_hot_fields(m),
+    )  # fmt: skip
     tally = _Tally(FieldCounts(m.cards))
     try:
         _write_samples(writer, m, cfg, n_train, tally, say, t0)
@@ -232,7 +241,9 @@ def _write_samples(
     for c in _ordered_map(m, ranges, workers):
         labels, probs = labels_and_probs(m, c)
         split = "train" if c.start < n_train else "test"
-        writer.append(split, c.local + m.offsets, c.dense, labels, check_ids=False)
+        writer.append(
+            split, c.local + m.offsets, c.dense, labels, check_ids=False, multi_hot=c.bags
+        )
         tally.positives[split] += int(labels.sum())
         if split == "test":
             tally.test_probs.append(probs)
@@ -280,6 +291,15 @@ def _finish_meta(
     from hetgmp.metrics import roc_auc  # (here: it imports torch, seconds the CLI's --help skips)
 
     writer.meta.best_auc = roc_auc(np.concatenate(tally.test_labels), probs_all)
+
+
+def _multi_hot_fields(m: PlantedModel) -> list[FieldInfo]:
+    """The multi-hot fields ``M1, M2, ...`` after the single-hot ones (none by default)."""
+    mm = m.multi_hot
+    if mm is None:
+        return []
+    pairs = enumerate(zip(mm.cards, mm.offsets, strict=True))
+    return [FieldInfo(f"M{k + 1}", int(c), int(o)) for k, (c, o) in pairs]
 
 
 def _split_range(s: int, n: int, boundary: int) -> list[tuple[int, int]]:

@@ -17,6 +17,26 @@ class GenerateError(ValueError):
     """Invalid generator options."""
 
 
+def parse_multi_hot(spec: str) -> tuple[int, int]:
+    """``"K:L"`` -> (K fields, mean length L); ``""`` -> (0, 0). Raises ValueError."""
+    if not spec:
+        return 0, 0
+    k, sep, length = spec.partition(":")
+    if not sep or not k.strip().isdigit() or not length.strip().isdigit():
+        raise ValueError(f"expected K:L (two whole numbers), got {spec!r}")
+    if int(k) < 1 or int(k) > 64 or int(length) < 1 or int(length) > 10_000:
+        raise ValueError(f"K in 1..64 and L in 1..10000, got {spec!r}")
+    return int(k), int(length)
+
+
+def _valid_multi_hot(spec: str) -> bool:
+    try:
+        parse_multi_hot(spec)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclasses.dataclass
 class CriteoLikeConfig:
     """Options of ``hetgmp generate criteo-like`` (defaults: a demo set made in seconds)."""
@@ -48,6 +68,11 @@ class CriteoLikeConfig:
     samples_per_user: float = option(
         106.0, help="mean samples per latent user (movielens-100k: 106)",
         check=lambda v: v >= 1, check_msg=">= 1",
+    )  # fmt: skip
+    multi_hot: str = option(
+        "", help="K:L: add K multi-hot fields (lists of ids drawn from the user's interests) of "
+        "mean length L; empty: none (see hetgmp.data.planted_multi_hot)",
+        check=_valid_multi_hot, check_msg="K:L with K in 1..64 and L in 1..10000, or empty",
     )  # fmt: skip
     chunk_size: int = option(
         32768, help="rows per generated chunk (does not change the output)",

@@ -14,6 +14,7 @@ import numpy as np
 
 from hetgmp.data.dataset_meta import SPLITS, DatasetError, array_paths
 from hetgmp.data.dataset_reader import Dataset
+from hetgmp.data.multi_hot import refuse_multi_hot
 
 _SCAN_ROWS = 1 << 20
 
@@ -45,10 +46,14 @@ def split_ranges(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]
     return lo, hi, True
 
 
-def check_id_ranges(ds: Dataset, num_rows: int) -> list[str]:
+def check_id_ranges(ds: Dataset, num_rows: int, what: str = "training") -> list[str]:
     """Raise :class:`DatasetError` naming the file and column when a split holds an id outside
     its field's ``[offset, offset + cardinality)`` or the table's ``num_rows`` rows; returns
-    the splits whose ranges had to be scanned (nothing recorded in ``meta.json``)."""
+    the splits whose ranges had to be scanned (nothing recorded in ``meta.json``).
+
+    A data set with multi-hot fields is refused first (``what`` says who refuses it): its
+    lists would otherwise be silently left out."""
+    refuse_multi_hot(ds.meta, ds.root, what)
     scanned: list[str] = []
     off = ds.meta.field_offsets
     end = np.minimum(off + ds.meta.field_cardinalities, num_rows)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -101,6 +101,9 @@ class PlantedModel:
     locality: float
     num_users: int
     seed: int
+    # --multi-hot's fields: a hetgmp.data.planted_multi_hot.MultiHotModel, or None (typed Any:
+    # that module builds on this one, so naming its class here would be an import cycle)
+    multi_hot: Any = None
 
     @property
     def num_fields(self) -> int:

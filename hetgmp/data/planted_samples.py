@@ -12,6 +12,7 @@ import numpy as np
 
 from hetgmp.data.counter_hash import GOLDEN, hash_uniform, mix, salt
 from hetgmp.data.planted_model import NUM_DENSE, PROFILE_SLOT_WEIGHTS, PlantedModel
+from hetgmp.data.planted_multi_hot import multi_hot_bags
 
 
 @dataclasses.dataclass
@@ -22,6 +23,8 @@ class Chunk:
     local: np.ndarray  # int64 [n, F], id within the field
     dense: np.ndarray  # float32 [n, NUM_DENSE]
     logit: np.ndarray  # float64 [n], without the bias
+    # per multi-hot field, (global ids, offsets [n + 1]); none without --multi-hot
+    bags: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
 
 
 def sample_users(m: PlantedModel, start: int, n: int) -> np.ndarray:
@@ -61,7 +64,11 @@ def generate_chunk(m: PlantedModel, start: int, n: int) -> Chunk:
     for a, b in m.pairs:
         logit += np.einsum("ij,ij->i", m.factors[a][local[:, a]], m.factors[b][local[:, b]])
     logit += dense @ m.dense_beta
-    return Chunk(start=start, local=local, dense=dense.astype(np.float32), logit=logit)
+    bags: list[tuple[np.ndarray, np.ndarray]] = []
+    if m.multi_hot is not None:
+        bags, pooled = multi_hot_bags(m.multi_hot, start, n, user)
+        logit += pooled
+    return Chunk(start=start, local=local, dense=dense.astype(np.float32), logit=logit, bags=bags)
 
 
 def solve_bias(logits: np.ndarray, target: float) -> float:

@@ -22,6 +22,7 @@ from hetgmp.data.format import (
     compute_fingerprint,
     open_dataset,
 )
+from hetgmp.data.multi_hot_verify import check_multi_hot, describe_multi_hot
 from hetgmp.data.vocab_files import MANIFEST, check_field, has_vocabulary, read_manifest, vocab_dir
 from hetgmp.data.vocab_input import VocabError
 
@@ -75,6 +76,8 @@ def verify_dataset(path: str | os.PathLike[str]) -> VerifyReport:
             rep.bad(f"{split}: {err}")
             continue
         _check_split(ds, split, arrays, rep)
+        for k, field in enumerate(ds.meta.multi_hot):
+            check_multi_hot(ds.root, split, k, field, arrays.multi_hot[k], rep)
     _check_vocabulary(ds, rep)
     return rep
 
@@ -180,7 +183,8 @@ def describe(ds: Dataset) -> list[str]:
         f"format       {m.format} v{m.version}"
         + (" (derived, no meta.json)" if ds.derived else ""),
         "splits       " + ", ".join(f"{k}={v}" for k, v in sorted(m.splits.items())),
-        f"fields       {m.num_fields} categorical, {m.num_dense} dense",
+        f"fields       {m.num_fields} categorical, {len(m.multi_hot)} multi-hot, "
+        f"{m.num_dense} dense",
         f"rows         {m.num_embeddings} embedding rows, ids {m.id_dtype}",
         f"fingerprint  {m.fingerprint}",
         "vocabulary   "
@@ -198,6 +202,7 @@ def describe(ds: Dataset) -> list[str]:
     lines.append("field        cardinality  offset")
     for f in m.fields:
         lines.append(f"  {f.name:<10} {f.cardinality:>11}  {f.offset}")
+    lines += describe_multi_hot(m)
     for k, v in sorted(m.stats.items()):
         lines.append(f"stats.{k} = {v}")
     return lines

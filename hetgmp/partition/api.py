@@ -295,6 +295,9 @@ def partition_dataset(
     progress: bool = True,
 ) -> Plan:
     """Partition the training split of ``ds`` into ``nparts`` workers (see module docstring)."""
+    from hetgmp.data.multi_hot import refuse_multi_hot
+
+    refuse_multi_hot(ds.meta, ds.root, "partitioning")  # (its lists would be left out)
     plan = partition_ids(
         ds.train.sparse,
         ds.meta.num_embeddings,

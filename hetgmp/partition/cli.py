@@ -107,7 +107,9 @@ def run_partition(cfg: PartitionConfig) -> Plan:
     from hetgmp.partition.api import partition_dataset
 
     ds = open_dataset(cfg.data) if cfg.data is not None else default_dataset()
-    check_id_ranges(ds, ds.meta.num_embeddings)  # (before the graph is built from the ids)
+    check_id_ranges(
+        ds, ds.meta.num_embeddings, "partitioning"
+    )  # (before the graph is built from the ids)
     n = ds.meta.splits.get("train", len(ds.train))
     if cfg.nparts > n:
         raise PlanError(f"-n {cfg.nparts} is larger than the {n} training samples of {ds.root}")
