@@ -9,7 +9,7 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -165,7 +165,9 @@ class DatasetWriter:
             raise DatasetError(
                 f"chunk has {len(bags)} multi-hot fields, dataset has {len(self.meta.multi_hot)}"
             )
-        stats = self.meta.multi_hot_stats.setdefault(split, [None] * len(bags))
+        # (None until the split's first chunk of that field: fold_stats starts from it)
+        empty = cast("list[dict[str, Any]]", [None] * len(bags))
+        stats: list[Any] = self.meta.multi_hot_stats.setdefault(split, empty)
         for k, (field, (values, offsets)) in enumerate(zip(self.meta.multi_hot, bags, strict=True)):
             values, offsets = np.asarray(values), np.asarray(offsets, dtype=np.int64)
             check_chunk(field, values, offsets, n, check_ids)
@@ -180,7 +182,7 @@ class DatasetWriter:
         if key not in self._files:
             paths = multi_hot_paths(self.tmp, split, k)
             self._files[key] = _NpyAppender(paths["values"], self.id_dtype, ())
-            offs = _NpyAppender(paths["offsets"], np.int64, ())
+            offs = _NpyAppender(paths["offsets"], np.dtype(np.int64), ())
             offs.append(np.zeros(1, dtype=np.int64))
             self._files[(split, f"multi_hot_{k}_offsets")] = offs
         return self._files[key], self._files[(split, f"multi_hot_{k}_offsets")]
@@ -257,6 +259,7 @@ def write_dataset(
     """
     w = DatasetWriter(out, fields, num_dense, name=name, overwrite=overwrite, multi_hot=multi_hot)
     try:
+        bags: list[Any]
         for split, (sp, de, lb, *bags) in splits.items():
             w.append(split, sp, de, lb, multi_hot=bags[0] if bags else None)
         w.meta.source = dict(source or {})
