@@ -6,13 +6,17 @@
   row) says where a cached row is; a lookup gathers the hits on the device and only the misses
   from host memory. Hot rows are the most frequently accessed ones when the artifact has
   access counts, else the first rows of every field (preprocessing numbers a field's values by
-  descending count, so these are the frequent ones there too).
+  descending count, so these are the frequent ones there too). The pinned host rows and the
+  hottest-first order are the trainer's host tier's (:mod:`hetgmp.embedding.tiered`), which
+  also updates rows and changes residency; a scorer's cache is read-only and fixed.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from hetgmp.embedding.tiered import host_tensor, hottest_first
 
 
 class DeviceRows:
@@ -35,8 +39,7 @@ class CachedRows:
         self, rows: torch.Tensor, device: torch.device, cache_rows: int, order: torch.Tensor
     ) -> None:
         self.device = device
-        pin = device.type == "cuda"
-        self.host = rows.pin_memory() if pin else rows
+        self.host = host_tensor(rows, device, copy=False)  # (pinned for CUDA, as the trainer's)
         n = rows.shape[0]
         hot = order[: max(0, min(int(cache_rows), n))].to(torch.int64)
         self.cached_rows = int(hot.numel())
@@ -75,7 +78,7 @@ def hot_order(
     fields' first ids (id 0 of every field, then id 1, ...). ``index`` maps global ids to table
     rows (``--min-count`` artifacts); rows appear once, in their hottest id's place."""
     if counts is not None:
-        order = torch.argsort(counts.to(torch.int64), descending=True, stable=True)
+        order = hottest_first(counts, counts.numel())
     else:
         cards = np.array([int(f["cardinality"]) for f in fields], np.int64)
         offs = np.array([int(f["offset"]) for f in fields], np.int64)

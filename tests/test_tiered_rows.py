@@ -1,0 +1,127 @@
+"""The host tier (hetgmp/embedding/tiered.py) on CPU: a tiered table trained with random
+batches with hot rows equals an all-resident one bit for bit, its counters add up, and a batch
+larger than the cache is refused clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.tiered import CacheBudgetError, TieredRows, budget_rows
+
+N, D = 2000, 8
+CPU = torch.device("cpu")
+
+
+def batches(steps: int, batch: int, seed: int) -> list[torch.Tensor]:
+    """``[batch, 3]`` ids: a Zipf-like head (hot rows) plus uniform cold ids, so residency
+    both hits and misses; the hot set drifts half way (residency must adapt)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in range(steps):
+        hot = (torch.rand(batch, 2, generator=g) ** 3 * 200).long()
+        if s >= steps // 2:
+            hot = (hot + 700) % N  # drift: another hot set
+        cold = torch.randint(0, N, (batch, 1), generator=g)
+        out.append(torch.cat([hot, cold], 1))
+    return out
+
+
+def reference(opt: SparseOptimizer, weight: torch.Tensor, steps: list[torch.Tensor], seed: int):
+    """The all-resident table: the same per-row sums and updates, on row ids."""
+    w = weight.clone()
+    st = opt.new_state(N, CPU)
+    g = torch.Generator().manual_seed(seed)
+    for ids in steps:
+        grad = torch.randn(*ids.shape, D, generator=g) * (w[ids] + 0.1)
+        uniq, inv = torch.unique(ids.reshape(-1), return_inverse=True)
+        gsum = torch.zeros(uniq.numel(), D).index_add_(0, inv, grad.reshape(-1, D))
+        opt.apply(w, st, uniq, gsum)
+    return w, st
+
+
+def tiered_run(opt, weight, steps, seed, budget, counts):
+    t = TieredRows(weight, opt.new_state(N, CPU), device=CPU, budget=budget, opt=opt, counts=counts)
+    g = torch.Generator().manual_seed(seed)
+    for ids in steps:
+        slots = t.prefetch(ids)
+        assert torch.equal(t.row_of[slots], ids)  # every row of the batch is resident
+        grad = torch.randn(*ids.shape, D, generator=g) * (t.gather(slots) + 0.1)
+        t.apply(slots, grad)
+    return t
+
+
+@pytest.mark.parametrize("opt_name", ["adagrad", "sgd"])
+@pytest.mark.parametrize("fraction", [0.05, 0.10, 0.25])
+def test_tiered_equals_all_resident(opt_name: str, fraction: float) -> None:
+    opt = SparseOptimizer(opt_name, lr=0.05, init=0.1)
+    weight = torch.randn(N, D, generator=torch.Generator().manual_seed(1))
+    steps = batches(40, 24, seed=2)
+    counts = torch.bincount(torch.cat(steps[:5]).reshape(-1), minlength=N)  # "the plan's"
+    budget = budget_rows(N, fraction)
+    t = tiered_run(opt, weight, steps, 3, budget, counts)
+    want_w, want_s = reference(opt, weight, steps, 3)
+    got_w, got_s = t.rows()
+    assert torch.equal(got_w, want_w)  # bit for bit
+    assert torch.equal(got_s, want_s)
+    c = t.counters
+    distinct = sum(int(torch.unique(ids).numel()) for ids in steps)
+    assert c.hits + c.misses == distinct
+    assert c.hits > 0 and c.misses > 0
+    # a miss fills an empty slot or evicts: the initial residents fill the cache
+    assert c.evictions == c.misses
+    assert c.bytes_h2d == c.misses * 4 * (D + opt.state_width)
+    assert c.bytes_d2h == c.written_back * 4 * (D + opt.state_width)
+    assert c.written_back <= c.evictions + budget
+    # the cache and the maps agree: every resident row maps to its slot, and only those
+    res = t.resident()
+    assert (res >= 0).all() and torch.unique(res).numel() == budget
+    assert torch.equal(t.slot_of[res], torch.arange(budget))
+    assert int((t.slot_of >= 0).sum()) == budget
+
+
+def test_initial_residents_are_the_most_frequent() -> None:
+    opt = SparseOptimizer("adagrad")
+    counts = torch.zeros(N, dtype=torch.int64)
+    counts[[5, 77, 1999, 300]] = torch.tensor([10, 40, 30, 20])
+    t = TieredRows(torch.zeros(N, D), opt.new_state(N, CPU), device=CPU, budget=3, opt=opt,
+                   counts=counts)  # fmt: skip
+    assert t.resident().tolist() == [77, 1999, 300]
+    t.prefetch(torch.tensor([77, 1999, 300]))
+    assert t.counters.hits == 3 and t.counters.misses == 0 and t.counters.bytes_h2d == 0
+
+
+def test_eviction_is_least_recently_used_and_writes_back_only_updated_rows() -> None:
+    opt = SparseOptimizer("sgd", lr=1.0)
+    w = torch.zeros(10, D)
+    t = TieredRows(w, opt.new_state(10, CPU), device=CPU, budget=3, opt=opt)
+    assert t.resident().tolist() == [0, 1, 2]
+    s = t.prefetch(torch.tensor([0, 1]))  # 2 is now the least recently used
+    t.apply(s[:1], torch.ones(1, D))  # row 0 updated
+    t.prefetch(torch.tensor([5]))
+    assert sorted(t.resident().tolist()) == [0, 1, 5]
+    assert t.counters.evictions == 1 and t.counters.written_back == 0  # row 2 was clean
+    t.prefetch(torch.tensor([1, 5]))
+    t.prefetch(torch.tensor([6]))  # evicts row 0, the updated one
+    assert 0 not in t.resident().tolist()
+    assert t.counters.written_back == 1 and t.counters.bytes_d2h == 4 * D
+    assert torch.equal(t.host_weight[0], -torch.ones(D))
+    back = t.prefetch(torch.tensor([0]))  # loaded again with its update
+    assert torch.equal(t.gather(back), -torch.ones(1, D))
+
+
+def test_batch_larger_than_cache_is_refused_and_changes_nothing() -> None:
+    opt = SparseOptimizer("adagrad")
+    t = TieredRows(torch.randn(N, D), opt.new_state(N, CPU), device=CPU, budget=10, opt=opt)
+    before = t.resident()
+    with pytest.raises(CacheBudgetError, match=r"11 distinct rows.*holds 10 .*--cache-budget"):
+        t.prefetch(torch.arange(100, 111).reshape(1, 11))
+    assert torch.equal(t.resident(), before) and t.counters.misses == 0
+    with pytest.raises(EmbeddingInputError, match=r"outside \[0, 2000\)"):
+        t.prefetch(torch.tensor([3, N]))
+    with pytest.raises(CacheBudgetError, match="1..2000"):
+        TieredRows(torch.randn(N, D), opt.new_state(N, CPU), device=CPU, budget=0, opt=opt)
+    with pytest.raises(CacheBudgetError, match=r"fraction in \(0, 1\]"):
+        budget_rows(N, 1.5)
