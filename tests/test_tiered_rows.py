@@ -125,3 +125,51 @@ def test_batch_larger_than_cache_is_refused_and_changes_nothing() -> None:
         TieredRows(torch.randn(N, D), opt.new_state(N, CPU), device=CPU, budget=0, opt=opt)
     with pytest.raises(CacheBudgetError, match=r"fraction in \(0, 1\]"):
         budget_rows(N, 1.5)
+
+
+def _table(**kw):
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.embedding import DistributedEmbedding
+
+    return DistributedEmbedding(N, D, DistEnv.single(), optimizer="adagrad", lr=0.05,
+                                init_scale=0.1, seed=4, **kw)  # fmt: skip
+
+
+def test_one_rank_table_with_host_rows_trains_as_the_default() -> None:
+    """The one-rank step with ``rows_on="host"`` (a 5 % cache, frequencies from the first
+    batches) equals the all-on-device table bit for bit, checkpoint round trip included."""
+    steps = batches(30, 24, seed=5)
+    counts = torch.bincount(torch.cat(steps[:3]).reshape(-1), minlength=N)
+    tables = [_table(), _table(rows_on="host", cache_budget=0.05, row_counts=counts)]
+    for t in tables:
+        g = torch.Generator().manual_seed(6)
+        for i, ids in enumerate(steps):
+            out = t(ids)
+            (out * torch.randn(out.shape, generator=g)).sum().backward()
+            if i == 15:  # a checkpoint round trip in the middle
+                t.load_state_dict(t.state_dict())
+    a, b = (t.state_dict() for t in tables)
+    assert torch.equal(a["ids"], b["ids"])
+    assert torch.equal(a["weight"], b["weight"]) and torch.equal(a["opt_state"], b["opt_state"])
+    c = tables[1].tier.counters
+    assert c.misses > 0 and c.evictions > 0 and c.written_back > 0
+    with pytest.raises(EmbeddingInputError, match=r"rank 0: ids outside \[0, 2000\)"):
+        tables[1](torch.tensor([[1, N]]))
+
+
+def test_host_rows_refusals() -> None:
+    with pytest.raises(ValueError, match="rows_on must be one of"):
+        _table(rows_on="disk")
+    with pytest.raises(CacheBudgetError, match=r"fraction in \(0, 1\]"):
+        _table(rows_on="host", cache_budget=0.0)
+    with pytest.raises(ValueError, match="one-rank step only"):
+        _table(rows_on="host", audit=True)
+    small = _table(rows_on="host", cache_budget=0.001)  # 2 rows
+    with pytest.raises(CacheBudgetError, match="3 distinct rows"):
+        small(torch.tensor([[1, 2, 3]]))
+    from hetgmp.embedding.tiered import check_rows_on
+
+    with pytest.raises(ValueError, match="one rank only so far .*has 2"):
+        check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False)
+    with pytest.raises(ValueError, match="CUDA graphs yet.*--no-cuda-graphs"):
+        check_rows_on("host", 0.1, world=1, device=torch.device("cuda"), cuda_graphs=True)

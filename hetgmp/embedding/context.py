@@ -14,6 +14,7 @@ from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tiered import TieredRows
 
 OP_FORWARD, OP_FLUSH = 1, 2
 # which step engine a table runs (:class:`hetgmp.embedding.engine.StepEngine`'s ``kind``)
@@ -36,6 +37,8 @@ class StepContext:
     send_all: bool
     audit: bool
     last_audit: dict[str, torch.Tensor] | None = None  # the last audited step's record
+    # one rank with ``rows_on="host"``: the store's rows in host memory, a device cache of them
+    tier: TieredRows | None = None
 
     @property
     def kernels(self) -> str:

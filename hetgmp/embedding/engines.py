@@ -50,8 +50,9 @@ class LocalEngine:
     def __init__(self, ctx: StepContext, anchor: torch.Tensor) -> None:
         self.ctx, self.anchor = ctx, anchor
         self.one: LocalStep | None = LocalStep(ctx)
-        self.device = ctx.store.device
-        self._ids_device = concrete(ctx.store.device)  # (ids already there are not moved)
+        # (with a host tier the store is in host memory and the step on the tier's device)
+        self.device = ctx.tier.device if ctx.tier is not None else ctx.store.device
+        self._ids_device = concrete(self.device)  # (ids already there are not moved)
 
     def forward(self, ids: torch.Tensor, *, training: bool) -> torch.Tensor:
         """``[B, F, D]`` rows, one per occurrence in input order (through

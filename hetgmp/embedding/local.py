@@ -41,6 +41,14 @@ class LocalStep:
         store = ctx.store
         self.weight, self.opt_state, self.num_rows = store.weight, store.opt_state, store.num_rows
         self.device = dev = store.device
+        # rows the lookup indexes: the table's, or with a host tier its device cache's (the
+        # step then runs on cache slots, which :meth:`TieredRows.prefetch` hands out)
+        self.tier = tier = ctx.tier
+        self._map_rows = self.num_rows
+        if tier is not None:
+            self.weight, self.opt_state = tier.cache_weight, tier.cache_state
+            self.device = dev = tier.device
+            self._map_rows = tier.budget
         self.grads: tuple[LocalBatch, torch.Tensor] | None = None
         self._pos_map: torch.Tensor | None = None  # row -> leader occurrence
         self._gsum: torch.Tensor | None = None  # Adagrad row sums, zero between steps
@@ -69,14 +77,16 @@ class LocalStep:
         if error:
             raise EmbeddingInputError(f"rank {ctx.env.rank}: {error}")
         n = ids.numel()
+        if self.tier is not None and n:
+            ids = self._resident(ids)
         counts = ctx.counters.local_counts
         pos_map = self._pos_map
         if n:
             if pos_map is None:
-                pos_map = torch.empty(self.num_rows, dtype=torch.int32, device=self.device)
+                pos_map = torch.empty(self._map_rows, dtype=torch.int32, device=self.device)
                 self._pos_map = pos_map
             slots = mark_local(
-                ids, pos_map, self._bad_flag, counts[0], self.num_rows, backend=ctx.kernels
+                ids, pos_map, self._bad_flag, counts[0], self._map_rows, backend=ctx.kernels
             )
             self._check(ids)
         else:
@@ -97,6 +107,16 @@ class LocalStep:
         if not self.capturing:  # (a replayed step is counted by :meth:`replayed`)
             ctx.counters.count_local_step()
         return values, LocalBatch(slots, lead)
+
+    def _resident(self, ids: torch.Tensor) -> torch.Tensor:
+        """(Host tier) the last step's update first, while its rows are surely resident, then
+        this batch's rows made resident: their cache slots, which the step looks up instead."""
+        assert self.tier is not None
+        self.apply_pending()
+        try:
+            return self.tier.prefetch(ids)
+        except EmbeddingInputError as e:
+            raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {e}") from None
 
     def _out_dtype(self) -> torch.dtype | None:
         """The rows' dtype: autocast's on this device when it is on (a bf16 first layer would
@@ -122,6 +142,8 @@ class LocalStep:
             return
         if opt.name == "sgd":  # linear: every occurrence's gradient added directly
             opt.apply(self.weight, self.opt_state, pb.slot, pg)
+            if self.tier is not None:
+                self.tier.mark_updated(pb.slot)
             return
         # Row sums at the leader occurrence, then one update per row at its leader. The sums
         # go into a buffer kept at zero between steps: the update zeroes the leader rows it
@@ -137,6 +159,8 @@ class LocalStep:
         opt.apply_leaders(
             self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead, consume=True
         )
+        if self.tier is not None:  # (written back to host memory when evicted)
+            self.tier.mark_updated(pb.slot)
 
     def _check(self, ids: torch.Tensor) -> None:
         """This batch's out-of-range flag (set by :func:`mark_local`). On CPU it is read at

@@ -35,6 +35,7 @@ from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tiered import check_rows_on, tier_rows_of
 from hetgmp.partition.plan import Plan
 
 
@@ -72,7 +73,8 @@ class DistributedEmbedding(nn.Module):
         adagrad_eps: float = 1e-10, adagrad_init: float = 0.0, audit: bool = False,
         kernels: str = "auto", replies: str = "stale", exchange: str = "auto",
         cuda_graphs: bool = True, graph_collectives: bool = True, sync: str = "collective",
-        async_config: AsyncConfig | None = None,
+        async_config: AsyncConfig | None = None, rows_on: str = "device",
+        cache_budget: float = 1.0, row_counts: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         check_sizes(num_rows, dim, bound, store_rate)
@@ -86,14 +88,23 @@ class DistributedEmbedding(nn.Module):
         if self.sync == "async":
             self.exchange = "exact"  # (what the logs report: rows move point to point)
         owner, mirrors = placement_of(plan, self.num_rows, env, placement, store_rate, seed)
+        check_rows_on(rows_on, cache_budget, world=env.world_size, device=env.device,
+                      cuda_graphs=cuda_graphs)  # fmt: skip
+        host = rows_on == "host"
         self.store = RowStore(
-            self.num_rows, self.dim, rank=env.rank, world=env.world_size, device=env.device,
-            owner=owner, mirrors=mirrors, opt=self.opt, seed=seed, init_scale=init_scale,
+            self.num_rows, self.dim, rank=env.rank, world=env.world_size, owner=owner,
+            device=torch.device("cpu") if host else env.device, mirrors=mirrors, opt=self.opt,
+            seed=seed, init_scale=init_scale,
         )  # fmt: skip
+        self.tier = (
+            tier_rows_of(self.store, self.opt, env.device, cache_budget, row_counts)
+            if host
+            else None
+        )
         self._ctx = StepContext(
             env, self.store, self.opt, StepCounters(env.device),
             PhaseTimer(env.device, enabled=False), self.bound,
-            send_all=audit or self.replies == "all", audit=audit,
+            send_all=audit or self.replies == "all", audit=audit, tier=self.tier,
         )  # fmt: skip
         # the leaf the autograd nodes hang on (see lookup._LocalLookup; a plain attribute, not
         # a parameter: it never gets a gradient)
@@ -103,6 +114,8 @@ class DistributedEmbedding(nn.Module):
             cuda_graphs=cuda_graphs, graph_collectives=graph_collectives,
             async_config=async_config,
         )  # fmt: skip
+        if host and self.engine.kind != "local":
+            raise ValueError("rows_on='host' runs in the one-rank step only so far (not audit)")
         if self.engine.kind == "local" and exchange == "auto":
             self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
 
@@ -184,6 +197,8 @@ class DistributedEmbedding(nn.Module):
         :meth:`load_state_dict` takes any union of the ranks' dicts (any rank count or plan).
         """
         self.flush()
+        if self.tier is not None:  # (host memory then holds every row)
+            self.tier.flush()
         sd = self.store.owned_rows()
         if destination is None:
             return sd
@@ -199,6 +214,8 @@ class DistributedEmbedding(nn.Module):
         lacks keep their values (a warm start onto a grown vocabulary's new rows)."""
         self.store.load_rows(sd, partial=not strict)
         self.engine.drop_pending()
+        if self.tier is not None:  # (the rows went to host memory)
+            self.tier.reload()
         return None
 
     def _load_from_state_dict(

@@ -34,6 +34,7 @@ import torch
 
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.store import RowStore
 
 
 class CacheBudgetError(ValueError):
@@ -85,11 +86,14 @@ class TierCounters:
 class TieredRows:
     """Rows in host memory with a device cache of ``budget`` rows (see the module docstring).
     ``weight [N, D]`` / ``state`` (``[N]`` or ``[0]``): the initial rows (copied);
-    ``counts``: per-row access frequencies that pick the initial residents."""
+    ``counts``: per-row access frequencies that pick the initial residents; ``adopt``: keep
+    ``weight`` / ``state`` (CPU float32) as the host rows instead of copying them (a CUDA
+    device still gets pinned copies: see :func:`tier_rows_of`)."""
 
     def __init__(
         self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
         opt: SparseOptimizer, counts: torch.Tensor | np.ndarray | None = None,
+        adopt: bool = False,
     ) -> None:  # fmt: skip
         n, d = weight.shape
         if not 1 <= budget <= n:
@@ -98,8 +102,8 @@ class TieredRows:
             raise ValueError(f"optimizer state of {state.numel()} rows for a table of {n}")
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
         self.device = device
-        self.host_weight = host_tensor(weight.to(torch.float32), device)
-        self.host_state = host_tensor(state.to(torch.float32), device)
+        self.host_weight = host_tensor(weight.to(torch.float32), device, copy=not adopt)
+        self.host_state = host_tensor(state.to(torch.float32), device, copy=not adopt)
         self.state_width = 1 if state.numel() else 0
         self.row_bytes = 4 * (d + self.state_width)
         resident = hottest_first(counts, n)[:budget]
@@ -240,3 +244,54 @@ class TieredRows:
     def resident(self) -> torch.Tensor:
         """The rows in the cache now, by slot (-1: empty)."""
         return self.row_of.clone()
+
+    def reload(self) -> None:
+        """Re-read every resident row from host memory (after rows were loaded into it)."""
+        full = torch.nonzero(self.row_of >= 0).reshape(-1)
+        dev = full.to(self.device)
+        self.cache_weight[dev] = self._staged(self.host_weight[self.row_of[full]])
+        if self.state_width:
+            self.cache_state[dev] = self._staged(self.host_state[self.row_of[full]])
+        self.dirty.zero_()
+
+
+ROWS_ON = ("device", "host")
+
+
+def check_rows_on(rows_on: str, cache_budget: float, *, world: int, device: torch.device,
+                  cuda_graphs: bool) -> None:  # fmt: skip
+    """Refuse what the host tier does not support yet (``--rows-on host``)."""
+    if rows_on not in ROWS_ON:
+        raise ValueError(f"rows_on must be one of {ROWS_ON}, got {rows_on!r}")
+    if rows_on == "device":
+        return
+    budget_rows(1, cache_budget)  # (the fraction's check)
+    if world > 1:
+        raise ValueError(
+            f"--rows-on host is supported on one rank only so far (this job has {world}); "
+            "train with --rows-on device, or on one GPU"
+        )
+    if device.type == "cuda" and cuda_graphs:
+        raise ValueError(
+            "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
+            "on the host); pass --no-cuda-graphs with it"
+        )
+
+
+def tier_rows_of(
+    store: RowStore, opt: SparseOptimizer, device: torch.device, cache_budget: float,
+    counts: torch.Tensor | np.ndarray | None,
+) -> TieredRows:  # fmt: skip
+    """A host tier over a one-rank ``store`` (allocated in host memory, slot = id): the tier
+    keeps the store's rows as its host rows, and the store's ``weight`` / ``opt_state`` point
+    at them, so saving and loading rows by id work on host memory (flush / reload the tier
+    around them)."""
+    if store.world != 1:
+        raise ValueError("a host tier holds the rows of a one-rank table")
+    tier = TieredRows(
+        store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,
+        budget=budget_rows(store.num_rows, cache_budget),
+    )  # fmt: skip
+    store.weight = store.weight_full = tier.host_weight
+    store.opt_state = store.opt_state_full = tier.host_state
+    return tier
