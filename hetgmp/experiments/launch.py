@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hetgmp.train.config import TrainConfig, resolve_dense_lr
+from hetgmp.train.config import TrainConfig
+from hetgmp.train.dense_lr import resolve_dense_lr
 
 _TRAIN_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 

@@ -29,7 +29,7 @@ from hetgmp.experiments.launch import (
 )
 from hetgmp.experiments.table import Row, RunTable
 from hetgmp.progress import auto_unless_off, bar_wanted
-from hetgmp.train.config import resolve_dense_lr
+from hetgmp.train.dense_lr import resolve_dense_lr
 
 DEFAULT_TIMEOUT_S = 1800.0
 # The sweeps' default grids (here, not in their modules, which import matplotlib and torch:

@@ -13,12 +13,12 @@ from pathlib import Path
 from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, PADDED_NEEDS, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
+from hetgmp.train.dense_lr import resolve_dense_lr
 from hetgmp.train.straggle import straggle_ok
 
 SPARSE_OPTIMIZERS = ("sgd", "adagrad")
 DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DEFAULT_DATASET = DEFAULT_DATASET_NAME
-ADAM_DEFAULT_LR = 1e-3
 
 
 def _positive(v: int | float) -> bool:
@@ -95,6 +95,16 @@ class TrainConfig:
         flags=["--store-rate", "--store_rate"],
     )
     partition: Path | None = option(None, help="plan file (part.npz); omitted: hash placement")
+    rows_on: str = option(
+        "device", choices=("device", "host"), flags=["--rows-on"],
+        help="where one rank's rows and optimizer state live: on the device, or in (pinned) host "
+        "memory with a device cache of --cache-budget of them, each batch's rows fetched before "
+        "it trains (one rank; on CUDA with --no-cuda-graphs so far)",
+    )  # fmt: skip
+    cache_budget: float = option(
+        0.25, check=lambda v: 0.0 < v <= 1.0, check_msg="must lie in (0, 1]",
+        flags=["--cache-budget"], help="with --rows-on host: the cached share of the rows",
+    )  # fmt: skip
     output: Path | None = option(
         None, help="write the final results (metrics, speed, config) as JSON here"
     )
@@ -382,11 +392,3 @@ class TrainConfig:
     @property
     def effective_dense_lr(self) -> float:
         return resolve_dense_lr(self.lr, self.dense_optimizer, self.dense_lr)
-
-
-def resolve_dense_lr(lr: float, dense_optimizer: str, dense_lr: float | None) -> float:
-    """The dense learning rate a run trains with: ``dense_lr`` if given, else 1e-3 for Adam and
-    the sparse ``lr`` otherwise (also used by the experiment sweeps, so the rule lives once)."""
-    if dense_lr is not None:
-        return dense_lr
-    return ADAM_DEFAULT_LR if dense_optimizer == "adam" else lr

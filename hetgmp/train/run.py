@@ -166,7 +166,15 @@ def distributed_embedding(
         exchange=cfg.exchange,
         sync=cfg.sync,
         async_config=async_config(cfg),
+        **_host_rows(cfg),
     )
+
+
+def _host_rows(cfg: TrainConfig) -> dict[str, Any]:
+    """``--rows-on host``'s table arguments (none by default: the table's own defaults)."""
+    if cfg.rows_on != "host":
+        return {}
+    return {"rows_on": "host", "cache_budget": cfg.cache_budget, "cuda_graphs": cfg.cuda_graphs}
 
 
 def async_config(cfg: TrainConfig) -> Any:
