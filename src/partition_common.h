@@ -122,7 +122,7 @@ inline void check_ids(const IdMatrix& ids, int64_t num_rows, int threads) {
   }
   if (bad < ids.edges) {
     const int64_t s = ids.sample_of(bad);
-    throw py::value_error("sample " + std::to_string(s) + ", id number " +
+    throw py::value_error("sample " + std::to_string(s) + (ids.ptr ? ", id number " : ", field ") +
                           std::to_string(bad - ids.begin(s)) + ": id " +
                           std::to_string(ids.get(bad)) + " is outside [0, " +
                           std::to_string(num_rows) + ")");

@@ -105,12 +105,8 @@ def partition_ids(
     # One bar over every stage: start, graph build, (greedy), each refinement round, report.
     bar = _progress(3 + metis + (rounds if refining else 0),
                     f"partition {method} into {nparts}", progress)  # fmt: skip
-    ids: np.ndarray | SampleRows = sparse
-    if not isinstance(sparse, SampleRows):
-        ids = sparse if sparse.dtype in (np.int32, np.int64) else sparse.astype(np.int64)
-        ids = np.ascontiguousarray(ids)
     job = _Job(
-        ids, num_rows, nparts, batch_size,
+        _as_ids(sparse), num_rows, nparts, batch_size,
         cost.topology_matrix(nparts, gpus_per_node=gpus_per_node, intra_cost=intra_cost),
         int(threads or 0), bar,
     )  # fmt: skip
@@ -139,6 +135,15 @@ def partition_ids(
         "timing": {**job.timings, "peak_rss_mb": peak_rss_mb()}, **job.extra,
     }  # fmt: skip
     return Plan(data_part, embed_part, mirrors, meta).validate()
+
+
+def _as_ids(sparse: np.ndarray | SampleRows) -> np.ndarray | SampleRows:
+    """The ids as the native code takes them: ragged lists as they are, the matrix as a
+    C-contiguous int32/int64 array."""
+    if isinstance(sparse, SampleRows):
+        return sparse
+    ids = sparse if sparse.dtype in (np.int32, np.int64) else sparse.astype(np.int64)
+    return np.ascontiguousarray(ids)
 
 
 def _settings_meta(

@@ -34,7 +34,11 @@ def _ids(sparse: np.ndarray | SampleRows) -> tuple[np.ndarray, np.ndarray | None
 
 
 def usage_counts(
-    sparse: np.ndarray | SampleRows, data_partition: np.ndarray, nparts: int, num_rows: int, threads: int = 0
+    sparse: np.ndarray | SampleRows,
+    data_partition: np.ndarray,
+    nparts: int,
+    num_rows: int,
+    threads: int = 0,
 ) -> np.ndarray:
     """``counts[r, p]`` (int32 [num_rows, nparts]) computed natively."""
     dp = np.ascontiguousarray(data_partition, dtype=np.int32)
