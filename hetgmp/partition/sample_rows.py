@@ -53,9 +53,9 @@ def combine(single: np.ndarray, lists: Sequence[Any]) -> SampleRows:
     """One ragged list per sample: the ``[N, F]`` single-hot ids, then every multi-hot field's
     list (each with ``values`` and ``offsets [N + 1]``), in field order."""
     n, f = single.shape
-    lengths = np.full(n, f, dtype=np.int64)
+    lengths: np.ndarray = np.full(n, f, dtype=np.int64)
     for mh in lists:
-        lengths += np.diff(np.asarray(mh.offsets, dtype=np.int64))
+        lengths = lengths + np.diff(np.asarray(mh.offsets, dtype=np.int64))
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     values = np.empty(int(offsets[-1]), dtype=np.int64)
