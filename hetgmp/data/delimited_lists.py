@@ -16,7 +16,6 @@ import pyarrow.compute as pc
 from hetgmp.data.vocab import hex_keys, string_keys
 
 DEFAULT_SEPARATOR = "|"
-EMPTY_VALUE = "has an empty value between separators"
 
 
 def parse_multi_hot_arg(text: str) -> tuple[str, str]:

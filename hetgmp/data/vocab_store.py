@@ -250,7 +250,7 @@ class Vocabulary:
         where = self.manifest_path
         if vocab_field_names(source) != self.field_names:
             raise VocabError(
-                f"{where}: the input's categorical and multi-hot fields "
+                f"{where}: the input's categorical fields (single-hot, then multi-hot) "
                 f"{vocab_field_names(source)} differ from the vocabulary's {self.field_names}"
             )
         if list(source.dense_names) != self.dense_names:
