@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -53,26 +54,55 @@ inline double soft_at(const std::vector<double>& t, int64_t k) {
   return t[k < last ? k : last];
 }
 
-// A read-only view of the [N, F] sample-id matrix, int32 or int64, C-contiguous. Hidden
-// visibility like pybind11's own types (its py::array member is): no -Wattributes warning.
+// A read-only view of the sample -> rows edges, int32 or int64, C-contiguous: either the
+// [N, F] sample-id matrix (sample s's edges are s*F .. s*F+F) or, with multi-hot fields, a
+// ragged list (1-D ids plus int64 offsets [N + 1]: sample s's edges are ptr[s] .. ptr[s+1];
+// a repeated id is a repeated edge, i.e. its weight). Hidden visibility like pybind11's own
+// types (its py::array member is): no -Wattributes warning.
 struct HETGMP_HIDDEN IdMatrix {
   const int32_t* i32 = nullptr;
   const int64_t* i64 = nullptr;
-  int64_t n = 0, f = 0;
-  py::array keep;  // holds the buffer (a numpy memmap works) alive
-  inline int64_t at(int64_t s, int64_t j) const {
-    return i32 ? static_cast<int64_t>(i32[s * f + j]) : i64[s * f + j];
+  const int64_t* ptr = nullptr;  // ragged offsets, or null for the dense matrix
+  int64_t n = 0, f = 0, edges = 0;
+  py::array keep, keep_ptr;  // hold the buffers (a numpy memmap works) alive
+  inline int64_t begin(int64_t s) const { return ptr ? ptr[s] : s * f; }
+  inline int64_t end(int64_t s) const { return ptr ? ptr[s + 1] : (s + 1) * f; }
+  inline int64_t get(int64_t e) const { return i32 ? static_cast<int64_t>(i32[e]) : i64[e]; }
+  // The sample that edge e belongs to (for error messages only).
+  inline int64_t sample_of(int64_t e) const {
+    if (!ptr) return e / f;
+    return static_cast<int64_t>(std::upper_bound(ptr, ptr + n + 1, e) - ptr) - 1;
   }
 };
 
-inline IdMatrix id_matrix(const py::array& a) {
-  if (a.ndim() != 2) throw std::invalid_argument("sample ids must be a 2-D [samples, fields] array");
+inline IdMatrix id_matrix(const py::array& a, const py::object& offsets = py::none()) {
   if (!(a.flags() & py::array::c_style))
     throw std::invalid_argument("sample ids must be C-contiguous");
   IdMatrix m;
   m.keep = a;
-  m.n = a.shape(0);
-  m.f = a.shape(1);
+  if (offsets.is_none()) {
+    if (a.ndim() != 2)
+      throw std::invalid_argument("sample ids must be a 2-D [samples, fields] array");
+    m.n = a.shape(0);
+    m.f = a.shape(1);
+    m.edges = m.n * m.f;
+  } else {
+    using P = py::array_t<int64_t, py::array::c_style>;
+    if (a.ndim() != 1) throw std::invalid_argument("ragged sample ids must be 1-D");
+    if (!P::check_(offsets)) throw std::invalid_argument("offsets must be a C-contiguous int64 array");
+    P p = py::reinterpret_borrow<P>(offsets);
+    if (p.ndim() != 1 || p.shape(0) < 1)
+      throw std::invalid_argument("offsets must be 1-D [samples + 1]");
+    m.keep_ptr = p;
+    m.ptr = p.data();
+    m.n = p.shape(0) - 1;
+    m.edges = a.shape(0);
+    if (m.ptr[0] != 0 || m.ptr[m.n] != m.edges)
+      throw std::invalid_argument("offsets must run from 0 to the number of ids");
+    for (int64_t s = 0; s < m.n; ++s)
+      if (m.ptr[s + 1] < m.ptr[s])
+        throw std::invalid_argument("offsets decrease after sample " + std::to_string(s));
+  }
   if (a.dtype().is(py::dtype::of<int32_t>()))
     m.i32 = static_cast<const int32_t*>(a.data());
   else if (a.dtype().is(py::dtype::of<int64_t>()))
@@ -84,17 +114,18 @@ inline IdMatrix id_matrix(const py::array& a) {
 
 // Raise ValueError naming the first sample whose id falls outside [0, num_rows).
 inline void check_ids(const IdMatrix& ids, int64_t num_rows, int threads) {
-  int64_t bad = ids.n * ids.f;
+  int64_t bad = ids.edges;
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(min : bad)
-  for (int64_t e = 0; e < ids.n * ids.f; ++e) {
-    const int64_t v = ids.i32 ? ids.i32[e] : ids.i64[e];
+  for (int64_t e = 0; e < ids.edges; ++e) {
+    const int64_t v = ids.get(e);
     if (v < 0 || v >= num_rows) bad = e < bad ? e : bad;
   }
-  if (bad < ids.n * ids.f) {
-    const int64_t v = ids.i32 ? ids.i32[bad] : ids.i64[bad];
-    throw py::value_error("sample " + std::to_string(bad / ids.f) + ", field " +
-                          std::to_string(bad % ids.f) + ": id " + std::to_string(v) +
-                          " is outside [0, " + std::to_string(num_rows) + ")");
+  if (bad < ids.edges) {
+    const int64_t s = ids.sample_of(bad);
+    throw py::value_error("sample " + std::to_string(s) + (ids.ptr ? ", id number " : ", field ") +
+                          std::to_string(bad - ids.begin(s)) + ": id " +
+                          std::to_string(ids.get(bad)) + " is outside [0, " +
+                          std::to_string(num_rows) + ")");
   }
 }
 

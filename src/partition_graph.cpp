@@ -12,12 +12,12 @@ namespace {
 
 // Row -> samples CSR (the sample -> rows direction is the [N, F] id matrix itself, whose
 // offsets are s * F). 64-bit offsets: the Criteo Kaggle shape has 1.19 billion edges.
-py::tuple row_csr(const py::array& sparse, int64_t num_rows, int threads) {
-  const IdMatrix ids = id_matrix(sparse);
+py::tuple row_csr(const py::array& sparse, int64_t num_rows, int threads, const py::object& offsets) {
+  const IdMatrix ids = id_matrix(sparse, offsets);
   threads = resolve_threads(threads);
   check_ids(ids, num_rows, threads);
   py::array_t<int64_t> indptr(num_rows + 1);
-  py::array_t<int64_t> samples(ids.n * ids.f);
+  py::array_t<int64_t> samples(ids.edges);
   int64_t* ptr = indptr.mutable_data();
   int64_t* out = samples.mutable_data();
   {
@@ -25,23 +25,24 @@ py::tuple row_csr(const py::array& sparse, int64_t num_rows, int threads) {
     std::fill(ptr, ptr + num_rows + 1, 0);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t s = 0; s < ids.n; ++s)
-      for (int64_t j = 0; j < ids.f; ++j) {
+      for (int64_t j = ids.begin(s); j < ids.end(s); ++j) {
 #pragma omp atomic
-        ptr[ids.at(s, j) + 1]++;
+        ptr[ids.get(j) + 1]++;
       }
     for (int64_t r = 0; r < num_rows; ++r) ptr[r + 1] += ptr[r];
     // Sequential fill in sample order: each row's samples come out ascending, deterministically.
     std::vector<int64_t> pos(ptr, ptr + num_rows);
     for (int64_t s = 0; s < ids.n; ++s)
-      for (int64_t j = 0; j < ids.f; ++j) out[pos[ids.at(s, j)]++] = s;
+      for (int64_t j = ids.begin(s); j < ids.end(s); ++j) out[pos[ids.get(j)]++] = s;
   }
   return py::make_tuple(indptr, samples);
 }
 
 py::array_t<int32_t> usage_counts(const py::array& sparse,
                                   const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& data_partition,
-                                  int nparts, int64_t num_rows, int threads) {
-  const IdMatrix ids = id_matrix(sparse);
+                                  int nparts, int64_t num_rows, int threads,
+                                  const py::object& offsets) {
+  const IdMatrix ids = id_matrix(sparse, offsets);
   threads = resolve_threads(threads);
   const int32_t* dp = checked_vec(data_partition, ids.n, "data_partition");
   if (nparts < 1) throw py::value_error("nparts must be >= 1");
@@ -58,9 +59,9 @@ py::array_t<int32_t> usage_counts(const py::array& sparse,
     std::fill(c, c + num_rows * nparts, 0);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t s = 0; s < ids.n; ++s)
-      for (int64_t j = 0; j < ids.f; ++j) {
+      for (int64_t j = ids.begin(s); j < ids.end(s); ++j) {
 #pragma omp atomic
-        c[ids.at(s, j) * nparts + dp[s]]++;
+        c[ids.get(j) * nparts + dp[s]]++;
       }
   }
   return counts;
@@ -169,9 +170,11 @@ py::tuple rank_mirrors(
 
 void register_partition_graph(py::module_& m) {
   m.def("row_csr", &row_csr, py::arg("sparse"), py::arg("num_rows"), py::arg("threads") = 0,
-        "Row -> samples CSR of an [N, F] id matrix: (indptr int64 [R+1], samples int64 [E]).");
+        py::arg("offsets") = py::none(),
+        "Row -> samples CSR of an [N, F] id matrix (or ragged ids + offsets): (indptr int64 [R+1], samples int64 [E]).");
   m.def("usage_counts", &usage_counts, py::arg("sparse"), py::arg("data_partition"),
         py::arg("nparts"), py::arg("num_rows"), py::arg("threads") = 0,
+        py::arg("offsets") = py::none(),
         "counts[r, p]: how many of worker p's samples use row r (int32 [R, P]).");
   m.def("fetch_matrix", &fetch_matrix, py::arg("counts"), py::arg("embed_partition"),
         py::arg("m"), py::arg("batch_size"), py::arg("threads") = 0,

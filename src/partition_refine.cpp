@@ -33,8 +33,8 @@ class Refiner {
  public:
   Refiner(const py::array& sparse, const I32& data_partition, const I32& embed_partition,
           int nparts, int64_t num_rows, int64_t batch, const F64& topo, double theta,
-          double balance, int threads)
-      : ids_(id_matrix(sparse)), p_(nparts), r_(num_rows), batch_(batch), theta_(theta),
+          double balance, int threads, const py::object& offsets)
+      : ids_(id_matrix(sparse, offsets)), p_(nparts), r_(num_rows), batch_(batch), theta_(theta),
         threads_(resolve_threads(threads)) {
     if (p_ < 1) throw py::value_error("nparts must be >= 1");
     if (ids_.n < p_) throw py::value_error("fewer samples than parts");
@@ -69,8 +69,8 @@ class Refiner {
       // Integer atomics: the counts come out the same whatever the thread interleaving.
 #pragma omp parallel for schedule(static) num_threads(threads_)
       for (int64_t s = 0; s < ids_.n; ++s)
-        for (int64_t j = 0; j < ids_.f; ++j) {
-          const int64_t row = ids_.at(s, j);
+        for (int64_t j = ids_.begin(s); j < ids_.end(s); ++j) {
+          const int64_t row = ids_.get(j);
 #pragma omp atomic
           dg[row]++;
           if (dp[s] >= 0) {
@@ -100,8 +100,8 @@ class Refiner {
     const int32_t* c = counts_.data();
     auto gain = [&](int64_t s, double* sc) {
       const int32_t old = dp[s];
-      for (int64_t j = 0; j < ids_.f; ++j) {
-        const int64_t row = ids_.at(s, j);
+      for (int64_t j = ids_.begin(s); j < ids_.end(s); ++j) {
+        const int64_t row = ids_.get(j);
         const int32_t o = ep[row];
         for (int k = 0; k < p_; ++k) {
           const int64_t cnt = c[row * p_ + k] - (k == old ? 1 : 0);
@@ -187,8 +187,8 @@ class Refiner {
     const int32_t* c = counts_.data();
     auto votes = [&](int64_t s, double* v) {
       if (dp[s] >= 0) return;
-      for (int64_t j = 0; j < ids_.f; ++j) {
-        const int64_t row = ids_.at(s, j);
+      for (int64_t j = ids_.begin(s); j < ids_.end(s); ++j) {
+        const int64_t row = ids_.get(j);
         if (ep[row] >= 0) v[ep[row]] += 1.0;
         for (int k = 0; k < p_; ++k) v[k] += c[row * p_ + k] > 0 ? 0.5 : 0.0;
       }
@@ -288,8 +288,8 @@ class Refiner {
     for (int64_t s = b0; s < b1; ++s) {
       const int32_t old = from[s - b0];
       if (old == -1) continue;
-      for (int64_t j = 0; j < ids_.f; ++j) {
-        const int64_t row = ids_.at(s, j);
+      for (int64_t j = ids_.begin(s); j < ids_.end(s); ++j) {
+        const int64_t row = ids_.get(j);
 #pragma omp atomic
         c[row * p_ + dp[s]]++;
         if (old != kUnplaced) {
@@ -304,7 +304,7 @@ class Refiner {
   // on the [rows x parts] counts, and these loads are independent of the current work.
   inline void prefetch_rows(int64_t s, int64_t end, const int32_t* c) const {
     if (s >= end) return;
-    for (int64_t j = 0; j < ids_.f; ++j) __builtin_prefetch(&c[ids_.at(s, j) * p_]);
+    for (int64_t j = ids_.begin(s); j < ids_.end(s); ++j) __builtin_prefetch(&c[ids_.get(j) * p_]);
   }
 
   // Fetches per step every owner serves (HET-GMP's owner-load term), summed chunk by chunk.
@@ -344,10 +344,11 @@ void register_partition_refine(py::module_& m) {
   py::class_<Refiner>(m, "Refiner",
                       "Refinement state: placement, per-(row, worker) use counts, balance terms.")
       .def(py::init<const py::array&, const I32&, const I32&, int, int64_t, int64_t, const F64&,
-                    double, double, int>(),
+                    double, double, int, const py::object&>(),
            py::arg("sparse"), py::arg("data_partition"), py::arg("embed_partition"),
            py::arg("nparts"), py::arg("num_rows"), py::arg("batch_size"), py::arg("topo"),
-           py::arg("theta") = 0.01, py::arg("balance") = 1.0, py::arg("threads") = 0)
+           py::arg("theta") = 0.01, py::arg("balance") = 1.0, py::arg("threads") = 0,
+           py::arg("offsets") = py::none())
       .def("refine_data", &Refiner::refine_data, "One pass of sample moves; returns moves.")
       .def("refine_embed", &Refiner::refine_embed, "One pass of row moves; returns moves.")
       .def("assign_data", &Refiner::assign_data, "Place samples marked -1; returns count.")

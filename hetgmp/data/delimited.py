@@ -102,9 +102,11 @@ class DelimitedSource:
             *([] if spec.label is None else [spec.label]),
             *spec.dense,
             *spec.categorical,
+            *spec.multi_hot,
         ]
         self._fast_ok = (
-            spec.dense_kind == "int"
+            not spec.multi_hot
+            and spec.dense_kind == "int"
             and spec.categorical_kind == "hex"
             and not spec.quote_char
             and spec.delimiter == "\t"
@@ -113,6 +115,10 @@ class DelimitedSource:
     @property
     def field_names(self) -> list[str]:
         return [self.spec.column_names[c] for c in self.spec.categorical]
+
+    @property
+    def multi_hot_names(self) -> list[str]:
+        return [self.spec.column_names[c] for c in self.spec.multi_hot]
 
     @property
     def dense_names(self) -> list[str]:
@@ -132,6 +138,11 @@ class DelimitedSource:
             "label_column": None if s.label is None else s.column_names[s.label],
             "dense_columns": self.dense_names,
             "categorical_columns": self.field_names,
+            **(
+                {"multi_hot_columns": dict(zip(self.multi_hot_names, s.multi_hot_sep, strict=True))}
+                if s.multi_hot
+                else {}
+            ),  # fmt: skip
             "dense_kind": s.dense_kind,
             "categorical_kind": s.categorical_kind,
             "dense_transform": {
@@ -343,6 +354,7 @@ class DelimitedSource:
             np.zeros(0, np.float32),
             np.zeros((0, nd), np.float32) if nd else None,
             np.zeros((0, len(self.spec.categorical)), np.uint64),
+            [(np.zeros(0, np.uint64), np.zeros(1, np.int64)) for _ in self.spec.multi_hot],
         )
 
     def _convert(

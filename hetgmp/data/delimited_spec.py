@@ -28,6 +28,9 @@ class RawBlock:
     labels: np.ndarray  # float32 [n], 0/1
     dense: np.ndarray | None  # float32 [n, num_dense]
     keys: np.ndarray  # uint64 [n, num_fields]
+    # per multi-hot field: (keys uint64 [E], offsets int64 [n + 1]); row i's list is
+    # keys[offsets[i]:offsets[i + 1]]
+    lists: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.lines.shape[0])
@@ -70,11 +73,25 @@ class DelimitedSpec:
     dense_kind: str = "float"
     categorical_kind: str = "string"
     dense_transform: str = "none"
+    # multi-hot columns (issue 34): each cell a list of values split by its separator
+    multi_hot: list[int] = dataclasses.field(default_factory=list)
+    multi_hot_sep: list[str] = dataclasses.field(default_factory=list)
 
     def check(self) -> None:
         used = [*([] if self.label is None else [self.label]), *self.dense, *self.categorical]
+        used += self.multi_hot
         if len(set(used)) != len(used):
-            raise ValueError("a column is used twice among --label/--dense/--categorical")
+            raise ValueError(
+                "a column is used twice among --label/--dense/--categorical/--multi-hot"
+            )
+        if len(self.multi_hot_sep) != len(self.multi_hot):
+            raise ValueError("every --multi-hot column needs a separator")
+        for c, sep in zip(self.multi_hot, self.multi_hot_sep, strict=True):
+            if not sep or sep in (self.delimiter, "\n", "\r") or sep == self.quote_char:
+                raise ValueError(
+                    f"--multi-hot {self.column_names[c]}: separator {sep!r} must be non-empty "
+                    f"and differ from the delimiter {self.delimiter!r} and the quote character"
+                )
         for c in used:
             if not 0 <= c < self.num_columns:
                 raise ValueError(f"column index {c} is outside 0..{self.num_columns - 1}")
@@ -136,8 +153,10 @@ def resolve_columns(
     dense_kind: str = "float",
     categorical_kind: str = "string",
     dense_transform: str = "none",
+    multi_hot: list[tuple[str, str]] | None = None,
 ) -> DelimitedSpec:
-    """Build a spec from column names (needs a header) or 0-based indices, reading line 1."""
+    """Build a spec from column names (needs a header) or 0-based indices, reading line 1;
+    ``multi_hot``: ``(column, separator)`` pairs."""
     first = read_first_line(path)
     cols = _split_header(first, delimiter, quote_char)
     names = cols if header else [f"c{i}" for i in range(len(cols))]
@@ -163,6 +182,8 @@ def resolve_columns(
         dense_kind=dense_kind,
         categorical_kind=categorical_kind,
         dense_transform=dense_transform,
+        multi_hot=[index(c, "--multi-hot") for c, _ in multi_hot or []],
+        multi_hot_sep=[sep for _, sep in multi_hot or []],
     )
     spec.check()
     return spec

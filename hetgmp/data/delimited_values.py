@@ -7,6 +7,8 @@ means missing) whose stored float32 is finite, hex categoricals hex. The first p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +17,7 @@ from hetgmp.data.arrow_values import FLOAT_RE as _FLOAT_RE
 from hetgmp.data.arrow_values import INT_RE as _INT_RE
 from hetgmp.data.arrow_values import to_float as _to_float
 from hetgmp.data.bad_lines import BAD_CATEGORY, BAD_LABEL, BAD_NUMBER, BadLine, bad_rows
+from hetgmp.data.delimited_lists import split_lists, take_lists
 from hetgmp.data.delimited_spec import OVERFLOW, DelimitedSpec, RawBlock, checked_dense
 from hetgmp.data.vocab import hex_keys, string_keys
 
@@ -70,8 +73,28 @@ def convert_columns(
         else:
             keys[:, j] = string_keys(arr)
 
+    lists = _lists(spec, col, report_rows)
+
     keep = ~flagged
     if not keep.all():
         lines, labels, keys = lines[keep], labels[keep], keys[keep]
         dense = dense[keep] if dense is not None else None
-    return RawBlock(path, lines, labels.astype(np.float32), dense, keys), bad
+        lists = take_lists(lists, keep)
+    return RawBlock(path, lines, labels.astype(np.float32), dense, keys, lists), bad
+
+
+def _lists(
+    spec: DelimitedSpec,
+    col: Callable[[int], pa.Array],
+    report_rows: Callable[[np.ndarray, str, int, str, pa.Array], None],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every multi-hot column's lists (keys, offsets), reporting rows with a bad value."""
+    lists = []
+    for c, sep in zip(spec.multi_hot, spec.multi_hot_sep, strict=True):
+        arr = col(c)
+        values, offsets, empty_value, bad_hex = split_lists(arr, sep, spec.categorical_kind)
+        what = f"a {sep!r}-separated list with an empty value"
+        report_rows(empty_value, BAD_CATEGORY, c, what, arr)
+        report_rows(bad_hex, BAD_CATEGORY, c, "a list with a value that is not hex", arr)
+        lists.append((values, offsets))
+    return lists

@@ -14,7 +14,7 @@ import numpy as np
 
 from hetgmp.data.dataset_meta import SPLITS, DatasetError, array_paths
 from hetgmp.data.dataset_reader import Dataset
-from hetgmp.data.multi_hot import refuse_multi_hot
+from hetgmp.data.multi_hot import check_chunk, multi_hot_paths, refuse_multi_hot
 
 _SCAN_ROWS = 1 << 20
 
@@ -46,14 +46,20 @@ def split_ranges(ds: Dataset, split: str) -> tuple[np.ndarray, np.ndarray, bool]
     return lo, hi, True
 
 
-def check_id_ranges(ds: Dataset, num_rows: int, what: str = "training") -> list[str]:
+def check_id_ranges(
+    ds: Dataset, num_rows: int, what: str = "training", multi_hot_ok: bool = False
+) -> list[str]:
     """Raise :class:`DatasetError` naming the file and column when a split holds an id outside
     its field's ``[offset, offset + cardinality)`` or the table's ``num_rows`` rows; returns
     the splits whose ranges had to be scanned (nothing recorded in ``meta.json``).
 
     A data set with multi-hot fields is refused first (``what`` says who refuses it): its
-    lists would otherwise be silently left out."""
-    refuse_multi_hot(ds.meta, ds.root, what)
+    lists would otherwise be silently left out -- unless ``multi_hot_ok`` (the partitioner,
+    which reads them), when the training split's lists are checked too."""
+    if multi_hot_ok:
+        _check_train_lists(ds)
+    else:
+        refuse_multi_hot(ds.meta, ds.root, what)
     scanned: list[str] = []
     off = ds.meta.field_offsets
     end = np.minimum(off + ds.meta.field_cardinalities, num_rows)
@@ -76,3 +82,18 @@ def check_id_ranges(ds: Dataset, num_rows: int, what: str = "training") -> list[
                 f"(`hetgmp dataset verify {ds.root}` lists every bad id)"
             )
     return scanned
+
+
+def _check_train_lists(ds: Dataset) -> None:
+    """Raise :class:`DatasetError` (naming the files) when a multi-hot list of the training
+    split is malformed or holds an id outside its field's range."""
+    n = len(ds.train)
+    for k, field in enumerate(ds.meta.multi_hot):
+        mh = ds.train.multi_hot[k]
+        try:
+            check_chunk(field, np.asarray(mh.values), np.asarray(mh.offsets), n, check_ids=True)
+        except DatasetError as err:
+            where = multi_hot_paths(ds.root, "train", k)["values"]
+            raise DatasetError(
+                f"{where}: {err} (`hetgmp dataset verify {ds.root}` lists every bad id)"
+            ) from err

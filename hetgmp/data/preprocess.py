@@ -36,6 +36,7 @@ import numpy as np
 
 from hetgmp.data.bad_lines import BadInputError, BadLineReport
 from hetgmp.data.delimited import RawBlock
+from hetgmp.data.delimited_lists import take_lists
 from hetgmp.data.format import Dataset, DatasetWriter, make_fields
 from hetgmp.data.preprocess_options import SPLIT_MODES, PreprocessOptions
 from hetgmp.data.preprocess_spill import Spill
@@ -49,6 +50,7 @@ from hetgmp.data.preprocess_vocab import (
 )
 from hetgmp.data.vocab import FieldVocab, KeyCounter, build_vocab, splitmix64
 from hetgmp.data.vocab_files import write_vocabulary
+from hetgmp.data.vocab_input import vocab_field_names
 from hetgmp.data.vocab_store import Vocabulary
 
 __all__ = [
@@ -83,7 +85,8 @@ def preprocess(
     if test_source is not None:
         sources.append(("test", test_source))
     total_bytes = sum(s.total_bytes for _, s in sources)
-    field_names = source.field_names
+    num_single = len(source.field_names)
+    field_names = vocab_field_names(source)  # (single-hot, then multi-hot: issue 34)
     num_fields = len(field_names)
     num_dense = len(source.dense_names)
 
@@ -106,7 +109,8 @@ def preprocess(
         tail_start = _tail_start(rows_in["train"], opt, test_source is not None)
 
         # Pass 2: map the spilled blocks to ids and write.
-        writer = DatasetWriter(out, ids.fields, num_dense, name=opt.name, overwrite=opt.overwrite)
+        writer = DatasetWriter(out, ids.fields[:num_single], num_dense, name=opt.name,
+                               overwrite=opt.overwrite, multi_hot=ids.fields[num_single:])  # fmt: skip
         try:
             t_pass2, positives = _write_pass(
                 spill, num_dense, ids, offsets, writer, opt, tail_start, rows_in
@@ -141,7 +145,7 @@ def _count_pass(
     )
     for role, file_index, block in source_blocks(sources, report, prog):
         if counter is not None:
-            counter.add(block.keys)
+            counter.add(block.keys, block.lists)
         spill.put(role, file_index, block)
         rows_in[role] += len(block)
     t_pass1 = prog.close()
@@ -214,7 +218,7 @@ def _write_pass(
                 for f in fs:
                     ids[:, f] = field_ids.local(f, block.keys[:, f]) + offsets[f]
 
-            nf = len(offsets)
+            nf = ids.shape[1]
             step = -(-nf // workers)
             list(pool.map(map_fields, [range(a, min(a + step, nf)) for a in range(0, nf, step)]))
             if role == "test":
@@ -226,20 +230,33 @@ def _write_pass(
             if role == "train":
                 seen_train += n
             positives += int(block.labels.sum())
-            if not is_test.any():
-                writer.append("train", ids, block.dense, block.labels, check_ids=False)
-            elif is_test.all():
-                writer.append("test", ids, block.dense, block.labels, check_ids=False)
-            else:
-                for split, mask in (("train", ~is_test), ("test", is_test)):
-                    if mask.any():
-                        dense = block.dense[mask] if block.dense is not None else None
-                        writer.append(split, ids[mask], dense, block.labels[mask], check_ids=False)
+            lists = [(field_ids.local(nf + k, v) + offsets[nf + k], o)
+                     for k, (v, o) in enumerate(block.lists)]  # fmt: skip
+            _append(writer, ids, block, lists, is_test)
             prog.advance(n)  # (the bar counts rows here)
             prog.rows_done(n)
     t_pass2 = prog.close()
     log.info(prog.line())
     return t_pass2, positives
+
+
+def _append(
+    writer: DatasetWriter,
+    ids: np.ndarray,
+    block: RawBlock,
+    lists: list[tuple[np.ndarray, np.ndarray]],
+    is_test: np.ndarray,
+) -> None:
+    """Write one block's rows (ids, multi-hot lists of ids) to train and test by ``is_test``."""
+    if not is_test.any() or is_test.all():
+        split = "test" if is_test.all() else "train"
+        writer.append(split, ids, block.dense, block.labels, check_ids=False, multi_hot=lists)
+        return
+    for split, mask in (("train", ~is_test), ("test", is_test)):
+        if mask.any():
+            dense = block.dense[mask] if block.dense is not None else None
+            writer.append(split, ids[mask], dense, block.labels[mask], check_ids=False,
+                          multi_hot=take_lists(lists, mask))  # fmt: skip
 
 
 def _finish_meta(

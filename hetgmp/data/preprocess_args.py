@@ -130,7 +130,9 @@ def report_done(ds: Dataset) -> int:
     m = ds.meta
     bad = m.source.get("bad_lines", {}).get("skipped", 0)
     print(
-        f"wrote {ds.root}: {m.num_fields} fields, {m.num_embeddings} rows, "
+        f"wrote {ds.root}: {m.num_fields} fields"
+        + (f" + {len(m.multi_hot)} multi-hot" if m.multi_hot else "")
+        + f", {m.num_embeddings} rows, "
         f"{m.num_dense} dense, splits {key_values(m.splits)}, skipped bad lines {bad}, "
         f"fingerprint {m.fingerprint[:12]}"
     )

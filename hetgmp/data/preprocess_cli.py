@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from hetgmp.data.delimited import DENSE_TRANSFORMS, DelimitedSource, criteo_spec, resolve_columns
+from hetgmp.data.delimited_lists import parse_multi_hot_arg
 from hetgmp.data.libsvm_fields import LIBSVM_HELP
 from hetgmp.data.preprocess import preprocess
 from hetgmp.data.preprocess_args import common_args, preprocess_options, report_done, with_logging
@@ -61,6 +62,7 @@ def _run_csv(args: argparse.Namespace) -> int:
         dense_kind="float",
         categorical_kind="string",
         dense_transform=args.dense_transform,
+        multi_hot=[parse_multi_hot_arg(m) for m in args.multi_hot],
     )
     src = DelimitedSource(args.inputs, spec, block_bytes=args.block_bytes, kind="csv")
     test = (
@@ -173,6 +175,14 @@ def _add_csv(fmt: argparse._SubParsersAction) -> None:
         help="first line of each file is a header (default: on)",
     )
     p.add_argument("--quote-char", default="", help="quote character (default: none)")
+    p.add_argument(
+        "--multi-hot",
+        action="append",
+        default=[],
+        metavar="COL[:SEP]",
+        help="a multi-hot column: each cell a list of values split by SEP (default: |), an "
+        "empty cell an empty list; repeat for several (issue 34)",
+    )
     _dense_transform(p)
     common_args(p)
     p.set_defaults(func=with_logging(_run_csv))

@@ -27,7 +27,7 @@ class Spill:
         directory.mkdir(parents=True, exist_ok=True)
         self.f = tempfile.TemporaryFile(prefix=".hetgmp-preprocess-spill-", dir=directory)
         self.keep_lines = keep_lines
-        self.index: list[tuple[str, int, str, int, int, bool, bool]] = []
+        self.index: list[tuple[str, int, str, int, int, bool, bool, int]] = []
 
     def put(self, role: str, file_index: int, block: RawBlock) -> None:
         n = len(block)
@@ -40,11 +40,14 @@ class Spill:
             parts.append(block.dense.astype(np.float32, copy=False))
         if self.keep_lines:
             parts.append(block.lines.astype(np.int64, copy=False))
+        for values, offsets in block.lists:  # (offsets first: they give the values' length)
+            parts += [offsets.astype(np.int64, copy=False), values.astype(np.uint64, copy=False)]
         for a in parts:
             self.f.write(np.ascontiguousarray(a).data.cast("B"))
         self.index.append(
-            (role, file_index, block.path, n, keys.shape[1], small, block.dense is not None)
-        )
+            (role, file_index, block.path, n, keys.shape[1], small, block.dense is not None,
+             len(block.lists))
+        )  # fmt: skip
 
     def _read(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         a = np.empty(shape, dtype=dtype)
@@ -55,7 +58,7 @@ class Spill:
     def blocks(self, num_dense: int) -> Iterator[tuple[str, int, RawBlock]]:
         self.f.flush()
         self.f.seek(0)
-        for role, file_index, path, n, nf, small, has_dense in self.index:
+        for role, file_index, path, n, nf, small, has_dense, nlists in self.index:
             if small:
                 with np.errstate(over="ignore"):
                     keys = self._read((n, nf), np.uint32).astype(np.uint64) - np.uint64(1)
@@ -64,7 +67,11 @@ class Spill:
             labels = self._read((n,), np.float32)
             dense = self._read((n, num_dense), np.float32) if has_dense else None
             lines = self._read((n,), np.int64) if self.keep_lines else np.zeros(0, np.int64)
-            yield role, file_index, RawBlock(path, lines, labels, dense, keys)
+            lists = []
+            for _ in range(nlists):
+                offsets = self._read((n + 1,), np.int64)
+                lists.append((self._read((int(offsets[-1]),), np.uint64), offsets))
+            yield role, file_index, RawBlock(path, lines, labels, dense, keys, lists)
 
     def close(self) -> None:
         self.f.close()

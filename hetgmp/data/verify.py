@@ -94,7 +94,8 @@ def _check_vocabulary(ds: Dataset, rep: VerifyReport) -> None:
         return
     where = vocab_dir(ds.root) / MANIFEST
     got = [(e["name"], e["offset"], e["cardinality"]) for e in m["fields"]]
-    want = [(f.name, f.offset, f.cardinality) for f in ds.meta.fields]
+    # (a vocabulary holds the single-hot fields, then the multi-hot ones: issue 34)
+    want = [(f.name, f.offset, f.cardinality) for f in [*ds.meta.fields, *ds.meta.multi_hot]]
     if got != want:
         rep.bad(f"{where}: fields (name, offset, cardinality) {got} differ from meta.json's {want}")
         return

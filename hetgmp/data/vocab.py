@@ -22,6 +22,7 @@ Shared by every reader (Criteo TSV, generic delimited, libsvm, parquet):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -227,25 +228,36 @@ class KeyCounter:
         self._pending: list[list] = [[] for _ in range(num_fields)]
         self._pending_size = [0] * num_fields
 
-    def add(self, keys: np.ndarray) -> None:
-        """Count a block ``keys [n, num_fields]`` of the next ``n`` rows (in input order)."""
+    def add(self, keys: np.ndarray, lists: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> None:
+        """Count a block ``keys [n, F]`` of the next ``n`` rows (in input order) and, for the
+        multi-hot fields ``F, F + 1, ...``, every value of each row's list (``(keys, offsets)``
+        pairs); ``F + len(lists)`` must be ``num_fields``."""
         n = keys.shape[0]
-        if keys.shape[1:] != (self.num_fields,):
-            raise ValueError(f"block has {keys.shape[1:]} fields, expected {self.num_fields}")
-        for f in range(self.num_fields):
-            col = keys[:, f]
-            part: tuple[np.ndarray, np.ndarray, np.ndarray | None]  # (first rows: tracked only)
-            if self.track_first:
-                u, first, cnt = np.unique(col, return_index=True, return_counts=True)
-                part = (u, cnt.astype(np.int64), first.astype(np.int64) + self.rows)
-            else:
-                u, cnt = np.unique(col, return_counts=True)
-                part = (u, cnt.astype(np.int64), None)
-            self._pending[f].append(part)
-            self._pending_size[f] += u.size
-            if self._pending_size[f] > max(self._main[f][0].size, 1 << 20):
-                self._flush(f)
+        if keys.shape[1] + len(lists) != self.num_fields:
+            raise ValueError(
+                f"block has {keys.shape[1]} + {len(lists)} fields, expected {self.num_fields}"
+            )
+        for f in range(keys.shape[1]):
+            self._add_column(f, keys[:, f], None)
+        for k, (values, offsets) in enumerate(lists):
+            # a list value's "row" (for first-appearance order) is the row that holds it
+            owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+            self._add_column(keys.shape[1] + k, values, owner)
         self.rows += n
+
+    def _add_column(self, f: int, col: np.ndarray, owner: np.ndarray | None) -> None:
+        part: tuple[np.ndarray, np.ndarray, np.ndarray | None]  # (first rows: tracked only)
+        if self.track_first:
+            u, first, cnt = np.unique(col, return_index=True, return_counts=True)
+            rows = first.astype(np.int64) if owner is None else owner[first]
+            part = (u, cnt.astype(np.int64), rows + self.rows)
+        else:
+            u, cnt = np.unique(col, return_counts=True)
+            part = (u, cnt.astype(np.int64), None)
+        self._pending[f].append(part)
+        self._pending_size[f] += u.size
+        if self._pending_size[f] > max(self._main[f][0].size, 1 << 20):
+            self._flush(f)
 
     def _flush(self, f: int) -> None:
         if self._pending[f]:

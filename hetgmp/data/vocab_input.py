@@ -36,12 +36,18 @@ class VocabError(ValueError):
     """A vocabulary is missing, malformed or does not fit the data; the message names the file."""
 
 
+def vocab_field_names(source: Any) -> list[str]:
+    """The fields a vocabulary of ``source`` holds: its single-hot categoricals, then its
+    multi-hot columns (issue 34; none for most readers)."""
+    return list(source.field_names) + list(getattr(source, "multi_hot_names", []))
+
+
 def key_schemes(source: Any) -> list[str]:
-    """The key scheme of every categorical field of ``source`` (see the module docstring)."""
+    """The key scheme of every field of ``source``'s vocabulary (see the module docstring)."""
     from hetgmp.data.libsvm import LibsvmSource
     from hetgmp.data.parquet_reader import ParquetSource
 
-    n = len(source.field_names)
+    n = len(vocab_field_names(source))
     if hasattr(source, "key_schemes"):  # a reader that states its own
         return list(source.key_schemes)
     if isinstance(source, DelimitedSource):

@@ -40,6 +40,7 @@ from hetgmp.data.vocab_input import (
     dense_transform_of,
     key_schemes,
     source_from_input,
+    vocab_field_names,
 )
 
 __all__ = ["EncodedBlock", "FieldVocabulary", "Vocabulary", "VocabError", "has_vocabulary"]
@@ -247,10 +248,10 @@ class Vocabulary:
         """Refuse a reader whose fields, dense columns, key schemes or dense transform differ
         from this vocabulary's (its ids would mean something else)."""
         where = self.manifest_path
-        if list(source.field_names) != self.field_names:
+        if vocab_field_names(source) != self.field_names:
             raise VocabError(
-                f"{where}: the input's categorical fields {list(source.field_names)} differ "
-                f"from the vocabulary's {self.field_names}"
+                f"{where}: the input's categorical fields (single-hot, then multi-hot) "
+                f"{vocab_field_names(source)} differ from the vocabulary's {self.field_names}"
             )
         if list(source.dense_names) != self.dense_names:
             raise VocabError(

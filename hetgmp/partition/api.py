@@ -30,6 +30,7 @@ from hetgmp.partition import baselines, cost
 from hetgmp.partition.metis_start import DEFAULT_METIS_MAX_EDGES, metis_start
 from hetgmp.partition.plan import Plan, PlanError
 from hetgmp.partition.quality import quality_report, rank_mirrors, summary_line
+from hetgmp.partition.sample_rows import SampleRows, native_args
 
 METHODS = ("random", "hash", "refine", "metis", "metis+refine")
 DEFAULT_ROUNDS = 5
@@ -57,7 +58,7 @@ class _Job:
     """What every stage of one partitioning run reads: the id matrix and the settings, plus
     the progress bar, per-stage timings and extra facts for the plan's ``meta``."""
 
-    ids: np.ndarray
+    ids: np.ndarray | SampleRows
     num_rows: int
     nparts: int
     batch_size: int
@@ -77,7 +78,7 @@ class _Job:
 
 
 def partition_ids(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     num_rows: int,
     nparts: int,
     *,
@@ -94,7 +95,8 @@ def partition_ids(
     report_baselines: bool = True,
     progress: bool = True,
 ) -> Plan:
-    """Partition the graph of an [N, F] id matrix (ids in ``[0, num_rows)``) into ``nparts``:
+    """Partition the graph of an [N, F] id matrix, or of ragged lists with multi-hot fields
+    (:class:`SampleRows`; ids in ``[0, num_rows)``) into ``nparts``:
     start (METIS or a baseline) -> graph -> greedy placement -> refinement rounds -> mirror
     ranking and quality report -> plan."""
     _check_args(method, sparse, num_rows, nparts, batch_size, rounds, max_mirror_rate)
@@ -103,9 +105,8 @@ def partition_ids(
     # One bar over every stage: start, graph build, (greedy), each refinement round, report.
     bar = _progress(3 + metis + (rounds if refining else 0),
                     f"partition {method} into {nparts}", progress)  # fmt: skip
-    ids = sparse if sparse.dtype in (np.int32, np.int64) else np.asarray(sparse, dtype=np.int64)
     job = _Job(
-        np.ascontiguousarray(ids), num_rows, nparts, batch_size,
+        _as_ids(sparse), num_rows, nparts, batch_size,
         cost.topology_matrix(nparts, gpus_per_node=gpus_per_node, intra_cost=intra_cost),
         int(threads or 0), bar,
     )  # fmt: skip
@@ -136,6 +137,15 @@ def partition_ids(
     return Plan(data_part, embed_part, mirrors, meta).validate()
 
 
+def _as_ids(sparse: np.ndarray | SampleRows) -> np.ndarray | SampleRows:
+    """The ids as the native code takes them: ragged lists as they are, the matrix as a
+    C-contiguous int32/int64 array."""
+    if isinstance(sparse, SampleRows):
+        return sparse
+    ids = sparse if sparse.dtype in (np.int32, np.int64) else sparse.astype(np.int64)
+    return np.ascontiguousarray(ids)
+
+
 def _settings_meta(
     job: _Job, method: str, seed: int, rounds: int, theta: float, intra_cost: float,
     gpus_per_node: int | None,
@@ -150,7 +160,7 @@ def _settings_meta(
 
 
 def _check_args(
-    method: str, sparse: np.ndarray, num_rows: int, nparts: int, batch_size: int, rounds: int,
+    method: str, sparse: np.ndarray | SampleRows, num_rows: int, nparts: int, batch_size: int, rounds: int,
     max_mirror_rate: float,
 ) -> None:  # fmt: skip
     if method not in METHODS:
@@ -194,9 +204,10 @@ def _graph(job: _Job, dp: Any, ep: Any, theta: float) -> Any:
     """The native refiner over the sample <-> row graph (row -> sample CSR, use counts)."""
     job.stage("graph")
     t = time.perf_counter()
+    values, offsets = native_args(job.ids)
     refiner = native().Refiner(
-        job.ids, dp, ep, job.nparts, job.num_rows, job.batch_size, job.topo, theta=theta,
-        threads=job.threads,
+        values, dp, ep, job.nparts, job.num_rows, job.batch_size, job.topo, theta=theta,
+        threads=job.threads, offsets=offsets,
     )  # fmt: skip
     job.timings["graph_s"] = time.perf_counter() - t
     job.bar.update(1)
@@ -294,12 +305,10 @@ def partition_dataset(
     report_baselines: bool = True,
     progress: bool = True,
 ) -> Plan:
-    """Partition the training split of ``ds`` into ``nparts`` workers (see module docstring)."""
-    from hetgmp.data.multi_hot import refuse_multi_hot
-
-    refuse_multi_hot(ds.meta, ds.root, "partitioning")  # (its lists would be left out)
+    """Partition the training split of ``ds`` into ``nparts`` workers (see module docstring);
+    multi-hot fields add one edge per id of every list (:mod:`hetgmp.partition.sample_rows`)."""
     plan = partition_ids(
-        ds.train.sparse,
+        train_rows(ds),
         ds.meta.num_embeddings,
         nparts,
         method=method,
@@ -318,3 +327,13 @@ def partition_dataset(
     plan.meta["dataset_fingerprint"] = ds.fingerprint
     plan.meta["dataset"] = str(ds.root)
     return plan
+
+
+def train_rows(ds: Dataset) -> np.ndarray | SampleRows:
+    """The training split's sample -> row ids: the id matrix, or with multi-hot fields every
+    sample's single-hot ids and lists as one ragged list."""
+    if not ds.meta.multi_hot:
+        return ds.train.sparse
+    from hetgmp.partition.sample_rows import combine
+
+    return combine(np.asarray(ds.train.sparse), ds.train.multi_hot)

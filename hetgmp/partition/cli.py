@@ -107,9 +107,8 @@ def run_partition(cfg: PartitionConfig) -> Plan:
     from hetgmp.partition.api import partition_dataset
 
     ds = open_dataset(cfg.data) if cfg.data is not None else default_dataset()
-    check_id_ranges(
-        ds, ds.meta.num_embeddings, "partitioning"
-    )  # (before the graph is built from the ids)
+    # (before the graph is built from the ids; multi-hot lists are partitioned, so checked)
+    check_id_ranges(ds, ds.meta.num_embeddings, "partitioning", multi_hot_ok=True)
     n = ds.meta.splits.get("train", len(ds.train))
     if cfg.nparts > n:
         raise PlanError(f"-n {cfg.nparts} is larger than the {n} training samples of {ds.root}")
@@ -177,6 +176,7 @@ def _total_line(name: str, q: dict[str, Any]) -> str:
 def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict[str, Any]:
     """Check a plan against a data set and recompute its quality report; raise PlanError."""
     from hetgmp.data.format import open_dataset
+    from hetgmp.partition.api import train_rows
     from hetgmp.partition.quality import quality_report
 
     plan = load_plan(plan_path)
@@ -196,7 +196,7 @@ def verify_plan(plan_path: Path, data: Path, threads: int | None = None) -> dict
         if mir.size and np.any(plan.embed_partition[mir] == w):
             raise PlanError(f"{plan_path}: mirror list {w} holds rows that worker {w} owns")
     return quality_report(
-        ds.train.sparse,
+        train_rows(ds),
         plan.data_partition,
         plan.embed_partition,
         plan.nparts,

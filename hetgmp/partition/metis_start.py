@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hetgmp.native import native
+from hetgmp.partition.sample_rows import SampleRows
 
 DEFAULT_METIS_MAX_EDGES = 4_000_000
 BALANCE_TOLERANCE = 0.03  # a METIS part may exceed the mean by 3 %; the surplus is re-placed
@@ -64,7 +65,7 @@ def hot_degree_threshold(num_samples: int, nparts: int, batch_size: int) -> floa
 
 
 def _sample_graph(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     budget: int,
     rng: np.random.Generator,
     hot_degree: float | None,
@@ -75,9 +76,16 @@ def _sample_graph(
         chosen = np.arange(n, dtype=np.int64)
     else:
         chosen = np.sort(rng.choice(n, size=budget, replace=False))
-    sub = np.asarray(sparse[chosen], dtype=np.int64)
-    rows, local, deg = np.unique(sub, return_inverse=True, return_counts=True)
-    local = local.reshape(sub.shape).astype(np.int64)
+    if isinstance(sparse, SampleRows):
+        sub = sparse.padded(chosen)  # (-1 where a sample has fewer ids)
+        valid = sub >= 0
+        rows, inv, deg = np.unique(sub[valid], return_inverse=True, return_counts=True)
+        local = np.full(sub.shape, -1, dtype=np.int64)
+        local[valid] = inv
+    else:
+        sub = np.asarray(sparse[chosen], dtype=np.int64)
+        rows, local, deg = np.unique(sub, return_inverse=True, return_counts=True)
+        local = local.reshape(sub.shape).astype(np.int64)
     hot = np.zeros(rows.size, dtype=bool)
     if hot_degree is not None:
         # full-data degree estimated from the sample; hot rows are placed later, by use
@@ -100,7 +108,7 @@ def ragged_bipartite_csr(local: np.ndarray, num_rows: int) -> tuple[np.ndarray, 
 
 
 def metis_start(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     num_rows: int,
     nparts: int,
     *,
@@ -160,7 +168,7 @@ def _import_pymetis() -> Any:
 
 
 def _metis_sample(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     nparts: int,
     seed: int,
     max_edges: int,
@@ -176,7 +184,8 @@ def _metis_sample(
     rng = np.random.default_rng([seed, 0x3E715])
     hot_degree = None if batch_size is None else hot_degree_threshold(n, nparts, batch_size)
     chosen, local, rows, hot = _sample_graph(sparse, budget, rng, hot_degree)
-    kept = float((~hot[local]).mean()) if local.size else 1.0
+    used = local >= 0
+    kept = float((~hot[local[used]]).mean()) if used.any() else 1.0
     if chosen.size < n and kept < 0.8:
         # Hot rows hold most edges of power-law data; once they are left out, a larger sample
         # of training samples fits the same METIS edge budget.
@@ -191,11 +200,11 @@ def _metis_graph(
     threads: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR ``(xadj, adjncy)`` of the sampled graph without its hot rows, and the rows it keeps."""
-    if not hot.any():
+    if not hot.any() and (local >= 0).all():
         xadj, adjncy = bipartite_csr(local, rows.size, threads)
         return xadj, adjncy, rows
     keep_rows = np.flatnonzero(~hot)
-    relabel = np.full(rows.size, -1, dtype=np.int64)
+    relabel = np.full(rows.size + 1, -1, dtype=np.int64)  # (the extra -1: padding stays out)
     relabel[keep_rows] = np.arange(keep_rows.size)
     xadj, adjncy = ragged_bipartite_csr(relabel[local], keep_rows.size)
     return xadj, adjncy, rows[keep_rows]

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hetgmp.partition import cost as costmod
+from hetgmp.partition.sample_rows import SampleRows, native_args
 
 REPORT_STORE_RATES = (0.001, 0.01, 0.1)
 
@@ -21,24 +22,34 @@ def _native():
     return native()
 
 
-def _ids(sparse: np.ndarray) -> np.ndarray:
-    """The sample ids as a C-contiguous int32/int64 array (memmaps pass through untouched)."""
+def _ids(sparse: np.ndarray | SampleRows) -> tuple[np.ndarray, np.ndarray | None]:
+    """The sample ids as a C-contiguous int32/int64 array (memmaps pass through untouched) and
+    the ragged offsets (None for the [N, F] matrix)."""
+    if isinstance(sparse, SampleRows):
+        return native_args(sparse)
     arr = np.asarray(sparse)
     if arr.dtype not in (np.int32, np.int64):
         arr = arr.astype(np.int64)
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr), None
 
 
 def usage_counts(
-    sparse: np.ndarray, data_partition: np.ndarray, nparts: int, num_rows: int, threads: int = 0
+    sparse: np.ndarray | SampleRows,
+    data_partition: np.ndarray,
+    nparts: int,
+    num_rows: int,
+    threads: int = 0,
 ) -> np.ndarray:
     """``counts[r, p]`` (int32 [num_rows, nparts]) computed natively."""
     dp = np.ascontiguousarray(data_partition, dtype=np.int32)
-    return _native().usage_counts(_ids(sparse), dp, int(nparts), int(num_rows), int(threads))
+    ids, offsets = _ids(sparse)
+    return _native().usage_counts(
+        ids, dp, int(nparts), int(num_rows), int(threads), offsets=offsets
+    )
 
 
 def rank_mirrors(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     data_partition: np.ndarray,
     embed_partition: np.ndarray,
     nparts: int,
@@ -74,7 +85,7 @@ def rank_mirrors(
 
 
 def quality_report(
-    sparse: np.ndarray,
+    sparse: np.ndarray | SampleRows,
     data_partition: np.ndarray,
     embed_partition: np.ndarray,
     nparts: int,
