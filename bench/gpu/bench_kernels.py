@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.gpu.timing import StepClock, machine_info, median  # noqa: E402
+from bench.gpu.timing import interleaved_seconds, machine_info  # noqa: E402
 from hetgmp.data.generate import CRITEO_CARDINALITIES  # noqa: E402
 from hetgmp.embedding.kernels import scatter_add_rows, take_rows  # noqa: E402
 
@@ -40,17 +40,8 @@ def _ids(batch: int, cards: np.ndarray, g: torch.Generator, dev: torch.device) -
 
 
 def _time(fns: dict, reps: int, dev: torch.device) -> dict[str, float]:
-    """Median ms per call of each of ``fns``, after a warm-up call (Triton compiles there);
-    interleaved, since the machine is shared."""
-    for f in fns.values():
-        f()
-    clocks = {k: StepClock(dev) for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = clocks[k].tick()
-            f()
-            clocks[k].tock(t0)
-    return {k: 1e3 * median(c.seconds()) for k, c in clocks.items()}
+    """Median ms per call of each of ``fns`` (``timing.interleaved_seconds``)."""
+    return {k: 1e3 * v for k, v in interleaved_seconds(fns, reps, dev).items()}
 
 
 def _launch_overhead(dev: torch.device, calls: int = 2000) -> dict[str, float]:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.gpu.timing import StepClock, machine_info, median  # noqa: E402
+from bench.gpu.timing import interleaved_seconds, machine_info  # noqa: E402
 from hetgmp.data.generate import CRITEO_CARDINALITIES, CRITEO_ZIPF_EXPONENTS  # noqa: E402
 from hetgmp.embedding.batch import BatchPlanner  # noqa: E402
 
@@ -80,16 +80,8 @@ def _graphed(fn: Any, dev: torch.device) -> Any:
 
 
 def _time(fns: dict[str, Any], reps: int, dev: torch.device) -> dict[str, float]:
-    """Median microseconds per call of each of ``fns`` (warmed up), interleaved."""
-    for f in fns.values():
-        f()
-    clocks = {k: StepClock(dev) for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = clocks[k].tick()
-            f()
-            clocks[k].tock(t0)
-    return {k: 1e6 * median(c.seconds()) for k, c in clocks.items()}
+    """Median microseconds per call of each of ``fns`` (``timing.interleaved_seconds``)."""
+    return {k: 1e6 * v for k, v in interleaved_seconds(fns, reps, dev).items()}
 
 
 def measure(world: int, batch: int, cards: np.ndarray, reps: int, dev: torch.device) -> dict:

@@ -100,6 +100,20 @@ class StepClock:
         return [b - a for a, b in self._pairs]
 
 
+def interleaved_seconds(fns: dict[str, Any], reps: int, dev: torch.device) -> dict[str, float]:
+    """Median seconds per call of each of ``fns``, after one warm-up call each (Triton
+    compiles there); the calls interleaved round by round, since the machines are shared."""
+    for f in fns.values():
+        f()
+    clocks = {k: StepClock(dev) for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t0 = clocks[k].tick()
+            f()
+            clocks[k].tock(t0)
+    return {k: median(c.seconds()) for k, c in clocks.items()}
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
