@@ -21,16 +21,7 @@ from hetgmp.embedding.batch import Batch, Occurrences
 from hetgmp.embedding.collective.stepper import Stepper
 from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.kernels import take_rows
-from hetgmp.embedding.local import LocalStep
-
-
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The rows' dtype for the model: CUDA autocast's when it is on (a bf16 first layer casts
-    the ``[B, F, D]`` rows anyway and casts their gradient back: two passes over them, ~0.14 ms
-    of the 2-GPU step at batch 8192 on an H100, 2026-11-26), else the values' own."""
-    if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
-    return None
+from hetgmp.embedding.local import LocalStep, autocast_rows_dtype
 
 
 class _LocalLookup(torch.autograd.Function):
@@ -62,7 +53,7 @@ class _PaddedLookup(torch.autograd.Function):
         shape: tuple[int, int, int],
     ) -> torch.Tensor:  # fmt: skip
         ctx.stepper, ctx.batch = stepper, batch
-        dtype = _autocast_dtype(values.device)
+        dtype = autocast_rows_dtype(values.device)
         return take_rows(values, batch.inv, backend=stepper.ctx.kernels, out_dtype=dtype).view(
             shape
         )
