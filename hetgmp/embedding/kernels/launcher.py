@@ -23,6 +23,12 @@ import torch
 
 
 @functools.lru_cache(maxsize=1)
+def interpreted() -> bool:
+    """Whether Triton runs its kernels in its interpreter (``TRITON_INTERPRET=1``, which
+    Triton reads itself: CPU tensors, slow; the tests' way to run the kernels)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _triton() -> Any:
     """The Triton row and batch-plan kernels (a namespace: ``triton``, ``scatter``, ``take``,
     ``take_local``, ``mark_local``, ``put``, ``adagrad``, ``prep_*`` (:mod:`.prep_triton`),
@@ -39,7 +45,7 @@ def _triton() -> Any:
         from triton.runtime.jit import JITFunction
 
         compiled = isinstance(k.scatter_add_rows_kernel, JITFunction)
-        compiled = compiled and os.environ.get("TRITON_INTERPRET") != "1"
+        compiled = compiled and not interpreted()
         hooks = knobs.runtime
     except ImportError:
         compiled, hooks = False, None

@@ -14,12 +14,11 @@ the kernels leave it so.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, NamedTuple
 
 import torch
 
-from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device
+from hetgmp.embedding.kernels.launcher import _kernels, interpreted, launch, on_device
 
 BLOCK = 1024  # occurrences per program (< 4096: the packed in-program rank, prep_triton)
 SCAN_TILE = 4096  # histogram entries per step of the one-program scan
@@ -28,7 +27,7 @@ SCAN_TILE = 4096  # histogram entries per step of the one-program scan
 # 546 us, 312 us with this). Off: the plain atomics (the same result; Triton's interpreter
 # runs the in-program sorts slowly: its checks take this path unless they ask, see
 # tests/test_prep_kernels.py; the interpreter is only ever chosen by that variable).
-AGGREGATE = os.environ.get("TRITON_INTERPRET") != "1"
+AGGREGATE = not interpreted()
 INT32_MAX = 2**31 - 1
 
 

@@ -38,7 +38,6 @@ of host time per launch on the H200 machine); ``HETGMP_FAST_LAUNCH=0`` or
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from typing import Any
 
@@ -48,6 +47,7 @@ from torch.autograd.function import once_differentiable
 from hetgmp.choices import KERNELS  # (--help shows them without torch)
 from hetgmp.embedding.kernels.launcher import (
     _kernels,
+    interpreted,
     launch,
     on_device,
     row_tiles,
@@ -72,7 +72,7 @@ def resolve(kernels: str, device: torch.device) -> str:
             warnings.warn(f"Triton kernels do not run here ({why}); using torch's", stacklevel=2)
             return "torch"
         return "triton"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not interpreted():
         raise ValueError(
             f"kernels='triton' needs CUDA tensors (got {device}); use 'auto' or 'torch'"
         )
