@@ -130,7 +130,7 @@ class AsyncLoop:
         self.seconds = end - t0
         # (the waits for answers during training: the end's exchanges and meetings wait for
         # the slowest rank, in no phase)
-        self.answer_wait_s = (self.engine.peers.wait_s, self.server.channel.wait_s)
+        self.answer_wait_s = (self.engine.phase_s["peer_wait"], self.server.channel.wait_s)
         if self.warm is not None:
             w_t, w_samples, w_wait = self.warm
             self.steady = (end - w_t, self.engine.samples - w_samples, self.data_wait_s - w_wait)

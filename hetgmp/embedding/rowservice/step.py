@@ -192,9 +192,9 @@ class AsyncStep:
         # still reads this step's values, or that peer sees an update from its future)
         if self.cfg.max_lag >= 0:
             self._wait(c + riding - lag2, "flush" if op == OP_FLUSH else "push")
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), self.peers.wait_s
         pushes, deferred = self._push_phase(grads, evaluating, send=not riding)
-        self.phase_s["push"] += time.perf_counter() - t0
+        self._phase("push", t0, w0)
         if op == OP_FLUSH:
             self.meet("async flush")  # every rank's pushes are in before anyone reads owners
             self.service.drain()
@@ -210,17 +210,24 @@ class AsyncStep:
                 self._wait(c + 1 - lag2, "read")
         bound = 0 if evaluating else ctx.bound
         planned = _batch(prep, ctx.env.rank, ctx.env.world_size)
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), self.peers.wait_s
         self.service.drain()  # (this step's own rows and the pushes, one update per row)
         sent = send_reads(ctx, self.lock, self.peers, planned, bound, pushes, tick)
-        self.phase_s["read"] += time.perf_counter() - t0
+        self._phase("read", t0, w0)
         return _Reading(prep, sent, deferred, evaluating)
+
+    def _phase(self, name: str, t0: float, w0: float) -> None:
+        """Time since ``t0`` into phase ``name``, and the waits for peers' answers inside it
+        into ``peer_wait`` (answers owed from elsewhere, e.g. a clock message's, are taken in
+        other phases: not the exchanges')."""
+        self.phase_s[name] += time.perf_counter() - t0
+        self.phase_s["peer_wait"] += self.peers.wait_s - w0
 
     def _complete(self, reading: _Reading) -> tuple[torch.Tensor, Batch]:
         """The rest of a step: the answers taken, mirrors refreshed, rows gathered, clock."""
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), self.peers.wait_s
         values = receive_reads(self.ctx, self.lock, self.peers, reading.sent, reading.deferred)
-        self.phase_s["read"] += time.perf_counter() - t0
+        self._phase("read", t0, w0)
         if not reading.evaluating:
             # (riding: told with the next step's messages, or its commit)
             self._tick(2 * self.steps + 2, tell=not self._riding(False))
