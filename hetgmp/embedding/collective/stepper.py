@@ -60,6 +60,9 @@ class Stepper:
             self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
         pe = self.padded if not evaluating and error is None else None
         padded = pe is not None and pe.accepts(prep)
+        if grads is not None and grads[0].replayed and not (pe is not None and pe.capturing):
+            # (a replay's record holds its capture's counts: an eager step reads the replay's)
+            grads = (materialize(grads[0]), grads[1])
         if pe is not None and padded and pe.can_presync(grads, prep):
             # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
             host, grads = pe.presync(grads, prep, self.const_cols(bound, op, True))
@@ -111,7 +114,8 @@ class Stepper:
             return grads
         pb = grads[0]
         assert pb.static is not None
-        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel())
+        slot = pb.prep.ring if pb.prep is not None else -1
+        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel(), slot=slot)
 
     # ---------------------------------------------------------------- stage 2
     def _exchange_sizes(

@@ -56,7 +56,7 @@ from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.padded import kernels as fused_segments
 from hetgmp.embedding.padded import reference as torch_segments
-from hetgmp.embedding.padded.fields import Capacity
+from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,9 +115,11 @@ class StaticExchange:
         self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
         self.rows_step = torch.zeros(5, **i64)
         self.deferred = torch.zeros((), **i64)
-        # the gradient of this batch's values, summed per row (see sum_grad; at a fixed
-        # address for the next step's pre-sync graph)
-        self.grad = torch.zeros(u + 1, d, device=dev)
+        # the gradient of a batch's values summed per row, one buffer per preparation ring
+        # slot (see sum_grad; at fixed addresses for the graphs): a step that reads one step
+        # ahead (.ahead) sums this batch's while the next exchange pushes the last batch's
+        self.grads = [torch.zeros(u + 1, d, device=dev) for _ in range(SLOTS)]
+        self.bind(0, 0)  # (sz_mine, grad, ...: see bind)
         self._graphs = GraphCache(graphs)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
@@ -139,12 +141,12 @@ class StaticExchange:
         self.slot = self.slot_pad[:n]
         self.blocks = torch.zeros(3 * w, **i64)
         # the sizes table sent (row 0) and received (row 1): one buffer, so the host's copy
-        # is one copy without a stack
-        self.sz_both = torch.zeros(2, w, sizes.COLS, **i64)
-        self.sz_mine, self.sz_theirs = self.sz_both[0], self.sz_both[1]
+        # is one copy without a stack; one per ring slot (a batch's table outlives the next
+        # batch's exchange when reads run one step ahead), bound by :meth:`bind`
+        self.sz_slots = torch.zeros(SLOTS, 2, w, sizes.COLS, **i64)
         # both tables for the host (pinned: the copy can be a node of the pre-sync graph)
-        self.host_sizes = torch.zeros(
-            2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
+        self.host_slots = torch.zeros(
+            SLOTS, 2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
         )
         self._sizes_ready = torch.cuda.Event() if dev.type == "cuda" else None
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
@@ -227,6 +229,32 @@ class StaticExchange:
         # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
         self.own_entries = torch.zeros(4, o + wp, **i64)
 
+    # ------------------------------------------------------------------ ring slots
+    def bind(self, prev: int, cur: int) -> None:
+        """Point the per-slot buffers at ring slots: ``cur``, the batch whose exchange runs
+        next (its sizes tables :attr:`sz_mine` / :attr:`sz_theirs` and their host copy
+        :attr:`host_sizes`), and ``prev``, the batch whose gradient it pushes (its table
+        :attr:`sz_prev`, its summed gradient :attr:`grad`). Slot -1 (a batch prepared
+        outside a ring) uses slot 0. Captured graphs hold the addresses bound while they
+        were recorded."""
+        prev, cur = max(prev, 0), max(cur, 0)
+        self.bound_slots = (prev, cur)
+        self.sz_prev = self.sz_slots[prev][0]
+        self.grad = self.grads[prev]
+        self.sz_both = self.sz_slots[cur]
+        self.sz_mine, self.sz_theirs = self.sz_both[0], self.sz_both[1]
+        self.host_sizes = self.host_slots[cur]
+
+    def host_of(self, slot: int) -> torch.Tensor:
+        """Both sizes tables of the batch in ring ``slot`` (``[2, w, COLS]``), as the last
+        exchange of that slot left them on the host."""
+        return self.host_slots[max(slot, 0)]
+
+    def tables_of(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device sizes tables (sent, received) of the batch in ring ``slot``."""
+        t = self.sz_slots[max(slot, 0)]
+        return t[0], t[1]
+
     # ------------------------------------------------------------------ host side
     def load(
         self,
@@ -237,10 +265,14 @@ class StaticExchange:
         sz_theirs: torch.Tensor,
         pushes: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
         own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        *,
+        slot: int = -1,
     ) -> None:
         """Copy a step's inputs into the fixed buffers (``pushes``: the last batch's rows not
         stored here: ids, counts, gradients (host-known length) and per-owner counts;
-        ``own``: its own rows' slots, counts and gradients, not applied yet (Adagrad))."""
+        ``own``: its own rows' slots, counts and gradients, not applied yet (Adagrad);
+        ``slot``: the batch's ring slot, whose sizes tables these are)."""
+        self.bind(slot, slot)
         if self.sw:
             self._load_own(own)
         self.u_ids.copy_(prep_u)
@@ -309,9 +341,11 @@ class StaticExchange:
         capturable = prev.static and cur.static
         ready = None if self.capturing else self._sizes_ready
 
+        self.bind(prev.ring, cur.ring)
+
         def summed() -> None:
             if grad_occ is not None:
-                self.sum_grad(prev.inv, grad_occ)
+                self.sum_grad(prev.inv, grad_occ, slot=prev.ring)
 
         def before() -> None:
             if self.fused:
@@ -346,12 +380,14 @@ class StaticExchange:
         self.host_sizes.copy_(self.sz_both, non_blocking=self._sizes_ready is not None)
 
     def sum_grad(
-        self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None
+        self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None, *, slot: int
     ) -> torch.Tensor:
         """A batch's gradient, one row per occurrence (``grad_occ [n, D]``, occurrence ``i``
-        of unique row ``inv[i]``), summed per unique row into :attr:`grad` (its first
-        ``rows`` rows, default all: a fixed shape for the graphs); returns that part."""
-        out = self.grad if rows is None else self.grad[:rows]
+        of unique row ``inv[i]``), summed per unique row into the gradient buffer of its ring
+        ``slot`` (its first ``rows`` rows, default all: a fixed shape for the graphs);
+        returns that part."""
+        g = self.grads[max(slot, 0)]
+        out = g if rows is None else g[:rows]
         out.zero_()
         scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels)
         return out
@@ -373,8 +409,9 @@ class StaticExchange:
 
     def adopt(self, old: StaticExchange) -> None:
         """Take over the inputs :meth:`presync` wrote into ``old`` (capacities grew)."""
-        for name in ("u_ids", "slot", "blocks", "sz_mine", "sz_theirs", "pr_n", "ndue"):
+        for name in ("u_ids", "slot", "blocks", "sz_slots", "host_slots", "pr_n", "ndue"):
             getattr(self, name).copy_(getattr(old, name))
+        self.bind(*old.bound_slots)
         k = min(old.pr_ids.numel(), self.pr_ids.numel())
         self.pr_ids[:k].copy_(old.pr_ids[:k])
         self.pr_cnt[:k].copy_(old.pr_cnt[:k])

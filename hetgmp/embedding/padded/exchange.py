@@ -103,12 +103,12 @@ class PaddedExchange:
             return False
         pb, g = grads
         if isinstance(g, Summed):
-            size_ok = g.grad is st.grad
+            size_ok = g.grad is st.grads[max(pb.prep.ring, 0)] if pb.prep is not None else False
         else:
             size_ok = isinstance(g, Occurrences) and g.grad.shape[0] == st.cap.n
         return (
             size_ok and pb.static is st and pb.prep is not None
-            and pb.prep.ring == prep.ring ^ 1 and min(st.cap.u, st.cap.n) > 0
+            and pb.prep.ring != prep.ring and min(st.cap.u, st.cap.n) > 0
             and pb.prep.ids.shape == prep.ids.shape and prep.u.numel() == st.cap.n
             and st.current  # (its graphs hold the bound and the learning rate)
         )  # fmt: skip
@@ -138,7 +138,7 @@ class PaddedExchange:
                 if not s.own_done:
                     own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
             p = s.prep
-            st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes, own)
+            st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes, own, slot=p.ring)
         values = st.run()
         batch.prep, batch.static = s.prep, st
         if self.capturing:  # (a replay counts on the device, see whole.WholeStep)
@@ -242,14 +242,15 @@ class PaddedExchange:
         assert st is not None
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
+        slot = batch.prep.ring if batch.prep is not None else -1
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
-            return Summed(st.sum_grad(batch.inv, grad_occ))
+            return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot))
         main = torch.cuda.current_stream(st.store.device)
         if self._side is None:
             self._side = torch.cuda.Stream(st.store.device)
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
-            out = st.sum_grad(batch.inv, grad_occ)
+            out = st.sum_grad(batch.inv, grad_occ, slot=slot)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)

@@ -31,6 +31,12 @@ class Capacity:
     o: int = 0  # the last batch's own rows, staged for the owner's merged update (Adagrad)
 
 
+# Preparation ring slots (graphs.PrepRing) and the per-slot buffers of the exchange: the batch
+# trained, the last one (its gradient not pushed yet) and the next one, prepared while this one
+# trains (reads one step ahead, :mod:`.ahead`) are three.
+SLOTS = 3
+
+
 class SegmentBuffers(Protocol):
     """The buffers of one :class:`Capacity` as the segments see them (names as in
     :class:`~.buffers.StaticExchange`, which documents each)."""
@@ -56,6 +62,7 @@ class SegmentBuffers(Protocol):
     blocks: torch.Tensor
     sz_mine: torch.Tensor
     sz_theirs: torch.Tensor
+    sz_prev: torch.Tensor  # the last batch's table (its ring slot's)
     pos_map: torch.Tensor
     # the last batch's gradient: pushes per owner, own rows
     pr_ids: torch.Tensor
@@ -91,7 +98,7 @@ class SegmentBuffers(Protocol):
     spread_wq_m: torch.Tensor
     # outputs
     values: torch.Tensor
-    grad: torch.Tensor
+    grad: torch.Tensor  # the last batch's gradient summed per row (its ring slot's)
     rows_step: torch.Tensor
     deferred: torch.Tensor
     cap_deferred: torch.Tensor  # due pushes that waited for room in a fixed push payload

@@ -1,5 +1,5 @@
 """CUDA graphs of the padded transport: :class:`GraphCache` (run eagerly, capture at the second
-use, replay from then on) and :class:`PrepRing` (a batch's preprocessing into one of two fixed
+use, replay from then on) and :class:`PrepRing` (a batch's preprocessing into one of its fixed
 slots, so its outputs keep their addresses and later graphs can read them)."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from hetgmp.embedding.padded.fields import SLOTS
 
 
 class GraphCache:
@@ -70,9 +72,11 @@ class GraphCache:
 
 
 class PrepRing:
-    """Two fixed slots for a batch's preprocessed ids (``prepare(ids) -> prep``): the batch
-    being trained reads one (its arrays live until the next step has staged its gradient),
-    the next batch is prepared into the other. On CUDA with ``graphs`` each slot's
+    """Fixed slots (:data:`~.fields.SLOTS`) for a batch's preprocessed ids (``prepare(ids) ->
+    prep``), used in turn: the batch being trained reads one, the last batch's (its gradient
+    not pushed yet: the next exchange reads its arrays) another, the next batch is prepared
+    into the third (in a step that reads one step ahead, :mod:`.ahead`, while this one
+    trains). On CUDA with ``graphs`` each slot's
     preprocessing is captured at its second use; from then on the slot's outputs stay at fixed
     addresses (``static``), which is what lets the pre-sync segment be captured too."""
 
@@ -80,7 +84,7 @@ class PrepRing:
         self, shape: tuple[int, int], device: torch.device, prepare: Callable[[torch.Tensor], Any],
         *, graphs: bool,
     ) -> None:  # fmt: skip
-        self.ids = [torch.zeros(shape, dtype=torch.int64, device=device) for _ in range(2)]
+        self.ids = [torch.zeros(shape, dtype=torch.int64, device=device) for _ in range(SLOTS)]
         self.prepare = prepare
         self._graphs = GraphCache(graphs)  # one per slot
         self.last = 1  # the slot of the batch consumed last
@@ -88,15 +92,15 @@ class PrepRing:
         # addresses whoever ran the preparation (its graph, an eager step, or a whole-step
         # graph, whose allocations live in that graph's pool)
         self.fixed = False
-        self._out: list[Any] = [None, None]
+        self._out: list[Any] = [None] * SLOTS
 
     def release(self) -> None:
         """Drop the captured graphs."""
         self._graphs.clear()
 
     def fill(self, ids: torch.Tensor) -> tuple[Any, int, bool]:
-        """Prepare ``ids`` into the free slot: ``(prep, slot, static)``."""
-        s = self.last ^ 1
+        """Prepare ``ids`` into the slot after the last consumed: ``(prep, slot, static)``."""
+        s = self.next_slot
         self.ids[s].copy_(ids)
         prep, static = self._graphs.run(s, lambda: self.prepare(self.ids[s]))
         if not self.fixed:
@@ -110,6 +114,11 @@ class PrepRing:
             for f in _PREP_ARRAYS:
                 getattr(out, f).copy_(getattr(prep, f))
         return out, s, True
+
+    @property
+    def next_slot(self) -> int:
+        """The slot the next :meth:`fill` uses."""
+        return (self.last + 1) % SLOTS
 
     @property
     def plain(self) -> bool:

@@ -116,7 +116,7 @@ def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
     br, bd = _tiles(st.d)
     own = _own(st)
     k.presync_apply[_grid(max(cap.u, cap.n) if counts else cap.u, br)](
-        st.sz_mine, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
+        st.sz_prev, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
         e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
         st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, *own,
         e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,

@@ -40,7 +40,7 @@ def presync(st: SegmentBuffers, prev: Any, cur: Any, bound_cols: torch.Tensor) -
     """The pre-sync segment with torch ops (the reference of the fused kernels)."""
     e, n = st.store, st.cap.n
     u, lr = st.cap.u, st.lr
-    sz = st.sz_mine  # still the table of ``prev`` (rewritten last)
+    sz = st.sz_prev  # the table of ``prev`` (its ring slot's)
     n_o = sz[0, _NOWN]
     n_m = sz[:, _NQM].sum()
     nqr = sz[:, _NQR]

@@ -71,8 +71,9 @@ def materialize(pb: Batch) -> Batch:
     assert st is not None and prep is not None
     if st.store.device.type == "cuda":
         torch.cuda.current_stream(st.store.device).synchronize()
-    host = st.host_sizes.clone()
-    s = SizedStep(prep, None, OP_FORWARD, False, st.sz_mine, st.sz_theirs, host, None, False)
+    host = st.host_of(prep.ring).clone()
+    mine, theirs = st.tables_of(prep.ring)
+    s = SizedStep(prep, None, OP_FORWARD, False, mine, theirs, host, None, False)
     batch = s.make_batch()
     batch.prep, batch.static = prep, st
     return batch
@@ -199,7 +200,7 @@ class WholeStep:
             return None
         if pad.frozen is None or pad.frozen.n != shape[0] * shape[1] or not st.current:
             return None
-        return ring.last ^ 1
+        return ring.next_slot
 
     def comm(self) -> Any:
         """The env of the exchange's own communicator (for the captured collectives; collective
