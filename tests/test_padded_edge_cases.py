@@ -414,8 +414,10 @@ BUG_CASES = [
     # so the next training step still runs the pre-sync segment)
     {"name": "eval-before-backward", "seed": 32, "presync": [1, 2, 3, 4, 5],
      "script": [*train(3), {"op": "train_late"}, *train(2)]},
-    # two forwards (the first with the pre-sync segment), one backward through both
-    {"name": "two-forwards-one-backward", "seed": 33, "presync": [1, 2, 4, 5],
+    # two forwards (the first with the pre-sync segment), one backward through both (with
+    # three ring slots the step after them pre-syncs too: the batch whose gradient it pushes is
+    # two slots back, its arrays intact)
+    {"name": "two-forwards-one-backward", "seed": 33, "presync": [1, 2, 3, 4, 5],
      "script": [*train(2), {"op": "train_two"}, *train(3)]},
     # a failed step in the middle of training
     {"name": "failed-step", "seed": 34,
