@@ -219,3 +219,9 @@ def test_runs_not_supported_yet_are_refused_by_name(tmp_path: Path, capsys) -> N
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--pooling",
                      "sum,mean,sum", "--no-progress"]) != 0  # fmt: skip
     assert "--pooling sum,mean,sum: 3 modes for the 2 multi-hot fields" in capsys.readouterr().err
+    # a trained checkpoint exports only once serving pools bags: refused, naming the fields
+    ck = tmp_path / "ck"
+    assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
+                     "--no-val", "--checkpoint-dir", str(ck), "--no-progress"]) == 0  # fmt: skip
+    assert cli_main(["export", str(ck), "--out", str(tmp_path / "m")]) != 0
+    assert "multi-hot fields (h1, h2) are not exported or served yet" in capsys.readouterr().err
