@@ -33,7 +33,7 @@ class PoolBags(torch.autograd.Function):
     * scale[seg[i]]``."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, rows: torch.Tensor, seg: torch.Tensor, scale: torch.Tensor, segments: int
     ) -> torch.Tensor:
         ctx.save_for_backward(seg, scale)
@@ -42,7 +42,7 @@ class PoolBags(torch.autograd.Function):
         return (out * scale.unsqueeze(1)).to(rows.dtype)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         seg, scale = ctx.saved_tensors
         return (grad * scale.unsqueeze(1).to(grad.dtype)).index_select(0, seg), None, None, None
 
