@@ -17,3 +17,15 @@ PADDED_NEEDS = (
 )
 KERNELS = ("auto", "torch", "triton")  # hetgmp.embedding.kernels.resolve
 DATA_ON_DEVICE = ("auto", "on", "off")  # hetgmp.data.pipeline
+POOLINGS = ("sum", "mean")  # hetgmp.models.pooling (--pooling, issue 34)
+
+
+def pooling_ok(text: str) -> bool:
+    """``--pooling``: one of :data:`POOLINGS`, or a comma-separated one per multi-hot field."""
+    return all(p in POOLINGS for p in text.split(","))
+
+
+def parse_pooling(text: str, fields: int) -> tuple[str, ...]:
+    """Each of ``fields`` multi-hot fields' pooling from ``--pooling`` (one mode: all of them)."""
+    modes = tuple(text.split(","))
+    return modes * fields if len(modes) == 1 else modes

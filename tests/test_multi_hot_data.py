@@ -14,6 +14,7 @@ from hetgmp.cli import main as cli_main
 from hetgmp.data.format import DatasetError, FieldInfo, make_fields, open_dataset, write_dataset
 from hetgmp.data.generate import build_model, generate_criteo_like, sample_users
 from hetgmp.data.generate_config import CriteoLikeConfig
+from hetgmp.data.id_ranges import check_id_ranges
 from hetgmp.data.multi_hot import NOT_TRAINED_YET, multi_hot_paths
 from hetgmp.data.planted_multi_hot import build_multi_hot, multi_hot_bags
 from hetgmp.metrics import roc_auc
@@ -102,10 +103,15 @@ def test_verify_names_the_broken_file(tmp_path: Path, capsys, kind, pos, value, 
 def test_train_refuses_multi_hot_partition_accepts_it(tmp_path: Path, capsys) -> None:
     _write(tmp_path / "mh")
     data = str(tmp_path / "mh")
-    rc = cli_main(["train", "--dataset", data, "--cache-dir", str(tmp_path / "c"), "--no-val"])
+    # (one rank on CPU trains them: tests/test_train_multi_hot.py; the rest is refused, and
+    # so is any caller of check_id_ranges that cannot read bags)
+    rc = cli_main(["train", "--dataset", data, "--cache-dir", str(tmp_path / "c"), "--no-val",
+                   "--device", "cuda"])  # fmt: skip
     assert rc != 0
     err = capsys.readouterr().err
-    assert NOT_TRAINED_YET in err and "training" in err and "hist" in err
+    assert ("issue 34" in err and "hist" in err) or "CUDA" in err
+    with pytest.raises(ValueError, match=NOT_TRAINED_YET):
+        check_id_ranges(open_dataset(data), open_dataset(data).meta.num_embeddings)
     # the partitioner reads the lists (tests/test_partition_multi_hot.py)
     rc = cli_main(["partition", "--data", data, "-n", "2", "-o", str(tmp_path / "p.npz")])
     assert rc == 0 and (tmp_path / "p.npz").exists()

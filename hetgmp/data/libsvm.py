@@ -7,8 +7,9 @@ Two forms (one per input, detected from its first feature token; see
 * plain libsvm ``label index:value ...``: the i-th token is field i (default), or
   ``field_map`` maps each feature index to its field; ``index`` is the id.
 
-A line holds at most one token per field (a repeated field is a bad line), and a field absent
-from a line is a missing value. By default every field is categorical with raw id ``id`` /
+A line holds at most one token per field (a repeated field is a bad line), except the
+``multi_hot_fields``, whose tokens on a line form a bag (:mod:`hetgmp.data.libsvm_lists`); a
+field absent from a line is a missing value (an empty bag). By default every field is categorical with raw id ``id`` /
 ``index`` (``value`` is ignored, as in one-hot data); fields named in ``dense_fields`` are dense
 features whose value is ``value``. The number of fields is ``num_fields`` or, when not given,
 one more than the largest field in the input (an extra vectorized scan; the field map's largest
@@ -30,7 +31,6 @@ import pyarrow.compute as pc
 from hetgmp.data.arrow_values import FLOAT_RE, to_float
 from hetgmp.data.bad_lines import (
     BAD_CATEGORY,
-    BAD_LABEL,
     BAD_NUMBER,
     DUPLICATE_FIELD,
     EMPTY_LINE,
@@ -47,10 +47,11 @@ from hetgmp.data.libsvm_fields import (
     LIBFM,
     FieldMap,
     LineForm,
+    check_labels,
     detect_form,
     load_field_map,
-    map_labels,
 )
+from hetgmp.data.libsvm_lists import bags, check_multi_hot_fields, repeated_field
 from hetgmp.data.text_chunks import iter_chunks
 from hetgmp.data.vocab import MISSING_KEY, int_keys
 
@@ -82,6 +83,7 @@ class LibsvmSource:
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         field_map: Path | FieldMap | None = None,
         form: LineForm | None = None,
+        multi_hot_fields: list[int] | None = None,
     ) -> None:
         if not paths:
             raise ValueError("no input files given")
@@ -91,6 +93,7 @@ class LibsvmSource:
         self.paths = [Path(p) for p in paths]
         self.block_bytes = block_bytes
         self.dense_fields = sorted(set(dense_fields or []))
+        self.multi_hot_fields = sorted(set(multi_hot_fields or []))
         self.dense_transform = dense_transform
         transform_dense(np.zeros(1), dense_transform)
         self.form = form if form is not None else detect_form(self.paths)
@@ -107,7 +110,11 @@ class LibsvmSource:
         bad = [f for f in self.dense_fields if not 0 <= f < self.num_fields]
         if bad:
             raise ValueError(f"--dense-fields {bad} outside 0..{self.num_fields - 1}")
-        self.cat_fields = [f for f in range(self.num_fields) if f not in self.dense_fields]
+        check_multi_hot_fields(
+            self.multi_hot_fields, self.dense_fields, self.num_fields, self.by_position
+        )
+        other = {*self.dense_fields, *self.multi_hot_fields}
+        self.cat_fields = [f for f in range(self.num_fields) if f not in other]
         if not self.cat_fields:
             raise ValueError("every field is dense; at least one categorical field is needed")
 
@@ -147,6 +154,10 @@ class LibsvmSource:
         return [f"f{f}" for f in self.cat_fields]
 
     @property
+    def multi_hot_names(self) -> list[str]:
+        return [f"f{f}" for f in self.multi_hot_fields]
+
+    @property
     def dense_names(self) -> list[str]:
         return [f"f{f}" for f in self.dense_fields]
 
@@ -160,6 +171,7 @@ class LibsvmSource:
             "inputs": [{"path": str(p), "bytes": os.path.getsize(p)} for p in self.paths],
             "num_fields": self.num_fields,
             "dense_fields": self.dense_fields,
+            **({"multi_hot_fields": self.multi_hot_fields} if self.multi_hot_fields else {}),
             "dense_transform": self.dense_transform,
             "form": self.form.kind,
             "fields": (
@@ -278,33 +290,13 @@ class LibsvmSource:
 
         empty = t["ntok"] == 0
         flag(empty, EMPTY_LINE, lambda i: "empty line")
-        labels = self._check_labels(t, empty, flag)
-        good_tok = self._check_tokens(t, flag)
-        report.handle(bad)
-        return labels, flagged, good_tok
-
-    def _check_labels(self, t: dict[str, Any], empty: np.ndarray, flag: Any) -> np.ndarray:
-        """Labels as 0/1 (one per non-empty line, in line order); flags the bad ones."""
-        n = len(t["lines"])
-        has = np.flatnonzero(~empty)
-        lab_arr = t["label"]
-        lab_ok_t = _np(pc.match_substring_regex(lab_arr, FLOAT_RE))
-        lab_val_t, valid, signed = map_labels(to_float(lab_arr, lab_ok_t))
-        labels = np.zeros(n, dtype=np.float64)
-        labels[has] = lab_val_t
-        lab_ok = np.ones(n, dtype=bool)
-        lab_ok[has] = lab_ok_t & valid
-        lab_pos = np.full(n, -1)
-        lab_pos[has] = np.arange(has.size)
-        flag(
-            ~lab_ok,
-            BAD_LABEL,
-            lambda i: f"label {lab_arr[int(lab_pos[i])].as_py()!r} is not 0/1 (or libsvm's -1/+1)",
-        )
+        labels, signed = check_labels(t["label"], empty, flag)
         if signed and not self._signed_labels_logged:
             self._signed_labels_logged = True
             log.info("libsvm labels: -1 is read as 0 and +1 as 1")
-        return labels
+        good_tok = self._check_tokens(t, flag)
+        report.handle(bad)
+        return labels, flagged, good_tok
 
     def _check_tokens(self, t: dict[str, Any], flag: Any) -> np.ndarray:
         """Flag malformed, unmapped, out-of-range and repeated fields; the usable tokens."""
@@ -354,11 +346,7 @@ class LibsvmSource:
             lambda i: f"field {oor[i]} is outside 0..{self.num_fields - 1} (see --num-fields)",
         )
         good_tok = ok & t["known"] & ~out_of_range
-        r, f = row[good_tok], field[good_tok]
-        order = np.lexsort((f, r))
-        dup = (r[order][1:] == r[order][:-1]) & (f[order][1:] == f[order][:-1])
-        dup_field = np.full(n, -1)
-        dup_field[r[order][1:][dup]] = f[order][1:][dup]
+        dup_field = repeated_field(row, field, good_tok, n, self.multi_hot_fields)
         via_map = " (two of the line's feature indices map to it)" if self.field_map else ""
         flag(
             dup_field >= 0,
@@ -391,6 +379,10 @@ class LibsvmSource:
             dcol = np.full(self.num_fields, -1)
             dcol[self.dense_fields] = np.arange(len(self.dense_fields))
             raw = np.zeros((n, len(self.dense_fields)), dtype=np.float64)
-            raw[r[~is_cat], dcol[f[~is_cat]]] = vals[~is_cat]
+            is_dense = dcol[f] >= 0  # (neither single-hot nor a bag)
+            raw[r[is_dense], dcol[f[is_dense]]] = vals[is_dense]
             dense = transform_dense(raw, self.dense_transform)[keep]
-        return RawBlock(path, lines[keep], labels[keep].astype(np.float32), dense, keys[keep])
+        lists = bags(r, f, ids, keep, self.multi_hot_fields)
+        return RawBlock(
+            path, lines[keep], labels[keep].astype(np.float32), dense, keys[keep], lists
+        )

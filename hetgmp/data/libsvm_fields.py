@@ -16,11 +16,16 @@ Labels: 0/1, or libsvm's -1/+1 read as 0/1 (:func:`map_labels`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from hetgmp.data.bad_lines import BadInputError
+from hetgmp.data.arrow_values import FLOAT_RE, to_float
+from hetgmp.data.bad_lines import BAD_LABEL, BadInputError
 
 LIBFM = "libfm"
 LIBSVM = "libsvm"
@@ -43,6 +48,10 @@ Every field is categorical, its id the token's id / index (the value is ignored,
 data), except --dense-fields, whose value is the feature. A field absent from a line is a
 missing value. Labels: 0/1, or libsvm's -1/+1, read as -1 -> 0, +1 -> 1 (logged once); any
 other label is a bad line.
+
+--multi-hot-fields F ...: fields whose tokens on a line form a bag (a user's history, an ad's
+keywords): every token of the field adds its id, in line order (repeats count again); a line
+without the field has an empty bag. Needs libfm lines or --field-map.
 
 --field-map FILE: one 'index field' pair of non-negative integers a line ('#' comments); a
 feature index not in FILE is a bad line, and so is a line where two indices map to one field.
@@ -145,3 +154,29 @@ def map_labels(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """
     ok = (values == 0.0) | (values == 1.0) | (values == -1.0)
     return np.where(values == -1.0, 0.0, values), ok, bool((values == -1.0).any())
+
+
+def check_labels(
+    lab_arr: pa.Array, empty: np.ndarray, flag: Callable[[np.ndarray, str, Any], None]
+) -> tuple[np.ndarray, bool]:
+    """A chunk's labels as 0/1 (``lab_arr``: the first token of every non-empty line, in line
+    order; ``empty``: the empty lines) and whether a -1 was seen; ``flag(mask, reason,
+    describe)`` reports the bad ones."""
+    n = empty.size
+    has = np.flatnonzero(~empty)
+    lab_ok_t = np.asarray(
+        pc.match_substring_regex(lab_arr, FLOAT_RE).to_numpy(zero_copy_only=False)
+    )
+    lab_val_t, valid, signed = map_labels(to_float(lab_arr, lab_ok_t))
+    labels = np.zeros(n, dtype=np.float64)
+    labels[has] = lab_val_t
+    lab_ok = np.ones(n, dtype=bool)
+    lab_ok[has] = lab_ok_t & valid
+    lab_pos = np.full(n, -1)
+    lab_pos[has] = np.arange(has.size)
+    flag(
+        ~lab_ok,
+        BAD_LABEL,
+        lambda i: f"label {lab_arr[int(lab_pos[i])].as_py()!r} is not 0/1 (or libsvm's -1/+1)",
+    )
+    return labels, signed

@@ -9,6 +9,11 @@ assume), or by descending frequency. Keys: the integers (user, item, age bucket,
 -1 for none) by the ``int`` scheme, the strings (gender, occupation, zip prefix) by ``fnv1a64``,
 so the saved vocabulary (``vocab/``) encodes these derived values of new ratings. Train/test: a rating goes to test when
 ``splitmix64(seed, line)`` falls below ``test_fraction`` (deterministic; 0 = everything train).
+
+With ``multi_hot_genres`` (``--multi-hot-genres``, issue 34) an eighth field, ``genres``, is a
+multi-hot field: every genre flagged in ``u.item`` for the rated item, in ``u.genre``'s order
+(the genre indices, ``int`` keys; an item with no flag has an empty bag). Such a data set is
+format version 2 (:mod:`hetgmp.data.multi_hot`).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import numpy as np
 import pyarrow as pa
 
 from hetgmp.data.bad_lines import BadInputError
+from hetgmp.data.delimited_lists import take_lists
 from hetgmp.data.format import Dataset, make_fields, write_dataset
 from hetgmp.data.preprocess import random_split_mask
 from hetgmp.data.vocab import KeyCounter, build_vocab, int_keys, string_keys
 from hetgmp.data.vocab_files import write_vocabulary
 
 FIELDS = ("user", "item", "age_bucket", "gender", "occupation", "zip_prefix", "primary_genre")
+GENRES_FIELD = "genres"
 _STRING_FIELDS = (3, 4, 5)  # gender, occupation, zip_prefix
 
 
@@ -36,10 +43,12 @@ class MovielensInput:
     field_names: tuple[str, ...] = FIELDS
     dense_names: tuple[str, ...] = ()
     kind: str = "movielens-100k"
+    multi_hot_names: tuple[str, ...] = ()
 
     @property
     def key_schemes(self) -> list[str]:
-        return ["fnv1a64" if f in _STRING_FIELDS else "int" for f in range(len(FIELDS))]
+        single = ["fnv1a64" if f in _STRING_FIELDS else "int" for f in range(len(FIELDS))]
+        return single + ["int"] * len(self.multi_hot_names)
 
 
 def _rows(path: Path, sep: str, ncols: int, encoding: str) -> list[tuple[int, list[str]]]:
@@ -69,18 +78,38 @@ def _int(path: Path, lineno: int, what: str, text: str) -> int:
 
 def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(raw keys uint64 [100000, 7], labels float32, u.data line numbers) of the ratings."""
-    src = Path(src)
+    keys, labels, lines, _ = _load(Path(src))
+    return keys, labels, lines
+
+
+def load_genre_bags(src: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """The ``genres`` bag of every rating, u.data's order: ``(keys uint64 [E], offsets int64
+    [n + 1])``, the keys of the rated item's flagged genre indices."""
+    _, _, _, bags = _load(Path(src))
+    return bags
+
+
+def _item_genres(path: Path) -> dict[int, list[int]]:
+    """Every item's flagged genre indices (u.item's 19 flags, in u.genre's order)."""
+    genres = {}
+    for ln, r in _rows(path, "|", 24, "latin-1"):
+        iid = _int(path, ln, "item id", r[0])
+        flags = [v.strip() for v in r[5:24]]
+        bad = next((v for v in flags if v not in ("0", "1")), None)
+        if bad is not None:
+            raise BadInputError(f"{path}:line {ln}: genre flag {bad!r} is not 0 or 1")
+        genres[iid] = [g for g, v in enumerate(flags) if v == "1"]
+    return genres
+
+
+def _load(src: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """:func:`load_movielens_raw`'s arrays and :func:`load_genre_bags`'s bags, one read."""
     users = {}
     for ln, r in _rows(src / "u.user", "|", 5, "latin-1"):
         uid = _int(src / "u.user", ln, "user id", r[0])
         age = _int(src / "u.user", ln, "age", r[1])
         users[uid] = (age // 10, r[2], r[3], r[4][:3])
-    genres = {}
-    for ln, r in _rows(src / "u.item", "|", 24, "latin-1"):
-        iid = _int(src / "u.item", ln, "item id", r[0])
-        flags = r[5:24]
-        first = next((g for g, v in enumerate(flags) if v.strip() == "1"), -1)
-        genres[iid] = first
+    genres = _item_genres(src / "u.item")
     data = _rows(src / "u.data", "\t", 4, "latin-1")
     n = len(data)
     keys = np.empty((n, len(FIELDS)), dtype=np.uint64)
@@ -89,6 +118,7 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     path = src / "u.data"
     raw = np.zeros((n, len(FIELDS)), dtype=np.int64)
     text: list[list[str]] = [[] for _ in _STRING_FIELDS]
+    bag_of: list[list[int]] = []
     for k, (ln, r) in enumerate(data):
         uid = _int(path, ln, "user id", r[0])
         iid = _int(path, ln, "item id", r[1])
@@ -100,7 +130,8 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
         if not 1 <= rating <= 5:
             raise BadInputError(f"{path}:line {ln}: rating {rating} is not in 1..5")
         age_b, gender, occ, zip3 = users[uid]
-        raw[k, [0, 1, 2, 6]] = (uid, iid, age_b, genres[iid])
+        raw[k, [0, 1, 2, 6]] = (uid, iid, age_b, genres[iid][0] if genres[iid] else -1)
+        bag_of.append(genres[iid])
         for j, value in enumerate((gender, occ, zip3)):
             text[j].append(value)
         labels[k] = 1.0 if rating >= 4 else 0.0
@@ -108,11 +139,17 @@ def load_movielens_raw(src: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     keys[:] = int_keys(raw.ravel()).reshape(raw.shape)
     for j, f in enumerate(_STRING_FIELDS):
         keys[:, f] = string_keys(pa.array(text[j], pa.string()))
-    return keys, labels, lines
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in bag_of], out=offsets[1:])
+    flat = np.fromiter((g for b in bag_of for g in b), dtype=np.int64, count=int(offsets[-1]))
+    return keys, labels, lines, (int_keys(flat), offsets)
 
 
-def _source_meta(src: str | Path, id_order: str, test_fraction: float, seed: int) -> dict:
+def _source_meta(
+    src: str | Path, id_order: str, test_fraction: float, seed: int, genres: bool
+) -> dict:
     """meta.json's ``source``: the input, the derived fields, ids and split."""
+    bag = {GENRES_FIELD: "multi-hot: every genre flagged in u.item, in u.genre's order"}
     return {
         "kind": "movielens-100k",
         "input": str(src),
@@ -121,6 +158,7 @@ def _source_meta(src: str | Path, id_order: str, test_fraction: float, seed: int
             "age_bucket": "age // 10",
             "zip_prefix": "first 3 characters of zip",
             "primary_genre": "first genre flagged in u.item (latin-1), -1 for none",
+            **(bag if genres else {}),
         },
         "id_order": id_order,
         "split": "random by splitmix64(seed, u.data line)",
@@ -137,22 +175,32 @@ def convert_movielens(
     seed: int = 0,
     id_order: str = "first-appearance",
     overwrite: bool = False,
+    multi_hot_genres: bool = False,
 ) -> Dataset:
     """Write MovieLens 100K as a dataset directory (see the module docstring)."""
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"--test-fraction must be in [0, 1), got {test_fraction}")
-    keys, labels, lines = load_movielens_raw(src)
-    counter = KeyCounter(len(FIELDS), track_first=True)
-    counter.add(keys)
+    keys, labels, lines, bags = _load(Path(src))
+    lists = [bags] if multi_hot_genres else []
+    names = [*FIELDS, *([GENRES_FIELD] if multi_hot_genres else [])]
+    counter = KeyCounter(len(names), track_first=True)
+    counter.add(keys, lists)
     vocabs = [
-        build_vocab(*counter.field(f), min_count=1, id_order=id_order) for f in range(len(FIELDS))
+        build_vocab(*counter.field(f), min_count=1, id_order=id_order) for f in range(len(names))
     ]
-    fields = make_fields(list(FIELDS), [v.cardinality for v in vocabs])
-    ids = np.stack([v.lookup(keys[:, f]) + fields[f].offset for f, v in enumerate(vocabs)], axis=1)
+    every = make_fields(names, [v.cardinality for v in vocabs])
+    fields, multi_hot = every[: len(FIELDS)], every[len(FIELDS) :]
+    ids = np.stack(
+        [v.lookup(keys[:, f]) + fields[f].offset for f, v in enumerate(vocabs[: len(FIELDS)])], 1
+    )
+    encoded = [
+        (vocabs[len(FIELDS) + k].lookup(values) + multi_hot[k].offset, offsets)
+        for k, (values, offsets) in enumerate(lists)
+    ]
     is_test = random_split_mask(seed, 0, lines, test_fraction)
     # Empty splits are left out: the writer creates them empty on close.
-    splits: dict[str, tuple[np.ndarray, np.ndarray | None, np.ndarray]] = {
-        name: (ids[m], None, labels[m])
+    splits: dict[str, tuple] = {
+        name: (ids[m], None, labels[m], *([take_lists(encoded, m)] if encoded else []))
         for name, m in (("train", ~is_test), ("test", is_test))
         if m.any()
     }
@@ -165,16 +213,17 @@ def convert_movielens(
         overwrite=overwrite,
         extra_files=lambda tmp: write_vocabulary(
             tmp,
-            fields,
+            every,
             vocabs,
-            MovielensInput(),
+            MovielensInput(multi_hot_names=tuple(names[len(FIELDS) :])),
             min_count=1,
             id_order=id_order,
             reserve_rare=False,
         ),  # fmt: skip
-        source=_source_meta(src, id_order, test_fraction, seed),
+        source=_source_meta(src, id_order, test_fraction, seed, multi_hot_genres),
         stats={
             "positive_rate": float(labels.mean()),
             "distinct_values": [v.num_values for v in vocabs],
         },
+        multi_hot=multi_hot,
     )

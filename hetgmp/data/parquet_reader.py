@@ -2,8 +2,9 @@
 
 Columns are chosen by name. The label must be boolean or numeric 0/1; dense columns numeric
 (or numeric strings; null = missing = 0); categorical columns integer (keys via
-:func:`~hetgmp.data.vocab.int_keys`) or string/binary (FNV-1a), null = missing. Problems are
-reported by 1-based row number within the file.
+:func:`~hetgmp.data.vocab.int_keys`) or string/binary (FNV-1a), null = missing; ``multi_hot`` columns are list columns, one bag per row
+(:mod:`hetgmp.data.parquet_lists`). Problems are reported by 1-based row number within the file,
+with the column.
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hetgmp.data.bad_lines import BAD_LABEL, BAD_NUMBER, BadInputError, BadLineReport, bad_rows
+from hetgmp.data.bad_lines import (
+    BAD_CATEGORY,
+    BAD_LABEL,
+    BAD_NUMBER,
+    BadInputError,
+    BadLineReport,
+    bad_rows,
+)
 from hetgmp.data.delimited import _FLOAT_RE, RawBlock, _to_float, transform_dense
+from hetgmp.data.delimited_lists import take_lists
 from hetgmp.data.delimited_spec import OVERFLOW, checked_dense
+from hetgmp.data.parquet_lists import check_list_column, is_text, list_keys, list_scheme
 from hetgmp.data.vocab import MISSING_KEY, int_keys, string_keys
 
 DEFAULT_BATCH_ROWS = 1 << 18
@@ -28,18 +38,6 @@ DEFAULT_BATCH_ROWS = 1 << 18
 
 def _is_number(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-
-
-def _is_text(t: pa.DataType) -> bool:
-    return any(
-        f(t)
-        for f in (
-            pa.types.is_string,
-            pa.types.is_large_string,
-            pa.types.is_binary,
-            pa.types.is_large_binary,
-        )
-    )
 
 
 class ParquetSource:
@@ -56,6 +54,7 @@ class ParquetSource:
         categorical: list[str],
         dense_transform: str = "none",
         batch_rows: int = DEFAULT_BATCH_ROWS,
+        multi_hot: list[str] | None = None,
     ) -> None:
         if not paths:
             raise ValueError("no input files given")
@@ -63,6 +62,8 @@ class ParquetSource:
             raise ValueError("at least one --categorical column is needed")
         self.paths = [Path(p) for p in paths]
         self.label, self.dense, self.categorical = label, list(dense), list(categorical)
+        self.multi_hot = list(multi_hot or [])
+        self._schemes: list[str] = []
         self.dense_transform = dense_transform
         transform_dense(np.zeros(1), dense_transform)
         self.batch_rows = batch_rows
@@ -73,32 +74,58 @@ class ParquetSource:
                 schema = pq.read_schema(p)
             except (pa.ArrowInvalid, OSError) as err:
                 raise BadInputError(f"{p}: not a readable parquet file ({err})") from err
-            for option, cols in (
-                ("--label", [label]),
-                ("--dense", dense),
-                ("--categorical", categorical),
-            ):
-                for c in cols:
-                    if c not in schema.names:
-                        raise ValueError(
-                            f"{option} {c!r}: no such column in {p} "
-                            f"(columns: {', '.join(schema.names[:50])})"
-                        )
-            for c in categorical:
-                t = schema.field(c).type
-                if not (pa.types.is_integer(t) or _is_text(t)):
+            self._check_schema(p, schema)
+
+    def _check_schema(self, p: Path, schema: pa.Schema) -> None:
+        """Every named column exists in ``p`` with a type its role accepts."""
+        for option, cols in (
+            ("--label", [self.label]),
+            ("--dense", self.dense),
+            ("--categorical", self.categorical),
+            ("--multi-hot", self.multi_hot),
+        ):
+            for c in cols:
+                if c not in schema.names:
                     raise ValueError(
-                        f"{p}: categorical column {c!r} has type {t}; "
-                        "expected an integer or string column"
+                        f"{option} {c!r}: no such column in {p} "
+                        f"(columns: {', '.join(schema.names[:50])})"
                     )
-            for c in [label, *dense]:
-                t = schema.field(c).type
-                if not (_is_number(t) or _is_text(t)):
-                    raise ValueError(f"{p}: column {c!r} has type {t}; expected numbers")
+        for c in self.categorical:
+            t = schema.field(c).type
+            if not (pa.types.is_integer(t) or is_text(t)):
+                raise ValueError(
+                    f"{p}: categorical column {c!r} has type {t}; "
+                    "expected an integer or string column"
+                )
+        for c in [self.label, *self.dense]:
+            t = schema.field(c).type
+            if not (_is_number(t) or is_text(t)):
+                raise ValueError(f"{p}: column {c!r} has type {t}; expected numbers")
+        for c in self.multi_hot:
+            check_list_column(p, c, schema.field(c).type)
+        schemes = [
+            "int" if pa.types.is_integer(schema.field(c).type) else "fnv1a64"
+            for c in self.categorical
+        ] + [list_scheme(schema.field(c).type) for c in self.multi_hot]
+        if self._schemes and schemes != self._schemes:
+            raise ValueError(
+                f"{p}: its categorical / multi-hot columns' types differ from "
+                f"{self.paths[0]}'s (integer here, strings there, or the reverse)"
+            )
+        self._schemes = schemes
 
     @property
     def field_names(self) -> list[str]:
         return list(self.categorical)
+
+    @property
+    def multi_hot_names(self) -> list[str]:
+        return list(self.multi_hot)
+
+    @property
+    def key_schemes(self) -> list[str]:
+        """Every vocabulary field's key scheme (single-hot columns, then the bag columns)."""
+        return list(self._schemes)
 
     @property
     def dense_names(self) -> list[str]:
@@ -115,6 +142,7 @@ class ParquetSource:
             "label_column": self.label,
             "dense_columns": self.dense,
             "categorical_columns": self.categorical,
+            **({"multi_hot_columns": self.multi_hot} if self.multi_hot else {}),
             "dense_transform": self.dense_transform,
         }
 
@@ -128,7 +156,7 @@ class ParquetSource:
             size = os.path.getsize(path)
             groups = max(f.num_row_groups, 1)
             row0 = 1
-            cols = [self.label, *self.dense, *self.categorical]
+            cols = [self.label, *self.dense, *self.categorical, *self.multi_hot]
             for g in range(f.num_row_groups):
                 for batch in f.iter_batches(
                     batch_size=self.batch_rows, row_groups=[g], columns=cols
@@ -143,7 +171,7 @@ class ParquetSource:
     def _numbers(self, arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values float64 with null -> 0, ok, is_null) of a numeric or numeric-string column."""
         null = arr.is_null().to_numpy(zero_copy_only=False)
-        if _is_text(arr.type):
+        if is_text(arr.type):
             s = arr.cast(pa.string()).fill_null("")
             ok = pc.match_substring_regex(s, _FLOAT_RE).to_numpy(zero_copy_only=False)
             return _to_float(s, ok), ok, null
@@ -199,6 +227,7 @@ class ParquetSource:
                 keys[:, j] = np.where(null, MISSING_KEY, k)
             else:
                 keys[:, j] = string_keys(arr)
+        lists = self._lists(path, rows, batch, flagged, bad)
         report.handle(bad)
         keep = ~flagged
         return RawBlock(
@@ -207,4 +236,26 @@ class ParquetSource:
             labels[keep].astype(np.float32),
             dense[keep] if dense is not None else None,
             keys[keep],
+            take_lists(lists, keep),
         )
+
+    def _lists(
+        self, path: str, rows: np.ndarray, batch: pa.RecordBatch, flagged: np.ndarray, bad: list
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every bag column's (keys, offsets); rows with a null or empty value in a bag are
+        reported (column, position in the bag) and flagged."""
+        lists = []
+        for c in self.multi_hot:
+            arr = batch.column(c)
+            keys, offsets, wrong, first = list_keys(arr)
+            new = wrong & ~flagged
+            bad += bad_rows(
+                path, rows, new, BAD_CATEGORY,
+                lambda i, c=c, arr=arr, first=first: (
+                    f"column {c}: value {int(first[i])} of the list {arr[i].as_py()!r} is "
+                    "null or empty (a bag has no missing member)"
+                ),
+            )  # fmt: skip
+            flagged |= new
+            lists.append((keys, offsets))
+        return lists

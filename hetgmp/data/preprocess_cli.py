@@ -85,6 +85,7 @@ def _run_libsvm(args: argparse.Namespace) -> int:
         dense_transform=args.dense_transform,
         block_bytes=args.block_bytes,
         field_map=args.field_map,
+        multi_hot_fields=args.multi_hot_fields,
     )
     test = None
     if args.test_file:
@@ -97,6 +98,7 @@ def _run_libsvm(args: argparse.Namespace) -> int:
             block_bytes=args.block_bytes,
             field_map=src.field_map,
             form=src.form,
+            multi_hot_fields=args.multi_hot_fields,
         )
     return report_done(
         preprocess(src, args.out, preprocess_options(args, args.inputs[0].stem), test_source=test)
@@ -115,6 +117,7 @@ def _run_parquet(args: argparse.Namespace) -> int:
             dense=args.dense,
             categorical=args.categorical,
             dense_transform=args.dense_transform,
+            multi_hot=args.multi_hot,
         )
 
     src = make(args.inputs)
@@ -235,6 +238,14 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
         default=[],
         help="field indices whose value is a dense feature",
     )
+    p.add_argument(
+        "--multi-hot-fields",
+        type=int,
+        nargs="*",
+        default=[],
+        help="field indices that may repeat on a line: the field's tokens form a bag (libfm "
+        "lines or --field-map; a line without the field has an empty bag) (issue 34)",
+    )
     _dense_transform(p)
     common_args(p)
     p.set_defaults(func=with_logging(_run_libsvm))
@@ -243,6 +254,14 @@ def _add_libsvm(fmt: argparse._SubParsersAction) -> None:
 def _add_parquet(fmt: argparse._SubParsersAction) -> None:
     p = fmt.add_parser("parquet", help="parquet files (row groups streamed)")
     _columns(p)
+    p.add_argument(
+        "--multi-hot",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="a multi-hot column: a list column (list<int> or list<string>), one bag per row, "
+        "a null list an empty bag; repeat for several (issue 34)",
+    )
     _dense_transform(p)
     common_args(p)
     p.set_defaults(func=with_logging(_run_parquet))

@@ -42,6 +42,7 @@ def _run_movielens(args: argparse.Namespace) -> int:
             seed=args.seed,
             id_order=args.id_order,
             overwrite=args.overwrite,
+            multi_hot_genres=args.multi_hot_genres,
         )
     )
 
@@ -100,6 +101,13 @@ def add_movielens(fmt: argparse._SubParsersAction) -> None:
         choices=ID_ORDERS,
         default="first-appearance",
         help="order of ids within a field (default: first-appearance)",
+    )
+    p.add_argument(
+        "--multi-hot-genres",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="add 'genres', a multi-hot field of every genre flagged for the rated item "
+        "(issue 34; the data set is then format version 2) (default: off)",
     )
     output_args(p)  # (100K ratings are read at once: no bar to show, but the same flags)
     p.set_defaults(func=with_logging(_run_movielens))

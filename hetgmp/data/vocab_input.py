@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hetgmp.data.delimited import DelimitedSource, DelimitedSpec
 from hetgmp.data.delimited_spec import transform_dense
@@ -45,7 +43,6 @@ def vocab_field_names(source: Any) -> list[str]:
 def key_schemes(source: Any) -> list[str]:
     """The key scheme of every field of ``source``'s vocabulary (see the module docstring)."""
     from hetgmp.data.libsvm import LibsvmSource
-    from hetgmp.data.parquet_reader import ParquetSource
 
     n = len(vocab_field_names(source))
     if hasattr(source, "key_schemes"):  # a reader that states its own
@@ -54,12 +51,6 @@ def key_schemes(source: Any) -> list[str]:
         return ["hex" if source.spec.categorical_kind == "hex" else "fnv1a64"] * n
     if isinstance(source, LibsvmSource):
         return ["int"] * n
-    if isinstance(source, ParquetSource):
-        schema = pq.read_schema(source.paths[0])
-        return [
-            "int" if pa.types.is_integer(schema.field(c).type) else "fnv1a64"
-            for c in source.categorical
-        ]
     return ["unknown"] * n
 
 
@@ -101,6 +92,7 @@ def input_record(source: Any) -> dict[str, Any]:
             "reader": "libsvm",
             "num_fields": source.num_fields,
             "dense_fields": list(source.dense_fields),
+            "multi_hot_fields": list(source.multi_hot_fields),
             "dense_transform": source.dense_transform,
         }
     if isinstance(source, ParquetSource):
@@ -109,6 +101,7 @@ def input_record(source: Any) -> dict[str, Any]:
             "label": source.label,
             "dense": list(source.dense),
             "categorical": list(source.categorical),
+            "multi_hot": list(source.multi_hot),
             "dense_transform": source.dense_transform,
         }
     return {"reader": str(getattr(source, "kind", type(source).__name__))}
@@ -130,6 +123,7 @@ def source_from_input(record: dict[str, Any], paths: list[Path], *, where: str, 
                 num_fields=record["num_fields"],
                 dense_fields=record["dense_fields"],
                 dense_transform=record["dense_transform"],
+                multi_hot_fields=record.get("multi_hot_fields", []),
                 **kw,
             )
         if reader == "parquet":
@@ -139,6 +133,7 @@ def source_from_input(record: dict[str, Any], paths: list[Path], *, where: str, 
                 dense=record["dense"],
                 categorical=record["categorical"],
                 dense_transform=record["dense_transform"],
+                multi_hot=record.get("multi_hot", []),  # (absent: written before issue 34)
                 **kw,
             )
     except (KeyError, TypeError) as err:

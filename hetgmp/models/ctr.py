@@ -26,6 +26,7 @@ from hetgmp.models.layers import (
     flat_inputs,
     run_layers,
 )
+from hetgmp.models.pooling import BagLayout
 
 # HET-GMP's deep part for WDL / DCN / DeepFM.
 HETGMP_MLP = (256, 256, 256)
@@ -50,6 +51,9 @@ class CTRModel(nn.Module):
         self.num_fields = num_fields
         self.num_dense = num_dense
         self.embed_dim = embed_dim
+        # multi-hot fields' bags and their pooling (issue 34), set by the trainer's setup;
+        # None: every field is single-hot and ``sparse`` goes to the table as it is
+        self.bags: BagLayout | None = None
 
     @staticmethod
     def table_dim(embed_dim: int) -> int:
@@ -118,8 +122,15 @@ class CTRModel(nn.Module):
         CUDA graph (:mod:`hetgmp.train.graphed_head`)."""
         raise NotImplementedError
 
+    def rows_of(self, sparse: torch.Tensor) -> torch.Tensor:
+        """The table's rows of ``sparse``: ``[B, F, table_dim]``; with :attr:`bags` the
+        multi-hot fields' bags pooled into one row each (:mod:`hetgmp.models.pooling`)."""
+        if self.bags is None:
+            return self.embedding(sparse)
+        return self.bags.lookup(self.embedding, sparse)
+
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
-        emb = self.embedding(sparse)
+        emb = self.rows_of(sparse)
         if emb.dim() != 3 or emb.shape[1] != self.num_fields:
             raise ValueError(
                 f"embedding returned shape {tuple(emb.shape)}, expected [B, {self.num_fields}, D]"
@@ -229,7 +240,7 @@ class DeepFM(CTRModel):
         return embed_dim + 1
 
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
-        emb = self.embedding(sparse)
+        emb = self.rows_of(sparse)
         if emb.dim() != 3 or emb.shape[1:] != (self.num_fields, self.embed_dim + 1):
             raise ValueError(
                 f"embedding returned shape {tuple(emb.shape)}, DeepFM expects "

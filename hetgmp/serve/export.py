@@ -84,6 +84,11 @@ def find_dataset(ck: LoadedCheckpoint, override: Path | None) -> Any:
             f"{ds.root / 'meta.json'}: fingerprint {ds.fingerprint[:12]} differs from the "
             f"checkpoint's {want[:12]} ({ck.path / MANIFEST}); pass the data set it trained on"
         )
+    if ds.meta.multi_hot:  # (its model pools bags: the scorer takes one id per field)
+        names = ", ".join(f.name for f in ds.meta.multi_hot)
+        raise ArtifactError(
+            f"{ds.root}: multi-hot fields ({names}) are not exported or served yet (issue 34)"
+        )
     return ds
 
 

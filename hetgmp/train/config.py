@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 # (the choices from hetgmp.choices: the parsers, and so --help, must not import torch)
+from hetgmp import choices
 from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, PADDED_NEEDS, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
@@ -95,6 +96,12 @@ class TrainConfig:
         flags=["--store-rate", "--store_rate"],
     )
     partition: Path | None = option(None, help="plan file (part.npz); omitted: hash placement")
+    pooling: str = option(
+        "sum", check=choices.pooling_ok, check_msg="must be sum or mean, or one per multi-hot "
+        "field comma separated (e.g. sum,mean)", help="how a multi-hot field's bag of rows "
+        "becomes one row: their sum or their mean (an empty bag: zeros); one mode for every "
+        "field, or one per field comma separated (issue 34: one rank on CPU so far)",
+    )  # fmt: skip
     rows_on: str = option(
         "device", choices=("device", "host"), flags=["--rows-on"],
         help="where one rank's rows and optimizer state live: on the device, or in (pinned) host "
@@ -267,11 +274,9 @@ class TrainConfig:
         4096, help="samples per rank per evaluation step", check=_positive, check_msg="must be >= 1"
     )
     warmup_steps: int = option(
-        10,
-        help="first steps timed separately (warm-up) from the throughput",
-        check=_non_negative,
-        check_msg="must be >= 0",
-    )
+        10, help="first steps timed separately (warm-up) from the throughput",
+        check=_non_negative, check_msg="must be >= 0",
+    )  # fmt: skip
     data_on_device: str = option(
         "auto",
         help="hold this rank's training samples in device memory, each batch an index_select "

@@ -35,6 +35,8 @@ from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
 from hetgmp.train.memory_plan import memory_plan
+from hetgmp.train.multi_hot import bag_layout, multi_hot_note
+from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
@@ -208,13 +210,15 @@ def build_ctr_model(
 
     if log is not None and isinstance(emb, DistributedEmbedding):
         _log_embedding(log, cfg, env, emb)
+    bags = bag_layout(cfg, ds)  # (multi-hot fields: pooled rows, one field each)
     model = build_model(
         cfg.model,
         emb,
-        num_fields=ds.meta.num_fields,
+        num_fields=bags.num_fields if bags is not None else ds.meta.num_fields,
         num_dense=ds.meta.num_dense,
         embed_dim=cfg.embed_dim,
     )
+    model.bags = bags
     dense_kernels = model.use_kernels(cfg.kernels, env.device)  # (DCN's cross network)
     if log is not None and dense_kernels is not None:
         log.info(f"model: {cfg.model} cross kernels {dense_kernels} (--kernels {cfg.kernels})")
@@ -263,10 +267,14 @@ def build_trainer(
     cfg: TrainConfig, env: DistEnv, log: RunLog, embedding_factory: EmbeddingFactory
 ) -> Trainer:
     """Open the data set and plan, build the table and the model, wrap them in a trainer."""
-    ds = resolve_dataset(cfg, env, log)
-    scanned = check_id_ranges(ds, ds.meta.num_embeddings)  # (a bad id: refused now, by file)
+    base = resolve_dataset(cfg, env, log)
+    ds = prepare_multi_hot(cfg, env, base)  # (refuses what multi-hot training does not do yet)
+    # (a bad id, single-hot or in a bag: refused now, by file)
+    scanned = check_id_ranges(base, base.meta.num_embeddings, multi_hot_ok=True)
     if scanned:
         log.info(f"data: meta.json records no id ranges for {'/'.join(scanned)}: scanned them")
+    if ds is not base:
+        log.info(multi_hot_note(cfg, ds))
     plan = load_checked_plan(cfg, env, ds, log)
     model = build_ctr_model(cfg, env, ds, plan, embedding_factory=embedding_factory, log=log)
 

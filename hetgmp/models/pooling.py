@@ -1,0 +1,107 @@
+"""Pooled lookups of multi-hot fields (issue 34): a bag of rows becomes one row per field.
+
+A batch's ids arrive as one ``[B, F + W]`` matrix: the ``F`` single-hot ids, then every
+multi-hot field's bag padded with :data:`PAD_ID` to that field's width (``widths``, summing to
+``W``; :mod:`hetgmp.data.multi_hot_padded` lays the data set out so). :meth:`BagLayout.lookup`
+asks the table for the rows of the single-hot ids and of every bag value in **one** call (one
+table step: the table applies the previous step's gradient at each call), then pools each
+sample's bag per field: ``sum`` adds its rows, ``mean`` divides the sum by the bag's length (an
+empty bag pools to zeros, as ``nn.EmbeddingBag`` does). The model sees ``[B, F + K, D]``: the
+single-hot rows, then one pooled row per multi-hot field.
+
+The pooling is written plainly (:class:`PoolBags`: ``index_add`` forward; the backward hands
+every bag value its bag's pooled gradient, divided by the bag's length under ``mean``), the
+reference the fused kernels of issue 34's later slices are to be tested against; the table then
+sums a row's gradients over all its occurrences, as for single-hot ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetgmp.choices import POOLINGS
+from hetgmp.data.multi_hot_padded import PAD_ID
+
+
+class PoolBags(torch.autograd.Function):
+    """``out[s] = sum of rows[i] with seg[i] == s`` (times ``scale[s]``): the pooled rows
+    ``[S, D]`` of the bag values' rows ``[E, D]``; backward: ``grad_rows[i] = grad_out[seg[i]]
+    * scale[seg[i]]``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, rows: torch.Tensor, seg: torch.Tensor, scale: torch.Tensor, segments: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(seg, scale)
+        out = rows.new_zeros(segments, rows.shape[1], dtype=torch.float32)
+        out.index_add_(0, seg, rows.float())
+        return (out * scale.unsqueeze(1)).to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        seg, scale = ctx.saved_tensors
+        return (grad * scale.unsqueeze(1).to(grad.dtype)).index_select(0, seg), None, None, None
+
+
+def pool(rows: torch.Tensor, seg: torch.Tensor, segments: int, mode: torch.Tensor) -> torch.Tensor:
+    """Rows ``[E, D]`` pooled into ``[segments, D]`` by segment ``seg [E]``; ``mode [segments]``
+    (bool) marks the segments pooled by ``mean`` (the rest: ``sum``)."""
+    count = torch.bincount(seg, minlength=segments).to(torch.float32)
+    scale = torch.where(mode, 1.0 / count.clamp(min=1.0), torch.ones_like(count))
+    return PoolBags.apply(rows, seg, scale, segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class BagLayout:
+    """Where a batch's bags sit in its id matrix and how each field pools them."""
+
+    num_single: int  # F: single-hot ids first
+    widths: tuple[int, ...]  # each multi-hot field's padded width, in order
+    pooling: tuple[str, ...]  # each multi-hot field's pooling (sum / mean)
+
+    def __post_init__(self) -> None:
+        if len(self.pooling) != len(self.widths):
+            raise ValueError(
+                f"--pooling names {len(self.pooling)} modes for {len(self.widths)} multi-hot "
+                "fields: give one mode for all, or one per field"
+            )
+        bad = [p for p in self.pooling if p not in POOLINGS]
+        if bad:
+            raise ValueError(f"--pooling {bad[0]!r}: expected one of {POOLINGS}")
+
+    @property
+    def num_fields(self) -> int:
+        """Fields the model sees: the single-hot ones, then one pooled row per bag field."""
+        return self.num_single + len(self.widths)
+
+    @property
+    def width(self) -> int:
+        """Columns of a batch's id matrix (``F + W``)."""
+        return self.num_single + sum(self.widths)
+
+    def lookup(self, table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call)."""
+        if ids.dim() != 2 or ids.shape[1] != self.width:
+            raise ValueError(
+                f"ids of shape {tuple(ids.shape)}: a multi-hot batch has {self.width} columns "
+                f"({self.num_single} single-hot + bags padded to {list(self.widths)})"
+            )
+        b, f, k = ids.shape[0], self.num_single, len(self.widths)
+        bags = ids[:, f:]
+        present = bags != PAD_ID
+        # the bag field of every padded column, then the segment (sample, field) of every value
+        col_field = torch.repeat_interleave(
+            torch.arange(k, device=ids.device), torch.tensor(self.widths, device=ids.device)
+        )
+        seg = (torch.arange(b, device=ids.device).unsqueeze(1) * k + col_field)[present]
+        flat = torch.cat([ids[:, :f].reshape(-1), bags[present]]).unsqueeze(1)
+        rows = table(flat)  # [B * F + E, 1, D]: one table step
+        d = rows.shape[-1]
+        rows = rows.reshape(flat.shape[0], d)
+        mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
+        pooled = pool(rows[b * f :], seg, b * k, mean.repeat(b))
+        return torch.cat([rows[: b * f].reshape(b, f, d), pooled.reshape(b, k, d)], dim=1)
