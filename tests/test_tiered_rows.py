@@ -167,7 +167,7 @@ def test_host_rows_refusals() -> None:
     small = _table(rows_on="host", cache_budget=0.001)  # 2 rows
     with pytest.raises(CacheBudgetError, match="3 distinct rows"):
         small(torch.tensor([[1, 2, 3]]))
-    from hetgmp.embedding.tiered import check_rows_on
+    from hetgmp.embedding.tier_setup import check_rows_on
 
     with pytest.raises(ValueError, match="one rank only so far .*has 2"):
         check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False)

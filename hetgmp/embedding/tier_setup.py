@@ -1,0 +1,52 @@
+"""Setting a table up on the host tier (``--rows-on host``, :mod:`.tiered`): what is
+supported so far, and the tier over a one-rank store's rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tiered import TieredRows, budget_rows
+
+ROWS_ON = ("device", "host")
+
+
+def check_rows_on(rows_on: str, cache_budget: float, *, world: int, device: torch.device,
+                  cuda_graphs: bool) -> None:  # fmt: skip
+    """Refuse what the host tier does not support yet (``--rows-on host``)."""
+    if rows_on not in ROWS_ON:
+        raise ValueError(f"rows_on must be one of {ROWS_ON}, got {rows_on!r}")
+    if rows_on == "device":
+        return
+    budget_rows(1, cache_budget)  # (the fraction's check)
+    if world > 1:
+        raise ValueError(
+            f"--rows-on host is supported on one rank only so far (this job has {world}); "
+            "train with --rows-on device, or on one GPU"
+        )
+    if device.type == "cuda" and cuda_graphs:
+        raise ValueError(
+            "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
+            "on the host); pass --no-cuda-graphs with it"
+        )
+
+
+def tier_rows_of(
+    store: RowStore, opt: SparseOptimizer, device: torch.device, cache_budget: float,
+    counts: torch.Tensor | np.ndarray | None, *, overlap: bool = True,
+) -> TieredRows:  # fmt: skip
+    """A host tier over a one-rank ``store`` (allocated in host memory, slot = id): the tier
+    keeps the store's rows as its host rows, and the store's ``weight`` / ``opt_state`` point
+    at them, so saving and loading rows by id work on host memory (flush / reload the tier
+    around them). On CUDA the rows are page-locked in place (no second copy of them)."""
+    if store.world != 1:
+        raise ValueError("a host tier holds the rows of a one-rank table")
+    tier = TieredRows(
+        store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,
+        budget=budget_rows(store.num_rows, cache_budget), overlap=overlap,
+    )  # fmt: skip
+    store.weight = store.weight_full = tier.host_weight
+    store.opt_state = store.opt_state_full = tier.host_state
+    return tier
