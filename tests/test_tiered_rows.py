@@ -193,3 +193,14 @@ def test_training_with_host_rows_equals_the_default_run(tiny_dataset) -> None:
     base, host = run(), run(rows_on="host", cache_budget=0.75)
     assert host["val_auc"] == base["val_auc"] and host["val_loss"] == base["val_loss"]
     assert host["config"]["rows_on"] == "host"
+
+
+def test_a_cache_too_large_for_the_device_is_refused_before_allocating() -> None:
+    from hetgmp.embedding.memory import TableMemoryError
+    from hetgmp.embedding.tier_setup import check_cache_fits
+
+    gib = 2**30
+    # 100M rows of dim 128 + Adagrad: a 10 % cache is 5.2 GiB, the slot map 0.8 GiB
+    check_cache_fits(100_000_000, 128, 0.10, 1, CPU, free=10 * gib)
+    with pytest.raises(TableMemoryError, match=r"--cache-budget 0.5: .*take --cache-budget 0\.1"):
+        check_cache_fits(100_000_000, 128, 0.5, 1, CPU, free=10 * gib)
