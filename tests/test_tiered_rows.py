@@ -167,7 +167,7 @@ def test_host_rows_refusals() -> None:
     small = _table(rows_on="host", cache_budget=0.001)  # 2 rows
     with pytest.raises(CacheBudgetError, match="3 distinct rows"):
         small(torch.tensor([[1, 2, 3]]))
-    from hetgmp.embedding.tiered import check_rows_on
+    from hetgmp.embedding.tier_setup import check_rows_on
 
     with pytest.raises(ValueError, match="one rank only so far .*has 2"):
         check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False)
@@ -193,3 +193,14 @@ def test_training_with_host_rows_equals_the_default_run(tiny_dataset) -> None:
     base, host = run(), run(rows_on="host", cache_budget=0.75)
     assert host["val_auc"] == base["val_auc"] and host["val_loss"] == base["val_loss"]
     assert host["config"]["rows_on"] == "host"
+
+
+def test_a_cache_too_large_for_the_device_is_refused_before_allocating() -> None:
+    from hetgmp.embedding.memory import TableMemoryError
+    from hetgmp.embedding.tier_setup import check_cache_fits
+
+    gib = 2**30
+    # 100M rows of dim 128 + Adagrad: a 10 % cache is 5.2 GiB, the slot map 0.8 GiB
+    check_cache_fits(100_000_000, 128, 0.10, 1, CPU, free=10 * gib)
+    with pytest.raises(TableMemoryError, match=r"--cache-budget 0.5: .*take --cache-budget 0\.1"):
+        check_cache_fits(100_000_000, 128, 0.5, 1, CPU, free=10 * gib)

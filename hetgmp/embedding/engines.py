@@ -69,11 +69,16 @@ class LocalEngine:
             out = _LocalLookup.apply(self.anchor, one, ids)
         else:
             out = one.step(ids, op=OP_FORWARD, error=None)[0]
+        if self.ctx.tier is not None:  # (the next batch's rows made resident: its copies
+            self.ctx.tier.stage_next()  # overlap the rest of this step)
         self.ctx.timer.mark("gather")
         return out
 
     def prefetch(self, ids: torch.Tensor, *, training: bool) -> None:
-        """Nothing to prepare: the step's own kernels clamp and check the ids."""
+        """Nothing to prepare (the step's own kernels clamp and check the ids), except on a
+        host tier: the next batch's rows are made resident ahead (:meth:`.TieredRows.expect`)."""
+        if self.ctx.tier is not None:
+            self.ctx.tier.expect(ids)
 
     def send_ahead(self, ids: torch.Tensor, *, training: bool) -> None:
         """Nothing to send."""
@@ -91,9 +96,14 @@ class LocalEngine:
     def drop_pending(self) -> None:
         if self.one is not None:
             self.one.grads = None
+        if self.ctx.tier is not None:
+            self.ctx.tier.release()
 
     def counters(self) -> dict[str, int]:
-        return self.ctx.counters.total()
+        out = self.ctx.counters.total()
+        if self.ctx.tier is not None:  # (the host tier's, summed and reported as the others)
+            out.update({f"tier_{k}": v for k, v in self.ctx.tier.counters.as_dict().items()})
+        return out
 
     def local_step(self) -> LocalStep | None:
         return self.one

@@ -119,12 +119,14 @@ class LocalStep:
         return values, LocalBatch(slots, lead)
 
     def _resident(self, ids: torch.Tensor) -> torch.Tensor:
-        """(Host tier) the last step's update first, while its rows are surely resident, then
-        this batch's rows made resident: their cache slots, which the step looks up instead."""
+        """(Host tier) the last step's update first, while its rows are surely resident (held),
+        then this batch's rows made resident (ahead, when the table was told of it) and held
+        until its own update: their cache slots, which the step looks up instead."""
         assert self.tier is not None
         self.apply_pending()
+        self.tier.release()  # (an evaluation's rows, never updated)
         try:
-            return self.tier.prefetch(ids)
+            return self.tier.lookup(ids)
         except EmbeddingInputError as e:
             raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {e}") from None
 
@@ -143,8 +145,8 @@ class LocalStep:
             return
         if opt.name == "sgd":  # linear: every occurrence's gradient added directly
             opt.apply(self.weight, self.opt_state, pb.slot, pg)
-            if self.tier is not None:
-                self.tier.mark_updated(pb.slot)
+            if self.tier is not None:  # (its held rows: written back when evicted)
+                self.tier.updated()
             return
         # Row sums at the leader occurrence, then one update per row at its leader. The sums
         # go into a buffer kept at zero between steps: the update zeroes the leader rows it
@@ -160,8 +162,8 @@ class LocalStep:
         opt.apply_leaders(
             self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead, consume=True
         )
-        if self.tier is not None:  # (written back to host memory when evicted)
-            self.tier.mark_updated(pb.slot)
+        if self.tier is not None:  # (its held rows: written back when evicted)
+            self.tier.updated()
 
     def _check(self, ids: torch.Tensor) -> None:
         """This batch's out-of-range flag (set by :func:`mark_local`). On CPU it is read at

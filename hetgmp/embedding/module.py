@@ -35,7 +35,7 @@ from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.tiered import check_rows_on, tier_rows_of
+from hetgmp.embedding.tier_setup import check_rows_on, tier_rows_of
 from hetgmp.partition.plan import Plan
 
 
@@ -212,6 +212,8 @@ class DistributedEmbedding(nn.Module):
         plan). Every stored row takes its saved value; versions restart at 0 on all ranks, so
         mirrors start in sync. Pending gradients are dropped. ``strict=False``: rows ``sd``
         lacks keep their values (a warm start onto a grown vocabulary's new rows)."""
+        if self.tier is not None:  # (host memory holds every row: rows sd lacks keep theirs)
+            self.tier.flush()
         self.store.load_rows(sd, partial=not strict)
         self.engine.drop_pending()
         if self.tier is not None:  # (the rows went to host memory)

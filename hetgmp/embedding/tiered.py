@@ -13,28 +13,34 @@ evicted, or at :meth:`TieredRows.flush`, and only if it was updated since it was
   [budget]`` (slot -> row, -1 for an empty slot).
 * initial residents: the ``budget`` most frequent rows of the given frequencies (the plan's
   per-row access counts; ties and no counts: lower ids first).
-* :meth:`TieredRows.prefetch` (ids of a coming batch): every distinct row of it is made
-  resident; the victims are the non-needed slots used least recently, ties broken by the
-  fewest uses (empty slots first); counted (hits, misses, evictions, bytes each way).
+* residency is decided on the host (the maps there, host masks of updated and held slots):
+  every distinct row of a batch is made resident; the victims are the slots neither the batch
+  nor a step still updating needs (*held*), used least recently, ties broken by the fewest
+  uses (empty slots first); updated victims are written back; counted (hits, misses,
+  evictions, rows written back, bytes each way, batches, batches made resident ahead).
+* the step (:mod:`.local`) asks :meth:`TieredRows.lookup` for a batch's slots; the trainer
+  tells the table the next batch first (``prefetch`` -> :meth:`TieredRows.expect`), and the
+  tier issues that batch's move at the end of the current lookup (:meth:`stage_next`), on a
+  copy stream on CUDA (:mod:`.tier_move`), so the next step only waits for its event; on CPU
+  the same calls move the rows at once. :meth:`prefetch` makes a batch resident now.
 * :meth:`TieredRows.gather` / :meth:`TieredRows.apply` work on cache slots, with the same
   arithmetic as on an all-resident table (rows are independent in every sparse optimizer), so
   a tiered table equals it bit for bit after the same updates (bound 0 semantics).
-
-This first slice decides residency on the host (:meth:`prefetch` reads the ids there: one host
-sync per call on CUDA); prefetching on a copy stream ahead of the step is the GPU slice's work.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 
 import numpy as np
 import torch
 
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
-from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_ahead import AheadQueue
+from hetgmp.embedding.tier_move import Move, RowMover
 
 
 class CacheBudgetError(ValueError):
@@ -49,6 +55,24 @@ def host_tensor(t: torch.Tensor, device: torch.device, *, copy: bool = True) -> 
     if device.type == "cuda":
         return t.pin_memory()
     return t.clone() if copy else t
+
+
+def _register(t: torch.Tensor) -> bool:
+    """Page-lock ``t``'s own memory for asynchronous CUDA copies (``cudaHostRegister``; True
+    when done): a table that is most of the host's memory has no room for a pinned copy."""
+    if not t.numel() or not t.is_contiguous():
+        return False
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    except (RuntimeError, AttributeError):
+        return False
+    return int(err) == 0
+
+
+def unpin_in_place(ptrs: list[int]) -> None:
+    """Undo :func:`_register` for these data pointers (when their owner goes away)."""
+    for ptr in ptrs:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
 
 
 def hottest_first(counts: torch.Tensor | np.ndarray | None, num_rows: int) -> torch.Tensor:
@@ -70,7 +94,7 @@ def budget_rows(num_rows: int, fraction: float) -> int:
 
 @dataclasses.dataclass
 class TierCounters:
-    """What the host tier did, in distinct rows per :meth:`TieredRows.prefetch` and bytes."""
+    """What the host tier did, in distinct rows per residency decision, and bytes."""
 
     hits: int = 0  # distinct batch rows already resident
     misses: int = 0  # distinct batch rows loaded from host memory
@@ -78,6 +102,9 @@ class TierCounters:
     written_back: int = 0  # updated rows copied back to host memory (evicted or flushed)
     bytes_h2d: int = 0
     bytes_d2h: int = 0
+    batches: int = 0  # residency decisions (a batch made resident)
+    ahead: int = 0  # ... of them made ahead of the batch's step (prefetch)
+    ahead_skipped: int = 0  # expected batches made resident at their step after all
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -88,12 +115,14 @@ class TieredRows:
     ``weight [N, D]`` / ``state`` (``[N]`` or ``[0]``): the initial rows (copied);
     ``counts``: per-row access frequencies that pick the initial residents; ``adopt``: keep
     ``weight`` / ``state`` (CPU float32) as the host rows instead of copying them (a CUDA
-    device still gets pinned copies: see :func:`tier_rows_of`)."""
+    device pins them: see :func:`hetgmp.embedding.tier_setup.tier_rows_of`). ``overlap``
+    (CUDA): copies on a copy stream and batches made resident a step ahead
+    (:mod:`.tier_move`); False: every move at the step, synchronously (the fallback)."""
 
     def __init__(
         self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
         opt: SparseOptimizer, counts: torch.Tensor | np.ndarray | None = None,
-        adopt: bool = False,
+        adopt: bool = False, overlap: bool = True,
     ) -> None:  # fmt: skip
         n, d = weight.shape
         if not 1 <= budget <= n:
@@ -102,8 +131,9 @@ class TieredRows:
             raise ValueError(f"optimizer state of {state.numel()} rows for a table of {n}")
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
         self.device = device
-        self.host_weight = host_tensor(weight.to(torch.float32), device, copy=not adopt)
-        self.host_state = host_tensor(state.to(torch.float32), device, copy=not adopt)
+        self.host_weight, self.host_state = (
+            self._host_rows(t.float(), device, adopt) for t in (weight, state)
+        )
         self.state_width = 1 if state.numel() else 0
         self.row_bytes = 4 * (d + self.state_width)
         resident = hottest_first(counts, n)[:budget]
@@ -118,45 +148,153 @@ class TieredRows:
         self.last_use = torch.zeros(budget, dtype=torch.int64)
         init_uses = torch.as_tensor(counts).to(torch.int64)[resident] if counts is not None else 0
         self.uses = torch.zeros(budget, dtype=torch.int64) + init_uses
-        self.dirty = torch.zeros(budget, dtype=torch.bool, device=device)  # updated since load
+        # host masks by slot: updated since loaded; held (rows a step still updates)
+        self._dirty = torch.zeros(budget, dtype=torch.bool)
+        self._held = torch.zeros(budget, dtype=torch.bool)
         self.clock = 0
         self.counters = TierCounters()
+        self.mover = RowMover(
+            self.host_weight, self.host_state, self.cache_weight, self.cache_state,
+            self.slot_of, device=device, overlap=overlap,
+        )  # fmt: skip
+        self.overlap = overlap
+        self.ahead = AheadQueue(self.mover.copy)
+
+    def _host_rows(self, t: torch.Tensor, device: torch.device, adopt: bool) -> torch.Tensor:
+        """``t`` as host rows: adopted (CUDA: page-locked in place, unlocked when the tier
+        goes away) or copied (pinned for CUDA)."""
+        if adopt and device.type == "cuda" and not t.is_pinned() and _register(t):
+            weakref.finalize(self, unpin_in_place, [t.data_ptr()])
+            return t
+        return host_tensor(t, device, copy=not adopt)
 
     # ------------------------------------------------------------------ residency
     def prefetch(self, ids: torch.Tensor) -> torch.Tensor:
-        """Make every row of ``ids`` (any shape, int) resident; returns their cache slots
+        """Make every row of ``ids`` (any shape, int) resident now; returns their cache slots
         (int64, the shape of ``ids``, on the device). Raises :class:`CacheBudgetError` when
-        the batch has more distinct rows than the cache, :class:`EmbeddingInputError` for ids
-        outside ``[0, N)``; nothing changes then."""
-        flat = ids.reshape(-1).to("cpu", torch.int64)
+        the batch has more distinct rows than the cache (beside the held ones),
+        :class:`EmbeddingInputError` for ids outside ``[0, N)``; nothing changes then."""
+        self._resident_now(ids.reshape(-1).to("cpu", torch.int64))
+        return self.slot_of[ids.to(self.device, torch.int64)]
+
+    def expect(self, ids: torch.Tensor) -> None:
+        """(A step's prefetch) the batch of ``ids`` comes next: its rows are made resident
+        at the end of the current step's lookup (:meth:`stage_next`), and :meth:`lookup` of
+        this very tensor then only waits for that move. A no-op with ``overlap=False``."""
+        if self.overlap:
+            self.ahead.expect(ids)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """(A step) the cache slots of ``ids``, its rows resident: made so ahead when this
+        tensor was expected and staged, else now. The batch's rows are then held (never
+        evicted) until :meth:`updated` or :meth:`release`."""
+        got = self.ahead.take(ids)
+        if got is not None and got.state == "staged":
+            assert got.slots is not None
+            self.mover.wait(got.move)
+            slots = got.slots
+        else:
+            if got is not None:
+                self.counters.ahead_skipped += 1
+            flat = got.host_ids() if got is not None else ids.reshape(-1).to("cpu", torch.int64)
+            slots = self._resident_now(flat)
+        self._held[slots] = True
+        return self.slot_of[ids.to(self.device, torch.int64)]
+
+    def stage_next(self) -> None:
+        """Issue the move of the oldest expected batch not staged yet, beside the held rows
+        and the staged batches' (CUDA overlapped: on the copy stream; else at once). A batch
+        with bad ids, or no room beside them, is left for its lookup (which then reports or
+        makes room)."""
+        got = self.ahead.next_waiting()
+        if got is None:
+            return
+        need = torch.unique(got.host_ids())
+        done = None if self._bad(need) else self._decide(need, self._protected())
+        if done is None:
+            got.state = "skipped"
+            return
+        got.move, got.slots = done
+        got.state = "staged"
+        self.counters.ahead += 1
+
+    def updated(self) -> None:
+        """The held rows were updated (the step's update was applied): mark them for
+        write-back and let them go."""
+        self._dirty |= self._held
+        self._held.zero_()
+
+    def release(self) -> None:
+        """Let the held rows go (not updated: an evaluation's lookup, a dropped gradient)."""
+        self._held.zero_()
+
+    def _protected(self) -> torch.Tensor:
+        """Slots no decision may evict: the held ones and the staged batches' (a new mask)."""
+        protect = self._held.clone()
+        for slots in self.ahead.staged_slots():
+            protect[slots] = True
+        return protect
+
+    def _bad(self, need: torch.Tensor) -> bool:
+        return bool(need.numel()) and (int(need[0]) < 0 or int(need[-1]) >= self.num_rows)
+
+    def _resident_now(self, flat: torch.Tensor) -> torch.Tensor:
+        """Make the rows of ``flat`` (host int64 ids) resident now; their distinct rows' cache
+        slots (host). Refusals as :meth:`prefetch`'s."""
         need = torch.unique(flat)
-        if need.numel() and (int(need[0]) < 0 or int(need[-1]) >= self.num_rows):
+        if self._bad(need):
             raise EmbeddingInputError(
                 f"ids outside [0, {self.num_rows}): min {int(need[0])}, max {int(need[-1])}"
             )
-        if need.numel() > self.budget:
+        done = self._decide(need, self._protected())  # (the staged batches' rows kept)
+        if done is None and self.ahead.items:  # (no room beside them: they are forgotten)
+            self.ahead.clear()
+            done = self._decide(need, self._held.clone())
+        if done is None:  # (more misses than free slots beside the batch's hits and the held)
             raise CacheBudgetError(
                 f"a batch holds {need.numel()} distinct rows, but the device cache holds "
                 f"{self.budget} of the table's {self.num_rows} rows: raise --cache-budget to "
                 f"at least {need.numel() / self.num_rows:.4f} (or train smaller batches)"
             )
-        self.clock += 1
+        move, slots = done
+        self.mover.wait(move)
+        return slots
+
+    def _decide(
+        self, need: torch.Tensor, protected: torch.Tensor
+    ) -> tuple[Move, torch.Tensor] | None:
+        """Residency for the distinct rows ``need`` (host, sorted) without evicting
+        ``protected`` slots: the maps updated on the host, the move issued; None (nothing
+        changed) when the misses do not fit beside the protected slots."""
         slots = self._slot_host[need]
         hit = slots >= 0
         miss = need[~hit]
-        self.counters.hits += int(hit.sum())
-        self.counters.misses += int(miss.numel())
-        protected = torch.zeros(self.budget, dtype=torch.bool)
         protected[slots[hit]] = True
-        if miss.numel():
-            victims = self._victims(protected, miss.numel())
-            self._evict(victims)
-            self._load(miss, victims)
-            protected[victims] = True
-        used = torch.nonzero(protected).reshape(-1)
-        self.last_use[used] = self.clock
-        self.uses[used] += 1
-        return self.slot_of[ids.to(self.device, torch.int64)]
+        if miss.numel() > self.budget - int(protected.sum()):
+            return None
+        self.clock += 1
+        victims = self._victims(protected, miss.numel())
+        old = self.row_of[victims]
+        full = old >= 0
+        ev_slots, ev_rows = victims[full], old[full]
+        wb = self._dirty[ev_slots]
+        move = Move(ev_slots[wb], ev_rows[wb], miss, victims, ev_rows)
+        self._dirty[victims] = False
+        self._slot_host[ev_rows] = -1
+        self.row_of[victims] = miss
+        self._slot_host[miss] = victims
+        slots[~hit] = victims
+        self.last_use[slots] = self.clock
+        self.uses[slots] += 1
+        c = self.counters
+        c.batches += 1
+        c.hits += int(hit.sum())
+        c.misses += int(miss.numel())
+        c.evictions += int(ev_rows.numel())
+        c.written_back += int(move.wb_rows.numel())
+        c.bytes_h2d += int(miss.numel()) * self.row_bytes
+        c.bytes_d2h += int(move.wb_rows.numel()) * self.row_bytes
+        return self.mover.run(move), slots
 
     def _victims(self, protected: torch.Tensor, k: int) -> torch.Tensor:
         """``k`` slots not ``protected``: empty first, then least recently, fewest used."""
@@ -164,52 +302,6 @@ class TieredRows:
         order = torch.argsort(self.uses, stable=True)
         order = order[torch.argsort(key_last[order], stable=True)]
         return order[~protected[order]][:k]
-
-    def _evict(self, victims: torch.Tensor) -> None:
-        """Drop the rows in ``victims``' slots, writing the updated ones back to the host."""
-        old = self.row_of[victims]
-        full = old >= 0
-        victims, old = victims[full], old[full]
-        if not victims.numel():
-            return
-        self.counters.evictions += int(victims.numel())
-        self._write_back(victims, old)
-        self._slot_host[old] = -1
-        if self.slot_of is not self._slot_host:
-            self.slot_of[old.to(self.device)] = -1
-        self.row_of[victims] = -1
-
-    def _write_back(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Copy the updated ones of cache ``slots`` (host rows ``rows``) to host memory."""
-        dev_slots = slots.to(self.device)
-        upd = self.dirty[dev_slots].cpu()
-        if not bool(upd.any()):
-            return
-        dev_slots, rows = dev_slots[upd.to(self.device)], rows[upd]
-        self.host_weight[rows] = self.cache_weight[dev_slots].cpu()
-        if self.state_width:
-            self.host_state[rows] = self.cache_state[dev_slots].cpu()
-        self.dirty[dev_slots] = False
-        self.counters.written_back += int(rows.numel())
-        self.counters.bytes_d2h += int(rows.numel()) * self.row_bytes
-
-    def _load(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
-        """Copy host ``rows`` into (empty) cache ``slots``."""
-        dev_slots = slots.to(self.device)
-        self.cache_weight[dev_slots] = self._staged(self.host_weight[rows])
-        if self.state_width:
-            self.cache_state[dev_slots] = self._staged(self.host_state[rows])
-        self.row_of[slots] = rows
-        self._slot_host[rows] = slots
-        if self.slot_of is not self._slot_host:
-            self.slot_of[rows.to(self.device)] = dev_slots
-        self.counters.bytes_h2d += int(rows.numel()) * self.row_bytes
-
-    def _staged(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` (gathered host rows) on the device; through pinned memory on CUDA."""
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
 
     # ------------------------------------------------------------------ rows by slot
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -228,13 +320,24 @@ class TieredRows:
         self.mark_updated(uniq)
 
     def mark_updated(self, slots: torch.Tensor) -> None:
-        """Note that cache ``slots`` were written (for a caller updating rows itself)."""
-        self.dirty[slots.reshape(-1)] = True
+        """Note that cache ``slots`` were written (for a caller updating rows itself; device
+        slots are read on the host: a sync on CUDA, which the step avoids with
+        :meth:`updated`)."""
+        self._dirty[slots.reshape(-1).cpu()] = True
 
     def flush(self) -> None:
         """Write every updated resident row back, so host memory holds the whole table."""
-        full = torch.nonzero(self.row_of >= 0).reshape(-1)
-        self._write_back(full, self.row_of[full])
+        self.mover.settle()
+        slots = torch.nonzero(self._dirty & (self.row_of >= 0)).reshape(-1)
+        if not slots.numel():
+            return
+        rows, dev = self.row_of[slots], slots.to(self.device)
+        self.host_weight[rows] = self.cache_weight[dev].cpu()
+        if self.state_width:
+            self.host_state[rows] = self.cache_state[dev].cpu()
+        self._dirty[slots] = False
+        self.counters.written_back += int(rows.numel())
+        self.counters.bytes_d2h += int(rows.numel()) * self.row_bytes
 
     def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weight [N, D], state)`` of the whole table, on the CPU (after a flush)."""
@@ -246,52 +349,28 @@ class TieredRows:
         return self.row_of.clone()
 
     def reload(self) -> None:
-        """Re-read every resident row from host memory (after rows were loaded into it)."""
+        """Re-read every resident row from host memory (after rows were loaded into it; the
+        caller flushed before). Expected batches are forgotten."""
+        self.mover.settle()
+        self.ahead.clear()
         full = torch.nonzero(self.row_of >= 0).reshape(-1)
         dev = full.to(self.device)
-        self.cache_weight[dev] = self._staged(self.host_weight[self.row_of[full]])
+        self.cache_weight[dev] = _staged(self.host_weight[self.row_of[full]], self.device)
         if self.state_width:
-            self.cache_state[dev] = self._staged(self.host_state[self.row_of[full]])
-        self.dirty.zero_()
+            self.cache_state[dev] = _staged(self.host_state[self.row_of[full]], self.device)
+        self._dirty.zero_()
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: ``device`` (the cache's rows and state, the device slot map) and ``host``
+        (every row and its state; pinned for CUDA)."""
+        dev = self.cache_weight.nbytes + self.cache_state.nbytes
+        if self.slot_of is not self._slot_host:
+            dev += self.slot_of.nbytes
+        return {"device": dev, "host": self.host_weight.nbytes + self.host_state.nbytes}
 
 
-ROWS_ON = ("device", "host")
-
-
-def check_rows_on(rows_on: str, cache_budget: float, *, world: int, device: torch.device,
-                  cuda_graphs: bool) -> None:  # fmt: skip
-    """Refuse what the host tier does not support yet (``--rows-on host``)."""
-    if rows_on not in ROWS_ON:
-        raise ValueError(f"rows_on must be one of {ROWS_ON}, got {rows_on!r}")
-    if rows_on == "device":
-        return
-    budget_rows(1, cache_budget)  # (the fraction's check)
-    if world > 1:
-        raise ValueError(
-            f"--rows-on host is supported on one rank only so far (this job has {world}); "
-            "train with --rows-on device, or on one GPU"
-        )
-    if device.type == "cuda" and cuda_graphs:
-        raise ValueError(
-            "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
-            "on the host); pass --no-cuda-graphs with it"
-        )
-
-
-def tier_rows_of(
-    store: RowStore, opt: SparseOptimizer, device: torch.device, cache_budget: float,
-    counts: torch.Tensor | np.ndarray | None,
-) -> TieredRows:  # fmt: skip
-    """A host tier over a one-rank ``store`` (allocated in host memory, slot = id): the tier
-    keeps the store's rows as its host rows, and the store's ``weight`` / ``opt_state`` point
-    at them, so saving and loading rows by id work on host memory (flush / reload the tier
-    around them)."""
-    if store.world != 1:
-        raise ValueError("a host tier holds the rows of a one-rank table")
-    tier = TieredRows(
-        store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,
-        budget=budget_rows(store.num_rows, cache_budget),
-    )  # fmt: skip
-    store.weight = store.weight_full = tier.host_weight
-    store.opt_state = store.opt_state_full = tier.host_state
-    return tier
+def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (gathered host rows) on the device; through pinned memory on CUDA."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t

@@ -4,7 +4,9 @@ memory, as TorchRec's planner prints its sharding plan.
 
 The table's bytes come from :func:`hetgmp.embedding.memory.table_bytes`, the same estimate that
 refuses a table too large for its device (``check_fits``, before anything is allocated); this
-module only reports, one line per rank, from rank 0.
+module only reports, one line per rank, from rank 0. With rows in host memory (``--rows-on
+host``, :mod:`hetgmp.embedding.tiered`) the rows and state columns are the device cache's (its
+slot map with the rows), and a line per rank says the cache's share and the host's bytes.
 """
 
 from __future__ import annotations
@@ -47,10 +49,17 @@ def rank_memory(emb: Any, samples: int, sample_bytes: int, device: torch.device)
         rows_b = total - state_b
     else:
         total, state_b = 0, 0
-    return {
+    out = {
         "owned": own, "mirrored": mir, "rows_bytes": rows_b, "state_bytes": state_b,
         "data_bytes": samples * sample_bytes, "free": free_bytes(device), "device": str(device),
     }  # fmt: skip
+    tier = getattr(emb, "tier", None)
+    if tier is not None:  # (the device holds the cache; host memory the rows)
+        mem = tier.memory()
+        out["state_bytes"] = tier.cache_state.nbytes
+        out["rows_bytes"] = mem["device"] - out["state_bytes"]
+        out["tier"] = {"cache_rows": tier.budget, "rows": tier.num_rows, **mem}
+    return out
 
 
 def plan_lines(ranks: list[dict[str, Any]]) -> list[str]:
@@ -66,6 +75,15 @@ def plan_lines(ranks: list[dict[str, Any]]) -> list[str]:
             f"{r['state_bytes'] / MIB:>9.1f} {r['data_bytes'] / MIB:>9.1f} {total / MIB:>9.1f} "
             f"{free:>9}  {r['device']}"
         )
+    for i, r in enumerate(ranks):
+        t = r.get("tier")
+        if t is not None:
+            lines.append(
+                f"  rank {i} host tier: device cache {t['cache_rows']:,} of {t['rows']:,} rows "
+                f"({100 * t['cache_rows'] / t['rows']:.1f} %), {t['device'] / MIB:.1f} MiB on "
+                f"{r['device']} (rows, state, slot map); host memory {t['host'] / MIB:.1f} MiB "
+                "(every row and its state)"
+            )
     return lines
 
 

@@ -11,7 +11,7 @@ from torch import nn
 from hetgmp.comm.collectives import all_gather_object, all_reduce_sum
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding import DistributedEmbedding
-from hetgmp.train.embedding_stats import summarize_counters
+from hetgmp.train.embedding_stats import summarize_counters, tier_summary
 from hetgmp.train.profile import PHASES, PhaseProfiler
 
 if TYPE_CHECKING:
@@ -55,6 +55,16 @@ def memory_report(env: DistEnv, embedding: nn.Module) -> dict[str, Any]:
     out["stored_rows_max"] = max(stored)
     out["stored_rows_mean"] = sum(stored) / len(stored)
     return out
+
+
+def tier_sizes(embedding: nn.Module) -> dict[str, int]:
+    """The host tier's cache rows and bytes (device: cache + slot map; host: rows + state)."""
+    tier = getattr(embedding, "tier", None)
+    if tier is None:
+        return {}
+    mem = tier.memory()
+    return {"cache_rows": tier.budget, "table_rows": tier.num_rows,
+            "device_bytes": mem["device"], "host_bytes": mem["host"]}  # fmt: skip
 
 
 def step_profile(env: DistEnv, profiler: PhaseProfiler) -> dict[str, float] | None:
@@ -113,6 +123,8 @@ def results(tr: TrainerView) -> dict[str, Any]:
         train = {k: total[k] - ev[k] for k in total}
         out["embedding_train_counters"] = train
         out["embedding_train"] = summarize_counters(train, tr.samples_seen or None)
+        if "tier_hits" in train:  # (--rows-on host: the training steps' figures)
+            out["host_tier"] = {**tier_summary(train), **tier_sizes(tr.model.embedding)}
     out["samples_seen"] = tr.samples_total  # (the whole run, resumes included)
     out["samples_this_process"] = tr.samples_seen
     out["memory"] = memory_report(tr.env, tr.model.embedding)

@@ -48,6 +48,7 @@ from hetgmp.train.evaluate import EvalResult, evaluate
 from hetgmp.train.graphed import GraphedStep, graph_support
 from hetgmp.train.graphed_head import WARMUP_STEPS, GraphedHead, head_graph_support
 from hetgmp.train.graphed_multi import MultiRankGraphedStep, multi_graph_support
+from hetgmp.train.lookahead import read_ahead
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
@@ -247,6 +248,7 @@ class Trainer:
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
         self.log.info(f"data: {why}")
+        source = read_ahead(source, self.model.embedding, self.total_steps - self.position.step)
         what = self.step_graph()
         self.log.info(
             f"step: eager kernels ({self.graph_note})"
@@ -334,11 +336,9 @@ class Trainer:
         return interval
 
     def _note_repeats(self) -> None:
-        """Say so when ``--iter`` runs past the first epoch: from then on every rank trains on
-        samples it has already trained on, so TRAIN loss (measured on each batch before its
-        update) falls below what EVAL measures on unseen samples, and runs of different world
-        sizes at equal ``--iter`` are no longer comparable (they see different numbers of
-        passes). Found as a 2-GPU run "worse than 1 GPU" that was in its second epoch."""
+        """Say so when ``--iter`` runs past the first epoch: samples repeat from then on, so
+        TRAIN loss falls below EVAL's and runs of different world sizes at equal ``--iter``
+        no longer compare (a 2-GPU run "worse than 1 GPU" was in its second epoch)."""
         if not self.cfg.iter or self.total_steps <= self.steps_per_epoch:
             return
         self.log.info(
