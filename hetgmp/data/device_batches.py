@@ -226,6 +226,7 @@ class ResidentSource:
         self.dense = None if split.dense is None else self._upload(split.dense, torch.float32)
         self.labels = self._upload(split.labels, torch.float32).reshape(-1, 1)
         self._epoch = -1
+        self.last_slot: Slot | None = None  # (the last next()'s: see peek)
         self._positions = torch.zeros(0, dtype=torch.long, device=device)
         lo, n = (int(self.stored[0]), self.stored.size) if self.stored.size else (0, 0)
         contiguous = n == 0 or int(self.stored[-1]) == lo + n - 1  # (one rank: all samples)
@@ -272,7 +273,7 @@ class ResidentSource:
 
     def next(self) -> tuple[Slot, DeviceBatch | PendingBatch | None]:
         """The next step's slot and batch (``None``: this rank has nothing this step)."""
-        slot = next(self.slots)
+        slot = self.last_slot = next(self.slots)
         if slot.epoch != self._epoch:  # (every rank: the epoch check is collective)
             self._start_epoch(slot.epoch)
         if not slot.local:
@@ -284,9 +285,27 @@ class ResidentSource:
         fits = self._fits[slot.batch] if slot.batch < len(self._fits) else True
         return slot, PendingBatch(self, pos, fits)
 
-    def gather(self, pos: torch.Tensor) -> DeviceBatch:
-        """The samples at positions ``pos`` (int64 ``[B]``) as a batch."""
-        sparse = self.sparse.index_select(0, pos).long()
+    def peek(self) -> PendingBatch | None:
+        """The batch after the last one :meth:`next` handed out, in the same epoch, without
+        taking it (None: the epoch ends first, or batches are not deferred)."""
+        slot = self.last_slot
+        if slot is None or not (self.deferred and slot.local and slot.epoch == self._epoch):
+            return None
+        bs, b = self.plan.batch_size, slot.batch + 1
+        pos = self._positions[b * bs : (b + 1) * bs]
+        if pos.numel() == 0:
+            return None
+        return PendingBatch(self, pos, self._fits[b] if b < len(self._fits) else True)
+
+    def gather_ids(self, pos: torch.Tensor) -> torch.Tensor:
+        """The ids of the samples at positions ``pos`` (int64 ``[B, F]``)."""
+        return self.sparse.index_select(0, pos).long()
+
+    def gather(self, pos: torch.Tensor, sparse: torch.Tensor | None = None) -> DeviceBatch:
+        """The samples at positions ``pos`` (int64 ``[B]``) as a batch (``sparse``: their ids,
+        gathered already)."""
+        if sparse is None:
+            sparse = self.gather_ids(pos)
         dense = None if self.dense is None else self.dense.index_select(0, pos)
         return DeviceBatch(sparse, dense, self.labels.index_select(0, pos))
 

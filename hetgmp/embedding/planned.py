@@ -22,6 +22,7 @@ from hetgmp.embedding.kernels import gather_rows
 from hetgmp.embedding.local import LocalStep
 from hetgmp.embedding.lookup import _PaddedLookup
 from hetgmp.embedding.ops import current_stream
+from hetgmp.embedding.padded.ahead import Primed, ReadAhead
 from hetgmp.embedding.padded.buffers import StaticExchange
 from hetgmp.embedding.padded.exchange import PaddedExchange
 from hetgmp.embedding.padded.fields import Capacity
@@ -65,19 +66,35 @@ class PlannedEngine:
         """One step (:meth:`~hetgmp.embedding.engine.StepEngine.forward`)."""
         err = input_problem(ids)
         self.ctx.timer.start()
-        prep = self._take_plan(ids, err, training)
+        ahead = self.padded.ahead if self.padded is not None and training else None
+        primed = ahead.take(ids, self.stepper.grads) if ahead is not None else None
+        if primed is not None:  # (this batch's exchange ran during the last step: .ahead)
+            prep, values, batch = primed.prep, primed.values, primed.batch
+        else:
+            prep = self._take_plan(ids, err, training)
+            values, batch = self.stepper.step(prep, op=OP_FORWARD, error=err, training=training)
         b, f = prep.ids.shape
-        values, batch = self.stepper.step(prep, op=OP_FORWARD, error=err, training=training)
         if self.padded is not None:
             self.padded.consumed(prep)
         grad = training and torch.is_grad_enabled()
         if batch.static is not None and grad:
             shape = (b, f, self.ctx.store.dim)
             out = _PaddedLookup.apply(self.anchor, self.stepper, values, batch, shape)
+            if ahead is not None and ahead.next_ids is not None:
+                ahead.launch(lambda: self._step_ahead(ahead, batch))
         else:
             out = self._gather(values, batch, (b, f), grad)
         self.ctx.timer.mark("gather")
         return out
+
+    def _step_ahead(self, ahead: ReadAhead, trained: Batch) -> Primed:
+        """The next batch's exchange (its ids from ``ahead.next_ids``), run while ``trained``
+        computes (:mod:`.padded.ahead`): it pushes the gradient pending now, the one before
+        ``trained``'s."""
+        assert ahead.next_ids is not None
+        prep = self._plan(ahead.next_ids(), True)
+        values, batch = self.stepper.step(prep, op=OP_FORWARD, error=None, training=True)
+        return Primed(prep, values, batch, trained)
 
     def prefetch(self, ids: torch.Tensor, *, training: bool) -> None:
         """The next batch's plan now (on CUDA on a side stream: it needs no host sync); input

@@ -29,11 +29,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
+from hetgmp.embedding.padded import ahead as read_ahead
+from hetgmp.embedding.padded.ahead import Primed
+from hetgmp.train.accounting import global_batch_sizes
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
@@ -67,6 +71,10 @@ class _Entry:
     source: ResidentSource
     grads: PendingGrads
     graph: object = None  # (the CUDA graph: held for as long as the entry)
+    # reading one step ahead (hetgmp.embedding.padded.ahead): the next batch's positions and
+    # the exchange the step leaves primed for it
+    pos_next: torch.Tensor | None = None
+    primed: Primed | None = None
 
 
 class MultiRankGraphedStep:
@@ -77,7 +85,8 @@ class MultiRankGraphedStep:
 
     def __init__(
         self, step: TrainStep, whole: WholeStep, comm: DistEnv, *, batch_size: int,
-        warmup: int = WARMUP_STEPS, time_replays: int = 0,
+        warmup: int = WARMUP_STEPS, time_replays: int = 0, counts: list[int] | None = None,
+        steps_per_epoch: int = 0,
     ) -> None:  # fmt: skip
         self.step, self.whole, self.comm = step, whole, comm
         self.env = step.env
@@ -85,11 +94,19 @@ class MultiRankGraphedStep:
         self.graphed = step.env.device.type == "cuda"
         if self.graphed:
             GraphReleaser.register(step.env, self)
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[tuple[int, bool], _Entry] = {}
         self._generation: object = None
         self.replays = 0
         self.eager_steps = 0
         self.timer = ReplayTimer(time_replays)
+        # reading one step ahead (where --bound >= 1): the ranks' sample counts say which
+        # next batches are full everywhere; the dense all-reduce then runs on a communicator
+        # of its own (it overlaps the exchange's collectives on another stream)
+        self.ahead = whole.padded.ahead
+        self.counts, self.steps_per_epoch = counts, steps_per_epoch
+        self.reads_ahead = bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
+        self.dense_comm = self._dense_comm() if self.reads_ahead else comm
+        self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
 
     def __call__(
         self,
@@ -99,25 +116,98 @@ class MultiRankGraphedStep:
     ) -> torch.Tensor:
         """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device, valid
         until the next call (a replay rewrites it)."""
+        nxt = self._next(batch, global_batch, marks)
         slot = self._slot(batch, global_batch, marks)
-        if slot is None:
-            self.eager_steps += 1
-            b = batch.gather() if isinstance(batch, PendingBatch) else batch
-            return self.step(b, global_batch, marks)
+        piped = slot is not None and nxt is not None and self._primed(nxt.source, batch, slot)
+        if slot is None or (nxt is not None and not piped):
+            return self._eager(batch, global_batch, marks, nxt)
         assert isinstance(batch, PendingBatch)
         if self.whole.generation is not self._generation:  # (buffers rebuilt: graphs stale)
             self._drop()
             self._generation = self.whole.generation
-        entry, out = self._entries.get(slot), None
+        key = (slot, piped)
+        entry, out = self._entries.get(key), None
         if entry is None or entry.source is not batch.source:
-            entry, out = self._capture(batch, global_batch)  # (out: CPU, the step ran)
-            self._entries[slot] = entry
+            entry, out = self._capture(batch, global_batch, nxt)  # (out: CPU, the step ran)
+            self._entries[key] = entry
         if out is None:
             entry.pos.copy_(batch.pos, non_blocking=True)
+            if nxt is not None and entry.pos_next is not None:
+                entry.pos_next.copy_(nxt.pos, non_blocking=True)
             out = self._replay(entry)
         self.whole.after_replay(self._shape(batch), slot, entry.grads)
+        self.ahead.primed = entry.primed
+        self._primed_for = self._key(nxt)
         self.replays += 1
         return out
+
+    # ---------------------------------------------------------------- reading one step ahead
+    def _eager(
+        self, batch: DeviceBatch | PendingBatch, global_batch: int,
+        marks: NoMarks | PhaseProfiler | None, nxt: PendingBatch | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """An eager step; with ``nxt`` it also runs the next batch's exchange (inline), so
+        that the next step can replay the graph that reads ahead."""
+        self.eager_steps += 1
+        b = batch.gather() if isinstance(batch, PendingBatch) else batch
+        if nxt is None:
+            return self.step(b, global_batch, marks)
+        self.ahead.next_ids = lambda: nxt.source.gather_ids(nxt.pos)
+        try:
+            out = self.step(b, global_batch, marks)
+        finally:
+            self.ahead.next_ids = None
+        self._primed_for = self._key(nxt)
+        return out
+
+    def _next(
+        self, batch: DeviceBatch | PendingBatch, global_batch: int,
+        marks: NoMarks | PhaseProfiler | None,
+    ) -> PendingBatch | None:  # fmt: skip
+        """The next batch when this step may read it ahead (every rank decides the same: full
+        batches everywhere, by the ranks' counts; past the warm-up; not profiled), else None."""
+        if not self.reads_ahead or not isinstance(batch, PendingBatch) or self.warmup > 0:
+            return None
+        if isinstance(marks, PhaseProfiler) and marks.active:
+            return None
+        slot, full = batch.source.last_slot, self.batch_size * self.env.world_size
+        if slot is None or global_batch != full or slot.batch + 1 >= self.steps_per_epoch:
+            return None
+        if global_batch_sizes(self.counts or [], self.batch_size, slot.batch + 1) != full:
+            return None
+        nxt = batch.source.peek()
+        return nxt if nxt is not None and nxt.fits and len(nxt) == self.batch_size else None
+
+    @staticmethod
+    def _key(nxt: PendingBatch | None) -> tuple[int, int] | None:
+        if nxt is None or nxt.source.last_slot is None:
+            return None
+        return (nxt.pos.data_ptr(), nxt.source.last_slot.epoch)
+
+    def _primed(self, source: ResidentSource, batch: DeviceBatch | PendingBatch, slot: int) -> bool:
+        """Whether the last step left this batch's exchange done, usable by the graph that
+        reads ahead (the same pending gradient, the ring slot the graph expects)."""
+        p, grads = self.ahead.primed, self.whole.stepper.grads
+        last = source.last_slot
+        if not isinstance(batch, PendingBatch):
+            return False
+        return (
+            p is not None and grads is not None and p.after is grads[0]
+            and p.batch.static is not None and p.prep.ring == slot and last is not None
+            and self._primed_for == (batch.pos.data_ptr(), last.epoch)
+        )  # fmt: skip
+
+    def _dense_comm(self) -> DistEnv:
+        """(Collective) the env of the dense all-reduce in a graph that reads ahead: with NCCL
+        a communicator of its own (NCCL must not run two streams' collectives on one)."""
+        env = self.comm
+        if not self.graphed or env.backend != "nccl" or env.group is None:
+            return env
+        group = env.groups.get("dense")
+        if group is None:
+            ranks = dist.get_process_group_ranks(env.group)
+            group = env.groups["dense"] = dist.new_group(ranks, backend="nccl")
+        return dataclasses.replace(env, group=group)
 
     def _shape(self, batch: PendingBatch) -> tuple[int, int]:
         return (len(batch), int(batch.source.sparse.shape[1]))
@@ -144,25 +234,33 @@ class MultiRankGraphedStep:
         return self.timer.replay(entry.run, timed=self.replays > 0 and self.graphed)
 
     def _capture(
-        self, batch: PendingBatch, global_batch: int
+        self, batch: PendingBatch, global_batch: int, nxt: PendingBatch | None
     ) -> tuple[_Entry, torch.Tensor | None]:
         """Record one step on a fixed positions buffer (recording runs nothing on CUDA: the
         caller then replays it for this batch). On CPU the "graph" is the same flow run
-        plainly, now (its result is returned) and at each replay."""
+        plainly, now (its result is returned) and at each replay. With ``nxt`` the step
+        reads ahead: its ids are the primed exchange's, and it runs the next batch's."""
         source, pos = batch.source, batch.pos.clone()
+        pos_next = None if nxt is None else nxt.pos.clone()
+        ids = None if self.ahead.primed is None or nxt is None else self.ahead.primed.prep.ids
+        comm = self.comm if nxt is None else self.dense_comm
 
         def flow() -> torch.Tensor:
-            bucket = self.step.bucket
-            env, bucket.env = bucket.env, self.comm  # (the dense all-reduce: see the class)
+            bucket, ahead = self.step.bucket, self.ahead
+            env, bucket.env = bucket.env, comm  # (the dense all-reduce: see the class)
+            if pos_next is not None:
+                ahead.next_ids = lambda: source.gather_ids(pos_next)
             try:
                 with self.whole.capturing():
-                    return self.step(source.gather(pos), global_batch)
+                    return self.step(source.gather(pos, ids), global_batch)
             finally:
-                bucket.env = env
+                bucket.env, ahead.next_ids = env, None
 
         if not self.graphed:
             out = flow()
-            return _Entry(flow, pos, source, self.whole.pending()), out
+            entry = _Entry(flow, pos, source, self.whole.pending(), None, pos_next)
+            entry.primed = self.ahead.primed
+            return entry, out
         torch.cuda.synchronize(self.env.device)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog, a data prefetcher) may use CUDA
@@ -174,7 +272,7 @@ class MultiRankGraphedStep:
             graph.replay()
             return out
 
-        return _Entry(replay, pos, source, grads, graph), None
+        return _Entry(replay, pos, source, grads, graph, pos_next, self.ahead.primed), None
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (they hold the exchange's communicator: before it goes,

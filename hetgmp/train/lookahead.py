@@ -50,4 +50,4 @@ def read_ahead(source: BatchSource, embedding: nn.Module, steps: int) -> BatchSo
     makes rows resident ahead (a host tier); else ``source`` itself."""
     if getattr(embedding, "tier", None) is None:
         return source
-    return Lookahead(source, steps, embedding.prefetch)  # type: ignore[operator]
+    return Lookahead(source, steps, embedding.prefetch)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import StepContext
+from hetgmp.embedding.padded.ahead import ReadAhead
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
 
@@ -61,6 +62,9 @@ class PaddedExchange:
         # reads, held until join()
         self._side: torch.cuda.Stream | None = None
         self._held: tuple[torch.Tensor, ...] | None = None
+        # the next batch's exchange run while this batch computes (.ahead; set up by the
+        # whole-step graph where --bound >= 1)
+        self.ahead = ReadAhead(ctx.store.device)
 
     # ---------------------------------------------------------------- preprocessing
     def prepare(self, ids: torch.Tensor, plain: Callable[[torch.Tensor], Prep]) -> Prep:

@@ -220,6 +220,7 @@ class WholeStep:
         try:
             yield
             self.padded.join()
+            self.padded.ahead.join()
         finally:
             self.padded.set_plain(False)
 

@@ -1,0 +1,104 @@
+"""Reads one step ahead: the next batch's exchange while this batch's dense part computes.
+
+Why: on 2 H100s the padded step's exchange (~40 small kernels and three collectives, ~0.3 ms
+at batch 8192) sat on the critical path in front of the model (2-GPU step 1.03 ms vs one GPU's
+0.61, 2026-11-26); the bytes were not the limit. With ``--bound`` >= 1 the next batch's
+exchange (its plan, the sizes exchange, the queries and the last batch's pushes out, the
+owners' updates and answers, mirror refreshes back) runs on a side CUDA stream of the same
+captured step, under this batch's forward and backward: TorchRec's semi-synchronous pipeline
+and HugeCTR's overlapped embedding do the same.
+
+What it means for reads (the **step lag**): the rows step ``t + 1`` reads are answered while
+step ``t`` computes, so they hold every update up to step ``t - 1`` and none of step ``t``'s;
+each read misses at most one step's updates beyond what ``--bound`` lets a mirror miss at the
+moment it is answered (the per-row rule is unchanged, :mod:`hetgmp.embedding.protocol`).
+``--bound 0`` never reads ahead (it keeps the strict order and its equality to one process).
+The updates themselves are not delayed: each gradient is applied once, one step after the
+step that made it, as without reading ahead. Counted: ``rows_read_ahead`` (rows of steps whose
+reads ran ahead).
+
+Mechanics (:class:`ReadAhead`): the trainer names the next batch (``next_ids``: a function
+that gathers its ids); the engine's forward, after it has taken this batch's rows, runs the
+next batch's step of the exchange (:meth:`launch`: on a side stream while a CUDA graph is
+captured, inline otherwise) and keeps its result (:class:`Primed`); the next forward given the
+primed batch's ids takes those rows instead of exchanging. Anything that runs a step of the
+table in between (an evaluation, a flush, a checkpoint, an eager step on other ids) makes the
+primed rows unusable (:meth:`take` checks that the pending gradient is still the one left by
+the step that primed them), and they are dropped: the exchange that made them had applied the
+last batch's gradient and only read, so dropping them loses nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hetgmp.embedding.batch import Batch, Prep
+
+# Reads one step ahead in the multi-rank whole-step graph (hetgmp.train.graphed_multi) where
+# --bound >= 1. Off until measured on GPUs: the mechanism runs on CPU (tests), its CUDA form
+# (a side stream inside the captured step, the dense all-reduce on a communicator of its own)
+# has not run on a GPU yet.
+ENABLED = False
+
+
+@dataclasses.dataclass(eq=False)
+class Primed:
+    """The next batch's exchange, done: its plan, its rows (``values``, block order) and its
+    record; ``after``: the batch record whose gradient must be pending when it is taken."""
+
+    prep: Prep
+    values: torch.Tensor
+    batch: Batch
+    after: Batch
+
+
+class ReadAhead:
+    """One table's read-ahead state (see the module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # set by the trainer for one step: gathers the next batch's ids (None: no read ahead)
+        self.next_ids: Callable[[], torch.Tensor] | None = None
+        self.primed: Primed | None = None
+        self._side: torch.cuda.Stream | None = None
+        self._forked = False
+        self.rows_ahead = 0  # steps whose rows were read one step ahead (host count)
+
+    def take(self, ids: torch.Tensor, grads: Any) -> Primed | None:
+        """The primed exchange if ``ids`` is its batch's ids tensor and the pending gradient
+        ``grads`` is the one it was primed after; else None (and it is dropped)."""
+        p, self.primed = self.primed, None
+        if p is None or p.prep.ids is not ids:
+            return None
+        if grads is None or grads[0] is not p.after:
+            return None
+        self.rows_ahead += 1
+        return p
+
+    def launch(self, fn: Callable[[], Primed]) -> None:
+        """Run ``fn`` (the next batch's exchange) and keep its result: on a side stream that
+        starts after what the current stream has queued (this batch's rows are taken) while a
+        CUDA graph is captured, so the two overlap in every replay; inline otherwise (an
+        eager fork would make the next capture depend on uncaptured work, which CUDA
+        refuses)."""
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self.primed = fn()
+            return
+        main = torch.cuda.current_stream(self.device)
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        self._side.wait_stream(main)
+        with torch.cuda.stream(self._side):
+            self.primed = fn()
+        self._forked = True
+
+    def join(self) -> None:
+        """The current stream waits for the side stream (before a captured step ends)."""
+        if self._forked and self._side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._side)
+            self._forked = False
