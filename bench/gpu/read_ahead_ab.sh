@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Reads one step ahead (hetgmp.embedding.padded.ahead.ENABLED), A/B in one call on a 2-GPU
+# machine (<= 8 minutes): the user's command (WDL dim 128, the card's flags: metis+refine plan,
+# --store_rate 0.01 --bound 100) on 1 GPU, then on 2 GPUs without and with reading ahead, at
+# batch 8192 and 65536 per GPU, and 2 GPUs at --bound 0 (the AUC reference); with OLD=DIR (a
+# checkout of an older commit, its native extension built) the same 1- and 2-GPU runs of that
+# tree at batch 8192 first (before/after in one call).
+#
+#   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
+#
+# Knobs: BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
+# (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python3}; ITERS=${ITERS:-150}; SAMPLES=${SAMPLES:-3300000}
+SCALE=${SCALE:-1}; DEVICE=${DEVICE:-cuda}; BATCHES=${BATCHES:-"8192 65536"}; OLD=${OLD:-}
+WORK=${WORK:-/tmp/hetgmp-ab}; RES="${OUT:-bench/results}/gpu/read_ahead_ab"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+BASEPATH=${PYTHONPATH:-}
+mkdir -p "$RES" "$WORK"
+DS=$WORK/ds-$SAMPLES-s$SCALE; PLAN=$WORK/part2-$SAMPLES-s$SCALE.npz
+export PYTHONPATH=$PWD${BASEPATH:+:$BASEPATH}
+[ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
+  --scale "$SCALE" --workers 16 --overwrite --no-progress > "$RES/generate.log" 2>&1 || exit 1
+METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
+[ -f "$PLAN" ] || $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method $METHOD \
+  --rounds 2 --batch-size 8192 --no-progress > "$RES/partition.log" 2>&1 || exit 1
+CARD=(--partition "$PLAN" --store_rate 0.01 --bound 100)
+run() {  # name tree gpus batch ahead(0|1) [more flags]
+  local name=$1 tree=$2 g=$3 b=$4 a=$5; shift 5
+  local sw=(hetgmp.embedding.padded.ahead.ENABLED="$a") dir=$PWD
+  [ "$tree" = new ] || { dir=$tree; sw=(); }
+  (cd "$dir" && PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
+    --standalone --nproc_per_node "$g" "$OLDPWD/bench/gpu/switches.py" "${sw[@]}" -- \
+    examples/hetuctr.py --dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$b" \
+    --embed_dim 128 --iter "$ITERS" --log_every 50 --no-progress "$@" \
+    --output "$RES/$name.json" > "$RES/$name.log" 2>&1)
+  echo "$name: exit $?"
+}
+NAMES=()
+if [ -n "$OLD" ]; then
+  run old_w1_8192 "$OLD" 1 8192 0; run old_w2_8192 "$OLD" 2 8192 0 "${CARD[@]}"
+  NAMES+=(old_w1_8192 old_w2_8192)
+fi
+for b in $BATCHES; do
+  run w1_$b new 1 "$b" 0
+  run w2_$b new 2 "$b" 0 "${CARD[@]}"
+  run w2ahead_$b new 2 "$b" 1 "${CARD[@]}"
+  NAMES+=(w1_$b w2_$b w2ahead_$b)
+done
+B0=${BATCHES%% *}; run w2bound0_$B0 new 2 "$B0" 1 --partition "$PLAN" --store_rate 0.01 --bound 0
+NAMES+=(w2bound0_$B0)
+$PY - "$RES" "${NAMES[@]}" <<'PY'
+import json, platform, subprocess, sys, time
+from pathlib import Path
+res, names = Path(sys.argv[1]), sys.argv[2:]
+rows, base = [], {}
+for name in names:
+    try:
+        d = json.loads((res / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        rows.append(f"| {name} | failed | | | |")
+        continue
+    speed = d.get("speed") or 0.0
+    group = name.split("_", 1)[0].startswith("old") and "old" or "new"
+    key = (group, name.rsplit("_", 1)[-1])
+    if "w1" in name:
+        base[key] = speed
+    ref = base.get(key) or 0.0
+    bps = d.get("embedding_train", {}).get("bytes_per_sample", 0)
+    rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | "
+                f"{d.get('val_auc', 0):.4f} | {bps:.0f} |")
+try:
+    gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
+except OSError:
+    gpu = ""
+head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('%Y-%m-%d %H:%M')}",
+        "command: bash bench/gpu/read_ahead_ab.sh (x 1 GPU: ratio to the same tree's 1-GPU run "
+        "at the same batch)", "",
+        "| run | samples/s | x 1 GPU | val AUC | B/sample |", "|---|---|---|---|---|"]
+text = "\n".join(head + rows)
+(res / "summary.md").write_text(text + "\n")
+print(text)
+PY
