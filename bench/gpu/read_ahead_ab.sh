@@ -30,7 +30,8 @@ CARD=(--partition "$PLAN" --store_rate 0.01 --bound 100)
 run() {  # name tree gpus batch ahead(0|1) [more flags]
   local name=$1 tree=$2 g=$3 b=$4 a=$5; shift 5
   local sw=(hetgmp.embedding.padded.ahead.ENABLED="$a") dir=$PWD
-  [ "$tree" = new ] || { dir=$tree; sw=(); }
+  # (an older tree has no such switch: one it has, at its default)
+  [ "$tree" = new ] || { dir=$tree; sw=(hetgmp.embedding.padded.whole.TIGHT_PUSHES=1); }
   (cd "$dir" && PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
     --standalone --nproc_per_node "$g" "$OLDPWD/bench/gpu/switches.py" "${sw[@]}" -- \
     examples/hetuctr.py --dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$b" \

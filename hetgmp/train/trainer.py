@@ -91,12 +91,12 @@ class Trainer:
         )  # fmt: skip
         self.run_step: TrainStep | GraphedStep | MultiRankGraphedStep = self.train_step
         self.graph_note: str | None = None
+        self.counts = [int(c) for c in all_gather_object(env, int(indices.size))]
+        self.steps_per_epoch = max(math.ceil(c / cfg.batch_size) for c in self.counts)
         warmup, prof_first = self._use_graphs()
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
         self.position = Position(world_size=env.world_size)
-        self.counts = [int(c) for c in all_gather_object(env, int(indices.size))]
-        self.steps_per_epoch = max(math.ceil(c / cfg.batch_size) for c in self.counts)
         if self.steps_per_epoch == 0:
             raise ValueError(f"{dataset.root}: the training split is empty")
         self.total_steps = cfg.iter if cfg.iter else cfg.epochs * self.steps_per_epoch

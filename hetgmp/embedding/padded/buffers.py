@@ -120,7 +120,8 @@ class StaticExchange:
         # ahead (.ahead) sums this batch's while the next exchange pushes the last batch's
         self.grads = [torch.zeros(u + 1, d, device=dev) for _ in range(SLOTS)]
         self.bind(0, 0)  # (sz_mine, grad, ...: see bind)
-        self._graphs = GraphCache(graphs)
+        # (per ring slot: the pre-sync pair and the step's segments, several shapes)
+        self._graphs = GraphCache(graphs, limit=48)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
         if not self.fused:
@@ -304,10 +305,11 @@ class StaticExchange:
     def run(self) -> torch.Tensor:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
+        cur = self.bound_slots[1]  # (graphs per ring slot: each reads its slot's tables)
         if self.comm_in_graphs:  # one graph, the exchanges inside
-            self._segment("step", lambda: self._step(lambda _key, fn: fn()))
+            self._segment(("step", cur), lambda: self._step(lambda _key, fn: fn()))
         else:  # a graph per segment, the exchanges between them
-            self._step(self._segment)
+            self._step(lambda key, fn: self._segment((key, cur), fn))
         return self.values
 
     def _step(self, segment: Callable[[str, Callable[[], None]], Any]) -> None:
@@ -336,7 +338,7 @@ class StaticExchange:
         tables returned are then a replay's to read, :mod:`.whole`)."""
         # (shapes with one numel share self; what reads the gradient: a graph per address of
         # the incoming gradient, a training loop's allocator hands out one or two)
-        key = ("presync", tuple(cur.ids.shape), cur.ring)
+        key = ("presync", tuple(cur.ids.shape), prev.ring, cur.ring)
         key_g = (*key, "summed" if grad_occ is None else grad_occ.data_ptr())
         capturable = prev.static and cur.static
         ready = None if self.capturing else self._sizes_ready
