@@ -151,8 +151,7 @@ class Trainer:
             raise ValueError("a multi-rank whole-step graph needs the padded exchange")
         self.run_step = MultiRankGraphedStep(
             self.train_step, whole, whole.comm(), batch_size=self.cfg.batch_size,
-            time_replays=self.cfg.profile_steps, counts=self.counts,
-            steps_per_epoch=self.steps_per_epoch,
+            time_replays=self.cfg.profile_steps, counts=self.counts, steps_per_epoch=self.steps_per_epoch,
         )  # fmt: skip
         self.train_step.head = None
 

@@ -125,7 +125,7 @@ class StaticExchange:
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
         if not self.fused:
-            self._reference_buffers(emb, w, q, p, u, d, i64)
+            torch_segments.reference_buffers(self, emb, w, q, p, u, d, i64)
         if self.sw:
             self._own_buffers(emb, cap.o, w * p, d, i64)
 
@@ -184,37 +184,6 @@ class StaticExchange:
         self.send2 = torch.zeros(w, self.s2, device=dev)
         self.recv2 = torch.zeros(w, self.s2, device=dev)
         self.ar_p_push = torch.arange(p, dtype=torch.int64, device=dev)  # push slots per peer
-
-    def _reference_buffers(
-        self, emb: RowStore, w: int, q: int, p: int, u: int, d: int, i64: Any
-    ) -> None:
-        """Scratch and constants of the torch segments only (the fused kernels need none)."""
-        dev = emb.device
-        # push scratch written by scatters (index w*p: trash)
-        self.p_ids = torch.zeros(w * p + 1, **i64)
-        self.p_cnt = torch.zeros(w * p + 1, **i64)
-        self.p_grad = torch.zeros(w * p + 1, d, device=dev)
-        # constants
-        self.ar_u = torch.arange(u, **i64)
-        self.ar_q = torch.arange(q, **i64)
-        self.ar_p = torch.arange(p, **i64)
-        self.ar_wp = torch.arange(w * p, **i64)
-        self.ar_wq = torch.arange(w * q, **i64)
-        # the query slots of the current step (see _query_slots)
-        self.q_slots = (
-            torch.zeros(w * q, dtype=torch.bool, device=dev),
-            torch.zeros(w * q, dtype=torch.bool, device=dev),
-            torch.zeros(w * q, **i64),
-        )
-        # where padding entries go: row writes to the trash rows, count adds of 0 spread
-        # over real rows
-        self.skip_s = emb.trash_slot  # weight / version rows
-        self.skip_m = emb.n_mir  # mirror buffers
-        self.skip_u = u  # values
-        s_rows = max(1, emb.trash_slot)
-        self.spread_u = self.ar_u % s_rows
-        self.spread_wp = self.ar_wp % s_rows
-        self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
 
     def _own_buffers(self, emb: RowStore, o: int, wp: int, d: int, i64: dict[str, Any]) -> None:
         """Optimizers other than SGD are not linear: the owner applies one update per row of

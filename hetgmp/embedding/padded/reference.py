@@ -322,3 +322,35 @@ def finish(st: SegmentBuffers) -> None:
         out=st.rows_step,
     )
     st.ctx.counters.rows_dev_total.add_(st.rows_step)
+
+
+def reference_buffers(
+    self: Any, emb: Any, w: int, q: int, p: int, u: int, d: int, i64: Any
+) -> None:
+    """Scratch and constants of the torch segments only (the fused kernels need none)."""
+    dev = emb.device
+    # push scratch written by scatters (index w*p: trash)
+    self.p_ids = torch.zeros(w * p + 1, **i64)
+    self.p_cnt = torch.zeros(w * p + 1, **i64)
+    self.p_grad = torch.zeros(w * p + 1, d, device=dev)
+    # constants
+    self.ar_u = torch.arange(u, **i64)
+    self.ar_q = torch.arange(q, **i64)
+    self.ar_p = torch.arange(p, **i64)
+    self.ar_wp = torch.arange(w * p, **i64)
+    self.ar_wq = torch.arange(w * q, **i64)
+    # the query slots of the current step (see _query_slots)
+    self.q_slots = (
+        torch.zeros(w * q, dtype=torch.bool, device=dev),
+        torch.zeros(w * q, dtype=torch.bool, device=dev),
+        torch.zeros(w * q, **i64),
+    )
+    # where padding entries go: row writes to the trash rows, count adds of 0 spread
+    # over real rows
+    self.skip_s = emb.trash_slot  # weight / version rows
+    self.skip_m = emb.n_mir  # mirror buffers
+    self.skip_u = u  # values
+    s_rows = max(1, emb.trash_slot)
+    self.spread_u = self.ar_u % s_rows
+    self.spread_wp = self.ar_wp % s_rows
+    self.spread_wq_m = self.ar_wq % max(1, emb.n_mir)
