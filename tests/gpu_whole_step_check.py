@@ -54,14 +54,13 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
             epochs=2,
             data_on_device="on",
             store_rate=0.2,
-            val=False,
+            **{"val": False, **kw},
             log_every=100,
             warmup_steps=1,
             cuda_graphs=graphs,
             dense_optimizer="sgd",
             dense_lr=0.05,
             device="cuda",
-            **kw,
         )  # fmt: skip
     )
     tr = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
@@ -74,6 +73,8 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
     out = {"weight": sd["weight"][order], "opt": sd["opt_state"], "res": res}
     out["dense"] = {k: v.clone() for k, v in tr.model.dense_state_dict().items()}
     out["replays"] = getattr(tr.run_step, "replays", 0)
+    ahead = getattr(tr.run_step, "ahead", None)
+    out["ahead_steps"] = ahead.rows_ahead if ahead is not None else 0
     if out["opt"].numel():
         out["opt"] = out["opt"][order]
     return out

@@ -185,3 +185,21 @@ def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
     whole = spawn_ranks(_rank_ahead, 2, strict, True, timeout_s=180)
     for e, w in zip(eager, whole, strict=True):
         torch.testing.assert_close(_by_id(w)[0], _by_id(e)[0], rtol=0, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_reading_ahead_in_the_cuda_graph_on_two_gpus(tmp_path) -> None:
+    """The captured step that reads ahead (a side stream, NCCL on two communicators) trains
+    as well as the strict one, under torchrun (tests/gpu_read_ahead_check.py)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.setdefault("NCCL_NVLS_ENABLE", "0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", str(root / "tests" / "gpu_read_ahead_check.py"), str(tmp_path / "data")]  # fmt: skip
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert got.returncode == 0 and "READ AHEAD CHECK OK" in got.stdout, got.stdout + got.stderr

@@ -4,7 +4,7 @@
 # --store_rate 0.01 --bound 100) on 1 GPU, then on 2 GPUs without and with reading ahead, at
 # batch 8192 and 65536 per GPU, and 2 GPUs at --bound 0 (the AUC reference); with OLD=DIR (a
 # checkout of an older commit, its native extension built) the same 1- and 2-GPU runs of that
-# tree at batch 8192 first (before/after in one call).
+# tree first, at the batches OLD_BATCHES (8192) (before/after in one call).
 #
 #   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
 #
@@ -40,10 +40,10 @@ run() {  # name tree gpus batch ahead(0|1) [more flags]
   echo "$name: exit $?"
 }
 NAMES=()
-if [ -n "$OLD" ]; then
-  run old_w1_8192 "$OLD" 1 8192 0; run old_w2_8192 "$OLD" 2 8192 0 "${CARD[@]}"
-  NAMES+=(old_w1_8192 old_w2_8192)
-fi
+for b in ${OLD:+${OLD_BATCHES:-8192}}; do
+  run old_w1_$b "$OLD" 1 "$b" 0; run old_w2_$b "$OLD" 2 "$b" 0 "${CARD[@]}"
+  NAMES+=(old_w1_$b old_w2_$b)
+done
 for b in $BATCHES; do
   run w1_$b new 1 "$b" 0
   run w2_$b new 2 "$b" 0 "${CARD[@]}"

@@ -207,6 +207,8 @@ class MultiRankGraphedStep:
         if group is None:
             ranks = dist.get_process_group_ranks(env.group)
             group = env.groups["dense"] = dist.new_group(ranks, backend="nccl")
+            # (NCCL sets a communicator up at its first collective: not inside a capture)
+            dist.all_reduce(torch.zeros(1, device=env.device), group=group)
         return dataclasses.replace(env, group=group)
 
     def _shape(self, batch: PendingBatch) -> tuple[int, int]:

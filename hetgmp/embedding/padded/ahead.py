@@ -64,7 +64,8 @@ class ReadAhead:
         # set by the trainer for one step: gathers the next batch's ids (None: no read ahead)
         self.next_ids: Callable[[], torch.Tensor] | None = None
         self.primed: Primed | None = None
-        self._side: torch.cuda.Stream | None = None
+        # (made now: not while a graph captures)
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._forked = False
         self.rows_ahead = 0  # steps whose rows were read one step ahead (host count)
 
@@ -90,8 +91,7 @@ class ReadAhead:
             self.primed = fn()
             return
         main = torch.cuda.current_stream(self.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
+        assert self._side is not None
         self._side.wait_stream(main)
         with torch.cuda.stream(self._side):
             self.primed = fn()
