@@ -73,8 +73,7 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
     out = {"weight": sd["weight"][order], "opt": sd["opt_state"], "res": res}
     out["dense"] = {k: v.clone() for k, v in tr.model.dense_state_dict().items()}
     out["replays"] = getattr(tr.run_step, "replays", 0)
-    ahead = getattr(tr.run_step, "ahead", None)
-    out["ahead_steps"] = ahead.rows_ahead if ahead is not None else 0
+    out["ahead_steps"] = getattr(tr.run_step, "replays_ahead", 0)
     if out["opt"].numel():
         out["opt"] = out["opt"][order]
     return out

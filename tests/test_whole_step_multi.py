@@ -158,7 +158,7 @@ def _rank_ahead_counts(env: DistEnv, cfg: TrainConfig) -> dict:
     run.warmup = 1
     res = tr.fit()
     keys = sorted(run._entries)
-    return {"res": res, "ahead": run.ahead.rows_ahead, "keys": keys, "replays": run.replays}
+    return {"res": res, "ahead": run.replays_ahead, "keys": keys, "replays": run.replays}
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])

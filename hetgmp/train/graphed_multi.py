@@ -107,6 +107,7 @@ class MultiRankGraphedStep:
         self.reads_ahead = bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
         self.dense_comm = self._dense_comm() if self.reads_ahead else comm
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
+        self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
 
     def __call__(
         self,
@@ -139,6 +140,7 @@ class MultiRankGraphedStep:
         self.ahead.primed = entry.primed
         self._primed_for = self._key(nxt)
         self.replays += 1
+        self.replays_ahead += int(piped)
         return out
 
     # ---------------------------------------------------------------- reading one step ahead
@@ -168,6 +170,9 @@ class MultiRankGraphedStep:
         batches everywhere, by the ranks' counts; past the warm-up; not profiled), else None."""
         if not self.reads_ahead or not isinstance(batch, PendingBatch) or self.warmup > 0:
             return None
+        pad = self.whole.padded  # (capacities about to grow: this step rebuilds the buffers)
+        if pad.static is None or pad.frozen is None or pad.static.cap != pad.frozen:
+            return None
         if isinstance(marks, PhaseProfiler) and marks.active:
             return None
         slot, full = batch.source.last_slot, self.batch_size * self.env.world_size
@@ -193,7 +198,8 @@ class MultiRankGraphedStep:
             return False
         return (
             p is not None and grads is not None and p.after is grads[0]
-            and p.batch.static is not None and p.prep.ring == slot and last is not None
+            and p.batch.static is self.whole.padded.static  # (not buffers since rebuilt)
+            and p.prep.ring == slot and last is not None
             and self._primed_for == (batch.pos.data_ptr(), last.epoch)
         )  # fmt: skip
 

@@ -91,6 +91,8 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     out["step_graph"] = tr.step_graph()  # what is captured, and why not more
     head = tr.train_step.head
     out["graph_replays"] = getattr(run, "replays", 0) + (head.replays if head else 0)
+    # (steps whose rows were read one step ahead: hetgmp.embedding.padded.ahead)
+    out["graph_replays_ahead"] = getattr(run, "replays_ahead", 0)
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)
     return out
 

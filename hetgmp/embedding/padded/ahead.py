@@ -14,8 +14,8 @@ each read misses at most one step's updates beyond what ``--bound`` lets a mirro
 moment it is answered (the per-row rule is unchanged, :mod:`hetgmp.embedding.protocol`).
 ``--bound 0`` never reads ahead (it keeps the strict order and its equality to one process).
 The updates themselves are not delayed: each gradient is applied once, one step after the
-step that made it, as without reading ahead. Counted: ``rows_read_ahead`` (rows of steps whose
-reads ran ahead).
+step that made it, as without reading ahead. Counted: ``graph_replays_ahead`` in the run's
+results (steps whose rows were read one step ahead).
 
 Mechanics (:class:`ReadAhead`): the trainer names the next batch (``next_ids``: a function
 that gathers its ids); the engine's forward, after it has taken this batch's rows, runs the
@@ -67,7 +67,6 @@ class ReadAhead:
         # (made now: not while a graph captures)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._forked = False
-        self.rows_ahead = 0  # steps whose rows were read one step ahead (host count)
 
     def take(self, ids: torch.Tensor, grads: Any) -> Primed | None:
         """The primed exchange if ``ids`` is its batch's ids tensor and the pending gradient
@@ -77,7 +76,6 @@ class ReadAhead:
             return None
         if grads is None or grads[0] is not p.after:
             return None
-        self.rows_ahead += 1
         return p
 
     def launch(self, fn: Callable[[], Primed]) -> None:
