@@ -12,7 +12,7 @@ batch's positions and replays; it never waits for the device.
 What makes that possible is the embedding's side (:mod:`hetgmp.embedding.padded.whole`):
 capacities fixed per epoch from the epoch's own batches (the verdict of each step,
 :attr:`~hetgmp.data.device_batches.PendingBatch.fits`), and a step whose state lives in fixed
-buffers only. Two graphs alternate, one per preparation ring slot (a step reads the last
+buffers only. The graphs rotate over the preparation ring slots (a step reads the last
 batch's preparation from the other slot).
 
 Eager steps, with the same arithmetic: the warm-up, profiled steps, batches that are not full on
