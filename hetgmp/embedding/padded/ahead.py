@@ -43,6 +43,9 @@ from hetgmp.embedding.batch import Batch, Prep
 # (a side stream inside the captured step, the dense all-reduce on a communicator of its own)
 # has not run on a GPU yet.
 ENABLED = False
+# The next batch's exchange on a side stream while a graph is captured (False: in order on the
+# captured stream, no overlap: a diagnosis of what the overlap changes).
+SIDE_STREAM = True
 
 
 @dataclasses.dataclass(eq=False)
@@ -85,7 +88,7 @@ class ReadAhead:
         eager fork would make the next capture depend on uncaptured work, which CUDA
         refuses)."""
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not capturing:
+        if not (capturing and SIDE_STREAM):
             self.primed = fn()
             return
         main = torch.cuda.current_stream(self.device)
