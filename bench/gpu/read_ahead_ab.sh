@@ -9,7 +9,8 @@
 #   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
 #
 # Knobs: BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
-# (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD.
+# (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
+# LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}; ITERS=${ITERS:-150}; SAMPLES=${SAMPLES:-3300000}
@@ -35,7 +36,7 @@ run() {  # name tree gpus batch ahead(0|1) [more flags]
   (cd "$dir" && PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
     --standalone --nproc_per_node "$g" "$OLDPWD/bench/gpu/switches.py" "${sw[@]}" -- \
     examples/hetuctr.py --dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$b" \
-    --embed_dim 128 --iter "$ITERS" --log_every 50 --no-progress "$@" \
+    --embed_dim 128 --iter "$ITERS" --log_every "${LOG_EVERY:-25}" --no-progress "$@" \
     --output "$RES/$name.json" > "$RES/$name.log" 2>&1)
   echo "$name: exit $?"
 }
@@ -53,7 +54,7 @@ done
 B0=${BATCHES%% *}; run w2bound0_$B0 new 2 "$B0" 1 --partition "$PLAN" --store_rate 0.01 --bound 0
 NAMES+=(w2bound0_$B0)
 $PY - "$RES" "${NAMES[@]}" <<'PY'
-import json, platform, subprocess, sys, time
+import json, platform, statistics, subprocess, sys, time
 from pathlib import Path
 res, names = Path(sys.argv[1]), sys.argv[2:]
 rows, base = [], {}
@@ -61,7 +62,7 @@ for name in names:
     try:
         d = json.loads((res / f"{name}.json").read_text())
     except (OSError, ValueError):
-        rows.append(f"| {name} | failed | | | |")
+        rows.append(f"| {name} | failed | | | | | | |")
         continue
     speed = d.get("speed") or 0.0
     group = name.split("_", 1)[0].startswith("old") and "old" or "new"
@@ -70,8 +71,17 @@ for name in names:
         base[key] = speed
     ref = base.get(key) or 0.0
     bps = d.get("embedding_train", {}).get("bytes_per_sample", 0)
+    # (between epoch starts: the median TRAIN interval after the first, whose epoch checks and
+    # graph captures make the run's mean noisy)
+    tl = [float(x.split(" speed ")[1].split()[0]) for x in
+          (res / f"{name}.log").read_text().splitlines() if x.startswith("TRAIN ")]
+    steady = statistics.median(tl[1:]) if len(tl) > 1 else 0.0
+    if "w1" in name:
+        base[key + ("steady",)] = steady
+    sref = base.get(key + ("steady",)) or 0.0
     rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | "
-                f"{d.get('val_auc', 0):.4f} | {bps:.0f} |")
+                f"{steady / 1e6:.2f}M | {steady / sref if sref else 0:.2f} | "
+                f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} |")
 try:
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
 except OSError:
@@ -79,7 +89,8 @@ except OSError:
 head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('%Y-%m-%d %H:%M')}",
         "command: bash bench/gpu/read_ahead_ab.sh (x 1 GPU: ratio to the same tree's 1-GPU run "
         "at the same batch)", "",
-        "| run | samples/s | x 1 GPU | val AUC | B/sample |", "|---|---|---|---|---|"]
+        "| run | samples/s (run) | x 1 GPU | samples/s (steady) | x 1 GPU | val AUC | B/sample "
+        "| replays ahead |", "|---|---|---|---|---|---|---|---|"]
 text = "\n".join(head + rows)
 (res / "summary.md").write_text(text + "\n")
 print(text)
