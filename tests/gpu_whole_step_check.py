@@ -11,7 +11,9 @@ rank 0 prints ``WHOLE STEP CHECK OK``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,12 +81,23 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
     return out
 
 
-def main() -> int:
+def checked(body: Callable[[Any, Path], None], ok: str) -> int:
+    """Under torchrun: the data set in ``sys.argv[1]`` (made by rank 0), ``body(env, root)``
+    on every rank, then rank 0 prints ``ok``."""
     env = init_distributed(device="cuda")
     root = Path(sys.argv[1])
     if env.rank == 0:
         make_data(root)
     barrier(env)
+    body(env, root)
+    shutdown(env)
+    if env.rank == 0:
+        print(ok, flush=True)
+    return 0
+
+
+def compare(env: Any, root: Path) -> None:
+    """The captured step against the eager one, for each optimizer and bound."""
     for opt, bound in (("adagrad", 0), ("adagrad", 100), ("sgd", 100)):
         kw = dict(optimizer=opt, bound=bound, lr=0.05 if opt == "adagrad" else 5.0)
         g = run(env, root, True, **kw)
@@ -100,11 +113,7 @@ def main() -> int:
                   "pushes_sent"):  # fmt: skip
             assert cg[k] == ce[k], (opt, bound, k, cg[k], ce[k])
         print(f"rank {env.rank} {opt} bound {bound}: graph == eager ({g['replays']} replays)")
-    shutdown(env)
-    if env.rank == 0:
-        print("WHOLE STEP CHECK OK", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(checked(compare, "WHOLE STEP CHECK OK"))

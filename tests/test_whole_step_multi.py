@@ -124,17 +124,7 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
 def test_whole_step_cuda_graph_on_two_gpus(tmp_path) -> None:
     """The captured multi-rank step (NCCL inside the graph) against the eager one, under
     torchrun (tests/gpu_whole_step_check.py)."""
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.setdefault("NCCL_NVLS_ENABLE", "0")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(root / "tests" / "gpu_whole_step_check.py"), str(tmp_path / "data")]  # fmt: skip
-    got = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert got.returncode == 0 and "WHOLE STEP CHECK OK" in got.stdout, got.stdout + got.stderr
+    _torchrun_check("gpu_whole_step_check.py", tmp_path, "WHOLE STEP CHECK OK")
 
 
 def _rank_ahead(env: DistEnv, cfg: TrainConfig, ahead: bool) -> dict:
@@ -192,6 +182,11 @@ def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
 def test_reading_ahead_in_the_cuda_graph_on_two_gpus(tmp_path) -> None:
     """The captured step that reads ahead (a side stream, NCCL on two communicators) trains
     as well as the strict one, under torchrun (tests/gpu_read_ahead_check.py)."""
+    _torchrun_check("gpu_read_ahead_check.py", tmp_path, "READ AHEAD CHECK OK")
+
+
+def _torchrun_check(script: str, tmp_path: Path, ok: str) -> None:
+    """Run ``tests/<script> DIR`` on 2 GPUs under torchrun; it must print ``ok``."""
     import os
     import subprocess
     import sys
@@ -200,6 +195,6 @@ def test_reading_ahead_in_the_cuda_graph_on_two_gpus(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.setdefault("NCCL_NVLS_ENABLE", "0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(root / "tests" / "gpu_read_ahead_check.py"), str(tmp_path / "data")]  # fmt: skip
+           "2", str(root / "tests" / script), str(tmp_path / "data")]  # fmt: skip
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert got.returncode == 0 and "READ AHEAD CHECK OK" in got.stdout, got.stdout + got.stderr
+    assert got.returncode == 0 and ok in got.stdout, got.stdout + got.stderr
