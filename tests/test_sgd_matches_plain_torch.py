@@ -57,15 +57,9 @@ class PlainWDL(nn.Module):  # written the usual way
         return self.wide(x) + self.deep_out(self.deep(x))
 
 
-def test_sgd_training_equals_plain_pytorch(tmp_path, monkeypatch) -> None:
-    torch.set_num_threads(1)
-    ds = _data(tmp_path)
-    log = tmp_path / "log.jsonl"
-    cfg = validate(TrainConfig(
-        dataset=str(ds.root), model="wdl", batch_size=B, embed_dim=DIM, epochs=EPOCHS,
-        optimizer="sgd", dense_optimizer="sgd", lr=LR, seed=SEED, shuffle=False,
-        log_every=1, warmup_steps=0, progress=False, log_json=log,
-    ))  # fmt: skip
+def train_recording(cfg: TrainConfig, log, monkeypatch) -> tuple[dict, list[float], dict]:
+    """``hetgmp train`` on one process: ``(results, the TRAIN losses of every step from the
+    JSON log, {"dense0": the model's initial dense layers})`` (a plain model starts from those)."""
     import hetgmp.train.run as run_mod
 
     cap = {}
@@ -78,8 +72,21 @@ def test_sgd_training_equals_plain_pytorch(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(run_mod, "build_model", capture)
     res = train(cfg, DistEnv.single())
-    het_losses = [r["loss"] for r in map(json.loads, log.read_text().splitlines())
-                  if r["kind"] == "train"]  # fmt: skip
+    losses = [r["loss"] for r in map(json.loads, log.read_text().splitlines())
+              if r["kind"] == "train"]  # fmt: skip
+    return res, losses, cap
+
+
+def test_sgd_training_equals_plain_pytorch(tmp_path, monkeypatch) -> None:
+    torch.set_num_threads(1)
+    ds = _data(tmp_path)
+    log = tmp_path / "log.jsonl"
+    cfg = validate(TrainConfig(
+        dataset=str(ds.root), model="wdl", batch_size=B, embed_dim=DIM, epochs=EPOCHS,
+        optimizer="sgd", dense_optimizer="sgd", lr=LR, seed=SEED, shuffle=False,
+        log_every=1, warmup_steps=0, progress=False, log_json=log,
+    ))  # fmt: skip
+    res, het_losses, cap = train_recording(cfg, log, monkeypatch)
 
     # plain: same dense init (same seed, same construction order), same initial rows
     rows, nf = ds.meta.num_embeddings, ds.meta.num_fields

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_sgd_matches_plain_torch import train_recording
 from torch import nn
 
 from hetgmp.cli import main as cli_main
@@ -135,19 +136,7 @@ def test_sgd_training_equals_an_embedding_bag_model(tmp_path: Path, monkeypatch)
         optimizer="sgd", dense_optimizer="sgd", lr=LR, seed=SEED, shuffle=False, device="cpu",
         log_every=1, warmup_steps=0, progress=False, log_json=log, pooling="sum,mean",
     ))  # fmt: skip
-    import hetgmp.train.run as run_mod
-
-    cap = {}
-    orig = run_mod.build_model
-
-    def capture(*a, **k):
-        model = orig(*a, **k)
-        cap["dense0"] = {n: t.clone() for n, t in model.dense_state_dict().items()}
-        return model
-
-    monkeypatch.setattr(run_mod, "build_model", capture)
-    res = train(cfg, DistEnv.single())
-    het = [r["loss"] for r in map(json.loads, log.read_text().splitlines()) if r["kind"] == "train"]
+    res, het, cap = train_recording(cfg, log, monkeypatch)
 
     rows = ds.meta.num_embeddings
     m = PlainBagWDL(rows, 4, ("sum", "mean"))
