@@ -49,3 +49,19 @@ class DistEnv:
     def single(cls, device: str | torch.device = "cpu") -> DistEnv:
         """A one-process environment with no collectives."""
         return cls(device=torch.device(device))
+
+
+def purpose_env(env: DistEnv, purpose: str) -> DistEnv:
+    """(Collective, NCCL) ``env`` with a process group of its own for ``purpose`` (the same
+    ranks; made at the first call on this env, shared by later ones). Why: collectives captured
+    in CUDA graphs must not share a communicator with eager calls, nor with collectives of
+    another stream. NCCL sets a communicator up at its first collective, which must not happen
+    inside a capture: one all-reduce runs here."""
+    import torch.distributed as dist
+
+    group = env.groups.get(purpose)
+    if group is None:
+        ranks = dist.get_process_group_ranks(env.group)
+        group = env.groups[purpose] = dist.new_group(ranks, backend="nccl")
+        dist.all_reduce(torch.zeros(1, device=env.device), group=group)
+    return dataclasses.replace(env, group=group)

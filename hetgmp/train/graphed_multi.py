@@ -29,9 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hetgmp.comm.env import DistEnv
+from hetgmp.comm.env import DistEnv, purpose_env
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
@@ -209,13 +208,7 @@ class MultiRankGraphedStep:
         env = self.comm
         if not self.graphed or env.backend != "nccl" or env.group is None:
             return env
-        group = env.groups.get("dense")
-        if group is None:
-            ranks = dist.get_process_group_ranks(env.group)
-            group = env.groups["dense"] = dist.new_group(ranks, backend="nccl")
-            # (NCCL sets a communicator up at its first collective: not inside a capture)
-            dist.all_reduce(torch.zeros(1, device=env.device), group=group)
-        return dataclasses.replace(env, group=group)
+        return purpose_env(env, "dense")
 
     def _shape(self, batch: PendingBatch) -> tuple[int, int]:
         return (len(batch), int(batch.source.sparse.shape[1]))

@@ -39,9 +39,10 @@ import torch
 from hetgmp.embedding.batch import Batch, Prep
 
 # Reads one step ahead in the multi-rank whole-step graph (hetgmp.train.graphed_multi) where
-# --bound >= 1. Off until measured on GPUs: the mechanism runs on CPU (tests), its CUDA form
-# (a side stream inside the captured step, the dense all-reduce on a communicator of its own)
-# has not run on a GPU yet.
+# --bound >= 1. Off: on 2 H100s (2026-11-26) it was faster (batch 8192: 1.30x -> 1.52x of one
+# GPU) but trained worse at the user's scale (val AUC 0.7721 vs 0.7771 at batch 65536, the lag
+# itself: the same losses without the side stream), and one run died at an epoch start
+# (bench/results/gpu/read_ahead_ab/README.md).
 ENABLED = False
 # The next batch's exchange on a side stream while a graph is captured (False: in order on the
 # captured stream, no overlap: a diagnosis of what the overlap changes).

@@ -17,9 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hetgmp.comm.env import DistEnv
+from hetgmp.comm.env import DistEnv, purpose_env
 from hetgmp.embedding import sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
 from hetgmp.embedding.collective.exact import SizedStep
@@ -291,11 +290,8 @@ class PaddedExchange:
                 and env.backend == "nccl"
                 and env.group is not None
             ):
-                group = env.groups.get("padded")
-                if group is None:  # (one for every table on this env: see DistEnv.groups)
-                    ranks = dist.get_process_group_ranks(env.group)
-                    group = env.groups["padded"] = dist.new_group(ranks, backend="nccl")
-                self._comm = dataclasses.replace(env, group=group)
+                # (one for every table on this env: see DistEnv.groups)
+                self._comm = purpose_env(env, "padded")
                 # the graphs must go before the group does (hetgmp.comm.launch.shutdown)
                 GraphReleaser.register(env, self)
             else:
