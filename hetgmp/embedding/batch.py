@@ -68,6 +68,12 @@ class Batch:
     # not a replay's (:meth:`~hetgmp.embedding.padded.whole.WholeStep.materialize`)
     replayed: bool = False
 
+    @property
+    def ring(self) -> int:
+        """The preparation ring slot of its arrays (-1: none), which keys the exchange's
+        per-slot buffers (its summed gradient, its sizes tables)."""
+        return self.prep.ring if self.prep is not None else -1
+
     def nqr_device(self, device: torch.device) -> torch.Tensor:
         """``nqr`` on the device."""
         if self.nqr_dev is None:

@@ -114,8 +114,7 @@ class Stepper:
             return grads
         pb = grads[0]
         assert pb.static is not None
-        slot = pb.prep.ring if pb.prep is not None else -1
-        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel(), slot=slot)
+        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel(), slot=pb.ring)
 
     # ---------------------------------------------------------------- stage 2
     def _exchange_sizes(

@@ -215,9 +215,12 @@ class StaticExchange:
         self.sz_mine, self.sz_theirs = self.sz_both[0], self.sz_both[1]
         self.host_sizes = self.host_slots[cur]
 
+    def grad_of(self, slot: int) -> torch.Tensor:
+        """The summed-gradient buffer of the batch in ring ``slot``."""
+        return self.grads[max(slot, 0)]
+
     def host_of(self, slot: int) -> torch.Tensor:
-        """Both sizes tables of the batch in ring ``slot`` (``[2, w, COLS]``), as the last
-        exchange of that slot left them on the host."""
+        """Both sizes tables (``[2, w, COLS]``) of the batch in ring ``slot``, on the host."""
         return self.host_slots[max(slot, 0)]
 
     def tables_of(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,7 +360,7 @@ class StaticExchange:
         of unique row ``inv[i]``), summed per unique row into the gradient buffer of its ring
         ``slot`` (its first ``rows`` rows, default all: a fixed shape for the graphs);
         returns that part."""
-        g = self.grads[max(slot, 0)]
+        g = self.grad_of(slot)
         out = g if rows is None else g[:rows]
         out.zero_()
         scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels)

@@ -106,7 +106,7 @@ class PaddedExchange:
             return False
         pb, g = grads
         if isinstance(g, Summed):
-            size_ok = g.grad is st.grads[max(pb.prep.ring, 0)] if pb.prep is not None else False
+            size_ok = g.grad is st.grad_of(pb.ring)
         else:
             size_ok = isinstance(g, Occurrences) and g.grad.shape[0] == st.cap.n
         return (
@@ -245,7 +245,7 @@ class PaddedExchange:
         assert st is not None
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
-        slot = batch.prep.ring if batch.prep is not None else -1
+        slot = batch.ring
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
             return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot))
         main = torch.cuda.current_stream(st.store.device)
