@@ -107,6 +107,7 @@ class MultiRankGraphedStep:
         self.dense_comm = self._dense_comm() if self.reads_ahead else comm
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
+        self.growths = 0  # epoch starts whose capacities grew (buffers rebuilt, graphs again)
 
     def __call__(
         self,
@@ -141,6 +142,22 @@ class MultiRankGraphedStep:
         self.replays += 1
         self.replays_ahead += int(piped)
         return out
+
+    def epoch_check(
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int,
+        note: Callable[[str], None],
+    ) -> list[bool]:  # fmt: skip
+        """(Collective, at an epoch start) each step's verdict (:meth:`WholeStep.epoch_fits`);
+        says so through ``note`` when the capacities grew: the buffers are rebuilt and every
+        graph captured again, seconds that a user sees as a slow epoch start."""
+        old = self.whole.padded.frozen
+        fits = self.whole.epoch_fits(sparse, positions, batch_size, self.steps_per_epoch)
+        new = self.whole.padded.frozen
+        if old is not None and new != old:
+            self.growths += 1
+            note(f"exchange capacities grew at an epoch start ({old} -> {new}): buffers "
+                 "rebuilt, graphs captured again")  # fmt: skip
+        return fits
 
     # ---------------------------------------------------------------- reading one step ahead
     def _eager(

@@ -271,8 +271,7 @@ class Trainer:
                 )
             return
         source.deferred = True
-        steps = self.steps_per_epoch
-        source.epoch_check = lambda sparse, pos, bs: run.whole.epoch_fits(sparse, pos, bs, steps)
+        source.epoch_check = lambda sparse, pos, bs: run.epoch_check(sparse, pos, bs, self.log.info)
 
     def _loop(self, source: BatchSource) -> None:
         interval = Interval(self.env.device)
