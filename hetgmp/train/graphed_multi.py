@@ -173,6 +173,7 @@ class MultiRankGraphedStep:
         self.ahead.next_ids = lambda: nxt.source.gather_ids(nxt.pos)
         try:
             out = self.step(b, global_batch, marks)
+            self.whole.apply_stored_now()
         finally:
             self.ahead.next_ids = None
         self._primed_for = self._key(nxt)
@@ -270,7 +271,10 @@ class MultiRankGraphedStep:
                 ahead.next_ids = lambda: source.gather_ids(pos_next)
             try:
                 with self.whole.capturing():
-                    return self.step(source.gather(pos, ids), global_batch)
+                    out = self.step(source.gather(pos, ids), global_batch)
+                if pos_next is not None:  # (after the side stream joined)
+                    self.whole.apply_stored_now()
+                return out
             finally:
                 bucket.env, ahead.next_ids = env, None
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from hetgmp.embedding.batch import Batch, Prep
+from hetgmp.embedding.padded.local_now import refresh_stored
 
 # Reads one step ahead in the multi-rank whole-step graph (hetgmp.train.graphed_multi) where
 # --bound >= 1. Off: on 2 H100s (2026-11-26) it was faster (batch 8192: 1.30x -> 1.52x of one
@@ -44,6 +45,10 @@ from hetgmp.embedding.batch import Batch, Prep
 # itself: the same losses without the side stream), and one run died at an epoch start
 # (bench/results/gpu/read_ahead_ab/README.md).
 ENABLED = False
+# The rows stored here take a batch's gradient at the end of its step and the next step
+# reads them from the table (.local_now): only rows not stored here and peers' pushes are a
+# step late (False: every row is, the first version's lag).
+STORED_AT_ONCE = True
 # The next batch's exchange on a side stream while a graph is captured (False: in order on the
 # captured stream, no overlap: a diagnosis of what the overlap changes).
 SIDE_STREAM = True
@@ -80,6 +85,8 @@ class ReadAhead:
             return None
         if grads is None or grads[0] is not p.after:
             return None
+        if STORED_AT_ONCE and p.batch.static is not None:
+            refresh_stored(p.batch.static, p.prep, p.values)
         return p
 
     def launch(self, fn: Callable[[], Primed]) -> None:

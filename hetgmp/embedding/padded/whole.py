@@ -46,7 +46,9 @@ from hetgmp.comm.collectives import guarded
 from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import OP_FORWARD
+from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded.buffers import Capacity
+from hetgmp.embedding.padded.local_now import apply_stored
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.padded.exchange import PaddedExchange
@@ -223,6 +225,16 @@ class WholeStep:
             self.padded.ahead.join()
         finally:
             self.padded.set_plain(False)
+
+    def apply_stored_now(self) -> None:
+        """After a step that read the next batch ahead: its gradient on the rows stored here,
+        now (:mod:`.local_now`; the primed rows are read again from the table when taken)."""
+        grads, st = self.stepper.grads, self.padded.static
+        if not read_ahead.STORED_AT_ONCE or grads is None or not isinstance(grads[1], Summed):
+            return  # (an eager step's gradient per occurrence: the exchange applies it)
+        pb = grads[0]
+        if st is not None and pb.static is st and pb.prep is not None:
+            apply_stored(st, pb.prep, grads[1].grad)
 
     def pending(self) -> tuple[Batch, Summed]:
         """The gradient a captured step leaves (restored after each replay of that graph)."""
