@@ -98,3 +98,38 @@ def test_reading_ahead_reads_stored_rows_fresh(tmp_path: Path, optimizer: str) -
     pairs = zip(strict, lagged, strict=True)
     lag = max(float((g["weight"] - s["weight"]).abs().max()) for s, g in pairs)
     assert lag > 1e-4, lag
+
+
+def _rank_mid_epoch(env: DistEnv, cfg: TrainConfig) -> dict:
+    from hetgmp.embedding.padded import ahead
+
+    ahead.ENABLED = True
+    tr = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
+    tr.use_whole_step_graph()
+    tr.run_step.warmup = 1
+    res = tr.fit()  # (ends with a flush: every pending gradient and mirror delta pushed)
+    s = tr.model.embedding.store
+    return {
+        "owned_versions": int(s.version_full[: s.n_own].sum()),
+        "pending": int(s.pending_full[: s.n_mir].sum()),
+        "ahead": tr.run_step.replays_ahead, "samples": res["samples_seen"],
+    }  # fmt: skip
+
+
+def test_a_run_that_ends_right_after_reading_ahead_flushes_every_count(
+    tiny_dataset, tmp_path: Path
+) -> None:
+    """The last step read the next batch ahead (its exchange ran, never taken), then the final
+    flush pushes the last gradient eagerly. Its batch record once carried the host counts of
+    the batch it was primed with, not the replay's (an index out of range in the flush, a
+    device assert on 2 H100s). Every id occurrence trained must reach its owner's version
+    count exactly once."""
+    from test_whole_step_multi import _cfg, _plan
+
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, iter=13)
+    got = spawn_ranks(_rank_mid_epoch, 2, cfg, timeout_s=180)
+    assert all(r["ahead"] > 0 for r in got), got
+    assert all(r["pending"] == 0 for r in got), got
+    fields = 3  # (tiny_dataset)
+    assert sum(r["owned_versions"] for r in got) == got[0]["samples"] * fields, got

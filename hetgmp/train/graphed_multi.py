@@ -280,7 +280,7 @@ class MultiRankGraphedStep:
 
         if not self.graphed:
             out = flow()
-            entry = _Entry(flow, pos, source, self.whole.pending(), None, pos_next)
+            entry = _Entry(flow, pos, source, self._replayed_pending(), None, pos_next)
             entry.primed = self.ahead.primed
             return entry, out
         torch.cuda.synchronize(self.env.device)
@@ -288,13 +288,24 @@ class MultiRankGraphedStep:
         # thread_local: other threads (NCCL's watchdog, a data prefetcher) may use CUDA
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = flow()
-        grads = self.whole.pending()
+        grads = self._replayed_pending()
 
         def replay() -> torch.Tensor:
             graph.replay()
             return out
 
         return _Entry(replay, pos, source, grads, graph, pos_next, self.ahead.primed), None
+
+    def _replayed_pending(self) -> PendingGrads:
+        """The gradient a captured step leaves, its batch record marked as a replay's: every
+        replay restores it, so its counts must be read from the replay's sizes tables
+        (:func:`~hetgmp.embedding.padded.whole.materialize`). A graph that reads ahead takes a
+        record made outside the capture (the primed batch of an eager step): its host counts
+        were that batch's, and an eager step or flush after a later replay pushed with them
+        (a device assert at an epoch start or the final flush on 2 H100s, 2026-11-26)."""
+        grads = self.whole.pending()
+        grads[0].replayed = True
+        return grads
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (they hold the exchange's communicator: before it goes,
