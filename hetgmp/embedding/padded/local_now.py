@@ -25,11 +25,14 @@ counts are not touched here: the pre-sync segment counts the batch once, as befo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetgmp.embedding.kernels import scatter_add_rows
+from hetgmp.embedding.kernels.launcher import row_tiles
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.batch import Prep
@@ -47,9 +50,33 @@ def _stored_masks(st: StaticExchange, prep: Prep) -> tuple[torch.Tensor, torch.T
     return own, (i >= n_own) & (i < n_stored)
 
 
+@functools.lru_cache(maxsize=1)
+def _triton() -> Any:
+    return importlib.import_module("hetgmp.embedding.padded.local_triton")
+
+
+def _launch(st: StaticExchange, kernel: Any, u: int, *args: Any, **consts: Any) -> None:
+    """``kernel`` over ``u`` entries in row tiles (the fused segments' tile rule)."""
+    tr = _triton().triton
+    br, bd = row_tiles(tr, st.d)
+    kernel[(max(1, tr.cdiv(u, br)),)](
+        *args, W=st.w, WP=tr.next_power_of_2(st.w), D=st.d, BR=br, BD=bd, **consts
+    )
+
+
 def apply_stored(st: StaticExchange, prep: Prep, grad: torch.Tensor) -> None:
     """Apply the batch ``prep``'s summed gradient ``grad`` (``[>= cap.u, D]``, block order)
-    to its own rows and mirrors now and zero it there (module docstring). No host sync."""
+    to its own rows and mirrors now and zero it there (module docstring). No host sync.
+    Fused in one kernel with the Triton backend; else the torch ops below (its reference)."""
+    if st.kernels == "triton":
+        e = st.store
+        state = e.opt_state_full if st.sw else e.weight_full  # (SGD: never read)
+        _launch(
+            st, _triton().apply_stored_kernel, st.cap.u, prep.blocks, prep.slot, grad,
+            e.weight_full, state, e.delta_acc_full, e.grad_acc_full, st.rank, st.cap.u,
+            e.n_own, -float(st.lr), float(st.opt.eps), SW=int(bool(st.sw)),
+        )  # fmt: skip
+        return
     e, cu = st.store, st.cap.u
     own, mir = _stored_masks(st, prep)
     stored = own | mir
@@ -71,6 +98,13 @@ def apply_stored(st: StaticExchange, prep: Prep, grad: torch.Tensor) -> None:
 def refresh_stored(st: StaticExchange, prep: Prep, values: torch.Tensor) -> None:
     """The primed ``values`` (block order) of ``prep``'s rows stored here, read again from the
     table: they were answered before the last step's :func:`apply_stored`."""
+    if st.kernels == "triton" and values.dtype == torch.float32:
+        k = min(st.cap.u, values.shape[0])
+        _launch(
+            st, _triton().refresh_stored_kernel, k, prep.blocks, prep.slot,
+            st.store.weight_full, values, st.rank, k,
+        )  # fmt: skip
+        return
     own, mir = _stored_masks(st, prep)
     k = min(st.cap.u, values.shape[0])
     stored = (own | mir)[:k]
