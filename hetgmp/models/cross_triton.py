@@ -23,6 +23,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The batch's rows (B, and rows_per_group derived from it) change with the batch:
+# do_not_specialize. Triton otherwise compiles a kernel again for an int that is 1 or not a
+# multiple of 16, and the first partial batch of an epoch (or an evaluation batch of another
+# size) stalled ~5 s on 2 H100s while ptxas ran (tests/test_kernel_specialization.py checks
+# every kernel). The widths Ka, Kb and the strides (fixed for a model) keep it: aligned
+# accesses.
+
 
 @triton.jit
 def _col(t, lidx, j):
@@ -48,7 +55,7 @@ def _dots(acc, x_ptr, stride_x, rows64, rmask, w_ptr, stride_w, wcol0, width, li
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def cross_fwd_kernel(xa_ptr, xb_ptr, w_ptr, q_ptr, y_ptr, p_ptr, B, Ka, Kb, stride_a, stride_b,
                      stride_w, L: tl.constexpr, LP: tl.constexpr, BLOCK_B: tl.constexpr,
                      BLOCK_K: tl.constexpr):  # fmt: skip
@@ -126,7 +133,7 @@ def _bwd_tile(x_ptr, gx_ptr, stride_x, stride_gx, width, col0, wcol0, w_ptr, str
         tl.store(gq_ptr + g * LP + lidx, acc_q)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "rows_per_group"])
 def cross_bwd_kernel(xa_ptr, xb_ptr, gxa_ptr, gxb_ptr, w_ptr, q_ptr, p_ptr, gy_ptr, part_ptr,
                      gq_ptr, B, Ka, Kb, stride_a, stride_b, stride_ga, stride_gb, stride_w,
                      rows_per_group, L: tl.constexpr, LP: tl.constexpr, BLOCK_B: tl.constexpr,

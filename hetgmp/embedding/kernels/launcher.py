@@ -103,7 +103,9 @@ _refused: set[int] = set()  # id() of kernels the fast path does not handle (war
 def _arg_key(a: Any) -> Any:
     """What Triton specializes a non-constexpr argument on: a tensor's dtype and 16-byte
     alignment; an int's width (i32 / i64 / u64), divisibility by 16 and being 1; a float:
-    nothing (fp32, never specialized)."""
+    nothing (fp32, never specialized). For a ``do_not_specialize`` argument (the kernels'
+    batch sizes) this is finer than Triton's key: a new key's first launch takes the normal
+    path and finds the kernel already compiled (no compile, one slower launch)."""
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool):  # (before int: bool is an int)

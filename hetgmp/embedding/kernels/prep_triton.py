@@ -24,6 +24,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The batch's ids (n) and programs (P) change with the batch: do_not_specialize. Triton
+# otherwise compiles a kernel again for an int that is 1 or not a multiple of 16, and the first
+# partial batch of an epoch (or an evaluation batch of another size) stalled ~5 s on 2 H100s
+# while ptxas ran (tests/test_kernel_specialization.py checks every kernel). The table's
+# num_rows (fixed for a run) keeps its specialization.
+
 INT32_MAX = tl.constexpr(2**31 - 1)
 # The in-program rank counts each key with a packed int64 cumsum: RANK_KEYS keys a cumsum,
 # RANK_BITS bits each (a count is at most BLOCK, so BLOCK < 2**RANK_BITS).
@@ -37,7 +43,7 @@ def _clamped(ids_ptr, offs, m, num_rows):
     return x, tl.minimum(tl.maximum(x, 0), num_rows - 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def prep_mark_kernel(
     ids_ptr, min_ptr, cnt_pos_ptr, bad_p_ptr, n, num_rows, AGG: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -75,7 +81,7 @@ def _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK: tl.constexpr):
     tl.atomic_add(cnt_pos_ptr + s, runs.to(tl.int64), mask=live, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def prep_key_kernel(
     ids_ptr, min_ptr, block_ptr, lead_ptr, key_ptr, cnt_pos_ptr, hist_ptr, n, num_rows,
     NKEY: tl.constexpr, KP: tl.constexpr, AGG: tl.constexpr, BLOCK: tl.constexpr,
@@ -100,7 +106,7 @@ def prep_key_kernel(
     tl.store(hist_ptr + pid * KP + bins, hist)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["P"])
 def prep_scan_kernel(
     hist_ptr, off_ptr, start_ptr, blocks_ptr, bad_p_ptr, bad_ptr, P,
     NKEY: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
@@ -136,7 +142,7 @@ def _rank_in_program(key, BLOCK: tl.constexpr, NK: tl.constexpr):
     return rank
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def prep_place_kernel(
     ids_ptr, key_ptr, cnt_pos_ptr, off_ptr, start_ptr, slot_of_ptr, min_ptr, u_ptr, cnt_ptr,
     slot_ptr, pos_ptr, n, num_rows, NKEY: tl.constexpr, KP: tl.constexpr,
@@ -159,7 +165,7 @@ def prep_place_kernel(
     tl.store(min_ptr + c, tl.full([BLOCK], INT32_MAX, tl.int32), mask=m & (key < NKEY))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def prep_inv_kernel(lead_ptr, pos_ptr, inv_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n

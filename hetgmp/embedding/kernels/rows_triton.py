@@ -13,8 +13,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The number of ids or rows (n) changes with the batch: do_not_specialize. Triton otherwise
+# compiles a kernel again for an int that is 1 or not a multiple of 16, and the first partial
+# batch of an epoch (or an evaluation batch of another size) stalled ~5 s on 2 H100s while
+# ptxas ran (tests/test_kernel_specialization.py checks every kernel). The table's num_rows
+# (fixed for a run) keeps it; D and the tiles are constexprs.
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["n"])
 def scatter_add_rows_kernel(
     table_ptr,
     idx_ptr,
@@ -55,7 +61,7 @@ def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: 
         tl.store(dst_ptr + dst_row[:, None] + cols[None, :], v, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def take_rows_kernel(
     table_ptr, idx_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -67,7 +73,7 @@ def take_rows_kernel(
     _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def take_local_kernel(
     table_ptr, idx_ptr, out_ptr, n, pos_ptr, lead_ptr, step_ptr, total_ptr, flag_ptr,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -88,7 +94,7 @@ def take_local_kernel(
     _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def mark_local_kernel(
     ids_ptr, slots_ptr, pos_ptr, flag_ptr, step_ptr, n, num_rows, BLOCK: tl.constexpr
 ):
@@ -106,7 +112,7 @@ def mark_local_kernel(
         tl.store(step_ptr, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def put_rows_kernel(
     dst_ptr, idx_ptr, src_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -120,7 +126,7 @@ def put_rows_kernel(
     _copy_rows(src_ptr, dst_ptr, rows, idx, rmask, D, BLOCK_D)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def adagrad_rows_kernel(
     w_ptr, state_ptr, idx_ptr, g_ptr, sel_ptr, n, lr, eps,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SEL: tl.constexpr,

@@ -13,6 +13,14 @@ import triton.language as tl
 
 from hetgmp.embedding.padded.rule_triton import beyond_bound, is_due, within_bound
 
+# The batch's distinct rows (u) change with the batch: do_not_specialize. Triton otherwise
+# compiles a kernel again for an int that is 1 or not a multiple of 16, and the first partial
+# batch of an epoch (or an evaluation batch of another size) stalled ~5 s on 2 H100s while
+# ptxas ran (tests/test_kernel_specialization.py checks every kernel). The capacities q, p and
+# the payload strides s1, s2 keep it: multiples of 256 by construction (buffers.grow,
+# whole.round_up), so their specialization never changes, and the payload's row copies get
+# aligned vector accesses from it; so do the table's counts (n_own, n_mir, num_rows: fixed).
+
 
 @triton.jit
 def _block_starts(blocks_ptr, W: tl.constexpr, B3: tl.constexpr):
@@ -185,7 +193,7 @@ def answer_queries_kernel(
     _rows(w_ptr, send_ptr, slot * D, o + q + e.to(tl.int64) * D, ok, D, BD)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["u"])
 def finish_values_kernel(
     sz_ptr, blocks_ptr, slot_ptr, recv_ptr, recv32_ptr, recv64_ptr, w_ptr, ver_ptr,
     dacc_ptr, state_ptr, values_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,

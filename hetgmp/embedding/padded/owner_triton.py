@@ -18,6 +18,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The entries (n = o + w p) and the staged own rows (o) change with the batch (o is the batch's
+# distinct-row capacity, the batch itself for a small one): do_not_specialize (else a partial
+# batch compiles the kernel again: a ~5 s stall on 2 H100s, see kernels_triton and
+# tests/test_kernel_specialization.py). The capacity p and the payload offsets (s1, s1h, q2,
+# g0: multiples of 256) keep their specialization: it never changes, and aligns accesses.
+
 
 @triton.jit
 def _entry(e, o, p, s1h, q2):
@@ -29,7 +35,7 @@ def _entry(e, o, p, s1h, q2):
     return push, j, i, j.to(tl.int64) * s1h + q2 + i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "o"])
 def owner_slots_kernel(
     own_slot_ptr, own_cnt_ptr, r64_ptr, sz_ptr, slot_of_ptr, slots_ptr, cnts_ptr, pos_ptr,
     n, o, p, s1h, q2, num_rows, trash, COLS: tl.constexpr, NP: tl.constexpr,
@@ -53,7 +59,7 @@ def owner_slots_kernel(
     tl.store(pos_ptr + slot, e.to(tl.int64), mask=m & (slot != trash))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "o"])
 def owner_sum_kernel(
     slots_ptr, cnts_ptr, pos_ptr, lead_ptr, csum_ptr, own_grad_ptr, recv_ptr, gsum_ptr, n, o,
     p, s1, g0, trash, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
@@ -82,7 +88,7 @@ def owner_sum_kernel(
         tl.atomic_add(gsum_ptr + dst[:, None] + c[None, :], gp + go, mask=cm, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def owner_version_kernel(
     slots_ptr, lead_ptr, csum_ptr, version_ptr, n, BLOCK: tl.constexpr,
 ):  # fmt: skip

@@ -13,8 +13,12 @@ import triton.language as tl
 
 from hetgmp.embedding.padded.rule_triton import is_due
 
+# The batch's distinct rows (u) and ids (n) change with the batch: do_not_specialize (else a
+# partial batch compiles the kernel again: a ~5 s stall on 2 H100s, see kernels_triton and
+# tests/test_kernel_specialization.py). The table's fixed counts keep their specialization.
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["u", "n"])
 def presync_apply_kernel(
     sz_ptr, meta_ptr, p_slot_ptr, p_cnt_ptr, p_u_ptr, g_ptr, w_ptr, ver_ptr, dacc_ptr,
     gacc_ptr, pend_ptr, pr_ids_ptr, pr_cnt_ptr, pr_grad_ptr, pr_n_ptr, ndue_ptr, c_u_ptr,
