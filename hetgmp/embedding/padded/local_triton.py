@@ -27,7 +27,7 @@ def _stored(blocks_ptr, rank, i, u, W: tl.constexpr, WP: tl.constexpr):
 
 @triton.jit(do_not_specialize=["u"])
 def apply_stored_kernel(
-    blocks_ptr, slot_ptr, g_ptr, w_ptr, state_ptr, dacc_ptr, gacc_ptr, rank, u, n_own_rows,
+    blocks_ptr, slot_ptr, g_ptr, w_ptr, state_ptr, dacc_ptr, gacc_ptr, rank, u, n_own,
     neg_lr, eps, W: tl.constexpr, WP: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
     BD: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
@@ -50,7 +50,7 @@ def apply_stored_kernel(
         tl.store(state_ptr + s, state, mask=stored)
         scale = neg_lr / (tl.sqrt(state) + eps)
     s_off = s * D
-    m_off = tl.where(mir, s - n_own_rows, 0) * D
+    m_off = tl.where(mir, s - n_own, 0) * D
     for d0 in tl.static_range(0, D, BD):
         c = d0 + tl.arange(0, BD)
         cm = (c < D)[None, :]
