@@ -97,7 +97,11 @@ def checked(body: Callable[[Any, Path], None], ok: str) -> int:
 
 
 def compare(env: Any, root: Path) -> None:
-    """The captured step against the eager one, for each optimizer and bound."""
+    """The captured step against the eager one, for each optimizer and bound (the strict
+    order: reading ahead, on by default, is tests/gpu_read_ahead_check.py's)."""
+    from hetgmp.embedding.padded import ahead as read_ahead
+
+    read_ahead.ENABLED = False
     for opt, bound in (("adagrad", 0), ("adagrad", 100), ("sgd", 100)):
         kw = dict(optimizer=opt, bound=bound, lr=0.05 if opt == "adagrad" else 5.0)
         g = run(env, root, True, **kw)

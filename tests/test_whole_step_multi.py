@@ -37,7 +37,14 @@ def _plan(ds, world: int, path: Path) -> Path:
     return save_plan(Plan(dp, ep, mirrors, {"dataset_fingerprint": ds.fingerprint}), path)
 
 
-def _rank(env: DistEnv, cfg: TrainConfig, whole: bool, max_q: int | None) -> dict:
+def _rank(
+    env: DistEnv, cfg: TrainConfig, whole: bool, max_q: int | None, ahead: bool = False
+) -> dict:
+    """One rank's run; the whole-step graph in the strict order unless ``ahead`` (reads one
+    step ahead, on by default where --bound >= 1: hetgmp.embedding.padded.ahead)."""
+    from hetgmp.embedding.padded import ahead as read_ahead
+
+    read_ahead.ENABLED = ahead
     tr = build_trainer(cfg, env, RunLog(active=False), _factory())
     if whole:
         if max_q is not None:
@@ -128,10 +135,7 @@ def test_whole_step_cuda_graph_on_two_gpus(tmp_path) -> None:
 
 
 def _rank_ahead(env: DistEnv, cfg: TrainConfig, ahead: bool) -> dict:
-    from hetgmp.embedding.padded import ahead as read_ahead
-
-    read_ahead.ENABLED = ahead
-    out = _rank(env, cfg, True, None)
+    out = _rank(env, cfg, True, None, ahead)
     tr_emb_ahead = out.pop("ahead", None)
     assert tr_emb_ahead is None
     return out

@@ -103,7 +103,10 @@ class MultiRankGraphedStep:
         # of its own (it overlaps the exchange's collectives on another stream)
         self.ahead = whole.padded.ahead
         self.counts, self.steps_per_epoch = counts, steps_per_epoch
-        self.reads_ahead = bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
+        self.reads_ahead = (
+            bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
+            and batch_size <= read_ahead.AUTO_MAX_BATCH
+        )  # fmt: skip
         self.dense_comm = self._dense_comm() if self.reads_ahead else comm
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead

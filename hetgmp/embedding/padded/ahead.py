@@ -40,11 +40,13 @@ from hetgmp.embedding.batch import Batch, Prep
 from hetgmp.embedding.padded.local_now import refresh_stored
 
 # Reads one step ahead in the multi-rank whole-step graph (hetgmp.train.graphed_multi) where
-# --bound >= 1. Off: on 2 H100s (2026-11-26) it was faster (batch 8192: 1.30x -> 1.52x of one
-# GPU) but trained worse at the user's scale (val AUC 0.7721 vs 0.7771 at batch 65536, the lag
-# itself: the same losses without the side stream), and one run died at an epoch start
-# (bench/results/gpu/read_ahead_ab/README.md).
-ENABLED = False
+# --bound >= 1 and the batch per rank is at most AUTO_MAX_BATCH. Measured on 2 H100s with the
+# user's command (bench/results/gpu/read_ahead_ab/README.md, 2026-11-26): batch 8192 1.29x ->
+# 1.44x of one GPU, val AUC 0.7749 vs 0.7755 strict; batch 65536 26.9M -> 25.6M samples/s (the
+# dense part fills the GPU there: the side stream finds no idle SMs, and the stored rows'
+# update and re-read cost a pass each), so large batches keep the strict order.
+ENABLED = True
+AUTO_MAX_BATCH = 16384
 # The rows stored here take a batch's gradient at the end of its step and the next step
 # reads them from the table (.local_now): only rows not stored here and peers' pushes are a
 # step late (False: every row is, the first version's lag).
