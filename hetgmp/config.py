@@ -66,6 +66,9 @@ def validate(cfg: Any) -> Any:
             if optional:
                 continue
             raise ConfigError(f"{f.name}: a value is required")
+        if tp is Path and isinstance(value, str):  # (the Python API: a path given as text)
+            value = Path(value)
+            object.__setattr__(cfg, f.name, value)
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
             raise ConfigError(f"{f.name}: {value!r} is not one of {list(choices)}")

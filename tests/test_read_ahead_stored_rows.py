@@ -116,18 +116,26 @@ def _rank_mid_epoch(env: DistEnv, cfg: TrainConfig) -> dict:
     }  # fmt: skip
 
 
-def test_a_run_that_ends_right_after_reading_ahead_flushes_every_count(
-    tiny_dataset, tmp_path: Path
+@pytest.mark.parametrize("between", ["nothing", "evaluations", "checkpoints"])
+def test_flushes_after_reading_ahead_push_every_count(
+    tiny_dataset, tmp_path: Path, between: str
 ) -> None:
-    """The last step read the next batch ahead (its exchange ran, never taken), then the final
-    flush pushes the last gradient eagerly. Its batch record once carried the host counts of
-    the batch it was primed with, not the replay's (an index out of range in the flush, a
-    device assert on 2 H100s). Every id occurrence trained must reach its owner's version
-    count exactly once."""
+    """A flush (the final one, an evaluation's, a checkpoint's) right after a step that read
+    the next batch ahead pushes the last gradient eagerly, from the batch record the graph
+    restored. That record once carried the host counts of another batch of its ring slot
+    (the one an eager step had primed, or the one the slot's host copy last held: eager steps
+    did not write it): an index out of range in the flush on CPU, a device assert on 2 H100s.
+    Every id occurrence trained must reach its owner's version count exactly once. (Also: a
+    checkpoint directory given as text.)"""
     from test_whole_step_multi import _cfg, _plan
 
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, iter=13)
+    more = {
+        "nothing": {"iter": 13},
+        "evaluations": {"iter": 22, "val": True, "eval_every": 4},
+        "checkpoints": {"iter": 22, "checkpoint_dir": str(tmp_path / "ck"), "checkpoint_every": 5},
+    }[between]
+    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, **more)
     got = spawn_ranks(_rank_mid_epoch, 2, cfg, timeout_s=180)
     assert all(r["ahead"] > 0 for r in got), got
     assert all(r["pending"] == 0 for r in got), got

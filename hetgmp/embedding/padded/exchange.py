@@ -142,6 +142,9 @@ class PaddedExchange:
                     own = (pb.slot[: pb.n_own], pb.cnt[: pb.n_own], pg[: pb.n_own])
             p = s.prep
             st.load(p.u, p.slot, p.blocks, s.table, s.theirs_dev, pushes, own, slot=p.ring)
+            # (the ring slot's host copy too: a record of this batch may be materialized from
+            # it later, after a whole-step graph restored it: whole.materialize)
+            st.host_of(p.ring).copy_(s.host)
         values = st.run()
         batch.prep, batch.static = s.prep, st
         if self.capturing:  # (a replay counts on the device, see whole.WholeStep)
