@@ -123,6 +123,8 @@ def test_plan_cuts_remote_rows_on_multi_hot_at_least_as_much_as_single_hot(
     tmp_path: Path,
 ) -> None:
     single, s_ours, s_hash = _ratio(tmp_path / "single")
+    # (at this setting it holds by a hair, 0.395 vs 0.396; at batch 1024 or on 200000 samples
+    # it does not: bench/results/multi_hot_partition.md says why)
     multi, m_ours, m_hash = _ratio(tmp_path / "multi", multi_hot="2:20")
     print(f"single: {s_ours:.0f}/{s_hash:.0f} = {single:.3f}; multi: {m_ours:.0f}/{m_hash:.0f}"
           f" = {multi:.3f}")  # fmt: skip
