@@ -103,7 +103,7 @@ def test_verify_names_the_broken_file(tmp_path: Path, capsys, kind, pos, value, 
 def test_train_refuses_multi_hot_partition_accepts_it(tmp_path: Path, capsys) -> None:
     _write(tmp_path / "mh")
     data = str(tmp_path / "mh")
-    # (one rank on CPU trains them: tests/test_train_multi_hot.py; the rest is refused, and
+    # (CPU trains them: tests/test_train_multi_hot.py and _dist.py; the rest is refused, and
     # so is any caller of check_id_ranges that cannot read bags)
     rc = cli_main(["train", "--dataset", data, "--cache-dir", str(tmp_path / "c"), "--no-val",
                    "--device", "cuda"])  # fmt: skip

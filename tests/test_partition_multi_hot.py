@@ -14,8 +14,10 @@ from hetgmp.cli import main as cli_main
 from hetgmp.data.format import FieldInfo, make_fields, open_dataset, write_dataset
 from hetgmp.data.generate import generate_criteo_like
 from hetgmp.data.multi_hot import MultiHotArrays, multi_hot_paths
+from hetgmp.experiments.predict import predict_fetches
 from hetgmp.partition.api import partition_dataset, train_rows
 from hetgmp.partition.cli import verify_plan
+from hetgmp.partition.cost import soft_count
 from hetgmp.partition.plan import load_plan
 from hetgmp.partition.quality import usage_counts
 from hetgmp.partition.sample_rows import SampleRows, combine
@@ -86,6 +88,28 @@ def test_partition_cli_reads_the_lists(tmp_path: Path, capsys) -> None:
     assert str(values) in err and "id 5 is outside its range [17, 19)" in err
 
 
+def test_predicted_fetches_count_every_list_id(tmp_path: Path) -> None:
+    """The run-time prediction (experiments/predict.py) reads the lists as the plan does."""
+    _write(tmp_path / "mh")
+    out = tmp_path / "p.npz"
+    assert cli_main(["partition", "--data", str(tmp_path / "mh"), "-n", "2", "-o", str(out),
+                     "--method", "hash", "--batch-size", "2", "--no-progress"]) == 0  # fmt: skip
+    plan = load_plan(out)
+    got = predict_fetches(tmp_path / "mh", plan, batch_size=2)["fetches_per_step"]
+    assert got == pytest.approx(plan.meta["quality"]["fetches_per_step"])
+    dp, ep = plan.data_partition, plan.embed_partition
+
+    def by_hand(lists: list[list[int]]) -> float:  # the numpy cost model, M = 4 / 2
+        counts = np.zeros((19, 2), dtype=np.int64)
+        for s, ids in enumerate(lists):
+            for r in ids:
+                counts[r, dp[s]] += 1
+        return sum(float(soft_count(counts[ep != w, w], 2, 2).sum()) for w in range(2))
+
+    assert got == pytest.approx(by_hand(EXPECT))
+    assert got > by_hand([ids[:2] for ids in EXPECT])  # (the lists' ids add fetches)
+
+
 def _ratio(root: Path, **kw) -> tuple[float, float, float]:
     generate_criteo_like(root, seed=3, num_samples=20000, scale=0.02, progress=False,
                          log=lambda line: None, **kw)  # fmt: skip
@@ -99,6 +123,8 @@ def test_plan_cuts_remote_rows_on_multi_hot_at_least_as_much_as_single_hot(
     tmp_path: Path,
 ) -> None:
     single, s_ours, s_hash = _ratio(tmp_path / "single")
+    # (at this setting it holds by a hair, 0.395 vs 0.396; at batch 1024 or on 200000 samples
+    # it does not: bench/results/multi_hot_partition.md says why)
     multi, m_ours, m_hash = _ratio(tmp_path / "multi", multi_hot="2:20")
     print(f"single: {s_ours:.0f}/{s_hash:.0f} = {single:.3f}; multi: {m_ours:.0f}/{m_hash:.0f}"
           f" = {multi:.3f}")  # fmt: skip

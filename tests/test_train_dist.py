@@ -28,6 +28,8 @@ from hetgmp.models import build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan, save_plan
 from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.config import TrainConfig
+from hetgmp.train.multi_hot import bag_layout
+from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.run import train
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.trainer import Trainer
@@ -74,9 +76,12 @@ def _uneven_plan(ds, nparts: int, path: Path) -> Path:
     return save_plan(Plan(dp, ep, mirrors, {"dataset_fingerprint": ds.fingerprint}), path)
 
 
-def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None):
-    """One process, reference table, each step's batch = the union of the ranks' batches."""
-    ds = open_dataset(cfg.dataset)
+def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None, losses: list | None = None):
+    """One process, reference table, each step's batch = the union of the ranks' batches
+    (``losses`` gets each step's mean loss). A multi-hot set's bags are padded and pooled as
+    ``hetgmp train`` does (:mod:`hetgmp.train.multi_hot`)."""
+    ds = prepare_multi_hot(cfg, DistEnv.single(), open_dataset(cfg.dataset))
+    bags = bag_layout(cfg, ds)
     cls = model_class(cfg.model)
     torch.manual_seed(cfg.seed)
     emb = ReferenceEmbedding(
@@ -91,10 +96,11 @@ def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None):
     model = build_model(
         cfg.model,
         emb,
-        num_fields=ds.meta.num_fields,
+        num_fields=bags.num_fields if bags is not None else ds.meta.num_fields,
         num_dense=ds.meta.num_dense,
         embed_dim=cfg.embed_dim,
     )
+    model.bags = bags
     env = DistEnv.single()
     tr = Trainer(cfg, env, ds, model, RunLog(active=False), indices=np.arange(len(ds.train)))
     shards = [rank_sample_indices(len(ds.train), r, nparts, plan) for r in range(nparts)]
@@ -122,7 +128,9 @@ def _reference_run(cfg: TrainConfig, nparts: int, plan: Plan | None):
                 cat([b.labels for b in parts]),
                 cat([b.indices for b in parts]),
             )
-            tr.step(batch, len(batch.labels))
+            loss, _, n = tr.step(batch, len(batch.labels))
+            if losses is not None:
+                losses.append(loss / n)
             steps += 1
     emb.flush()
     return model.dense_state_dict(), emb.weight.clone()

@@ -1,10 +1,12 @@
-"""Training on multi-hot fields with one rank on CPU (issue 34): the pooled lookup against
-``F.embedding_bag`` (forward and backward), the real trainer against a plain ``nn.EmbeddingBag``
-model step by step, a generated multi-hot set trained above its trivial baseline, and the runs
-not supported yet refused by name (two real gloo ranks, a GPU device, a plan)."""
+"""Training on multi-hot fields with one rank on CPU (issue 34; several ranks:
+tests/test_train_multi_hot_dist.py): the pooled lookup against ``F.embedding_bag`` (forward and
+backward), the real trainer against a plain ``nn.EmbeddingBag`` model step by step, a generated multi-hot set trained above its trivial baseline, and the runs
+not supported yet refused by name (--sync async over two real gloo ranks, a GPU device, host
+rows, the Python API)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -192,19 +194,24 @@ def test_runs_not_supported_yet_are_refused_by_name(tmp_path: Path, capsys) -> N
     ds = _data(tmp_path / "d")
     cfg = validate(TrainConfig(dataset=str(ds.root), batch_size=B, embed_dim=DIM, device="cpu",
                                progress=False, val=False, threads=1))  # fmt: skip
-    with pytest.raises(SpawnError) as err:  # two real gloo ranks
-        spawn_ranks(_train_rank, 2, cfg, timeout_s=120)
-    assert "train with one rank on CPU so far (issue 34); this run has 2 ranks" in str(err.value)
-    from hetgmp.train.multi_hot import prepare
+    with pytest.raises(SpawnError) as err:  # two real gloo ranks, --sync async
+        spawn_ranks(_train_rank, 2, dataclasses.replace(cfg, sync="async"), timeout_s=120)
+    assert "rows on the device so far (issue 34); this run has --sync async" in str(err.value)
+    from hetgmp.train.multi_hot import bag_layout, prepare
 
     gpu = DistEnv(device=torch.device("cuda"))
     with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
         prepare(cfg, gpu, open_dataset(ds.root))
+    host = dataclasses.replace(cfg, rows_on="host")
+    with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
+        prepare(host, DistEnv.single(), open_dataset(ds.root))
+    with pytest.raises(ValueError, match="the Python API does not take them yet"):
+        bag_layout(cfg, open_dataset(ds.root))  # (a data set not padded by prepare)
+    # a plan (several ranks: tests/test_train_multi_hot_dist.py) trains with one rank too
     plan = tmp_path / "p.npz"
     assert cli_main(["partition", "--data", str(ds.root), "-n", "1", "-o", str(plan)]) == 0
-    assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu",
-                     "--partition", str(plan), "--no-progress"]) != 0  # fmt: skip
-    assert "this run has --partition" in capsys.readouterr().err
+    assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
+                     "--no-val", "--partition", str(plan), "--no-progress"]) == 0  # fmt: skip
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--pooling",
                      "sum,mean,sum", "--no-progress"]) != 0  # fmt: skip
     assert "--pooling sum,mean,sum: 3 modes for the 2 multi-hot fields" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import numpy as np
 
 from hetgmp.data.format import open_dataset
 from hetgmp.partition import cost as costmod
+from hetgmp.partition.api import train_rows
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.partition.quality import usage_counts
 
@@ -50,7 +51,8 @@ def predict_fetches(
     n, parts, rows = pl.num_samples, pl.nparts, pl.num_rows
     dp = np.asarray(pl.data_partition)
     ep = np.asarray(pl.embed_partition, dtype=np.int64)
-    counts = np.asarray(usage_counts(ds.train.sparse, dp, parts, rows), dtype=np.int64)
+    # (every id a sample reads: with multi-hot fields each bag id too, repeats weighing)
+    counts = np.asarray(usage_counts(train_rows(ds), dp, parts, rows), dtype=np.int64)
     m_nominal = costmod.samples_per_part(n, parts)
     m_actual = np.bincount(dp.astype(np.int64), minlength=parts)
     remote_nom = np.zeros(parts)

@@ -84,7 +84,11 @@ class BagLayout:
         return self.num_single + sum(self.widths)
 
     def lookup(self, table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call)."""
+        """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call). An empty
+        batch may have any width: a rank out of samples still meets the others at the table's
+        step with the trainer's ``[0, F]`` batch, which knows nothing of bags."""
+        if ids.dim() == 2 and ids.shape[0] == 0:
+            ids = ids.new_zeros((0, self.width))
         if ids.dim() != 2 or ids.shape[1] != self.width:
             raise ValueError(
                 f"ids of shape {tuple(ids.shape)}: a multi-hot batch has {self.width} columns "

@@ -23,10 +23,12 @@ def local_frequency_plan(
     sparse: np.ndarray, indices: np.ndarray, num_rows: int, world: int, rank: int, seed: int
 ) -> Plan:
     """A plan with random owners (``seed``: the same on every rank) whose mirror list for
-    ``rank`` is its non-owned rows used by its samples ``indices``, most used first."""
+    ``rank`` is its non-owned rows used by its samples ``indices``, most used first.
+    ``sparse``: the ``[N, F]`` id matrix, or a multi-hot set's padded one (``-1`` skipped)."""
     counts = np.zeros(num_rows, dtype=np.int64)
     for lo in range(0, indices.size, CHUNK):
         ids = np.asarray(sparse[indices[lo : lo + CHUNK]]).ravel()
+        ids = ids[ids >= 0]  # (a multi-hot set's padded bags: -1 fills the short ones)
         counts += np.bincount(ids, minlength=num_rows)
     owner = owner_array(num_rows, world, "random", seed)
     used = np.flatnonzero((counts > 0) & (owner != rank))

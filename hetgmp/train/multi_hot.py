@@ -1,12 +1,15 @@
-"""Training on multi-hot data (issue 34, first slice): what runs, and the data and model set up.
+"""Training on multi-hot data (issue 34): what runs, and the data and model set up.
 
-Runs: one rank on CPU (``--device cpu``, no ``--partition``), ``hetgmp train`` /
-``examples/hetuctr.py``: the data set's bags padded into its id matrix
-(:mod:`hetgmp.data.multi_hot_padded`) and pooled per field by the model's lookup
-(:mod:`hetgmp.models.pooling`, ``--pooling sum|mean``). Everything else (several ranks, a plan,
-GPUs, ``--sync async``, the Python API's ``build_model``) is refused here, naming issue 34,
-before anything is built: the exchange moving each distinct bag row once per step and the
-fused GPU kernels are the next slices.
+Runs: ``hetgmp train`` / ``examples/hetuctr.py`` on CPU (``--device cpu``), one rank or several
+gloo ranks, with or without a ``--partition`` plan (whose graph has one edge per bag id,
+:mod:`hetgmp.partition.sample_rows`), any ``--bound`` and ``--store_rate``: the data set's bags
+padded into its id matrix (:mod:`hetgmp.data.multi_hot_padded`) and pooled per field by the
+model's lookup (:mod:`hetgmp.models.pooling`, ``--pooling sum|mean``). The lookup hands the
+table every bag id (padding slots taken out) with the single-hot ids in one call, so the
+table's step dedups them: each distinct row is fetched, and its summed gradient pushed, once per
+step, as for single-hot ids. GPUs (the fused pooled kernels), ``--sync async``, ``--rows-on
+host`` and the Python API's ``build_model`` are refused here, naming issue 34, before anything
+is built.
 """
 
 from __future__ import annotations
@@ -25,12 +28,8 @@ ISSUE = "issue 34"
 def unsupported(cfg: Any, env: Any) -> list[str]:
     """What of this run multi-hot training does not do yet (empty: it runs)."""
     why = []
-    if env.world_size > 1:
-        why.append(f"{env.world_size} ranks (one rank only so far)")
     if env.device.type != "cpu":
         why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
-    if cfg.partition is not None:
-        why.append("--partition (no plan with one rank)")
     if cfg.sync != "collective":
         why.append(f"--sync {cfg.sync}")
     if cfg.rows_on != "device":
@@ -47,8 +46,8 @@ def prepare(cfg: Any, env: Any, ds: Dataset) -> Dataset:
     if why:
         names = ", ".join(f.name for f in ds.meta.multi_hot)
         raise DatasetError(
-            f"{ds.root}: multi-hot fields ({names}) train with one rank on CPU so far "
-            f"({ISSUE}); this run has {'; '.join(why)}"
+            f"{ds.root}: multi-hot fields ({names}) train on CPU with --sync collective and "
+            f"rows on the device so far ({ISSUE}); this run has {'; '.join(why)}"
         )
     parse = parse_pooling(cfg.pooling, len(ds.meta.multi_hot))
     if len(parse) != len(ds.meta.multi_hot):
@@ -66,8 +65,8 @@ def bag_layout(cfg: Any, ds: Dataset) -> BagLayout | None:
         return None
     if not isinstance(ds, PaddedBags):
         raise DatasetError(
-            f"{ds.root}: multi-hot fields train through `hetgmp train` with one rank on CPU "
-            f"so far ({ISSUE}); the Python API does not take them yet"
+            f"{ds.root}: multi-hot fields train through `hetgmp train` on CPU so far "
+            f"({ISSUE}); the Python API does not take them yet"
         )
     return BagLayout(
         num_single=ds.meta.num_fields,
@@ -84,5 +83,5 @@ def multi_hot_note(cfg: Any, ds: Dataset) -> str:
     )
     return (
         f"multi-hot: {fields} padded into the id matrix (ids held in memory), pooled "
-        f"--pooling {cfg.pooling} ({ISSUE}: one rank on CPU so far)"
+        f"--pooling {cfg.pooling} ({ISSUE}: CPU only so far)"
     )
