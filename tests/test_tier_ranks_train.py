@@ -112,3 +112,20 @@ def test_two_ranks_host_rows(skewed: Path, tmp_path: Path) -> None:
     # warm (the default: the training split's counts) against cold, first epoch
     assert t["warm_rows"] > 0 and cold["host_tier"]["warm_rows"] == 0
     assert t["hit_rate"] > cold["host_tier"]["hit_rate"], (t["hit_rate"], cold["host_tier"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_tier_on_one_gpu(tmp_path: Path) -> None:
+    """``--rows-on host`` at a 10 % cache on one GPU equals all on the device and prints both
+    speeds (tests/gpu_tier_check.py)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, str(root / "tests" / "gpu_tier_check.py"), str(tmp_path / "data")]
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert got.returncode == 0 and "TIER CHECK OK" in got.stdout, got.stdout + got.stderr
+    assert "samples/s" in got.stdout
