@@ -94,8 +94,10 @@ class DistributedEmbedding(nn.Module):
         owner, mirrors = placement_of(plan, self.num_rows, env, placement, store_rate, seed)
         check_rows_on(rows_on, cache_budget, world=env.world_size, device=env.device,
                       cuda_graphs=cuda_graphs, exchange=self.exchange, sync=self.sync)  # fmt: skip
-        kw: dict[str, Any] = dict(rank=env.rank, world=env.world_size, owner=owner,
-                                  mirrors=mirrors, opt=self.opt, seed=seed, init_scale=init_scale)  # fmt: skip
+        kw: dict[str, Any] = dict(
+            rank=env.rank, world=env.world_size, owner=owner, mirrors=mirrors, opt=self.opt,
+            seed=seed, init_scale=init_scale,
+        )  # fmt: skip
         self.tier: TieredRows | None = None  # (the host tier: rows in host memory)
         self.owned: OwnedTier | None = None  # (... its several ranks' side)
         if host:

@@ -15,8 +15,8 @@ device slot map's changes. :class:`RowMover` carries it out:
      and gather of the evicted slots was enqueued before it (the slots a step still needs are
      protected by the caller, never evicted);
   2. the move's slot / row indices: one pinned int64 buffer, one non-blocking copy;
-  3. write-back: the updated victims' rows (+ state, + versions: :func:`columns`) gathered on the device and copied into a
-     pinned buffer (non-blocking); the host scatters them into host memory only after the
+  3. write-back: the updated victims' rows (+ state, versions: :func:`columns`) gathered on
+     the device and copied into a pinned buffer (non-blocking); the host scatters them into host memory only after the
      move's event (:meth:`RowMover.settle`, before any later read of host rows);
   4. load: the missed rows gathered on the host (``index_select`` into one pinned staging
      buffer: column after column), one non-blocking copy, then ``index_copy_`` into the cache;

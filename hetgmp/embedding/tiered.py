@@ -236,8 +236,8 @@ class TieredRows:
             done = self._decide(need, self._held.clone(), batch)
         if done is None:  # (more misses than free slots beside the batch's hits and the held)
             raise CacheBudgetError(
-                f"a step needs {need.numel()} distinct rows resident beside {int(self._held.sum())} "
-                f"held ones, but the device cache holds "
+                f"a step needs {need.numel()} distinct rows resident beside "
+                f"{int(self._held.sum())} held ones, but the device cache holds "
                 f"{self.budget} of the table's {self.num_rows} rows: raise --cache-budget to "
                 f"at least {need.numel() / self.num_rows:.4f} (or train smaller batches)"
             )
