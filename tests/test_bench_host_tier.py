@@ -56,7 +56,10 @@ def test_host_tier_script_runs_on_cpu(tmp_path: Path) -> None:
     # same model, data and steps: the tiered runs train exactly as the all-on-device one
     assert all(recs[n]["val_auc"] == recs["device"]["val_auc"] for n in names[1:4])
     hits = [recs[n]["host_tier"]["hit_rate"] for n in names[1:4]]
-    assert all(0 < h < 1 for h in hits)
+    # (the caches start warm, --cache-warm counts: on this tiny set even 5 % holds every row
+    # the steps use, so the hit rate may be 1)
+    assert all(0 < h <= 1 for h in hits)
+    assert all(recs[n]["host_tier"]["warm_rows"] > 0 for n in names[1:])
     assert recs["big"]["host_tier"]["host_bytes"] >= 1.2 * 16 * 2**20  # (the CPU stand-in)
     summary = (res / "summary.md").read_text()
     assert all(f"| {n} |" in summary for n in names) and "failed" not in summary

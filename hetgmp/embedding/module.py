@@ -35,7 +35,9 @@ from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.tier_setup import check_rows_on, tier_rows_of
+from hetgmp.embedding.tier_owned import OwnedTier
+from hetgmp.embedding.tier_setup import check_rows_on, tiered_store
+from hetgmp.embedding.tiered import TieredRows
 from hetgmp.partition.plan import Plan
 
 
@@ -83,28 +85,33 @@ class DistributedEmbedding(nn.Module):
         self.replies = resolve_replies(replies, env)
         self.kernels = resolve_kernels(kernels, env.device)
         self.opt = SparseOptimizer(optimizer, lr, adagrad_eps, adagrad_init, self.kernels)
+        host = rows_on == "host"  # (several ranks: the exact exchange, see .tier_owned)
+        exchange = "exact" if host and exchange == "auto" else exchange
         self.exchange = resolve_exchange(exchange, self.opt, self.replies, audit, env)
         self.sync = resolve_sync(sync, exchange, env)
         if self.sync == "async":
             self.exchange = "exact"  # (what the logs report: rows move point to point)
         owner, mirrors = placement_of(plan, self.num_rows, env, placement, store_rate, seed)
         check_rows_on(rows_on, cache_budget, world=env.world_size, device=env.device,
-                      cuda_graphs=cuda_graphs)  # fmt: skip
-        host = rows_on == "host"
-        self.store = RowStore(
-            self.num_rows, self.dim, rank=env.rank, world=env.world_size, owner=owner,
-            device=torch.device("cpu") if host else env.device, mirrors=mirrors, opt=self.opt,
+                      cuda_graphs=cuda_graphs, exchange=self.exchange, sync=self.sync)  # fmt: skip
+        kw: dict[str, Any] = dict(
+            rank=env.rank, world=env.world_size, owner=owner, mirrors=mirrors, opt=self.opt,
             seed=seed, init_scale=init_scale,
         )  # fmt: skip
-        self.tier = (
-            tier_rows_of(self.store, self.opt, env.device, cache_budget, row_counts)
-            if host
-            else None
-        )
+        self.tier: TieredRows | None = None  # (the host tier: rows in host memory)
+        self.owned: OwnedTier | None = None  # (... its several ranks' side)
+        if host:
+            self.store, self.tier, self.owned = tiered_store(
+                self.num_rows, self.dim, device=env.device, cache_budget=cache_budget,
+                counts=row_counts, **kw,
+            )  # fmt: skip
+        else:
+            self.store = RowStore(self.num_rows, self.dim, device=env.device, **kw)
         self._ctx = StepContext(
             env, self.store, self.opt, StepCounters(env.device),
             PhaseTimer(env.device, enabled=False), self.bound,
             send_all=audit or self.replies == "all", audit=audit, tier=self.tier,
+            owned=self.owned,
         )  # fmt: skip
         # the leaf the autograd nodes hang on (see lookup._LocalLookup; a plain attribute, not
         # a parameter: it never gets a gradient)
@@ -114,8 +121,10 @@ class DistributedEmbedding(nn.Module):
             cuda_graphs=cuda_graphs, graph_collectives=graph_collectives,
             async_config=async_config,
         )  # fmt: skip
-        if host and self.engine.kind != "local":
-            raise ValueError("rows_on='host' runs in the one-rank step only so far (not audit)")
+        if host and self.owned is None and self.engine.kind != "local":  # (audit)
+            raise ValueError(
+                "rows_on='host' on one rank runs in the one-rank step only (not audit)"
+            )
         if self.engine.kind == "local" and exchange == "auto":
             self.exchange = "exact"  # (what the logs report; the one-rank step uses neither)
 
@@ -199,7 +208,7 @@ class DistributedEmbedding(nn.Module):
         self.flush()
         if self.tier is not None:  # (host memory then holds every row)
             self.tier.flush()
-        sd = self.store.owned_rows()
+        sd = self.owned.owned_rows() if self.owned is not None else self.store.owned_rows()
         if destination is None:
             return sd
         destination.update({prefix + k: v for k, v in sd.items()})
@@ -215,6 +224,8 @@ class DistributedEmbedding(nn.Module):
         if self.tier is not None:  # (host memory holds every row: rows sd lacks keep theirs)
             self.tier.flush()
         self.store.load_rows(sd, partial=not strict)
+        if self.owned is not None:  # (several ranks: the owned rows' host copies too)
+            self.owned.load_rows(sd, partial=not strict)
         self.engine.drop_pending()
         if self.tier is not None:  # (the rows went to host memory)
             self.tier.reload()
@@ -241,7 +252,10 @@ class DistributedEmbedding(nn.Module):
         )
 
     # ------------------------------------------------------------------ views of the parts
-    n_own = property(lambda self: self.store.n_own, doc="Rows this rank owns.")
+    n_own = property(
+        lambda self: self.store.n_own if self.tier is None else self.tier.num_rows,
+        doc="Rows this rank owns (with a host tier: in host memory, some cached).",
+    )
     n_mir = property(lambda self: self.store.n_mir, doc="Rows this rank mirrors.")
     weight = property(lambda self: self.store.weight, doc="``[n_own + n_mir, D]`` stored rows.")
     weight_full = property(lambda self: self.store.weight_full, doc="``weight`` + trash row.")

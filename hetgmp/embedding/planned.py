@@ -130,7 +130,10 @@ class PlannedEngine:
         self.stepper.grads = None
 
     def counters(self) -> dict[str, int]:
-        return self.ctx.counters.total()
+        out = self.ctx.counters.total()
+        if self.ctx.tier is not None:  # (owned rows on a host tier: its counters too)
+            out.update({f"tier_{k}": v for k, v in self.ctx.tier.counters.as_dict().items()})
+        return out
 
     def local_step(self) -> LocalStep | None:
         return None

@@ -37,16 +37,19 @@ from hetgmp.embedding.optim import SparseOptimizer
 
 class RowStore:
     """Rows of one rank (see the module docstring). ``owner``: owner rank of every row;
-    ``mirrors``: the row ids this rank mirrors (any order; stored grouped by owner)."""
+    ``mirrors``: the row ids this rank mirrors (any order; stored grouped by owner).
+    ``resident``: (several ranks, owned rows on a host tier: :mod:`.tier_owned`) the owned
+    ids the own slots hold at first -- the own region is then the tier's device cache
+    (``n_own`` its rows), the other owned ids map to slot -1 until the tier loads them."""
 
     def __init__(
         self, num_rows: int, dim: int, *, rank: int, world: int, device: torch.device,
         owner: np.ndarray, mirrors: np.ndarray, opt: SparseOptimizer, seed: int,
-        init_scale: float,
+        init_scale: float, resident: np.ndarray | None = None,
     ) -> None:  # fmt: skip
         self.num_rows, self.dim, self.rank, self.world = num_rows, dim, rank, world
         self.device = dev = device
-        owned = np.flatnonzero(owner == rank)
+        owned = np.flatnonzero(owner == rank) if resident is None else resident
         mirrors = mirrors[np.argsort(owner[mirrors], kind="stable")]
         self.n_own, self.n_mir = int(owned.size), int(mirrors.size)
         check_fits(
@@ -86,7 +89,7 @@ class RowStore:
         slot_of[owned] = np.arange(self.n_own, dtype=np.int32)
         slot_of[mirrors] = self.n_own + np.arange(self.n_mir, dtype=np.int32)
         block_of = owner.astype(np.int32) + 2 * w  # not stored here: 2w + owner
-        block_of[owned] = r
+        block_of[owner == r] = r  # (every owned row, also those a host tier holds)
         block_of[mirrors] -= w  # mirror: w + owner
         self.block_of = torch.from_numpy(block_of).to(dev)
         self.slot_of = torch.from_numpy(slot_of).to(dev)
@@ -153,21 +156,29 @@ class RowStore:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(positions in ``ids``, the stored rows' slots they go to) for every stored row;
         raises if one is missing, unless ``partial`` (then only the rows ``ids`` holds)."""
-        order = torch.argsort(ids)
-        sorted_ids = ids[order]
-        want = self.stored_ids.cpu()
-        pos = torch.searchsorted(sorted_ids, want).clamp(max=max(ids.numel() - 1, 0))
-        if ids.numel():
-            found = sorted_ids[pos] == want
-        else:
-            found = torch.zeros_like(want, dtype=torch.bool)
-        if partial:
-            return order[pos[found]], torch.nonzero(found).reshape(-1)
-        if not bool(found.all()):
-            missing = want[~found]
-            raise ValueError(
-                f"state dict lacks {missing.numel()} of the {want.numel()} rows rank "
-                f"{self.rank} stores (first missing id {int(missing[0])}); pass the union of "
-                "all ranks' dicts"
-            )
-        return order[pos], torch.arange(want.numel())
+        return positions_of(ids, self.stored_ids.cpu(), partial=partial, rank=self.rank)
+
+
+def positions_of(
+    ids: torch.Tensor, want: torch.Tensor, *, partial: bool, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions in ``ids``, positions in ``want``) of the rows of ``want`` (host int64 ids
+    a rank stores) that ``ids`` (a state dict's) holds: all of them, else a clear error,
+    unless ``partial``."""
+    order = torch.argsort(ids)
+    sorted_ids = ids[order]
+    pos = torch.searchsorted(sorted_ids, want).clamp(max=max(ids.numel() - 1, 0))
+    if ids.numel():
+        found = sorted_ids[pos] == want
+    else:
+        found = torch.zeros_like(want, dtype=torch.bool)
+    if partial:
+        return order[pos[found]], torch.nonzero(found).reshape(-1)
+    if not bool(found.all()):
+        missing = want[~found]
+        raise ValueError(
+            f"state dict lacks {missing.numel()} of the {want.numel()} rows rank "
+            f"{rank} stores (first missing id {int(missing[0])}); pass the union of "
+            "all ranks' dicts"
+        )
+    return order[pos], torch.arange(want.numel())

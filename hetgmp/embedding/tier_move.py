@@ -15,11 +15,11 @@ device slot map's changes. :class:`RowMover` carries it out:
      and gather of the evicted slots was enqueued before it (the slots a step still needs are
      protected by the caller, never evicted);
   2. the move's slot / row indices: one pinned int64 buffer, one non-blocking copy;
-  3. write-back: the updated victims' rows (+ state) gathered on the device and copied into a
-     pinned buffer (non-blocking); the host scatters them into host memory only after the
+  3. write-back: the updated victims' rows (+ state, versions: :func:`columns`) gathered on
+     the device and copied into a pinned buffer (non-blocking); the host scatters them into host memory only after the
      move's event (:meth:`RowMover.settle`, before any later read of host rows);
   4. load: the missed rows gathered on the host (``index_select`` into one pinned staging
-     buffer: rows then state), one non-blocking copy, then ``index_copy_`` into the cache;
+     buffer: column after column), one non-blocking copy, then ``index_copy_`` into the cache;
   5. the device slot map: evicted rows -> -1, loaded rows -> their slots;
   6. an event (``Move.done``); a step that reads these slots makes its stream wait on it.
 
@@ -51,26 +51,38 @@ class Move:
         return not (self.wb_slots.numel() or self.load_rows.numel() or self.evicted_rows.numel())
 
 
+def columns(
+    weight: torch.Tensor, state: torch.Tensor, version: torch.Tensor | None = None
+) -> list[torch.Tensor]:
+    """A tier's per-row tensors as 2-D float32 views a move copies alike: ``weight [N, D]``,
+    ``state`` ``[N]`` as ``[N, 1]`` (absent when empty: SGD) and int64 ``version [N]`` as
+    ``[N, 2]`` float32 lanes (bits copied, never converted; several ranks' owned rows)."""
+    cols = [weight]
+    if state.numel():
+        cols.append(state.view(-1, 1))
+    if version is not None:
+        cols.append(version.view(torch.float32).view(-1, 2))
+    return cols
+
+
 class RowMover:
     """Carries out :class:`Move` s for one tier's tensors (see the module docstring).
-    ``host_weight [N, D]`` / ``host_state`` (``[N]`` or ``[0]``) on the host (pinned for CUDA),
-    ``cache_weight [budget, D]`` / ``cache_state`` and ``slot_of [N]`` on ``device`` (on CPU
-    ``slot_of`` is the host map itself, already updated by the decision)."""
+    ``host`` / ``cache``: the same :func:`columns` of the host rows (pinned for CUDA) and of
+    the device cache; ``slot_of [N]`` on ``device`` (on CPU the host map itself, already
+    updated by the decision)."""
 
     def __init__(
-        self, host_weight: torch.Tensor, host_state: torch.Tensor, cache_weight: torch.Tensor,
-        cache_state: torch.Tensor, slot_of: torch.Tensor, *, device: torch.device,
-        overlap: bool,
+        self, host: list[torch.Tensor], cache: list[torch.Tensor], slot_of: torch.Tensor, *,
+        device: torch.device, overlap: bool,
     ) -> None:  # fmt: skip
-        self.hw, self.hs, self.cw, self.cs, self.slot_of = (
-            host_weight, host_state, cache_weight, cache_state, slot_of,
-        )  # fmt: skip
-        self.device, self.dim = device, host_weight.shape[1]
-        self.has_state = host_state.numel() > 0
+        self.host, self.cache, self.slot_of = host, cache, slot_of
+        self.widths = [int(c.shape[1]) for c in host]
+        self.width = sum(self.widths)  # float32 values a row moves (all columns)
+        self.device = device
         self.overlap = overlap and device.type == "cuda"
         self.copy: torch.cuda.Stream | None = torch.cuda.Stream(device) if self.overlap else None
         self._last: Move | None = None  # the last overlapped move (its event, its write-back)
-        self._wb_pinned: torch.Tensor | None = None  # its write-back's rows (+ state), pinned
+        self._wb_pinned: torch.Tensor | None = None  # its write-back's columns, pinned
 
     # ------------------------------------------------------------------ either path
     def run(self, move: Move) -> Move:
@@ -99,24 +111,34 @@ class RowMover:
         if n:
             buf = self._wb_pinned
             assert buf is not None
-            self.hw[last.wb_rows] = buf[: n * self.dim].view(n, self.dim)
-            if self.has_state:
-                self.hs[last.wb_rows] = buf[n * self.dim : n * (self.dim + 1)]
+            for col, part in zip(self.host, self._split(buf, n), strict=True):
+                col[last.wb_rows] = part
         self._wb_pinned = None
 
+    def _split(self, flat: torch.Tensor, n: int) -> list[torch.Tensor]:
+        """``flat`` (``n`` rows of every column, column after column) as ``[n, width]`` views."""
+        return [p.view(n, w) for p, w in zip(flat.split([n * w for w in self.widths]),
+                                             self.widths, strict=True)]  # fmt: skip
+
     # ------------------------------------------------------------------ CPU / synchronous
+    def write_back_now(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Cache ``slots``' values into host ``rows`` (host int64), synchronously."""
+        dev = slots.to(self.device)
+        for h, c in zip(self.host, self.cache, strict=True):
+            h[rows] = c[dev].cpu()
+
+    def load_now(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Host ``rows``' values into cache ``slots`` (host int64), synchronously."""
+        dev = slots.to(self.device)
+        for h, c in zip(self.host, self.cache, strict=True):
+            c[dev] = _to_device(h[rows], self.device)
+
     def _run_now(self, move: Move) -> None:
         """The move in the caller's stream: write-back, then load (into the same slots)."""
         if move.wb_slots.numel():
-            dev = move.wb_slots.to(self.device)
-            self.hw[move.wb_rows] = self.cw[dev].cpu()
-            if self.has_state:
-                self.hs[move.wb_rows] = self.cs[dev].cpu()
+            self.write_back_now(move.wb_slots, move.wb_rows)
         if move.load_rows.numel():
-            dev = move.load_slots.to(self.device)
-            self.cw[dev] = _to_device(self.hw[move.load_rows], self.device)
-            if self.has_state:
-                self.cs[dev] = _to_device(self.hs[move.load_rows], self.device)
+            self.load_now(move.load_rows, move.load_slots)
         if self.slot_of.device.type != "cpu":  # (on CPU the decision updated the one map)
             if move.evicted_rows.numel():
                 self.slot_of[move.evicted_rows.to(self.device)] = -1
@@ -135,24 +157,21 @@ class RowMover:
         idx = torch.empty(w + 2 * m + e, dtype=torch.int64, pin_memory=True)
         torch.cat([move.wb_slots, move.load_slots, move.load_rows, move.evicted_rows], out=idx)
         stage = self._stage_loads(move.load_rows) if m else None
-        width = self.dim + int(self.has_state)
         with torch.cuda.stream(self.copy):
             self.copy.wait_event(ready)
             idx_dev = idx.to(self.device, non_blocking=True)
             wb_slots, load_slots = idx_dev[:w], idx_dev[w : w + m]
             load_rows, evicted = idx_dev[w + m : w + 2 * m], idx_dev[w + 2 * m :]
             if w:  # write-back before the loads reuse the slots (same stream: in order)
-                got = torch.empty(w * width, dtype=torch.float32, device=self.device)
-                got[: w * self.dim].view(w, self.dim).copy_(self.cw.index_select(0, wb_slots))
-                if self.has_state:
-                    got[w * self.dim :].copy_(self.cs.index_select(0, wb_slots))
-                self._wb_pinned = torch.empty(w * width, dtype=torch.float32, pin_memory=True)
+                got = torch.empty(w * self.width, dtype=torch.float32, device=self.device)
+                for c, part in zip(self.cache, self._split(got, w), strict=True):
+                    part.copy_(c.index_select(0, wb_slots))
+                self._wb_pinned = torch.empty(w * self.width, dtype=torch.float32, pin_memory=True)
                 self._wb_pinned.copy_(got, non_blocking=True)
             if stage is not None:
                 rows = stage.to(self.device, non_blocking=True)
-                self.cw.index_copy_(0, load_slots, rows[: m * self.dim].view(m, self.dim))
-                if self.has_state:
-                    self.cs.index_copy_(0, load_slots, rows[m * self.dim :])
+                for c, part in zip(self.cache, self._split(rows, m), strict=True):
+                    c.index_copy_(0, load_slots, part)
             if e:
                 self.slot_of.index_fill_(0, evicted, -1)
             if m:
@@ -162,13 +181,11 @@ class RowMover:
         self._last = move
 
     def _stage_loads(self, rows: torch.Tensor) -> torch.Tensor:
-        """The missed rows (then their state) gathered on the host into one pinned buffer."""
+        """The missed rows (column after column) gathered on the host into one pinned buffer."""
         m = rows.numel()
-        width = self.dim + int(self.has_state)
-        stage = torch.empty(m * width, dtype=torch.float32, pin_memory=True)
-        torch.index_select(self.hw, 0, rows, out=stage[: m * self.dim].view(m, self.dim))
-        if self.has_state:
-            torch.index_select(self.hs, 0, rows, out=stage[m * self.dim :])
+        stage = torch.empty(m * self.width, dtype=torch.float32, pin_memory=True)
+        for h, part in zip(self.host, self._split(stage, m), strict=True):
+            torch.index_select(h, 0, rows, out=part)
         return stage
 
 

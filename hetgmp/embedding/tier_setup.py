@@ -1,37 +1,80 @@
 """Setting a table up on the host tier (``--rows-on host``, :mod:`.tiered`): what is
-supported so far, and the tier over a one-rank store's rows."""
+supported so far, the tier over a one-rank store's rows, and several ranks' owned rows on a
+tier each (:mod:`.tier_owned`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
+from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.memory import RESERVE, SLACK, TableMemoryError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.store import RowStore
-from hetgmp.embedding.tiered import TieredRows, budget_rows
+from hetgmp.embedding.tier_owned import OwnedTier
+from hetgmp.embedding.tiered import TieredRows, budget_rows, hottest_first
 
 ROWS_ON = ("device", "host")
 
 
-def check_rows_on(rows_on: str, cache_budget: float, *, world: int, device: torch.device,
-                  cuda_graphs: bool) -> None:  # fmt: skip
-    """Refuse what the host tier does not support yet (``--rows-on host``)."""
+def check_rows_on(
+    rows_on: str, cache_budget: float, *, world: int, device: torch.device, cuda_graphs: bool,
+    exchange: str = "exact", sync: str = "collective",
+) -> None:  # fmt: skip
+    """Refuse what the host tier does not support yet (``--rows-on host``); ``exchange`` /
+    ``sync``: the table's, resolved (several ranks: the exact collective exchange only)."""
     if rows_on not in ROWS_ON:
         raise ValueError(f"rows_on must be one of {ROWS_ON}, got {rows_on!r}")
     if rows_on == "device":
         return
     budget_rows(1, cache_budget)  # (the fraction's check)
-    if world > 1:
+    if world > 1 and (sync != "collective" or exchange != "exact"):
         raise ValueError(
-            f"--rows-on host is supported on one rank only so far (this job has {world}); "
-            "train with --rows-on device, or on one GPU"
+            f"--rows-on host with several ranks runs the exact collective exchange only "
+            f"(this table: --sync {sync}, --exchange {exchange}); pass --sync collective "
+            "--exchange exact (or auto)"
         )
     if device.type == "cuda" and cuda_graphs:
         raise ValueError(
             "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
             "on the host); pass --no-cuda-graphs with it"
         )
+
+
+def tiered_store(
+    num_rows: int, dim: int, *, rank: int, world: int, device: torch.device, owner: np.ndarray,
+    mirrors: np.ndarray, opt: SparseOptimizer, seed: int, init_scale: float,
+    cache_budget: float, counts: torch.Tensor | np.ndarray | None,
+) -> tuple[RowStore, TieredRows, OwnedTier | None]:  # fmt: skip
+    """The store and its host tier (``counts``: per-row access frequencies of the whole
+    table, or None: the initial residents): one rank, the store in host memory with the tier
+    over it (:func:`tier_rows_of`); several, the owned rows in host memory with the store's
+    own region as their device cache (:class:`OwnedTier`: None for one rank)."""
+    kw: dict[str, Any] = dict(rank=rank, world=world, owner=owner, mirrors=mirrors, opt=opt,
+                              seed=seed, init_scale=init_scale)  # fmt: skip
+    if world == 1:
+        store = RowStore(num_rows, dim, device=torch.device("cpu"), **kw)
+        return store, tier_rows_of(store, opt, device, cache_budget, counts), None
+    own_ids = np.flatnonzero(owner == rank)
+    if not own_ids.size:
+        raise ValueError(f"rank {rank} owns no rows: --rows-on host has nothing to hold")
+    budget = budget_rows(own_ids.size, cache_budget)
+    own_counts = None if counts is None else torch.as_tensor(counts)[torch.from_numpy(own_ids)]
+    first = hottest_first(own_counts, own_ids.size)[:budget]
+    store = RowStore(num_rows, dim, device=device, resident=own_ids[first.numpy()], **kw)
+    cpu = torch.device("cpu")
+    sw = opt.state_width
+    tier = TieredRows(
+        initial_rows(torch.from_numpy(own_ids), dim, seed=seed, scale=init_scale),
+        opt.new_state(own_ids.size, cpu), device=device, budget=budget, opt=opt,
+        counts=own_counts, adopt=True, version=torch.zeros(own_ids.size, dtype=torch.int64),
+        cache=(store.weight_full[:budget], store.opt_state_full[: budget * sw],
+               store.version_full[:budget]),
+    )  # fmt: skip
+    assert torch.equal(tier.row_of, first)  # (the store's own slots hold the tier's residents)
+    return store, tier, OwnedTier(store, tier, own_ids)
 
 
 def tier_rows_of(

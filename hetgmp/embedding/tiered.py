@@ -30,9 +30,8 @@ evicted, or at :meth:`TieredRows.flush`, and only if it was updated since it was
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -40,74 +39,19 @@ import torch
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_ahead import AheadQueue
-from hetgmp.embedding.tier_move import Move, RowMover
+from hetgmp.embedding.tier_host import (
+    CacheBudgetError,
+    TierCounters,
+    budget_rows,
+    host_tensor,
+    hottest_first,
+    register_in_place,
+    unpin_in_place,
+)
+from hetgmp.embedding.tier_move import Move, RowMover, columns
 
-
-class CacheBudgetError(ValueError):
-    """A batch needs more distinct rows than the device cache holds, or a bad budget."""
-
-
-def host_tensor(t: torch.Tensor, device: torch.device, *, copy: bool = True) -> torch.Tensor:
-    """``t`` on the CPU, pinned when ``device`` is CUDA (asynchronous copies to and from it);
-    ``copy``: never the caller's storage (the tier writes rows back into it; a read-only
-    cache, the scorer's, passes False)."""
-    t = t.detach().to("cpu")
-    if device.type == "cuda":
-        return t.pin_memory()
-    return t.clone() if copy else t
-
-
-def _register(t: torch.Tensor) -> bool:
-    """Page-lock ``t``'s own memory for asynchronous CUDA copies (``cudaHostRegister``; True
-    when done): a table that is most of the host's memory has no room for a pinned copy."""
-    if not t.numel() or not t.is_contiguous():
-        return False
-    try:
-        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-    except (RuntimeError, AttributeError):
-        return False
-    return int(err) == 0
-
-
-def unpin_in_place(ptrs: list[int]) -> None:
-    """Undo :func:`_register` for these data pointers (when their owner goes away)."""
-    for ptr in ptrs:
-        torch.cuda.cudart().cudaHostUnregister(ptr)
-
-
-def hottest_first(counts: torch.Tensor | np.ndarray | None, num_rows: int) -> torch.Tensor:
-    """Row ids by descending ``counts`` (ties: lower id first); ``0..num_rows-1`` without."""
-    if counts is None:
-        return torch.arange(num_rows, dtype=torch.int64)
-    c = torch.as_tensor(counts).to(torch.int64).reshape(-1)
-    if c.numel() != num_rows:
-        raise ValueError(f"row frequencies hold {c.numel()} entries, the table {num_rows} rows")
-    return torch.argsort(c, descending=True, stable=True)
-
-
-def budget_rows(num_rows: int, fraction: float) -> int:
-    """Cache rows of a budget given as a fraction ``(0, 1]`` of the table (rounded up)."""
-    if not 0.0 < fraction <= 1.0:
-        raise CacheBudgetError(f"--cache-budget must be a fraction in (0, 1], got {fraction}")
-    return max(1, min(num_rows, math.ceil(fraction * num_rows)))
-
-
-@dataclasses.dataclass
-class TierCounters:
-    """What the host tier did, in distinct rows per residency decision, and bytes."""
-
-    hits: int = 0  # distinct batch rows already resident
-    misses: int = 0  # distinct batch rows loaded from host memory
-    evictions: int = 0  # resident rows dropped for a miss (written back only if updated)
-    written_back: int = 0  # updated rows copied back to host memory (evicted or flushed)
-    bytes_h2d: int = 0
-    bytes_d2h: int = 0
-    batches: int = 0  # residency decisions (a batch made resident)
-    ahead: int = 0  # ... of them made ahead of the batch's step (prefetch)
-    ahead_skipped: int = 0  # expected batches made resident at their step after all
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+__all__ = ["CacheBudgetError", "TierCounters", "TieredRows", "budget_rows", "host_tensor",
+           "hottest_first"]  # fmt: skip
 
 
 class TieredRows:
@@ -122,7 +66,8 @@ class TieredRows:
     def __init__(
         self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
         opt: SparseOptimizer, counts: torch.Tensor | np.ndarray | None = None,
-        adopt: bool = False, overlap: bool = True,
+        adopt: bool = False, overlap: bool = True, version: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
     ) -> None:  # fmt: skip
         n, d = weight.shape
         if not 1 <= budget <= n:
@@ -134,11 +79,12 @@ class TieredRows:
         self.host_weight, self.host_state = (
             self._host_rows(t.float(), device, adopt) for t in (weight, state)
         )
+        # (several ranks: owned rows' versions travel with them, :mod:`.tier_owned`)
+        self.host_version = None if version is None else self._host_rows(version, device, adopt)
         self.state_width = 1 if state.numel() else 0
-        self.row_bytes = 4 * (d + self.state_width)
+        self.row_bytes = 4 * (d + self.state_width) + 8 * (version is not None)
         resident = hottest_first(counts, n)[:budget]
-        self.cache_weight = self.host_weight[resident].to(device)
-        self.cache_state = self.host_state[resident if self.state_width else slice(0)].to(device)
+        self._cache_of(resident, cache)
         self.row_of = resident.clone()  # slot -> row (-1: empty), host
         self._slot_host = torch.full((n,), -1, dtype=torch.int64)
         self._slot_host[resident] = torch.arange(budget, dtype=torch.int64)
@@ -153,17 +99,40 @@ class TieredRows:
         self._held = torch.zeros(budget, dtype=torch.bool)
         self.clock = 0
         self.counters = TierCounters()
-        self.mover = RowMover(
-            self.host_weight, self.host_state, self.cache_weight, self.cache_state,
-            self.slot_of, device=device, overlap=overlap,
-        )  # fmt: skip
+        self.warm_rows = (
+            int((torch.as_tensor(counts)[resident] > 0).sum()) if counts is not None else 0
+        )
+        self.on_move: Callable[[Move], None] | None = None  # (several ranks: the store's map)
+        host_cols = columns(self.host_weight, self.host_state, self.host_version)
+        cache_cols = columns(self.cache_weight, self.cache_state, self.cache_version)
+        self.mover = RowMover(host_cols, cache_cols, self.slot_of, device=device, overlap=overlap)
         self.overlap = overlap
         self.ahead = AheadQueue(self.mover.copy)
+
+    def _cache_of(
+        self,
+        resident: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None,
+    ) -> None:
+        """The device cache, holding the ``resident`` rows by slot: new tensors, or the
+        caller's ``cache`` (weight, state, version: a store's own region) filled."""
+        sw = resident if self.state_width else slice(0)
+        if cache is None:
+            self.cache_weight = self.host_weight[resident].to(self.device)
+            self.cache_state = self.host_state[sw].to(self.device)
+            self.cache_version = None
+            return
+        self.cache_weight, self.cache_state, self.cache_version = cache
+        self.cache_weight.copy_(self.host_weight[resident])
+        self.cache_state.copy_(self.host_state[sw])
+        if self.host_version is not None:
+            assert self.cache_version is not None
+            self.cache_version.copy_(self.host_version[resident])
 
     def _host_rows(self, t: torch.Tensor, device: torch.device, adopt: bool) -> torch.Tensor:
         """``t`` as host rows: adopted (CUDA: page-locked in place, unlocked when the tier
         goes away) or copied (pinned for CUDA)."""
-        if adopt and device.type == "cuda" and not t.is_pinned() and _register(t):
+        if adopt and device.type == "cuda" and not t.is_pinned() and register_in_place(t):
             weakref.finalize(self, unpin_in_place, [t.data_ptr()])
             return t
         return host_tensor(t, device, copy=not adopt)
@@ -238,7 +207,22 @@ class TieredRows:
     def _bad(self, need: torch.Tensor) -> bool:
         return bool(need.numel()) and (int(need[0]) < 0 or int(need[-1]) >= self.num_rows)
 
-    def _resident_now(self, flat: torch.Tensor) -> torch.Tensor:
+    def make_resident(
+        self, rows: torch.Tensor, keep: torch.Tensor, *, batch: bool = True
+    ) -> torch.Tensor:
+        """(Several ranks, :mod:`.tier_owned`) make ``rows`` (host int64, any order, may
+        repeat) resident now without evicting the ``keep`` slots (a host bool mask by slot,
+        which becomes the held set); their distinct rows' cache slots (host, ascending row
+        order). ``batch``: the decision counts as a batch (a step's; not its peers' reads).
+        Refusals as :meth:`prefetch`'s."""
+        self._held.copy_(keep)
+        return self._resident_now(rows, batch=batch)
+
+    def slots_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """The cache slots of ``rows`` (host int64; -1: not resident), from the host map."""
+        return self._slot_host[rows]
+
+    def _resident_now(self, flat: torch.Tensor, *, batch: bool = True) -> torch.Tensor:
         """Make the rows of ``flat`` (host int64 ids) resident now; their distinct rows' cache
         slots (host). Refusals as :meth:`prefetch`'s."""
         need = torch.unique(flat)
@@ -246,13 +230,14 @@ class TieredRows:
             raise EmbeddingInputError(
                 f"ids outside [0, {self.num_rows}): min {int(need[0])}, max {int(need[-1])}"
             )
-        done = self._decide(need, self._protected())  # (the staged batches' rows kept)
+        done = self._decide(need, self._protected(), batch)  # (the staged batches' rows kept)
         if done is None and self.ahead.items:  # (no room beside them: they are forgotten)
             self.ahead.clear()
-            done = self._decide(need, self._held.clone())
+            done = self._decide(need, self._held.clone(), batch)
         if done is None:  # (more misses than free slots beside the batch's hits and the held)
             raise CacheBudgetError(
-                f"a batch holds {need.numel()} distinct rows, but the device cache holds "
+                f"a step needs {need.numel()} distinct rows resident beside "
+                f"{int(self._held.sum())} held ones, but the device cache holds "
                 f"{self.budget} of the table's {self.num_rows} rows: raise --cache-budget to "
                 f"at least {need.numel() / self.num_rows:.4f} (or train smaller batches)"
             )
@@ -261,7 +246,7 @@ class TieredRows:
         return slots
 
     def _decide(
-        self, need: torch.Tensor, protected: torch.Tensor
+        self, need: torch.Tensor, protected: torch.Tensor, batch: bool = True
     ) -> tuple[Move, torch.Tensor] | None:
         """Residency for the distinct rows ``need`` (host, sorted) without evicting
         ``protected`` slots: the maps updated on the host, the move issued; None (nothing
@@ -286,8 +271,10 @@ class TieredRows:
         slots[~hit] = victims
         self.last_use[slots] = self.clock
         self.uses[slots] += 1
+        if self.on_move is not None:
+            self.on_move(move)
         c = self.counters
-        c.batches += 1
+        c.batches += int(batch)
         c.hits += int(hit.sum())
         c.misses += int(miss.numel())
         c.evictions += int(ev_rows.numel())
@@ -331,10 +318,8 @@ class TieredRows:
         slots = torch.nonzero(self._dirty & (self.row_of >= 0)).reshape(-1)
         if not slots.numel():
             return
-        rows, dev = self.row_of[slots], slots.to(self.device)
-        self.host_weight[rows] = self.cache_weight[dev].cpu()
-        if self.state_width:
-            self.host_state[rows] = self.cache_state[dev].cpu()
+        rows = self.row_of[slots]
+        self.mover.write_back_now(slots, rows)
         self._dirty[slots] = False
         self.counters.written_back += int(rows.numel())
         self.counters.bytes_d2h += int(rows.numel()) * self.row_bytes
@@ -354,23 +339,16 @@ class TieredRows:
         self.mover.settle()
         self.ahead.clear()
         full = torch.nonzero(self.row_of >= 0).reshape(-1)
-        dev = full.to(self.device)
-        self.cache_weight[dev] = _staged(self.host_weight[self.row_of[full]], self.device)
-        if self.state_width:
-            self.cache_state[dev] = _staged(self.host_state[self.row_of[full]], self.device)
+        self.mover.load_now(self.row_of[full], full)
         self._dirty.zero_()
 
     def memory(self) -> dict[str, int]:
         """Bytes: ``device`` (the cache's rows and state, the device slot map) and ``host``
         (every row and its state; pinned for CUDA)."""
         dev = self.cache_weight.nbytes + self.cache_state.nbytes
+        host = self.host_weight.nbytes + self.host_state.nbytes
+        if self.cache_version is not None and self.host_version is not None:
+            dev, host = dev + self.cache_version.nbytes, host + self.host_version.nbytes
         if self.slot_of is not self._slot_host:
             dev += self.slot_of.nbytes
-        return {"device": dev, "host": self.host_weight.nbytes + self.host_state.nbytes}
-
-
-def _staged(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` (gathered host rows) on the device; through pinned memory on CUDA."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
+        return {"device": dev, "host": host}

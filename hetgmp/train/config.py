@@ -104,29 +104,30 @@ class TrainConfig:
     )  # fmt: skip
     rows_on: str = option(
         "device", choices=("device", "host"), flags=["--rows-on"],
-        help="where one rank's rows and optimizer state live: on the device, or in (pinned) host "
-        "memory with a device cache of --cache-budget of them, each batch's rows fetched before "
-        "it trains (one rank; on CUDA with --no-cuda-graphs so far)",
+        help="where a rank's (owned) rows and optimizer state live: on the device, or in (pinned) "
+        "host memory with a device cache of --cache-budget of them, each batch's rows fetched "
+        "before it trains (several ranks: the exact exchange; CUDA: --no-cuda-graphs so far)",
     )  # fmt: skip
     cache_budget: float = option(
         0.25, check=lambda v: 0.0 < v <= 1.0, check_msg="must lie in (0, 1]",
         flags=["--cache-budget"], help="with --rows-on host: the cached share of the rows",
     )  # fmt: skip
+    cache_warm: str = option(
+        "counts", choices=("counts", "cold"), flags=["--cache-warm"], help="with --rows-on host: "
+        "the cache starts with each rank's most used rows (the training split's id counts, one "
+        "pass over its ids) or cold (the lowest ids; residency then adapts)",
+    )  # fmt: skip
     output: Path | None = option(
         None, help="write the final results (metrics, speed, config) as JSON here"
     )
     lr: float = option(
-        0.05,
+        0.05, check=_positive, check_msg="must be > 0",
         help="learning rate of the sparse (embedding) optimizer (row-wise Adagrad: 0.05-0.1)",
-        check=_positive,
-        check_msg="must be > 0",
-    )
+    )  # fmt: skip
     dense_lr: float | None = option(
-        None,
+        None, check=_positive, check_msg="must be > 0",
         help="learning rate of the dense optimizer (default: 1e-3 for adam, else --lr)",
-        check=_positive,
-        check_msg="must be > 0",
-    )
+    )  # fmt: skip
     # Defaults measured in bench/bench_quality.py: row-wise Adagrad for the rows, Adam for the MLPs.
     optimizer: str = option("adagrad", help="sparse optimizer", choices=SPARSE_OPTIMIZERS)
     dense_optimizer: str = option("adam", help="dense optimizer", choices=DENSE_OPTIMIZERS)

@@ -63,8 +63,20 @@ def tier_sizes(embedding: nn.Module) -> dict[str, int]:
     if tier is None:
         return {}
     mem = tier.memory()
-    return {"cache_rows": tier.budget, "table_rows": tier.num_rows,
+    return {"cache_rows": tier.budget, "table_rows": tier.num_rows, "warm_rows": tier.warm_rows,
             "device_bytes": mem["device"], "host_bytes": mem["host"]}  # fmt: skip
+
+
+def host_tier_results(tr: TrainerView, train: dict[str, float]) -> dict[str, Any]:
+    """The host tier's figures over ranks (``train``: the training steps' counters summed
+    over ranks; sizes summed too) and each rank's own under ``ranks`` (collective)."""
+    emb = tr.model.embedding
+    mine = {k: v - tr.eval_counters.get(k, 0.0) for k, v in local_counters(emb).items()}
+    mine = {k: v for k, v in mine.items() if k.startswith("tier_")}
+    ranks = all_gather_object(tr.env, (mine, tier_sizes(emb)))
+    sizes = {k: sum(r[1][k] for r in ranks) for k in ranks[0][1]}
+    per_rank = [{**tier_summary(c), **s} for c, s in ranks]
+    return {**tier_summary(train), **sizes, "ranks": per_rank}
 
 
 def step_profile(env: DistEnv, profiler: PhaseProfiler) -> dict[str, float] | None:
@@ -128,7 +140,7 @@ def results(tr: TrainerView) -> dict[str, Any]:
         out["embedding_train_counters"] = train
         out["embedding_train"] = summarize_counters(train, tr.samples_seen or None)
         if "tier_hits" in train:  # (--rows-on host: the training steps' figures)
-            out["host_tier"] = {**tier_summary(train), **tier_sizes(tr.model.embedding)}
+            out["host_tier"] = host_tier_results(tr, train)
     out["samples_seen"] = tr.samples_total  # (the whole run, resumes included)
     out["samples_this_process"] = tr.samples_seen
     out["memory"] = memory_report(tr.env, tr.model.embedding)

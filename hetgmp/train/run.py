@@ -8,6 +8,7 @@ distributed embedding and the model, restores a checkpoint when asked, trains an
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -40,6 +41,7 @@ from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
+from hetgmp.train.tier_warm import warm_counts
 from hetgmp.train.trainer import Trainer
 from hetgmp.train.warm_start import layout_of, warm_start
 
@@ -145,9 +147,11 @@ def check_plan(plan: Plan, ds: Dataset, env: DistEnv, *, where: str) -> None:
 
 
 def distributed_embedding(
-    cfg: TrainConfig, env: DistEnv, num_rows: int, dim: int, plan: Plan | None
-) -> nn.Module:
-    """The default table: :class:`hetgmp.embedding.DistributedEmbedding`."""
+    cfg: TrainConfig, env: DistEnv, num_rows: int, dim: int, plan: Plan | None,
+    row_counts: np.ndarray | None = None,
+) -> nn.Module:  # fmt: skip
+    """The default table: :class:`hetgmp.embedding.DistributedEmbedding` (``row_counts``: the
+    host tier's per-row frequencies, :mod:`hetgmp.train.tier_warm`)."""
     from hetgmp.embedding import DistributedEmbedding
 
     return DistributedEmbedding(
@@ -168,15 +172,17 @@ def distributed_embedding(
         exchange=cfg.exchange,
         sync=cfg.sync,
         async_config=async_config(cfg),
-        **_host_rows(cfg),
+        **_host_rows(cfg, row_counts),
     )
 
 
-def _host_rows(cfg: TrainConfig) -> dict[str, Any]:
+def _host_rows(cfg: TrainConfig, row_counts: np.ndarray | None) -> dict[str, Any]:
     """``--rows-on host``'s table arguments (none by default: the table's own defaults)."""
     if cfg.rows_on != "host":
         return {}
-    return {"rows_on": "host", "cache_budget": cfg.cache_budget, "cuda_graphs": cfg.cuda_graphs}
+    counts = None if row_counts is None else torch.from_numpy(row_counts)
+    return {"rows_on": "host", "cache_budget": cfg.cache_budget, "cuda_graphs": cfg.cuda_graphs,
+            "row_counts": counts}  # fmt: skip
 
 
 def async_config(cfg: TrainConfig) -> Any:
@@ -205,6 +211,10 @@ def build_ctr_model(
     table meets the other ranks when it is built. The CLI and :mod:`hetgmp.api` both build here."""
     table_dim = model_class(cfg.model).table_dim(cfg.embed_dim)
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
+    if embedding_factory is distributed_embedding:  # (the host tier's first residents)
+        embedding_factory = functools.partial(
+            embedding_factory, row_counts=warm_counts(cfg, ds, log)
+        )
     emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
     from hetgmp.embedding import DistributedEmbedding
 

@@ -1,11 +1,14 @@
 """The collective engine as a :class:`~hetgmp.embedding.engine.StepEngine`: several ranks,
 one exchange among all of them per step (:class:`~.stepper.Stepper`: exact payloads, or the
-padded exchange where every rank takes it)."""
+padded exchange where every rank takes it). With owned rows on a host tier
+(:mod:`hetgmp.embedding.tier_owned`) a batch's owned rows are made resident right before its
+plan is made (the plan reads their cache slots), never ahead."""
 
 from __future__ import annotations
 
 import torch
 
+from hetgmp.embedding.batch import input_problem
 from hetgmp.embedding.collective.stepper import Stepper
 from hetgmp.embedding.context import EngineKind, StepContext
 from hetgmp.embedding.padded.exchange import PaddedExchange
@@ -35,3 +38,24 @@ class CollectiveEngine(PlannedEngine):
 
     def async_engine(self) -> None:
         return None
+
+    def forward(self, ids: torch.Tensor, *, training: bool) -> torch.Tensor:
+        if self.ctx.owned is not None:
+            self.ctx.owned.before_plan(ids if input_problem(ids) is None else None)
+        return super().forward(ids, training=training)
+
+    def prefetch(self, ids: torch.Tensor, *, training: bool) -> None:
+        """The next batch's plan now; with a host tier nothing (its owned rows' slots are
+        known only once they are made resident, at its step)."""
+        if self.ctx.owned is None:
+            super().prefetch(ids, training=training)
+
+    def flush(self) -> None:
+        if self.ctx.owned is not None:
+            self.ctx.owned.before_plan(None)
+        super().flush()
+
+    def drop_pending(self) -> None:
+        super().drop_pending()
+        if self.ctx.owned is not None:
+            self.ctx.owned.drop()

@@ -84,15 +84,23 @@ class ExactExchange:
             staged = protocol.due_state(ctx.store, ctx.bound, push_all=s.evaluating)
         pushes = self._pushes(s, staged)
         recv = self._send_queries(s, batch, pushes)
+        owned = ctx.owned  # (owned rows on a host tier: the peers' ones made resident)
+        if owned is not None:
+            owned.serve(recv["pids"], [recv["mids"], recv["rids"]])
         self._apply_at_owner(s, recv)
+        if owned is not None:
+            owned.applied(s.grads is not None and not s.own_done)
         self._count_sent(s, batch)
         if s.op == OP_FLUSH:
             z = ctx.store.zeros_w[0]
             ctx.counters.rows_dev_step = protocol.deferred_counts(staged[2], z)
             ctx.counters.accumulate_rows()
-            return torch.zeros(0, ctx.store.dim, device=ctx.store.device)
-        replies = self._answer(s, recv)
-        return self._gather(s, batch, replies, staged[2])
+            out = torch.zeros(0, ctx.store.dim, device=ctx.store.device)
+        else:
+            out = self._gather(s, batch, self._answer(s, recv), staged[2])
+        if owned is not None:
+            owned.step_done()
+        return out
 
     def _pushes(self, s: SizedStep, staged: Staged) -> list[tuple[Any, ...]]:
         """``[(ids, counts, grads, per-owner counts)]`` of the last batch's rows not stored

@@ -1,0 +1,141 @@
+"""Several ranks with ``--rows-on host`` (issue 33): each rank's owned rows, with their
+optimizer state and versions, on a host tier (:class:`~.tiered.TieredRows`) whose device cache
+is the store's own region; mirrors stay on the device as they are (a mirror already is a
+cache of another rank's row, sized by the plan's store rate, and its sync state lives by
+mirror slot: tiering it would buy little and touch the write rule).
+
+How the step sees it: the store's own slots are cache slots. ``store.slot_of`` maps an owned
+id to its cache slot while it is resident (-1 while only in host memory), kept in step with
+the tier's moves (:meth:`OwnedTier._moved`), so the collective step -- its batch plan, the
+exact exchange, the protocol's rules -- runs unchanged on cache slots, with the same
+arithmetic as all on the device (equal bit for bit at any bound). What makes that true:
+every owned row a step touches is resident and *held* (never evicted) from before its slot is
+read until its last use:
+
+* ``cur``: this rank's batch's owned rows, made resident before the batch is planned
+  (:meth:`OwnedTier.before_plan`) and held until the next step has applied their update (a
+  collective step applies the previous batch's gradient);
+* ``prev``: the previous batch's, let go once this step applied them
+  (:meth:`OwnedTier.applied`), marked updated (written back when evicted) if a gradient came;
+* ``peer``: the owned rows the peers read and push this step, known once payload 1 arrived
+  (:meth:`OwnedTier.serve`), held until the step ends (:meth:`OwnedTier.step_done`), the
+  pushed ones marked updated.
+
+The exact exchange only (the padded one plans fixed shapes for CUDA graphs, the async one
+serves rows from a thread: :mod:`.tier_setup` refuses them). Residency is decided at the step
+(a peer's reads are known only within it): the one-rank tier's ahead-of-step staging
+(:mod:`.tier_ahead`) is not used here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.store import RowStore, positions_of
+from hetgmp.embedding.tier_move import Move
+from hetgmp.embedding.tiered import TieredRows
+
+
+class OwnedTier:
+    """A rank's owned rows on ``tier`` (rows ``0..n-1`` = the owned ids ``own_ids``,
+    ascending), the cache being ``store``'s own region (see the module docstring)."""
+
+    def __init__(self, store: RowStore, tier: TieredRows, own_ids: np.ndarray) -> None:
+        self.store, self.tier = store, tier
+        self.own_ids = torch.from_numpy(own_ids.astype(np.int64))  # tier row -> global id
+        self.index = torch.full((store.num_rows,), -1, dtype=torch.int64)  # global -> row
+        self.index[self.own_ids] = torch.arange(own_ids.size, dtype=torch.int64)
+        b = tier.budget
+        self.prev, self.cur, self.peer = (torch.zeros(b, dtype=torch.bool) for _ in range(3))
+        tier.on_move = self._moved
+
+    def _moved(self, move: Move) -> None:
+        """The store's id -> slot map (and stored ids) after a residency decision."""
+        s = self.store
+        if move.evicted_rows.numel():
+            s.slot_of[self.own_ids[move.evicted_rows].to(s.device)] = -1
+        if move.load_rows.numel():
+            ids = self.own_ids[move.load_rows].to(s.device)
+            slots = move.load_slots.to(s.device)
+            s.slot_of[ids] = slots.to(torch.int32)
+            s.stored_ids[slots] = ids
+
+    # ------------------------------------------------------------------ a step's holds
+    def before_plan(self, ids: torch.Tensor | None) -> None:
+        """This rank's batch (``ids``; None: none, a flush or bad input) is planned next: its
+        owned rows made resident beside the held ones, and held as ``cur``. Ids out of range
+        are left for the step to report collectively."""
+        self.cur.zero_()  # (a step that stopped at its sizes exchange left its batch's)
+        self.peer.zero_()
+        if ids is None:
+            return
+        flat = ids.reshape(-1).to("cpu", torch.int64)
+        flat = flat[(flat >= 0) & (flat < self.store.num_rows)]
+        rows = self.index[flat]
+        slots = self.tier.make_resident(rows[rows >= 0], self.prev.clone())
+        self.cur[slots] = True
+
+    def serve(self, pushed: torch.Tensor, read: list[torch.Tensor]) -> None:
+        """(After payload 1) the owned rows peers push (``pushed``) and read (``read``: global
+        ids) made resident beside this rank's held rows, held until :meth:`step_done`; the
+        pushed ones marked updated (the step applies them before anything is evicted)."""
+        push_rows = self.index[pushed.to("cpu", torch.int64)]
+        rows = torch.cat([push_rows, *(self.index[t.to("cpu", torch.int64)] for t in read)])
+        if not rows.numel():
+            return
+        if bool((rows < 0).any()):  # (the owner map is every rank's: a protocol breach)
+            raise EmbeddingInputError(
+                f"rank {self.store.rank}: a peer sent ids of rows this rank does not own"
+            )
+        slots = self.tier.make_resident(rows, self.prev | self.cur, batch=False)
+        self.peer[slots] = True
+        if push_rows.numel():
+            self.tier.mark_updated(self.tier.slots_of(push_rows))
+
+    def applied(self, updated: bool) -> None:
+        """This step applied the previous batch's gradient to its owned rows (``updated``:
+        there was one): they are marked updated and let go."""
+        if updated:
+            self.tier.mark_updated(torch.nonzero(self.prev).reshape(-1))
+        self.prev.zero_()
+
+    def step_done(self) -> None:
+        """The step ended: the peers' rows let go; this batch's held until the next step."""
+        self.peer.zero_()
+        self.prev.copy_(self.cur)
+        self.cur.zero_()
+
+    def drop(self) -> None:
+        """Nothing held (pending gradients dropped: rows loaded)."""
+        for m in (self.prev, self.cur, self.peer):
+            m.zero_()
+
+    # ------------------------------------------------------------------ save / load by id
+    def owned_rows(self) -> dict[str, torch.Tensor]:
+        """``{"ids", "weight", "opt_state"}`` of every owned row from host memory (after
+        writing the cache's updated rows back), as :meth:`RowStore.owned_rows`."""
+        self.tier.flush()
+        t = self.tier
+        return {"ids": self.own_ids.clone(), "weight": t.host_weight.clone(),
+                "opt_state": t.host_state.clone()}  # fmt: skip
+
+    def load_rows(self, sd: Mapping[str, Any], *, partial: bool) -> None:
+        """Every owned row's host copy from ``sd`` (rows by global id; the store loaded and
+        checked its own region and mirrors first), versions restarted at 0, the cache
+        re-read from host memory."""
+        ids = torch.as_tensor(sd["ids"]).to(torch.int64).reshape(-1)
+        src, dst = positions_of(ids, self.own_ids, partial=partial, rank=self.store.rank)
+        t = self.tier
+        t.flush()
+        t.host_weight[dst] = torch.as_tensor(sd["weight"])[src].to(torch.float32)
+        if t.state_width:
+            t.host_state[dst] = torch.as_tensor(sd["opt_state"])[src].to(torch.float32)
+        if t.host_version is not None:
+            t.host_version.zero_()
+        self.drop()
+        t.reload()
