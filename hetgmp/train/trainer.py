@@ -254,6 +254,7 @@ class Trainer:
             f"step: eager kernels ({self.graph_note})"
             if what.startswith("none")
             else f"step: one CUDA graph of the {what} per full batch (after 2 eager steps)"
+            + getattr(self.run_step, "note", "")
         )
         return source
 
