@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +83,12 @@ def test_tier_counters_in_results_log_and_memory_plan(skewed: Path, tmp_path: Pa
     assert all("tier_h2d_per_step " in ln and "tier_evictions " in ln for ln in train_lines)
     assert "rank 0 host tier: device cache 150 of 1,000 rows (15.0 %)" in text
     assert "host memory 0.0 MiB (every row and its state)" in text
+    # the start-up's phases, one parseable line each, in order (hetgmp.embedding.tier_host)
+    phases = re.findall(r"^host tier setup: (\w+)((?: \w+ \d+)*) elapsed_s (\d+\.\d\d)$",
+                        text, re.M)  # fmt: skip
+    assert [p[0] for p in phases] == ["count", "init", "host", "cache"]
+    assert dict(zip(*[iter(phases[1][1].split())] * 2, strict=True)) == {
+        "rows": "1000", "bytes": str(1000 * row_bytes)}  # fmt: skip
 
 
 def _rows(ckdir: Path) -> tuple[dict, torch.Tensor, torch.Tensor]:

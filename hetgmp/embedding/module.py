@@ -10,7 +10,7 @@ comes back through autograd and is applied at the next step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tier_setup import check_rows_on, tiered_store
 from hetgmp.embedding.tiered import TieredRows
@@ -66,6 +67,9 @@ class DistributedEmbedding(nn.Module):
     their own pace within ``async_config.max_lag`` steps; see
     :mod:`hetgmp.embedding.rowservice.step`); an async table holds sockets and a thread
     until :meth:`close` (also called by :func:`hetgmp.comm.launch.shutdown`).
+    ``rows_on="host"``: rows in host memory, a device cache of ``cache_budget`` of them
+    (:mod:`hetgmp.embedding.tiered`), first the hottest of ``row_counts``; ``setup_log``
+    gets one line per start-up phase with its seconds (:class:`.tier_host.SetupClock`).
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class DistributedEmbedding(nn.Module):
         cuda_graphs: bool = True, graph_collectives: bool = True, sync: str = "collective",
         async_config: AsyncConfig | None = None, rows_on: str = "device",
         cache_budget: float = 1.0, row_counts: torch.Tensor | None = None,
+        setup_log: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
         check_sizes(num_rows, dim, bound, store_rate)
@@ -103,7 +108,7 @@ class DistributedEmbedding(nn.Module):
         if host:
             self.store, self.tier, self.owned = tiered_store(
                 self.num_rows, self.dim, device=env.device, cache_budget=cache_budget,
-                counts=row_counts, **kw,
+                counts=row_counts, clock=SetupClock(setup_log), **kw,
             )  # fmt: skip
         else:
             self.store = RowStore(self.num_rows, self.dim, device=env.device, **kw)

@@ -40,12 +40,15 @@ class RowStore:
     ``mirrors``: the row ids this rank mirrors (any order; stored grouped by owner).
     ``resident``: (several ranks, owned rows on a host tier: :mod:`.tier_owned`) the owned
     ids the own slots hold at first -- the own region is then the tier's device cache
-    (``n_own`` its rows), the other owned ids map to slot -1 until the tier loads them."""
+    (``n_own`` its rows), the other owned ids map to slot -1 until the tier loads them.
+    ``init_on``: the device the initial rows are hashed on (default ``device``; a host tier's
+    rows in host memory are hashed on its CUDA device: the same bits, much sooner)."""
 
     def __init__(
         self, num_rows: int, dim: int, *, rank: int, world: int, device: torch.device,
         owner: np.ndarray, mirrors: np.ndarray, opt: SparseOptimizer, seed: int,
         init_scale: float, resident: np.ndarray | None = None,
+        init_on: torch.device | None = None,
     ) -> None:  # fmt: skip
         self.num_rows, self.dim, self.rank, self.world = num_rows, dim, rank, world
         self.device = dev = device
@@ -67,7 +70,7 @@ class RowStore:
         s_rows, extra = self.n_own + self.n_mir, int(world > 1)
         self.trash_slot = s_rows
         init_ids = torch.cat([self.stored_ids, torch.zeros(extra, dtype=torch.int64, device=dev)])
-        self.weight_full = initial_rows(init_ids, dim, seed=seed, scale=init_scale)
+        self.weight_full = initial_rows(init_ids, dim, seed=seed, scale=init_scale, compute=init_on)
         self.version_full = torch.zeros(s_rows + extra, dtype=torch.int64, device=dev)
         self.pending_full = torch.zeros(self.n_mir + extra, dtype=torch.int64, device=dev)
         self.grad_acc_full = torch.zeros(self.n_mir + extra, dim, device=dev)

@@ -1,11 +1,14 @@
 """Host-memory helpers of the host tier (:mod:`.tiered`): pinned or page-locked host rows,
-the cache budget in rows, the hottest-first order of the first residents, the counters.
-(Shared with the scorer's host rows, :mod:`hetgmp.serve.rows`.)"""
+the cache budget in rows, the hottest-first order of the first residents, the counters, the
+start-up's phase lines. (Shared with the scorer's host rows, :mod:`hetgmp.serve.rows`.)"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -44,13 +47,43 @@ def unpin_in_place(ptrs: list[int]) -> None:
 
 
 def hottest_first(counts: torch.Tensor | np.ndarray | None, num_rows: int) -> torch.Tensor:
-    """Row ids by descending ``counts`` (ties: lower id first); ``0..num_rows-1`` without."""
+    """Row ids by descending ``counts`` (ties: lower id first); ``0..num_rows-1`` without.
+    Only the counted rows are sorted (a training split touches a few % of a large table's
+    rows); the rows never counted follow in id order, as a stable sort would put them."""
     if counts is None:
         return torch.arange(num_rows, dtype=torch.int64)
     c = torch.as_tensor(counts).to(torch.int64).reshape(-1)
     if c.numel() != num_rows:
         raise ValueError(f"row frequencies hold {c.numel()} entries, the table {num_rows} rows")
-    return torch.argsort(c, descending=True, stable=True)
+    if bool((c < 0).any()):  # (negative counts would sort after the zeros)
+        return torch.argsort(c, descending=True, stable=True)
+    used = c > 0
+    hot = torch.nonzero(used).reshape(-1)
+    hot = hot[torch.argsort(c[hot], descending=True, stable=True)]
+    return torch.cat([hot, torch.nonzero(~used).reshape(-1)])
+
+
+class SetupClock:
+    """The host tier's start-up phases, timed: each reported (``note``, e.g. the run's log)
+    as one parseable line, ``host tier setup: <phase> <key> <value> ... elapsed_s <s>``, when
+    it ends (a table of tens of millions of rows takes seconds per phase); ``seconds`` keeps
+    every phase's time."""
+
+    def __init__(self, note: Callable[[str], None] | None = None) -> None:
+        self.note = note
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str, **fields: int) -> Iterator[dict[str, int]]:
+        """Time the enclosed work as phase ``name`` (``fields``: its sizes, on its line; the
+        work may add more to the dict it is given)."""
+        t0 = time.perf_counter()
+        yield fields
+        dt = time.perf_counter() - t0
+        self.seconds[name] = self.seconds.get(name, 0.0) + dt
+        if self.note is not None:
+            kv = "".join(f" {k} {v}" for k, v in fields.items())
+            self.note(f"host tier setup: {name}{kv} elapsed_s {dt:.2f}")
 
 
 def budget_rows(num_rows: int, fraction: float) -> int:

@@ -13,6 +13,7 @@ from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.memory import RESERVE, SLACK, TableMemoryError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tiered import TieredRows, budget_rows, hottest_first
 
@@ -47,16 +48,33 @@ def tiered_store(
     num_rows: int, dim: int, *, rank: int, world: int, device: torch.device, owner: np.ndarray,
     mirrors: np.ndarray, opt: SparseOptimizer, seed: int, init_scale: float,
     cache_budget: float, counts: torch.Tensor | np.ndarray | None,
+    clock: SetupClock | None = None,
 ) -> tuple[RowStore, TieredRows, OwnedTier | None]:  # fmt: skip
     """The store and its host tier (``counts``: per-row access frequencies of the whole
     table, or None: the initial residents): one rank, the store in host memory with the tier
     over it (:func:`tier_rows_of`); several, the owned rows in host memory with the store's
-    own region as their device cache (:class:`OwnedTier`: None for one rank)."""
+    own region as their device cache (:class:`OwnedTier`: None for one rank). The initial
+    rows are hashed on ``device`` (CUDA: seconds, not minutes, for tens of millions of rows);
+    ``clock`` times and reports the phases."""
     kw: dict[str, Any] = dict(rank=rank, world=world, owner=owner, mirrors=mirrors, opt=opt,
                               seed=seed, init_scale=init_scale)  # fmt: skip
+    clock = clock if clock is not None else SetupClock()
     if world == 1:
-        store = RowStore(num_rows, dim, device=torch.device("cpu"), **kw)
-        return store, tier_rows_of(store, opt, device, cache_budget, counts), None
+        check_cache_fits(num_rows, dim, cache_budget, opt.state_width, device)  # (before init)
+        with clock.phase("init", rows=num_rows, bytes=num_rows * 4 * (dim + opt.state_width)):
+            store = RowStore(num_rows, dim, device=torch.device("cpu"), init_on=device, **kw)
+        tier = tier_rows_of(store, opt, device, cache_budget, counts, clock=clock)
+        return store, tier, None
+    return _owned_tier(num_rows, dim, device, cache_budget, counts, clock, kw)
+
+
+def _owned_tier(
+    num_rows: int, dim: int, device: torch.device, cache_budget: float,
+    counts: torch.Tensor | np.ndarray | None, clock: SetupClock, kw: dict[str, Any],
+) -> tuple[RowStore, TieredRows, OwnedTier]:  # fmt: skip
+    """(Several ranks) the owned rows in host memory, the store's own region their cache."""
+    rank, owner, opt = kw["rank"], kw["owner"], kw["opt"]
+    seed, init_scale = kw["seed"], kw["init_scale"]
     own_ids = np.flatnonzero(owner == rank)
     if not own_ids.size:
         raise ValueError(f"rank {rank} owns no rows: --rows-on host has nothing to hold")
@@ -66,10 +84,14 @@ def tiered_store(
     store = RowStore(num_rows, dim, device=device, resident=own_ids[first.numpy()], **kw)
     cpu = torch.device("cpu")
     sw = opt.state_width
+    with clock.phase("init", rows=own_ids.size, bytes=own_ids.size * 4 * (dim + sw + 2)):
+        rows = initial_rows(
+            torch.from_numpy(own_ids), dim, seed=seed, scale=init_scale, compute=device
+        )
+        state = opt.new_state(own_ids.size, cpu)
     tier = TieredRows(
-        initial_rows(torch.from_numpy(own_ids), dim, seed=seed, scale=init_scale),
-        opt.new_state(own_ids.size, cpu), device=device, budget=budget, opt=opt,
-        counts=own_counts, adopt=True, version=torch.zeros(own_ids.size, dtype=torch.int64),
+        rows, state, device=device, budget=budget, opt=opt, counts=own_counts, adopt=True,
+        version=torch.zeros(own_ids.size, dtype=torch.int64), clock=clock,
         cache=(store.weight_full[:budget], store.opt_state_full[: budget * sw],
                store.version_full[:budget]),
     )  # fmt: skip
@@ -80,6 +102,7 @@ def tiered_store(
 def tier_rows_of(
     store: RowStore, opt: SparseOptimizer, device: torch.device, cache_budget: float,
     counts: torch.Tensor | np.ndarray | None, *, overlap: bool = True,
+    clock: SetupClock | None = None,
 ) -> TieredRows:  # fmt: skip
     """A host tier over a one-rank ``store`` (allocated in host memory, slot = id): the tier
     keeps the store's rows as its host rows, and the store's ``weight`` / ``opt_state`` point
@@ -90,7 +113,7 @@ def tier_rows_of(
     check_cache_fits(store.num_rows, store.dim, cache_budget, opt.state_width, device)
     tier = TieredRows(
         store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,
-        budget=budget_rows(store.num_rows, cache_budget), overlap=overlap,
+        budget=budget_rows(store.num_rows, cache_budget), overlap=overlap, clock=clock,
     )  # fmt: skip
     store.weight = store.weight_full = tier.host_weight
     store.opt_state = store.opt_state_full = tier.host_state

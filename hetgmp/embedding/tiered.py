@@ -41,6 +41,7 @@ from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_ahead import AheadQueue
 from hetgmp.embedding.tier_host import (
     CacheBudgetError,
+    SetupClock,
     TierCounters,
     budget_rows,
     host_tensor,
@@ -61,30 +62,35 @@ class TieredRows:
     ``weight`` / ``state`` (CPU float32) as the host rows instead of copying them (a CUDA
     device pins them: see :func:`hetgmp.embedding.tier_setup.tier_rows_of`). ``overlap``
     (CUDA): copies on a copy stream and batches made resident a step ahead
-    (:mod:`.tier_move`); False: every move at the step, synchronously (the fallback)."""
+    (:mod:`.tier_move`); False: every move at the step, synchronously (the fallback).
+    ``clock``: times the start-up's phases (page-locking, the first residents' copy)."""
 
     def __init__(
         self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
         opt: SparseOptimizer, counts: torch.Tensor | np.ndarray | None = None,
         adopt: bool = False, overlap: bool = True, version: torch.Tensor | None = None,
         cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+        clock: SetupClock | None = None,
     ) -> None:  # fmt: skip
         n, d = weight.shape
+        clock = clock if clock is not None else SetupClock()
         if not 1 <= budget <= n:
             raise CacheBudgetError(f"cache budget must be 1..{n} rows (the table), got {budget}")
         if state.numel() not in (0, n):
             raise ValueError(f"optimizer state of {state.numel()} rows for a table of {n}")
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
         self.device = device
-        self.host_weight, self.host_state = (
-            self._host_rows(t.float(), device, adopt) for t in (weight, state)
-        )
-        # (several ranks: owned rows' versions travel with them, :mod:`.tier_owned`)
-        self.host_version = None if version is None else self._host_rows(version, device, adopt)
         self.state_width = 1 if state.numel() else 0
         self.row_bytes = 4 * (d + self.state_width) + 8 * (version is not None)
-        resident = hottest_first(counts, n)[:budget]
-        self._cache_of(resident, cache)
+        with clock.phase("pin" if device.type == "cuda" else "host", bytes=n * self.row_bytes):
+            self.host_weight, self.host_state = (
+                self._host_rows(t.float(), device, adopt) for t in (weight, state)
+            )
+            # (several ranks: owned rows' versions travel with them, :mod:`.tier_owned`)
+            self.host_version = None if version is None else self._host_rows(version, device, adopt)
+        with clock.phase("cache", rows=budget, bytes=budget * self.row_bytes):
+            resident = hottest_first(counts, n)[:budget]
+            self._cache_of(resident, cache)
         self.row_of = resident.clone()  # slot -> row (-1: empty), host
         self._slot_host = torch.full((n,), -1, dtype=torch.int64)
         self._slot_host[resident] = torch.arange(budget, dtype=torch.int64)
@@ -284,11 +290,21 @@ class TieredRows:
         return self.mover.run(move), slots
 
     def _victims(self, protected: torch.Tensor, k: int) -> torch.Tensor:
-        """``k`` slots not ``protected``: empty first, then least recently, fewest used."""
-        key_last = torch.where(self.row_of < 0, -1, self.last_use)
-        order = torch.argsort(self.uses, stable=True)
-        order = order[torch.argsort(key_last[order], stable=True)]
-        return order[~protected[order]][:k]
+        """``k`` slots not ``protected``: empty first, then least recently, fewest used, lower
+        slot first, in that order. The ``k`` are picked in linear passes
+        (:func:`_smallest`) and only they are sorted: sorting the whole cache per decision
+        cost most of a step at millions of slots."""
+        if k <= 0:
+            return torch.empty(0, dtype=torch.int64)
+        cand = torch.nonzero(~protected).reshape(-1)  # (ascending slots)
+        last = torch.where(self.row_of[cand] < 0, -1, self.last_use[cand])
+        uses = self.uses[cand]
+        if k < cand.numel():
+            keep = _smallest(last, uses, k)
+            cand, last, uses = cand[keep], last[keep], uses[keep]
+        order = torch.argsort(uses, stable=True)
+        order = order[torch.argsort(last[order], stable=True)]
+        return cand[order][:k]
 
     # ------------------------------------------------------------------ rows by slot
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -352,3 +368,19 @@ class TieredRows:
         if self.slot_of is not self._slot_host:
             dev += self.slot_of.nbytes
         return {"device": dev, "host": host}
+
+
+def _smallest(first: torch.Tensor, second: torch.Tensor, k: int) -> torch.Tensor:
+    """A mask of the ``k`` (``< len``) positions smallest by ``(first, second, position)``:
+    every position below the ``k``-th ``first`` value, then of its ties those below their
+    ``k'``-th ``second`` value, then of those ties the lowest positions (no full sort)."""
+    t1 = torch.kthvalue(first, k).values
+    keep = first < t1
+    r = k - int(keep.sum())
+    tie = torch.nonzero(first == t1).reshape(-1)
+    tied = second[tie]
+    t2 = torch.kthvalue(tied, r).values
+    low = tie[tied < t2]
+    keep[low] = True
+    keep[tie[tied == t2][: r - low.numel()]] = True
+    return keep

@@ -148,10 +148,11 @@ def check_plan(plan: Plan, ds: Dataset, env: DistEnv, *, where: str) -> None:
 
 def distributed_embedding(
     cfg: TrainConfig, env: DistEnv, num_rows: int, dim: int, plan: Plan | None,
-    row_counts: np.ndarray | None = None,
+    row_counts: np.ndarray | None = None, log: RunLog | None = None,
 ) -> nn.Module:  # fmt: skip
     """The default table: :class:`hetgmp.embedding.DistributedEmbedding` (``row_counts``: the
-    host tier's per-row frequencies, :mod:`hetgmp.train.tier_warm`)."""
+    host tier's per-row frequencies, :mod:`hetgmp.train.tier_warm`; ``log``: where the host
+    tier's start-up phases are reported)."""
     from hetgmp.embedding import DistributedEmbedding
 
     return DistributedEmbedding(
@@ -172,17 +173,19 @@ def distributed_embedding(
         exchange=cfg.exchange,
         sync=cfg.sync,
         async_config=async_config(cfg),
-        **_host_rows(cfg, row_counts),
+        **_host_rows(cfg, row_counts, log),
     )
 
 
-def _host_rows(cfg: TrainConfig, row_counts: np.ndarray | None) -> dict[str, Any]:
+def _host_rows(
+    cfg: TrainConfig, row_counts: np.ndarray | None, log: RunLog | None
+) -> dict[str, Any]:
     """``--rows-on host``'s table arguments (none by default: the table's own defaults)."""
     if cfg.rows_on != "host":
         return {}
     counts = None if row_counts is None else torch.from_numpy(row_counts)
     return {"rows_on": "host", "cache_budget": cfg.cache_budget, "cuda_graphs": cfg.cuda_graphs,
-            "row_counts": counts}  # fmt: skip
+            "row_counts": counts, "setup_log": None if log is None else log.info}  # fmt: skip
 
 
 def async_config(cfg: TrainConfig) -> Any:
@@ -213,7 +216,7 @@ def build_ctr_model(
     torch.manual_seed(cfg.seed)  # identical dense initialisation on every rank
     if embedding_factory is distributed_embedding:  # (the host tier's first residents)
         embedding_factory = functools.partial(
-            embedding_factory, row_counts=warm_counts(cfg, ds, log)
+            embedding_factory, row_counts=warm_counts(cfg, ds, log), log=log
         )
     emb = embedding_factory(cfg, env, ds.meta.num_embeddings, table_dim, plan)
     from hetgmp.embedding import DistributedEmbedding

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetgmp.data.format import Dataset
+from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.runlog import RunLog
 
@@ -24,9 +25,11 @@ def warm_counts(cfg: TrainConfig, ds: Dataset, log: RunLog | None = None) -> np.
     n = ds.meta.num_embeddings
     sparse = ds.train.sparse
     counts = np.zeros(n, np.int64)
-    for a in range(0, sparse.shape[0], CHUNK_SAMPLES):
-        ids = np.asarray(sparse[a : a + CHUNK_SAMPLES]).reshape(-1).astype(np.int64)
-        counts += np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
+    with SetupClock(None if log is None else log.info).phase("count", rows=n) as line:
+        for a in range(0, sparse.shape[0], CHUNK_SAMPLES):  # (one bincount per chunk)
+            ids = np.asarray(sparse[a : a + CHUNK_SAMPLES]).reshape(-1).astype(np.int64)
+            counts += np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
+        line["ids"] = int(counts.sum())
     if log is not None:
         log.info(
             f"host tier: each rank's cache starts with its most used rows ({int(counts.sum()):,} "
