@@ -42,6 +42,8 @@ samples are streamed through :class:`~hetgmp.data.format.DatasetWriter`.
 
 Layout: the options are in :mod:`hetgmp.data.generate_config`, the planted model in
 :mod:`hetgmp.data.planted_model`, its samples in :mod:`hetgmp.data.planted_samples`, the
+multi-hot lists in :mod:`hetgmp.data.planted_multi_hot` (their ``--communities`` in
+:mod:`hetgmp.data.planted_communities`), the
 hashing in :mod:`hetgmp.data.counter_hash` and the statistics in
 :mod:`hetgmp.data.generate_stats`; this module holds the driver, and re-exports the others'
 public names (their old import path).
