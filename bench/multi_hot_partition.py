@@ -2,12 +2,15 @@
 as on single-hot (vs hash, 4 parts)?
 
     .venv/bin/python bench/multi_hot_partition.py [--samples 200000] [--scale 0.01]
-        [--multi-hot 2:20] [--parts 4] [--batch-size 1024,8192] [--work /tmp/mh_partition]
+        [--multi-hot 2:20] [--communities 16] [--community-global 0.1] [--parts 4]
+        [--batch-size 1024,8192] [--work /tmp/mh_partition]
         [--out bench/results/multi_hot_partition.md]
 
 Generates two criteo-like sets with the same seed, samples and single-hot fields: one
 single-hot only, one with ``--multi-hot K:L`` list fields more (a user's history drawn from
-their interests, ``hetgmp.data.planted_multi_hot``). Partitions each into ``--parts`` with
+their interests, ``hetgmp.data.planted_multi_hot``; with ``--communities C`` > 0, the interests
+come from the user's community's sub-catalogue, ``hetgmp.data.planted_communities``; 0 is the
+first run's global law). Partitions each into ``--parts`` with
 ``metis+refine`` (``refine`` where pymetis does not import) and with ``hash``, and reports the
 plans' expected remote rows per step (the batch-aware cost model, every id of every list
 counted, no mirrors) and the ratio plan / hash. The figure holds when the multi-hot ratio is
@@ -52,7 +55,9 @@ def one_set(name: str, root: Path, args: argparse.Namespace, multi_hot: str) -> 
     """Generate (or reuse) one set, partition it both ways at every batch size: its rows."""
     if not (root / "meta.json").exists():
         generate_criteo_like(root, num_samples=args.samples, scale=args.scale, seed=args.seed,
-                             multi_hot=multi_hot, progress=False, log=lambda line: None)  # fmt: skip
+                             multi_hot=multi_hot, communities=args.communities if multi_hot else 0,
+                             community_global=args.community_global, progress=False,
+                             log=lambda line: None)  # fmt: skip
     ds = open_dataset(root)
     tr = ds.train
     ids = tr.sparse.shape[1] * len(tr) + sum(int(mh.offsets[-1]) for mh in tr.multi_hot)
@@ -115,6 +120,23 @@ def where_remote(ds: Any, plan: Any, batch: int) -> dict[str, float]:
     }
 
 
+def lists_options(args: argparse.Namespace) -> str:
+    """The multi-hot set's community options as typed (none for the global law)."""
+    if not args.communities:
+        return ""
+    return f" --communities {args.communities} --community-global {args.community_global}"
+
+
+def lists_words(args: argparse.Namespace) -> str:
+    """What the lists are drawn from, in words."""
+    if not args.communities:
+        return "lists drawn from the user's interests, from the catalogue's global power law"
+    return (
+        f"lists drawn from the user's interests, from their community's power law over its own "
+        f"slice of the catalogue, {args.community_global:.0%} of draws from the global law"
+    )
+
+
 def holds(rows: list[dict[str, Any]], batch: int) -> tuple[bool, float, float]:
     """(the figure holds at ``batch``, single-hot ratio, multi-hot ratio)."""
     single, multi = (r["ratio"] for r in rows if r["batch"] == batch)
@@ -131,7 +153,7 @@ def markdown(rows: list[dict[str, Any]], args: argparse.Namespace, head: dict[st
         f"- peak RSS: {head['peak_rss_mb']:.0f} MiB",
         f"- sets: criteo-like, {args.samples} samples (90 % train), scale {args.scale}, seed "
         f"{args.seed}, the same 26 single-hot fields; the multi-hot set adds `--multi-hot "
-        f"{args.multi_hot}` (lists drawn from the user's interests, locality 0.8)",
+        f"{args.multi_hot}{lists_options(args)}` ({lists_words(args)}, locality 0.8)",
         "- cost: sum over workers of expected remote rows per step (the batch-aware soft count "
         "at the per-worker batch, every id of every list, repeats weighing), no mirrors "
         "(and with each worker mirroring its best 1 % of the rows, the plan's mirror ranking); "
@@ -182,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=200_000)
     p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--multi-hot", default="2:20")
+    p.add_argument("--communities", type=int, default=16,
+                   help="the multi-hot set's --communities (0: the global law)")  # fmt: skip
+    p.add_argument("--community-global", type=float, default=0.1)
     p.add_argument("--parts", type=int, default=4)
     p.add_argument("--batch-size", type=lambda v: [int(b) for b in v.split(",")],
                    default=[1024, 8192], help="per-worker batch sizes, comma-separated")  # fmt: skip
@@ -192,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     tag = f"{args.samples}_{args.scale}_{args.seed}"
     single = one_set("single-hot", args.work / f"single_{tag}", args, "")
-    multi = one_set("multi-hot", args.work / f"multi_{tag}_{args.multi_hot}", args, args.multi_hot)
+    lists = f"{args.multi_hot}_c{args.communities}_g{args.community_global}"
+    multi = one_set("multi-hot", args.work / f"multi_{tag}_{lists}", args, args.multi_hot)
     rows = [r for pair in zip(single, multi, strict=True) for r in pair]
     head = {
         "machine": machine(),

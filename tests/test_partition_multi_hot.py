@@ -1,6 +1,6 @@
 """The partitioner on multi-hot fields (issue 34): one sample <-> row edge per id of every
 list (repeats weigh), `hetgmp partition` on such a data set, and the issue's figure -- the plan
-cuts remote rows vs hash at least as much on multi-hot data as on single-hot. Real files, the
+cuts remote rows vs hash at least as much on multi-hot data (with communities) as on single-hot. Real files, the
 real CLI, the native extension against numpy."""
 
 from __future__ import annotations
@@ -122,11 +122,14 @@ def _ratio(root: Path, **kw) -> tuple[float, float, float]:
 def test_plan_cuts_remote_rows_on_multi_hot_at_least_as_much_as_single_hot(
     tmp_path: Path,
 ) -> None:
+    """On lists with community structure (--communities: a user's history from their
+    community's sub-catalogue, as real histories), the plan's share of hash's remote rows is
+    well below the single-hot set's (0.19 vs 0.40 measured). On the global law's lists
+    (--communities 0) it held only by a hair here and not at all on 200000 samples:
+    bench/results/multi_hot_partition.md has both."""
     single, s_ours, s_hash = _ratio(tmp_path / "single")
-    # (at this setting it holds by a hair, 0.395 vs 0.396; at batch 1024 or on 200000 samples
-    # it does not: bench/results/multi_hot_partition.md says why)
-    multi, m_ours, m_hash = _ratio(tmp_path / "multi", multi_hot="2:20")
+    multi, m_ours, m_hash = _ratio(tmp_path / "multi", multi_hot="2:20", communities=16)
     print(f"single: {s_ours:.0f}/{s_hash:.0f} = {single:.3f}; multi: {m_ours:.0f}/{m_hash:.0f}"
           f" = {multi:.3f}")  # fmt: skip
     assert m_hash > 2 * s_hash  # the lists' ids are counted: many more rows per step
-    assert multi <= single and multi < 0.5
+    assert multi < 0.7 * single and multi < 0.3  # a clear margin, not a hair

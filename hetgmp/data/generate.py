@@ -42,6 +42,8 @@ samples are streamed through :class:`~hetgmp.data.format.DatasetWriter`.
 
 Layout: the options are in :mod:`hetgmp.data.generate_config`, the planted model in
 :mod:`hetgmp.data.planted_model`, its samples in :mod:`hetgmp.data.planted_samples`, the
+multi-hot lists in :mod:`hetgmp.data.planted_multi_hot` (their ``--communities`` in
+:mod:`hetgmp.data.planted_communities`), the
 hashing in :mod:`hetgmp.data.counter_hash` and the statistics in
 :mod:`hetgmp.data.generate_stats`; this module holds the driver, and re-exports the others'
 public names (their old import path).
@@ -158,6 +160,8 @@ def generate_criteo_like(
     positive_rate: float = 0.25,
     samples_per_user: float = 106.0,
     multi_hot: str = "",
+    communities: int = 0,
+    community_global: float = 0.1,
     chunk_size: int = 32768,
     workers: int = 0,
     progress: bool = True,
@@ -171,7 +175,8 @@ def generate_criteo_like(
     cfg = validate(CriteoLikeConfig(
         num_samples=num_samples, scale=scale, locality=locality, seed=seed,
         test_fraction=test_fraction, positive_rate=positive_rate,
-        samples_per_user=samples_per_user, multi_hot=multi_hot, chunk_size=chunk_size,
+        samples_per_user=samples_per_user, multi_hot=multi_hot, communities=communities,
+        community_global=community_global, chunk_size=chunk_size,
         workers=workers,
         progress=progress, overwrite=overwrite,
     ))  # fmt: skip
@@ -200,8 +205,10 @@ def generate_from_config(
         raise GenerateError(f"--num-samples {cfg.num_samples} leaves no training samples")
     m = build_model(cfg, n_train)
     m.multi_hot = build_multi_hot(
-        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum())
-    )
+        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum()),
+        communities=cfg.communities, global_share=cfg.community_global,
+        user_pmf=m.users.pmf(0),
+    )  # fmt: skip
     pilot = generate_chunk(m, 0, min(PILOT_SAMPLES, cfg.num_samples))
     m.bias = solve_bias(pilot.logit, cfg.positive_rate)
     fields = make_fields([f"C{i + 1}" for i in range(m.num_fields)], m.cards.tolist())
@@ -281,8 +288,7 @@ def _finish_meta(
         "kind": "generated",
         "generator": "criteo-like",
         "generator_version": GENERATOR_VERSION,
-        "config": {k: v for k, v in dataclasses.asdict(cfg).items()
-                   if k not in ("progress", "overwrite", "workers", "chunk_size")},
+        "config": _source_config(cfg),
         "zipf_exponents": list(CRITEO_ZIPF_EXPONENTS),
         "interaction_pairs": [list(p) for p in m.pairs],
         "bias": m.bias,
@@ -291,6 +297,15 @@ def _finish_meta(
     from hetgmp.metrics import roc_auc  # (here: it imports torch, seconds the CLI's --help skips)
 
     writer.meta.best_auc = roc_auc(np.concatenate(tally.test_labels), probs_all)
+
+
+def _source_config(cfg: CriteoLikeConfig) -> dict[str, Any]:
+    """The options that shape the data; ``--communities``' two only where used, so a set made
+    without them records what it always did."""
+    skip = {"progress", "overwrite", "workers", "chunk_size"}
+    if not cfg.communities:
+        skip |= {"communities", "community_global"}
+    return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in skip}
 
 
 def _multi_hot_fields(m: PlantedModel) -> list[FieldInfo]:

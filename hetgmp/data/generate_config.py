@@ -74,6 +74,18 @@ class CriteoLikeConfig:
         "mean length L; empty: none (see hetgmp.data.planted_multi_hot)",
         check=_valid_multi_hot, check_msg="K:L with K in 1..64 and L in 1..10000, or empty",
     )  # fmt: skip
+    communities: int = option(
+        0, help="with --multi-hot: users form this many communities (user u in u mod C), each "
+        "with its own item popularity, a power law over its own slice of the catalogue; a "
+        "user's lists draw from their community's (what graph partitioning exploits); 0: every "
+        "user draws from the catalogue's one global law, as before (hetgmp.data.planted_communities)",
+        check=lambda v: 0 <= v <= 1_000_000, check_msg="in [0, 1000000]",
+    )  # fmt: skip
+    community_global: float = option(
+        0.1, help="with --communities: share of list entries drawn from the catalogue's global "
+        "power law instead (the items popular in every community)",
+        check=lambda v: 0 <= v <= 1, check_msg="in [0, 1]",
+    )  # fmt: skip
     chunk_size: int = option(
         32768, help="rows per generated chunk (does not change the output)",
         check=lambda v: v >= 1, check_msg=">= 1",
