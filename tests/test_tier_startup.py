@@ -130,29 +130,6 @@ def test_residency_decisions_make_no_python_call_per_slot() -> None:
     assert large - small < 50, (small, large)
 
 
-def _victims_by_full_sort(tier: TieredRows, protected: torch.Tensor, k: int) -> torch.Tensor:
-    """The eviction order as first written: the whole cache sorted per decision."""
-    key_last = torch.where(tier.row_of < 0, -1, tier.last_use)
-    order = torch.argsort(tier.uses, stable=True)
-    order = order[torch.argsort(key_last[order], stable=True)]
-    return order[~protected[order]][:k]
-
-
-def test_victims_are_those_of_the_full_sort() -> None:
-    g = torch.Generator().manual_seed(3)
-    opt = SparseOptimizer("sgd", 0.1, 1e-10, 0.0, "torch")
-    tier = TieredRows(torch.zeros(5000, 2), torch.zeros(0), device=CPU, budget=700, opt=opt)
-    for trial in range(60):
-        # few distinct values: ties on both keys, empty slots, protected slots
-        tier.last_use = torch.randint(0, 1 + trial % 5, (700,), generator=g)
-        tier.uses = torch.randint(0, 1 + trial % 7, (700,), generator=g)
-        tier.row_of = torch.where(torch.rand(700, generator=g) < 0.1, -1, torch.arange(700))
-        protected = torch.rand(700, generator=g) < trial / 60
-        for k in (0, 1, 2, 37, 350, 699, 700):
-            want = _victims_by_full_sort(tier, protected, k)
-            assert torch.equal(tier._victims(protected.clone(), k), want), (trial, k)
-
-
 def test_hottest_first_is_the_stable_descending_sort() -> None:
     rng = np.random.default_rng(5)
     for zeros in (0.0, 0.5, 0.99, 1.0):

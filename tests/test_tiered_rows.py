@@ -93,23 +93,31 @@ def test_initial_residents_are_the_most_frequent() -> None:
     assert t.counters.hits == 3 and t.counters.misses == 0 and t.counters.bytes_h2d == 0
 
 
-def test_eviction_is_least_recently_used_and_writes_back_only_updated_rows() -> None:
+def test_eviction_gives_used_rows_a_second_chance_and_writes_back_only_updated_rows() -> None:
+    """CLOCK (tier_clock.py): the hand starts at the last slot (the coldest initial
+    resident) and moves down; a row hit since the hand last passed is kept once (its bit
+    cleared), a row just loaded has no bit; only updated victims are written back."""
     opt = SparseOptimizer("sgd", lr=1.0)
     w = torch.zeros(10, D)
     t = TieredRows(w, opt.new_state(10, CPU), device=CPU, budget=3, opt=opt)
     assert t.resident().tolist() == [0, 1, 2]
-    s = t.prefetch(torch.tensor([0, 1]))  # 2 is now the least recently used
+    s = t.prefetch(torch.tensor([0, 1]))  # rows 0 and 1 referenced, 2 not
     t.apply(s[:1], torch.ones(1, D))  # row 0 updated
-    t.prefetch(torch.tensor([5]))
-    assert sorted(t.resident().tolist()) == [0, 1, 5]
+    t.prefetch(torch.tensor([5]))  # the hand at slot 2: row 2 has no bit
+    assert t.resident().tolist() == [0, 1, 5]
     assert t.counters.evictions == 1 and t.counters.written_back == 0  # row 2 was clean
-    t.prefetch(torch.tensor([1, 5]))
-    t.prefetch(torch.tensor([6]))  # evicts row 0, the updated one
-    assert 0 not in t.resident().tolist()
+    t.prefetch(torch.tensor([6]))  # rows 1, 0 lose their bits; row 5 (just loaded) goes
+    assert t.resident().tolist() == [0, 1, 6] and t.counters.written_back == 0
+    t.prefetch(torch.tensor([7]))  # the hand at slot 1: row 1, its second chance used
+    assert t.resident().tolist() == [0, 7, 6] and t.counters.written_back == 0
+    t.prefetch(torch.tensor([7, 6]))  # (hits: rows 7 and 6 referenced)
+    t.prefetch(torch.tensor([8]))  # slot 0: row 0, the updated one, written back
+    assert t.resident().tolist() == [8, 7, 6]
     assert t.counters.written_back == 1 and t.counters.bytes_d2h == 4 * D
     assert torch.equal(t.host_weight[0], -torch.ones(D))
-    back = t.prefetch(torch.tensor([0]))  # loaded again with its update
+    back = t.prefetch(torch.tensor([0]))  # loaded again with its update (rows 7, 6 kept)
     assert torch.equal(t.gather(back), -torch.ones(1, D))
+    assert t.resident().tolist() == [0, 7, 6]
 
 
 def test_batch_larger_than_cache_is_refused_and_changes_nothing() -> None:

@@ -106,6 +106,7 @@ class TierCounters:
     batches: int = 0  # residency decisions (a batch made resident)
     ahead: int = 0  # ... of them made ahead of the batch's step (prefetch)
     ahead_skipped: int = 0  # expected batches made resident at their step after all
+    scanned: int = 0  # cache slots the eviction hand looked at (O(misses), not O(cache))
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

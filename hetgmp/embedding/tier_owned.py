@@ -40,6 +40,8 @@ from hetgmp.embedding.store import RowStore, positions_of
 from hetgmp.embedding.tier_move import Move
 from hetgmp.embedding.tiered import TieredRows
 
+_NONE = torch.empty(0, dtype=torch.int64)  # no slots held (never written to)
+
 
 class OwnedTier:
     """A rank's owned rows on ``tier`` (rows ``0..n-1`` = the owned ids ``own_ids``,
@@ -50,8 +52,9 @@ class OwnedTier:
         self.own_ids = torch.from_numpy(own_ids.astype(np.int64))  # tier row -> global id
         self.index = torch.full((store.num_rows,), -1, dtype=torch.int64)  # global -> row
         self.index[self.own_ids] = torch.arange(own_ids.size, dtype=torch.int64)
-        b = tier.budget
-        self.prev, self.cur, self.peer = (torch.zeros(b, dtype=torch.bool) for _ in range(3))
+        # held cache slots (host int64; see the module docstring), kept as slot lists so a
+        # step's bookkeeping costs O(its rows), never O(the cache)
+        self.prev, self.cur, self.peer = _NONE, _NONE, _NONE
         tier.on_move = self._moved
 
     def _moved(self, move: Move) -> None:
@@ -70,15 +73,13 @@ class OwnedTier:
         """This rank's batch (``ids``; None: none, a flush or bad input) is planned next: its
         owned rows made resident beside the held ones, and held as ``cur``. Ids out of range
         are left for the step to report collectively."""
-        self.cur.zero_()  # (a step that stopped at its sizes exchange left its batch's)
-        self.peer.zero_()
+        self.cur = self.peer = _NONE  # (a step stopped at its sizes exchange left its batch's)
         if ids is None:
             return
         flat = ids.reshape(-1).to("cpu", torch.int64)
         flat = flat[(flat >= 0) & (flat < self.store.num_rows)]
         rows = self.index[flat]
-        slots = self.tier.make_resident(rows[rows >= 0], self.prev.clone())
-        self.cur[slots] = True
+        self.cur = self.tier.make_resident(rows[rows >= 0], [self.prev])
 
     def serve(self, pushed: torch.Tensor, read: list[torch.Tensor]) -> None:
         """(After payload 1) the owned rows peers push (``pushed``) and read (``read``: global
@@ -92,8 +93,7 @@ class OwnedTier:
             raise EmbeddingInputError(
                 f"rank {self.store.rank}: a peer sent ids of rows this rank does not own"
             )
-        slots = self.tier.make_resident(rows, self.prev | self.cur, batch=False)
-        self.peer[slots] = True
+        self.peer = self.tier.make_resident(rows, [self.prev, self.cur], batch=False)
         if push_rows.numel():
             self.tier.mark_updated(self.tier.slots_of(push_rows))
 
@@ -101,19 +101,16 @@ class OwnedTier:
         """This step applied the previous batch's gradient to its owned rows (``updated``:
         there was one): they are marked updated and let go."""
         if updated:
-            self.tier.mark_updated(torch.nonzero(self.prev).reshape(-1))
-        self.prev.zero_()
+            self.tier.mark_updated(self.prev)
+        self.prev = _NONE
 
     def step_done(self) -> None:
         """The step ended: the peers' rows let go; this batch's held until the next step."""
-        self.peer.zero_()
-        self.prev.copy_(self.cur)
-        self.cur.zero_()
+        self.peer, self.prev, self.cur = _NONE, self.cur, _NONE
 
     def drop(self) -> None:
         """Nothing held (pending gradients dropped: rows loaded)."""
-        for m in (self.prev, self.cur, self.peer):
-            m.zero_()
+        self.prev = self.cur = self.peer = _NONE
 
     # ------------------------------------------------------------------ save / load by id
     def owned_rows(self) -> dict[str, torch.Tensor]:

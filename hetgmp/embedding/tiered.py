@@ -13,11 +13,12 @@ evicted, or at :meth:`TieredRows.flush`, and only if it was updated since it was
   [budget]`` (slot -> row, -1 for an empty slot).
 * initial residents: the ``budget`` most frequent rows of the given frequencies (the plan's
   per-row access counts; ties and no counts: lower ids first).
-* residency is decided on the host (the maps there, host masks of updated and held slots):
-  every distinct row of a batch is made resident; the victims are the slots neither the batch
-  nor a step still updating needs (*held*), used least recently, ties broken by the fewest
-  uses (empty slots first); updated victims are written back; counted (hits, misses,
-  evictions, rows written back, bytes each way, batches, batches made resident ahead).
+* residency is decided on the host (the maps there, a host mask of updated slots, the slots
+  a step still updates: *held*): every distinct row of a batch is made resident; the victims
+  are slots neither the batch, a held one nor a staged batch's, in CLOCK order (second
+  chance: :mod:`.tier_clock`), so a decision costs O(the batch's rows), never O(the cache);
+  updated victims are written back; counted (hits, misses, evictions, rows written back,
+  bytes each way, batches, batches made resident ahead, slots the clock's hand looked at).
 * the step (:mod:`.local`) asks :meth:`TieredRows.lookup` for a batch's slots; the trainer
   tells the table the next batch first (``prefetch`` -> :meth:`TieredRows.expect`), and the
   tier issues that batch's move at the end of the current lookup (:meth:`stage_next`), on a
@@ -39,6 +40,7 @@ import torch
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_ahead import AheadQueue
+from hetgmp.embedding.tier_clock import Clock
 from hetgmp.embedding.tier_host import (
     CacheBudgetError,
     SetupClock,
@@ -95,15 +97,10 @@ class TieredRows:
         self._slot_host = torch.full((n,), -1, dtype=torch.int64)
         self._slot_host[resident] = torch.arange(budget, dtype=torch.int64)
         self.slot_of = self._slot_host.to(device)  # (the same tensor on CPU)
-        # eviction order: least recently used first (-1: never; empty slots never are), then
-        # fewest uses; initial residents start with their frequency as their use count
-        self.last_use = torch.zeros(budget, dtype=torch.int64)
-        init_uses = torch.as_tensor(counts).to(torch.int64)[resident] if counts is not None else 0
-        self.uses = torch.zeros(budget, dtype=torch.int64) + init_uses
-        # host masks by slot: updated since loaded; held (rows a step still updates)
-        self._dirty = torch.zeros(budget, dtype=torch.bool)
-        self._held = torch.zeros(budget, dtype=torch.bool)
-        self.clock = 0
+        # eviction order: CLOCK, the hand starting at the coldest initial resident
+        self.order = Clock(budget)
+        self._dirty = torch.zeros(budget, dtype=torch.bool)  # by slot: updated since loaded
+        self._held: list[torch.Tensor] = []  # slots a step still updates (host int64)
         self.counters = TierCounters()
         self.warm_rows = (
             int((torch.as_tensor(counts)[resident] > 0).sum()) if counts is not None else 0
@@ -173,7 +170,7 @@ class TieredRows:
                 self.counters.ahead_skipped += 1
             flat = got.host_ids() if got is not None else ids.reshape(-1).to("cpu", torch.int64)
             slots = self._resident_now(flat)
-        self._held[slots] = True
+        self._held.append(slots)
         return self.slot_of[ids.to(self.device, torch.int64)]
 
     def stage_next(self) -> None:
@@ -196,32 +193,30 @@ class TieredRows:
     def updated(self) -> None:
         """The held rows were updated (the step's update was applied): mark them for
         write-back and let them go."""
-        self._dirty |= self._held
-        self._held.zero_()
+        for slots in self._held:
+            self._dirty[slots] = True
+        self._held = []
 
     def release(self) -> None:
         """Let the held rows go (not updated: an evaluation's lookup, a dropped gradient)."""
-        self._held.zero_()
+        self._held = []
 
-    def _protected(self) -> torch.Tensor:
-        """Slots no decision may evict: the held ones and the staged batches' (a new mask)."""
-        protect = self._held.clone()
-        for slots in self.ahead.staged_slots():
-            protect[slots] = True
-        return protect
+    def _protected(self) -> list[torch.Tensor]:
+        """Slots no decision may evict: the held ones and the staged batches' (host int64)."""
+        return [*self._held, *self.ahead.staged_slots()]
 
     def _bad(self, need: torch.Tensor) -> bool:
         return bool(need.numel()) and (int(need[0]) < 0 or int(need[-1]) >= self.num_rows)
 
     def make_resident(
-        self, rows: torch.Tensor, keep: torch.Tensor, *, batch: bool = True
+        self, rows: torch.Tensor, keep: list[torch.Tensor], *, batch: bool = True
     ) -> torch.Tensor:
         """(Several ranks, :mod:`.tier_owned`) make ``rows`` (host int64, any order, may
-        repeat) resident now without evicting the ``keep`` slots (a host bool mask by slot,
-        which becomes the held set); their distinct rows' cache slots (host, ascending row
-        order). ``batch``: the decision counts as a batch (a step's; not its peers' reads).
-        Refusals as :meth:`prefetch`'s."""
-        self._held.copy_(keep)
+        repeat) resident now without evicting the ``keep`` slots (host int64 tensors, which
+        become the held set); their distinct rows' cache slots (host, ascending row order).
+        ``batch``: the decision counts as a batch (a step's; not its peers' reads). Refusals
+        as :meth:`prefetch`'s."""
+        self._held = list(keep)
         return self._resident_now(rows, batch=batch)
 
     def slots_of(self, rows: torch.Tensor) -> torch.Tensor:
@@ -239,11 +234,11 @@ class TieredRows:
         done = self._decide(need, self._protected(), batch)  # (the staged batches' rows kept)
         if done is None and self.ahead.items:  # (no room beside them: they are forgotten)
             self.ahead.clear()
-            done = self._decide(need, self._held.clone(), batch)
+            done = self._decide(need, list(self._held), batch)
         if done is None:  # (more misses than free slots beside the batch's hits and the held)
             raise CacheBudgetError(
                 f"a step needs {need.numel()} distinct rows resident beside "
-                f"{int(self._held.sum())} held ones, but the device cache holds "
+                f"{self._count(self._held)} held ones, but the device cache holds "
                 f"{self.budget} of the table's {self.num_rows} rows: raise --cache-budget to "
                 f"at least {need.numel() / self.num_rows:.4f} (or train smaller batches)"
             )
@@ -252,59 +247,52 @@ class TieredRows:
         return slots
 
     def _decide(
-        self, need: torch.Tensor, protected: torch.Tensor, batch: bool = True
+        self, need: torch.Tensor, protected: list[torch.Tensor], batch: bool = True
     ) -> tuple[Move, torch.Tensor] | None:
-        """Residency for the distinct rows ``need`` (host, sorted) without evicting
+        """Residency for the distinct rows ``need`` (host, sorted) without evicting the
         ``protected`` slots: the maps updated on the host, the move issued; None (nothing
-        changed) when the misses do not fit beside the protected slots."""
+        changed) when the misses do not fit beside the protected slots. O(``need`` and the
+        protected slots): no pass over the cache."""
         slots = self._slot_host[need]
-        hit = slots >= 0
-        miss = need[~hit]
-        protected[slots[hit]] = True
-        if miss.numel() > self.budget - int(protected.sum()):
+        hit = slots >= 0  # (positions by nonzero once: a mask index is a nonzero each time)
+        hit_at, miss_at = torch.nonzero(hit).reshape(-1), torch.nonzero(~hit).reshape(-1)
+        miss, hit_slots = need[miss_at], slots[hit_at]
+        keep = [*protected, hit_slots]
+        if miss.numel() and miss.numel() > self.budget - self._count(keep):
             return None
-        self.clock += 1
-        victims = self._victims(protected, miss.numel())
-        old = self.row_of[victims]
-        full = old >= 0
-        ev_slots, ev_rows = victims[full], old[full]
+        victims = self.order.victims(miss.numel(), torch.cat(keep))
+        self.order.used(hit_slots)
+        self.order.loaded(victims)
+        ev_slots, ev_rows = victims, self.row_of[victims]
+        if miss.numel() and int(ev_rows.min()) < 0:  # (empty slots: nothing to evict there)
+            full = ev_rows >= 0
+            ev_slots, ev_rows = victims[full], ev_rows[full]
         wb = self._dirty[ev_slots]
         move = Move(ev_slots[wb], ev_rows[wb], miss, victims, ev_rows)
         self._dirty[victims] = False
         self._slot_host[ev_rows] = -1
         self.row_of[victims] = miss
         self._slot_host[miss] = victims
-        slots[~hit] = victims
-        self.last_use[slots] = self.clock
-        self.uses[slots] += 1
+        slots[miss_at] = victims
         if self.on_move is not None:
             self.on_move(move)
-        c = self.counters
-        c.batches += int(batch)
-        c.hits += int(hit.sum())
-        c.misses += int(miss.numel())
-        c.evictions += int(ev_rows.numel())
-        c.written_back += int(move.wb_rows.numel())
-        c.bytes_h2d += int(miss.numel()) * self.row_bytes
-        c.bytes_d2h += int(move.wb_rows.numel()) * self.row_bytes
+        self._count_decision(int(hit_at.numel()), move, batch)
         return self.mover.run(move), slots
 
-    def _victims(self, protected: torch.Tensor, k: int) -> torch.Tensor:
-        """``k`` slots not ``protected``: empty first, then least recently, fewest used, lower
-        slot first, in that order. The ``k`` are picked in linear passes
-        (:func:`_smallest`) and only they are sorted: sorting the whole cache per decision
-        cost most of a step at millions of slots."""
-        if k <= 0:
-            return torch.empty(0, dtype=torch.int64)
-        cand = torch.nonzero(~protected).reshape(-1)  # (ascending slots)
-        last = torch.where(self.row_of[cand] < 0, -1, self.last_use[cand])
-        uses = self.uses[cand]
-        if k < cand.numel():
-            keep = _smallest(last, uses, k)
-            cand, last, uses = cand[keep], last[keep], uses[keep]
-        order = torch.argsort(uses, stable=True)
-        order = order[torch.argsort(last[order], stable=True)]
-        return cand[order][:k]
+    def _count(self, slots: list[torch.Tensor]) -> int:
+        """Distinct slots in ``slots`` (host int64 tensors)."""
+        return int(torch.unique(torch.cat(slots)).numel()) if slots else 0
+
+    def _count_decision(self, hits: int, move: Move, batch: bool) -> None:
+        c = self.counters
+        c.batches += int(batch)
+        c.hits += hits
+        c.misses += int(move.load_rows.numel())
+        c.evictions += int(move.evicted_rows.numel())
+        c.written_back += int(move.wb_rows.numel())
+        c.bytes_h2d += int(move.load_rows.numel()) * self.row_bytes
+        c.bytes_d2h += int(move.wb_rows.numel()) * self.row_bytes
+        c.scanned = self.order.scanned
 
     # ------------------------------------------------------------------ rows by slot
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
@@ -368,19 +356,3 @@ class TieredRows:
         if self.slot_of is not self._slot_host:
             dev += self.slot_of.nbytes
         return {"device": dev, "host": host}
-
-
-def _smallest(first: torch.Tensor, second: torch.Tensor, k: int) -> torch.Tensor:
-    """A mask of the ``k`` (``< len``) positions smallest by ``(first, second, position)``:
-    every position below the ``k``-th ``first`` value, then of its ties those below their
-    ``k'``-th ``second`` value, then of those ties the lowest positions (no full sort)."""
-    t1 = torch.kthvalue(first, k).values
-    keep = first < t1
-    r = k - int(keep.sum())
-    tie = torch.nonzero(first == t1).reshape(-1)
-    tied = second[tie]
-    t2 = torch.kthvalue(tied, r).values
-    low = tie[tied < t2]
-    keep[low] = True
-    keep[tie[tied == t2][: r - low.numel()]] = True
-    return keep
