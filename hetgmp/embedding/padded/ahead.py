@@ -9,13 +9,15 @@ captured step, under this batch's forward and backward: TorchRec's semi-synchron
 and HugeCTR's overlapped embedding do the same.
 
 What it means for reads (the **step lag**): the rows step ``t + 1`` reads are answered while
-step ``t`` computes, so they hold every update up to step ``t - 1`` and none of step ``t``'s;
-each read misses at most one step's updates beyond what ``--bound`` lets a mirror miss at the
-moment it is answered (the per-row rule is unchanged, :mod:`hetgmp.embedding.protocol`).
-``--bound 0`` never reads ahead (it keeps the strict order and its equality to one process).
-The updates themselves are not delayed: each gradient is applied once, one step after the
-step that made it, as without reading ahead. Counted: ``graph_replays_ahead`` in the run's
-results (steps whose rows were read one step ahead).
+step ``t`` computes, before step ``t``'s gradient exists. The rows stored here (own rows and
+mirrors) then take step ``t``'s gradient at the end of step ``t`` and are read again from the
+table when step ``t + 1`` takes its primed rows (:mod:`.local_now`), so they miss nothing of
+this rank's; rows stored elsewhere, and the peers' pushes to rows owned here, arrive one step
+later than without reading ahead, beyond what ``--bound`` lets a mirror miss (the per-row
+rule is unchanged, :mod:`hetgmp.embedding.protocol`). ``--bound 0`` never reads ahead (it
+keeps the strict order and its equality to one process). Every gradient is applied exactly
+once. Counted: ``graph_replays_ahead`` in the run's results (steps whose rows were read one
+step ahead).
 
 Mechanics (:class:`ReadAhead`): the trainer names the next batch (``next_ids``: a function
 that gathers its ids); the engine's forward, after it has taken this batch's rows, runs the
