@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_tier_train import write_skewed
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import validate
-from hetgmp.data.format import make_fields, open_dataset, write_dataset
+from hetgmp.data.format import open_dataset
 from hetgmp.partition.plan import Plan, save_plan
 from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.config import TrainConfig
@@ -28,19 +29,8 @@ CARDS = [2000, 5000, 3000]  # 10,000 rows: a rank owns ~5,000, a 5 % cache holds
 
 @pytest.fixture
 def skewed(tmp_path: Path) -> Path:
-    """Hot and cold ids (a cube of a uniform: a Zipf-like head), so the cache hits and misses."""
-    rng = np.random.default_rng(7)
-    fields = make_fields(["a", "b", "c"], CARDS)
-    offs = np.array([f.offset for f in fields])
-
-    def split(n: int):
-        local = np.stack([(rng.random(n) ** 4 * c).astype(np.int64) for c in CARDS], axis=1)
-        dense = rng.random((n, 2), dtype=np.float32)
-        return local + offs, dense, (rng.random(n) < 0.3).astype(np.float32)
-
-    root = tmp_path / "skewed"
-    write_dataset(root, fields, {"train": split(640), "test": split(64)}, num_dense=2)
-    return root
+    """Hot and cold ids (a fourth power of a uniform), so the cache hits and misses."""
+    return write_skewed(tmp_path / "skewed", CARDS, seed=7, power=4, n_train=640, n_test=64)
 
 
 def _cfg(root: Path, **kw: object) -> TrainConfig:

@@ -28,22 +28,28 @@ from hetgmp.train.run import train
 CARDS = [200, 500, 300]  # 1000 rows: a 15 % cache holds 150, a batch of 16 uses <= 48
 
 
-@pytest.fixture
-def skewed(tmp_path: Path) -> Path:
-    """Hot and cold ids (a cube of a uniform: a Zipf-like head), so the cache hits and misses."""
-    rng = np.random.default_rng(3)
-    fields = make_fields(["a", "b", "c"], CARDS)
+def write_skewed(
+    root: Path, cards: list[int], *, seed: int, power: int, n_train: int, n_test: int
+) -> Path:
+    """A data set of hot and cold ids (a power of a uniform: a Zipf-like head, steeper with
+    ``power``), so a cache hits and misses; three fields of ``cards`` ids, two dense features."""
+    rng = np.random.default_rng(seed)
+    fields = make_fields(["a", "b", "c"], cards)
     offs = np.array([f.offset for f in fields])
 
     def split(n: int):
-        local = np.stack([(rng.random(n) ** 3 * c).astype(np.int64) for c in CARDS], axis=1)
+        local = np.stack([(rng.random(n) ** power * c).astype(np.int64) for c in cards], axis=1)
         dense = rng.random((n, 2), dtype=np.float32)
         return local + offs, dense, (rng.random(n) < 0.3).astype(np.float32)
 
-    write_dataset(
-        tmp_path / "skewed", fields, {"train": split(480), "test": split(96)}, num_dense=2
-    )
-    return tmp_path / "skewed"
+    write_dataset(root, fields, {"train": split(n_train), "test": split(n_test)}, num_dense=2)
+    return root
+
+
+@pytest.fixture
+def skewed(tmp_path: Path) -> Path:
+    """Hot and cold ids (a cube of a uniform), so the cache hits and misses."""
+    return write_skewed(tmp_path / "skewed", CARDS, seed=3, power=3, n_train=480, n_test=96)
 
 
 def run(root: Path, **kw: object) -> tuple[dict, str]:
