@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Reads one step ahead (hetgmp.embedding.padded.ahead.ENABLED), A/B in one call on a 2-GPU
-# machine (<= 8 minutes): the user's command (WDL dim 128, the card's flags: metis+refine plan,
-# --store_rate 0.01 --bound 100) on 1 GPU, then on 2 GPUs without and with reading ahead, at
-# batch 8192 and 65536 per GPU, and 2 GPUs at --bound 0 (the AUC reference); with OLD=DIR (a
-# checkout of an older commit, its native extension built) the same 1- and 2-GPU runs of that
-# tree first, at the batches OLD_BATCHES (8192) (before/after in one call).
+# Reads one step ahead (hetgmp.embedding.padded.ahead.ENABLED), A/B in one call on a multi-GPU
+# machine (<= 8 minutes at GPUS=2): the user's command (WDL dim 128, the card's flags:
+# metis+refine plan, --store_rate 0.01 --bound 100) on 1 GPU, then on each of GPUS without and
+# with reading ahead, at batch 8192 and 65536 per GPU, and at --bound 0 (the AUC reference);
+# with OLD=DIR (a checkout of an older commit, its native extension built) the same 1-GPU and
+# first-GPUS runs of that tree first, at the batches OLD_BATCHES (8192) (before/after in one
+# call). CPU smoke (gloo ranks): DEVICE=cpu GPUS="2 4" BATCHES=256 ITERS=6 SAMPLES=6000
+# SCALE=0.002 LOG_EVERY=2 (45 s on 2 cores).
 #
 #   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
 #
-# Knobs: BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
+# Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each; "ahead"
+# runs set ENABLED=1, the others 0: reading ahead is the default only up to 16384 samples per
+# GPU, so "ahead" at larger batches runs strict too), BATCHES ("8192 65536"), ITERS (150),
+# SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column).
 set -uo pipefail
@@ -20,14 +25,17 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 BASEPATH=${PYTHONPATH:-}
 mkdir -p "$RES" "$WORK"
-DS=$WORK/ds-$SAMPLES-s$SCALE; PLAN=$WORK/part2-$SAMPLES-s$SCALE.npz
+DS=$WORK/ds-$SAMPLES-s$SCALE; GPUS=${GPUS:-2}
 export PYTHONPATH=$PWD${BASEPATH:+:$BASEPATH}
 [ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
   --scale "$SCALE" --workers 16 --overwrite --no-progress > "$RES/generate.log" 2>&1 || exit 1
 METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
-[ -f "$PLAN" ] || $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method $METHOD \
-  --rounds 2 --batch-size 8192 --no-progress > "$RES/partition.log" 2>&1 || exit 1
-CARD=(--partition "$PLAN" --store_rate 0.01 --bound 100)
+plan() { echo "$WORK/part$1-$SAMPLES-s$SCALE.npz"; }  # (a plan per GPU count)
+for g in $GPUS; do
+  [ -f "$(plan "$g")" ] || $PY -m hetgmp partition -n "$g" --data "$DS" -o "$(plan "$g")" \
+    --method $METHOD --rounds 2 --batch-size 8192 --no-progress > "$RES/partition$g.log" 2>&1 || exit 1
+done
+card() { echo --partition "$(plan "$1")" --store_rate 0.01 --bound "${2:-100}"; }
 run() {  # name tree gpus batch ahead(0|1) [more flags]
   local name=$1 tree=$2 g=$3 b=$4 a=$5; shift 5
   local sw=(hetgmp.embedding.padded.ahead.ENABLED="$a") dir=$PWD
@@ -41,18 +49,21 @@ run() {  # name tree gpus batch ahead(0|1) [more flags]
   echo "$name: exit $?"
 }
 NAMES=()
+G0=${GPUS%% *}
 for b in ${OLD:+${OLD_BATCHES:-8192}}; do
-  run old_w1_$b "$OLD" 1 "$b" 0; run old_w2_$b "$OLD" 2 "$b" 0 "${CARD[@]}"
-  NAMES+=(old_w1_$b old_w2_$b)
+  run old_w1_$b "$OLD" 1 "$b" 0; run old_w${G0}_$b "$OLD" "$G0" "$b" 0 $(card "$G0")
+  NAMES+=(old_w1_$b old_w${G0}_$b)
 done
 for b in $BATCHES; do
-  run w1_$b new 1 "$b" 0
-  run w2_$b new 2 "$b" 0 "${CARD[@]}"
-  run w2ahead_$b new 2 "$b" 1 "${CARD[@]}"
-  NAMES+=(w1_$b w2_$b w2ahead_$b)
+  run w1_$b new 1 "$b" 0; NAMES+=(w1_$b)
+  for g in $GPUS; do
+    run w${g}_$b new "$g" "$b" 0 $(card "$g")
+    run w${g}ahead_$b new "$g" "$b" 1 $(card "$g")
+    NAMES+=(w${g}_$b w${g}ahead_$b)
+  done
 done
-B0=${BATCHES%% *}; run w2bound0_$B0 new 2 "$B0" 1 --partition "$PLAN" --store_rate 0.01 --bound 0
-NAMES+=(w2bound0_$B0)
+B0=${BATCHES%% *}
+for g in $GPUS; do run w${g}bound0_$B0 new "$g" "$B0" 1 $(card "$g" 0); NAMES+=(w${g}bound0_$B0); done
 $PY - "$RES" "${NAMES[@]}" <<'PY'
 import json, platform, statistics, subprocess, sys, time
 from pathlib import Path
