@@ -31,12 +31,13 @@ def bag_widths(ds: Dataset) -> list[int]:
     return widths
 
 
-def padded_ids(split: SplitArrays, widths: list[int]) -> np.ndarray:
-    """``[N, F + sum(widths)]`` int64: the split's single-hot ids, then each field's bag in
-    order, padded with :data:`PAD_ID`."""
+def padded_ids(split: SplitArrays, widths: list[int], dtype: type = np.int64) -> np.ndarray:
+    """``[N, F + sum(widths)]`` of ``dtype`` (int32 halves the matrix where the table's ids
+    fit: 5.4M samples with two 20-id fields, longest bags 39: 4.49 GB at int64, 2.25 GB at int32): the split's single-hot ids,
+    then each field's bag in order, padded with :data:`PAD_ID`."""
     n = len(split)
     single = np.asarray(split.sparse)
-    out = np.full((n, single.shape[1] + sum(widths)), PAD_ID, dtype=np.int64)
+    out = np.full((n, single.shape[1] + sum(widths)), PAD_ID, dtype=dtype)
     out[:, : single.shape[1]] = single
     col = single.shape[1]
     for mh, width in zip(split.multi_hot, widths, strict=True):
@@ -46,7 +47,7 @@ def padded_ids(split: SplitArrays, widths: list[int]) -> np.ndarray:
             raise ValueError(f"a bag of {int(lengths.max())} ids is wider than {width}")
         owner = np.repeat(np.arange(n, dtype=np.int64), lengths)
         pos = np.arange(int(offsets[-1]), dtype=np.int64) - offsets[:-1][owner]
-        out[owner, col + pos] = np.asarray(mh.values, dtype=np.int64)
+        out[owner, col + pos] = np.asarray(mh.values)
         col += width
     return out
 
@@ -59,11 +60,16 @@ class PaddedBags(Dataset):
         super().__init__(ds.root, ds.meta, ds.derived)
         self.base = ds
         self.widths = list(widths)
+        fits = ds.meta.num_embeddings <= np.iinfo(np.int32).max
+        self.dtype: type = np.int32 if fits else np.int64
 
     def split(self, split: str) -> SplitArrays:
         if split not in self._splits:
             base = self.base.split(split)
             self._splits[split] = SplitArrays(
-                padded_ids(base, self.widths), base.dense, base.labels, base.multi_hot
+                padded_ids(base, self.widths, self.dtype),
+                base.dense,
+                base.labels,
+                base.multi_hot,
             )
         return self._splits[split]
