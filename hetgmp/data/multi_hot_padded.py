@@ -32,9 +32,9 @@ def bag_widths(ds: Dataset) -> list[int]:
 
 
 def padded_ids(split: SplitArrays, widths: list[int], dtype: type = np.int64) -> np.ndarray:
-    """``[N, F + sum(widths)]`` of ``dtype`` (int32 halves the matrix where the table's ids
-    fit: 5.4M samples with two 20-id fields, longest bags 39: 4.49 GB at int64, 2.25 GB at int32): the split's single-hot ids,
-    then each field's bag in order, padded with :data:`PAD_ID`."""
+    """``[N, F + sum(widths)]`` of ``dtype``: the split's single-hot ids, then each field's bag
+    in order, padded with :data:`PAD_ID`. (int32 halves the matrix where the table's ids fit:
+    5.4M samples with two 20-id fields, longest bags 39: 4.49 GB at int64, 2.25 GB at int32.)"""
     n = len(split)
     single = np.asarray(split.sparse)
     out = np.full((n, single.shape[1] + sum(widths)), PAD_ID, dtype=dtype)
