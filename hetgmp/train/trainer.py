@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import torch
 
-from hetgmp.comm.collectives import all_gather_object, all_reduce_sum
+from hetgmp.comm.collectives import all_gather_object
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import (
     DeviceBatch,
@@ -43,7 +42,6 @@ from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes, st
 from hetgmp.train.async_loop import run_async
 from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
-from hetgmp.train.embedding_stats import summarize_counters
 from hetgmp.train.evaluate import EvalResult, evaluate
 from hetgmp.train.graphed import GraphedStep, graph_support
 from hetgmp.train.graphed_head import WARMUP_STEPS, GraphedHead, head_graph_support
@@ -56,6 +54,7 @@ from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.step import TrainStep, table
 from hetgmp.train.straggle import Straggler, parse_straggle
+from hetgmp.train.train_lines import log_train, note_repeats
 
 __all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
 
@@ -108,7 +107,7 @@ class Trainer:
         )
         self.data_source = ""  # which batch source fit() used, and why
         self._empty = empty_batch(dataset.meta.num_fields, dataset.meta.num_dense, env.device)
-        self._counters0: dict[str, float] = {}
+        self.counters_at_line: dict[str, float] = {}
         self.eval_counters: dict[str, float] = {}  # this rank's counters spent in evaluation
         self.samples_seen = 0  # global training samples of the steps run in this process
         self.samples_before = 0  # ... of the steps before a resumed checkpoint
@@ -202,10 +201,10 @@ class Trainer:
         """Train until ``--iter`` steps or ``--epochs`` epochs; returns the final results."""
         cfg = self.cfg
         self.info.update(steps_per_epoch=self.steps_per_epoch, rank_samples=self.counts)
-        self._counters0 = global_counters(self.env, self.model.embedding)
+        self.counters_at_line = global_counters(self.env, self.model.embedding)
         try:
             if not run_async(self):  # (--sync async --max-lag != 0: unequal step counts)
-                self._note_repeats()
+                note_repeats(self)
                 self.log.start_bar(self.total_steps, initial=self.position.step)
                 self._loop_lockstep()
         finally:
@@ -288,7 +287,7 @@ class Trainer:
             interval = self._boundaries(interval)
         self.clock.pause()
         if interval.steps:
-            self._log_train(interval)
+            log_train(self, interval)
 
     def _run_step(
         self,
@@ -320,7 +319,7 @@ class Trainer:
         logged = self._due(cfg.log_every)
         if logged:
             with self.clock.paused():
-                self._log_train(interval)
+                log_train(self, interval)
             interval = Interval(self.env.device)
         evaluate = cfg.val and self._due(cfg.eval_every)
         save = cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every)
@@ -334,44 +333,6 @@ class Trainer:
             with self.clock.paused():
                 self.checkpoint()
         return interval
-
-    def _note_repeats(self) -> None:
-        """Say so when ``--iter`` runs past the first epoch: samples repeat from then on, so
-        TRAIN loss falls below EVAL's and runs of different world sizes at equal ``--iter``
-        no longer compare (a 2-GPU run "worse than 1 GPU" was in its second epoch)."""
-        if not self.cfg.iter or self.total_steps <= self.steps_per_epoch:
-            return
-        self.log.info(
-            f"note: --iter {self.cfg.iter} is {self.total_steps / self.steps_per_epoch:.2f} "
-            f"epochs of the training split ({self.steps_per_epoch} global steps each, "
-            f"{sum(self.counts)} samples): from step {self.steps_per_epoch + 1} on samples "
-            f"repeat, so TRAIN loss is on already-seen samples (TRAIN lines show the epoch)",
-            steps_per_epoch=self.steps_per_epoch,
-        )
-
-    def _log_train(self, iv: Interval) -> None:
-        """One TRAIN line: the interval's sums read from the device in one all-reduce."""
-        loss, right, _ = iv.totals()
-        host = [loss, right, float(iv.samples), self.clock.take_interval(), iv.data_wait_s]
-        vec = torch.tensor(host, dtype=torch.float64, device=self.env.device)
-        loss_sum, correct, samples, secs, wait = all_reduce_sum(self.env, vec).tolist()
-        if not math.isfinite(loss_sum):  # (every rank sees it: it is the reduced sum)
-            stop_if_diverged(self.env, iv, loss_sum / max(1.0, samples), at=self.position.step)
-        ws = self.env.world_size
-        seconds = secs / ws  # ranks run in lockstep; average their clocks
-        now = global_counters(self.env, self.model.embedding)
-        delta = {k: now[k] - self._counters0.get(k, 0.0) for k in now}
-        self._counters0 = now
-        fields: dict[str, Any] = {
-            "loss": loss_sum / max(1.0, samples),
-            "acc": correct / max(1.0, samples),
-            "time": seconds,
-            "speed": iv.global_samples / seconds if seconds > 0 else 0.0,
-            "data_wait": 1e3 * wait / ws / max(1, iv.steps),  # ms per step, mean over ranks
-        }
-        fields.update(summarize_counters(delta, iv.global_samples))
-        fields["epoch"] = iv.epoch
-        self.log.metrics("TRAIN", self.position.step, fields)
 
     def run_eval(self) -> EvalResult:
         """Flush pending updates and evaluate on the whole test split (collective)."""

@@ -1,7 +1,8 @@
 """What the trainer's helpers use of a :class:`~hetgmp.train.trainer.Trainer`, as a protocol.
 
-The helpers -- the results (:mod:`.report`), checkpoint save and restore (:mod:`.resume`) and
-the unequal-steps loop of ``--sync async`` (:mod:`.async_loop`) -- are called by the trainer
+The helpers -- the results (:mod:`.report`), checkpoint save and restore (:mod:`.resume`), the
+TRAIN lines (:mod:`.train_lines`) and the unequal-steps loop of ``--sync async``
+(:mod:`.async_loop`) -- are called by the trainer
 and handed the trainer itself. Naming the class for their annotations would make each of them
 import :mod:`.trainer`, which imports them: an import cycle, even when only for type checking.
 They name this view instead; ``tests/test_trainer_view.py`` checks that the trainer has every
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 class TrainerView(Protocol):
     """The trainer's members its helpers read (and the few they set: ``position``,
-    ``samples_seen``, ``samples_before``, ``extra_results``); see the trainer for each."""
+    ``samples_seen``, ``samples_before``, ``extra_results``, ``counters_at_line``); see the
+    trainer for each."""
 
     cfg: TrainConfig
     env: DistEnv
@@ -55,6 +57,8 @@ class TrainerView(Protocol):
     position: Position
     counts: list[int]
     steps_per_epoch: int
+    total_steps: int
+    counters_at_line: dict[str, float]
     last_eval: EvalResult | None
     clock: TrainClock
     profiler: PhaseProfiler
