@@ -13,14 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_tier_train import write_skewed
+from test_tier_train import checkpoint_rows, write_skewed
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import validate
 from hetgmp.data.format import open_dataset
 from hetgmp.partition.plan import Plan, save_plan
-from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.run import train
 
@@ -47,13 +46,6 @@ def _train_each(env: DistEnv, cfgs: list[TrainConfig]) -> list[dict]:
 def _losses(path: Path) -> list[float]:
     recs = [json.loads(ln) for ln in path.read_text().splitlines()]
     return [r["loss"] for r in recs if "loss" in r and "val_auc" not in r]
-
-
-def _state(ckdir: Path) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    ck = open_checkpoint(ckdir)
-    emb = ck.embedding_union()
-    order = torch.argsort(emb["ids"])
-    return ck.dense()["model"], emb["weight"][order], emb["opt_state"][order]
 
 
 def _plan(root: Path, path: Path) -> Path:
@@ -84,7 +76,10 @@ def test_two_ranks_host_rows(skewed: Path, tmp_path: Path) -> None:
     assert host["val_loss"] == dev["val_loss"] and host["val_auc"] == dev["val_auc"]
     assert _losses(tmp_path / "host.jsonl") == _losses(tmp_path / "dev.jsonl")
     assert len(_losses(tmp_path / "dev.jsonl")) >= 2
-    (dd, dw, ds), (hd, hw, hs) = _state(tmp_path / "dev"), _state(tmp_path / "host")
+    (dd, dw, ds), (hd, hw, hs) = (
+        checkpoint_rows(tmp_path / "dev"),
+        checkpoint_rows(tmp_path / "host"),
+    )
     assert set(dd) == set(hd) and all(torch.equal(dd[k], hd[k]) for k in dd)
     assert torch.equal(dw, hw) and torch.equal(ds, hs)
     t = host["host_tier"]

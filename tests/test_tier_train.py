@@ -97,7 +97,8 @@ def test_tier_counters_in_results_log_and_memory_plan(skewed: Path, tmp_path: Pa
         "rows": "1000", "bytes": str(1000 * row_bytes)}  # fmt: skip
 
 
-def _rows(ckdir: Path) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def checkpoint_rows(ckdir: Path) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A checkpoint's dense layers, and its rows and optimizer state in id order."""
     ck = open_checkpoint(ckdir)
     emb = ck.embedding_union()
     order = torch.argsort(emb["ids"])
@@ -116,12 +117,14 @@ def test_checkpoint_resume_and_export_with_host_rows(skewed: Path, tmp_path: Pat
     run(skewed, checkpoint_dir=straight, **tier)
     run(skewed, iter=10, checkpoint_dir=halves, **tier)
     # a checkpoint mid-run holds the true rows (the cache's updated rows written back first)
-    _same(_rows(halves / "step-00000010"), _rows(dev / "step-00000010"))
+    _same(checkpoint_rows(halves / "step-00000010"), checkpoint_rows(dev / "step-00000010"))
     run(skewed, checkpoint_dir=halves, resume=True, **tier)
     assert open_checkpoint(halves).position.step == 20
-    _same(_rows(halves), _rows(straight))  # resume == uninterrupted, bit for bit
-    _same(_rows(straight), _rows(dev))  # == the all-on-device run
-    assert not torch.equal(_rows(halves / "step-00000010")[1], _rows(halves)[1])
+    _same(
+        checkpoint_rows(halves), checkpoint_rows(straight)
+    )  # resume == uninterrupted, bit for bit
+    _same(checkpoint_rows(straight), checkpoint_rows(dev))  # == the all-on-device run
+    assert not torch.equal(checkpoint_rows(halves / "step-00000010")[1], checkpoint_rows(halves)[1])
     arts = [export_checkpoint(ck, tmp_path / f"art-{ck.name}") for ck in (dev, halves)]
     a, b = (load_file(str(p / ROWS)) for p in arts)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)  # bound 0
