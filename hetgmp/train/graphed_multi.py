@@ -108,10 +108,6 @@ class MultiRankGraphedStep:
             and batch_size <= read_ahead.AUTO_MAX_BATCH
         )  # fmt: skip
         self.dense_comm = self._dense_comm() if self.reads_ahead else comm
-        self.note = (  # (for the log's step line)
-            f"; each reads the next batch's rows one step ahead (--bound >= 1, at most "
-            f"{read_ahead.AUTO_MAX_BATCH} samples per rank)" if self.reads_ahead else ""
-        )  # fmt: skip
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
         self.growths = 0  # epoch starts whose capacities grew (buffers rebuilt, graphs again)
@@ -149,6 +145,14 @@ class MultiRankGraphedStep:
         self.replays += 1
         self.replays_ahead += int(piped)
         return out
+
+    @property
+    def note(self) -> str:
+        """What the log's step line adds about reading ahead (empty when the steps do not)."""
+        if not self.reads_ahead:
+            return ""
+        return (f"; each reads the next batch's rows one step ahead (--bound >= 1, at most "
+                f"{read_ahead.AUTO_MAX_BATCH} samples per rank)")  # fmt: skip
 
     def epoch_check(
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int,
