@@ -76,6 +76,7 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
     out["dense"] = {k: v.clone() for k, v in tr.model.dense_state_dict().items()}
     out["replays"] = getattr(tr.run_step, "replays", 0)
     out["ahead_steps"] = getattr(tr.run_step, "replays_ahead", 0)
+    out["planned"] = getattr(tr.run_step, "replays_planned", 0)
     if out["opt"].numel():
         out["opt"] = out["opt"][order]
     return out
@@ -98,7 +99,8 @@ def checked(body: Callable[[Any, Path], None], ok: str) -> int:
 
 def compare(env: Any, root: Path) -> None:
     """The captured step against the eager one, for each optimizer and bound (the strict
-    order: reading ahead, on by default, is tests/gpu_read_ahead_check.py's)."""
+    order, its plans made one step ahead on a side stream by default; reading ahead is
+    tests/gpu_read_ahead_check.py's)."""
     from hetgmp.embedding.padded import ahead as read_ahead
 
     read_ahead.ENABLED = False
@@ -107,6 +109,7 @@ def compare(env: Any, root: Path) -> None:
         g = run(env, root, True, **kw)
         e = run(env, root, False, **kw)
         assert g["replays"] > 10, g["replays"]
+        assert g["planned"] > 5, g["planned"]  # (plans made on the side stream, captured)
         # GPU atomics add in any order: hot rows differ in the last bits
         torch.testing.assert_close(g["weight"], e["weight"], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(g["opt"], e["opt"], rtol=1e-4, atol=1e-6)
@@ -116,7 +119,10 @@ def compare(env: Any, root: Path) -> None:
         for k in ("rows_owned", "rows_mirror_fresh", "rows_mirror_stale_ok", "rows_remote",
                   "pushes_sent"):  # fmt: skip
             assert cg[k] == ce[k], (opt, bound, k, cg[k], ce[k])
-        print(f"rank {env.rank} {opt} bound {bound}: graph == eager ({g['replays']} replays)")
+        print(
+            f"rank {env.rank} {opt} bound {bound}: graph == eager ({g['replays']} replays, "
+            f"{g['planned']} planned ahead)"
+        )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def _rank(
     if whole:
         run = tr.run_step
         out["replays"], out["eager"] = run.replays, run.eager_steps
+        out["planned"] = run.replays_planned
         w = emb.whole_step()
         out["routed"], out["cap"], out["max"] = w.routed, w.padded.frozen, w.epoch_max
     return out
@@ -120,6 +121,8 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
         assert w0["res"]["val_auc"] == eager[0]["res"]["val_auc"]
     if max_q is None:
         assert w0["replays"] >= 4 and w0["routed"] == 0, w0
+        # planned one step ahead (exact: the same rows as the eager path, above)
+        assert w0["planned"] >= 2, w0
     else:
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
     # the comparison is not vacuous: the rows moved

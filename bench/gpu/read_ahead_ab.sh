@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Reads one step ahead (hetgmp.embedding.padded.ahead.ENABLED), A/B in one call on a multi-GPU
-# machine (<= 8 minutes at GPUS=2): the user's command (WDL dim 128, the card's flags:
-# metis+refine plan, --store_rate 0.01 --bound 100) on 1 GPU, then on each of GPUS without and
-# with reading ahead, at batch 8192 and 65536 per GPU, and at --bound 0 (the AUC reference);
-# with OLD=DIR (a checkout of an older commit, its native extension built) the same 1-GPU and
-# first-GPUS runs of that tree first, at the batches OLD_BATCHES (8192) (before/after in one
-# call). CPU smoke (gloo ranks): DEVICE=cpu GPUS="2 4" BATCHES=256 ITERS=6 SAMPLES=6000
-# SCALE=0.002 LOG_EVERY=2 (45 s on 2 cores).
+# Planning and reading one step ahead (hetgmp.embedding.padded.ahead: PLAN_AHEAD, on by
+# default and exact; ENABLED, reading ahead, off: it relaxes --bound by a step), A/B in one
+# call on a multi-GPU machine (<= 8 minutes at GPUS=2): the user's command (WDL dim 128, the
+# card's flags: metis+refine plan, --store_rate 0.01 --bound 100) on 1 GPU, then on each of
+# GPUS in each of VARIANTS, at batch 8192 and 65536 per GPU, and at --bound 0 (the AUC
+# reference, defaults); with OLD=DIR (a checkout of an older commit, its native extension
+# built) the same 1-GPU and first-GPUS runs of that tree first, at the batches OLD_BATCHES
+# (8192) (before/after in one call). CPU smoke (gloo ranks): DEVICE=cpu GPUS="2 4"
+# BATCHES=256 ITERS=6 SAMPLES=6000 SCALE=0.002 LOG_EVERY=2 (45 s on 2 cores).
 #
 #   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
 #
-# Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each; "ahead"
-# runs set ENABLED=1, the others 0: reading ahead is the default only up to 16384 samples per
-# GPU, so "ahead" at larger batches runs strict too), BATCHES ("8192 65536"), ITERS (150),
-# SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
+# Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each),
+# VARIANTS ("strict planned ahead": neither switch / the defaults / reading ahead too; reading
+# ahead applies up to 16384 samples per GPU, so "ahead" at larger batches is "planned"),
+# BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
-# LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column).
+# LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column), BOUND0
+# (1; 0: no --bound 0 runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}; ITERS=${ITERS:-150}; SAMPLES=${SAMPLES:-3300000}
@@ -36,9 +38,16 @@ for g in $GPUS; do
     --method $METHOD --rounds 2 --batch-size 8192 --no-progress > "$RES/partition$g.log" 2>&1 || exit 1
 done
 card() { echo --partition "$(plan "$1")" --store_rate 0.01 --bound "${2:-100}"; }
-run() {  # name tree gpus batch ahead(0|1) [more flags]
-  local name=$1 tree=$2 g=$3 b=$4 a=$5; shift 5
-  local sw=(hetgmp.embedding.padded.ahead.ENABLED="$a") dir=$PWD
+switches() {  # variant -> module switches
+  local m=hetgmp.embedding.padded.ahead
+  case $1 in
+    strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;; planned) echo $m.PLAN_AHEAD=1 $m.ENABLED=0 ;;
+    ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;; *) echo "unknown variant $1" >&2; exit 2 ;;
+  esac
+}
+run() {  # name tree gpus batch variant [more flags]
+  local name=$1 tree=$2 g=$3 b=$4 v=$5; shift 5
+  local sw=($(switches "$v")) dir=$PWD
   # (an older tree has no such switch: one it has, at its default)
   [ "$tree" = new ] || { dir=$tree; sw=(hetgmp.embedding.padded.whole.TIGHT_PUSHES=1); }
   (cd "$dir" && PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
@@ -51,19 +60,21 @@ run() {  # name tree gpus batch ahead(0|1) [more flags]
 NAMES=()
 G0=${GPUS%% *}
 for b in ${OLD:+${OLD_BATCHES:-8192}}; do
-  run old_w1_$b "$OLD" 1 "$b" 0; run old_w${G0}_$b "$OLD" "$G0" "$b" 0 $(card "$G0")
+  run old_w1_$b "$OLD" 1 "$b" strict; run old_w${G0}_$b "$OLD" "$G0" "$b" strict $(card "$G0")
   NAMES+=(old_w1_$b old_w${G0}_$b)
 done
 for b in $BATCHES; do
-  run w1_$b new 1 "$b" 0; NAMES+=(w1_$b)
+  run w1_$b new 1 "$b" planned; NAMES+=(w1_$b)
   for g in $GPUS; do
-    run w${g}_$b new "$g" "$b" 0 $(card "$g")
-    run w${g}ahead_$b new "$g" "$b" 1 $(card "$g")
-    NAMES+=(w${g}_$b w${g}ahead_$b)
+    for v in ${VARIANTS:-strict planned ahead}; do
+      run w${g}${v}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}_$b)
+    done
   done
 done
 B0=${BATCHES%% *}
-for g in $GPUS; do run w${g}bound0_$B0 new "$g" "$B0" 1 $(card "$g" 0); NAMES+=(w${g}bound0_$B0); done
+[ "${BOUND0:-1}" = 1 ] && for g in $GPUS; do
+  run w${g}bound0_$B0 new "$g" "$B0" planned $(card "$g" 0); NAMES+=(w${g}bound0_$B0)
+done
 $PY - "$RES" "${NAMES[@]}" <<'PY'
 import json, platform, statistics, subprocess, sys, time
 from pathlib import Path
@@ -92,7 +103,8 @@ for name in names:
     sref = base.get(key + ("steady",)) or 0.0
     rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | "
                 f"{steady / 1e6:.2f}M | {steady / sref if sref else 0:.2f} | "
-                f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} |")
+                f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} / "
+                f"{d.get('graph_replays_planned_ahead', 0)} |")
 try:
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
 except OSError:
@@ -101,7 +113,7 @@ head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('
         "command: bash bench/gpu/read_ahead_ab.sh (x 1 GPU: ratio to the same tree's 1-GPU run "
         "at the same batch)", "",
         "| run | samples/s (run) | x 1 GPU | samples/s (steady) | x 1 GPU | val AUC | B/sample "
-        "| replays ahead |", "|---|---|---|---|---|---|---|---|"]
+        "| replays read / planned ahead |", "|---|---|---|---|---|---|---|---|"]
 text = "\n".join(head + rows)
 (res / "summary.md").write_text(text + "\n")
 print(text)

@@ -68,10 +68,11 @@ class PlannedEngine:
         self.ctx.timer.start()
         ahead = self.padded.ahead if self.padded is not None and training else None
         primed = ahead.take(ids, self.stepper.grads) if ahead is not None else None
-        if primed is not None:  # (this batch's exchange ran during the last step: .ahead)
+        if primed is not None and primed.batch is not None:  # (its exchange ran: .ahead)
+            assert primed.values is not None
             prep, values, batch = primed.prep, primed.values, primed.batch
-        else:
-            prep = self._take_plan(ids, err, training)
+        else:  # (planned during the last step, or now)
+            prep = primed.prep if primed is not None else self._take_plan(ids, err, training)
             values, batch = self.stepper.step(prep, op=OP_FORWARD, error=err, training=training)
         b, f = prep.ids.shape
         if self.padded is not None:
@@ -88,11 +89,13 @@ class PlannedEngine:
         return out
 
     def _step_ahead(self, ahead: ReadAhead, trained: Batch) -> Primed:
-        """The next batch's exchange (its ids from ``ahead.next_ids``), run while ``trained``
-        computes (:mod:`.padded.ahead`): it pushes the gradient pending now, the one before
-        ``trained``'s."""
+        """The next batch's plan (its ids from ``ahead.next_ids``) and, when reading ahead, its
+        exchange, run while ``trained`` computes (:mod:`.padded.ahead`): the exchange pushes
+        the gradient pending now, the one before ``trained``'s."""
         assert ahead.next_ids is not None
         prep = self._plan(ahead.next_ids(), True)
+        if not ahead.values:
+            return Primed(prep, None, None, trained)
         values, batch = self.stepper.step(prep, op=OP_FORWARD, error=None, training=True)
         return Primed(prep, values, batch, trained)
 

@@ -21,13 +21,11 @@ these).
   gradient, one optimizer update per row per step of the sum of all contributions
   (:func:`apply_at_owner`), before it computes the lags of this step's queries; so ``bound = 0``
   equals the single-process reference (:mod:`hetgmp.embedding.reference`, the tests' oracle).
-* **Reading one step ahead** (the multi-rank CUDA graph, ``--bound`` >= 1, batches up to
-  16384 per rank: :mod:`hetgmp.embedding.padded.ahead`): the next batch's queries are answered
-  while this batch computes, before the owners apply this step's gradients. The rules above
-  hold at answer time; at use a row stored elsewhere (a mirror, or a row not stored here) may
-  also miss its owner's updates of the one step in flight. Rows stored here miss nothing of
-  this rank's (:mod:`hetgmp.embedding.padded.local_now`). Not yet audited (the audit takes the
-  exact transport).
+* **Planning one step ahead** (the multi-rank CUDA graph's default,
+  :mod:`hetgmp.embedding.padded.ahead`) changes no read: only the next batch's plan is made
+  early. **Reading one step ahead** (off by default, a diagnosis) answers the next batch's
+  queries before the owners apply this step's gradients, so a row stored elsewhere may also
+  miss its owner's updates of the step in flight: beyond ``bound``, which is why it is off.
 * **What an owner answers.** With ``replies="stale"`` a value only where the lag exceeds the
   requester's bound (:func:`reply_needed`); with ``replies="all"`` (or audit) a value for
   every mirror query, and the requester keeps the fresh ones.

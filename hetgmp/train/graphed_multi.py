@@ -107,9 +107,13 @@ class MultiRankGraphedStep:
             bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
             and batch_size <= read_ahead.AUTO_MAX_BATCH
         )  # fmt: skip
+        # planning ahead: exact, at any bound (the next batch's plan only)
+        self.plans_ahead = bool(counts) and (read_ahead.PLAN_AHEAD or self.reads_ahead)
+        self.ahead.values = self.reads_ahead
         self.dense_comm = self._dense_comm() if self.reads_ahead else comm
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
+        self.replays_planned = 0  # replays of a graph whose plan was made one step ahead
         self.growths = 0  # epoch starts whose capacities grew (buffers rebuilt, graphs again)
 
     def __call__(
@@ -143,16 +147,21 @@ class MultiRankGraphedStep:
         self.ahead.primed = entry.primed
         self._primed_for = self._key(nxt)
         self.replays += 1
-        self.replays_ahead += int(piped)
+        self.replays_planned += int(piped)
+        self.replays_ahead += int(piped and self.reads_ahead)
         return out
 
     @property
     def note(self) -> str:
-        """What the log's step line adds about reading ahead (empty when the steps do not)."""
-        if not self.reads_ahead:
-            return ""
-        return (f"; each reads the next batch's rows one step ahead (--bound >= 1, at most "
-                f"{read_ahead.AUTO_MAX_BATCH} samples per rank)")  # fmt: skip
+        """What the log's step line adds about planning or reading ahead (empty when the
+        steps do neither)."""
+        if self.reads_ahead:
+            return (f"; each reads the next batch's rows one step ahead (--bound >= 1, at most "
+                    f"{read_ahead.AUTO_MAX_BATCH} samples per rank; a read may exceed the bound "
+                    "by one step)")  # fmt: skip
+        if self.plans_ahead:
+            return "; each plans the next batch while it computes (exact)"
+        return ""
 
     def epoch_check(
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int,
@@ -184,7 +193,8 @@ class MultiRankGraphedStep:
         self.ahead.next_ids = lambda: nxt.source.gather_ids(nxt.pos)
         try:
             out = self.step(b, global_batch, marks)
-            self.whole.apply_stored_now()
+            if self.reads_ahead:
+                self.whole.apply_stored_now()
         finally:
             self.ahead.next_ids = None
         self._primed_for = self._key(nxt)
@@ -196,7 +206,7 @@ class MultiRankGraphedStep:
     ) -> PendingBatch | None:  # fmt: skip
         """The next batch when this step may read it ahead (every rank decides the same: full
         batches everywhere, by the ranks' counts; past the warm-up; not profiled), else None."""
-        if not self.reads_ahead or not isinstance(batch, PendingBatch) or self.warmup > 0:
+        if not self.plans_ahead or not isinstance(batch, PendingBatch) or self.warmup > 0:
             return None
         pad = self.whole.padded  # (capacities about to grow: this step rebuilds the buffers)
         if pad.static is None or pad.frozen is None or pad.static.cap != pad.frozen:
@@ -226,7 +236,8 @@ class MultiRankGraphedStep:
             return False
         return (
             p is not None and grads is not None and p.after is grads[0]
-            and p.batch.static is self.whole.padded.static  # (not buffers since rebuilt)
+            # (not buffers since rebuilt)
+            and (p.batch is None or p.batch.static is self.whole.padded.static)
             and p.prep.ring == slot and last is not None
             and self._primed_for == (batch.pos.data_ptr(), last.epoch)
         )  # fmt: skip
@@ -283,7 +294,7 @@ class MultiRankGraphedStep:
             try:
                 with self.whole.capturing():
                     out = self.step(source.gather(pos, ids), global_batch)
-                if pos_next is not None:  # (after the side stream joined)
+                if pos_next is not None and self.reads_ahead:  # (after the side stream joined)
                     self.whole.apply_stored_now()
                 return out
             finally:

@@ -1,4 +1,18 @@
-"""Reads one step ahead: the next batch's exchange while this batch's dense part computes.
+"""Plans, or reads, one step ahead: the next batch's plan (or its whole exchange) while this
+batch's dense part computes.
+
+**Planning ahead** (``PLAN_AHEAD``, on by default at every bound): the next batch's plan (its
+unique ids in block order, slots and owners: :class:`~hetgmp.embedding.batch.BatchPlanner`,
+~0.15 ms of kernels at batch 8192 on an H100, the biggest part of the multi-rank step's own
+work) is made on a side stream while this batch trains. A plan reads only the ids and the
+placement, which no step changes, so the step is exactly the strict one (``--bound 0`` keeps
+its equality to one process) and every read keeps ``--bound``: only the order of kernels on the
+device changes.
+
+**Reading ahead** (``ENABLED``, off by default; a diagnosis): the next batch's whole exchange,
+its reads included, runs ahead. It relaxes ``--bound`` by one step (below), so it is never
+the default: a hot row mirrored here gets thousands of its owner's updates per step at batch
+8192, all missed by a read answered before them.
 
 Why: on 2 H100s the padded step's exchange (~40 small kernels and three collectives, ~0.3 ms
 at batch 8192) sat on the critical path in front of the model (2-GPU step 1.03 ms vs one GPU's
@@ -47,8 +61,11 @@ from hetgmp.embedding.padded.local_now import refresh_stored
 # 1.44x of one GPU, val AUC 0.7749 vs 0.7755 strict; batch 65536 26.9M -> 25.6M samples/s (the
 # dense part fills the GPU there: the side stream finds no idle SMs, and the stored rows'
 # update and re-read cost a pass each), so large batches keep the strict order.
-ENABLED = True
+# Off by default since 2026-11-26 (it lets a read exceed --bound: module docstring).
+ENABLED = False
 AUTO_MAX_BATCH = 16384
+# The next batch's plan made while this batch trains (exact: module docstring).
+PLAN_AHEAD = True
 # The rows stored here take a batch's gradient at the end of its step and the next step
 # reads them from the table (.local_now): only rows not stored here and peers' pushes are a
 # step late (False: every row is, the first version's lag).
@@ -60,12 +77,13 @@ SIDE_STREAM = True
 
 @dataclasses.dataclass(eq=False)
 class Primed:
-    """The next batch's exchange, done: its plan, its rows (``values``, block order) and its
-    record; ``after``: the batch record whose gradient must be pending when it is taken."""
+    """The next batch's plan and, when reading ahead, its exchange done: its rows
+    (``values``, block order) and its record (both None when only planned ahead);
+    ``after``: the batch record whose gradient must be pending when it is taken."""
 
     prep: Prep
-    values: torch.Tensor
-    batch: Batch
+    values: torch.Tensor | None
+    batch: Batch | None
     after: Batch
 
 
@@ -77,6 +95,8 @@ class ReadAhead:
         # set by the trainer for one step: gathers the next batch's ids (None: no read ahead)
         self.next_ids: Callable[[], torch.Tensor] | None = None
         self.primed: Primed | None = None
+        # read the next batch's rows too (True), or only plan it (False: exact)
+        self.values = False
         # (made now: not while a graph captures)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._forked = False
@@ -89,7 +109,8 @@ class ReadAhead:
             return None
         if grads is None or grads[0] is not p.after:
             return None
-        if STORED_AT_ONCE and p.batch.static is not None:
+        if STORED_AT_ONCE and p.batch is not None and p.batch.static is not None:
+            assert p.values is not None
             refresh_stored(p.batch.static, p.prep, p.values)
         return p
 
