@@ -38,8 +38,9 @@ def _plan(ds, world: int, path: Path) -> Path:
 
 
 def _rank(
-    env: DistEnv, cfg: TrainConfig, whole: bool, max_q: int | None, ahead: bool = False
-) -> dict:
+    env: DistEnv, cfg: TrainConfig, whole: bool, max_q: int | None, ahead: bool = False,
+    blind: bool = False,
+) -> dict:  # fmt: skip
     """One rank's run; the whole-step graph in the strict order unless ``ahead`` (reads one
     step ahead, on by default where --bound >= 1: hetgmp.embedding.padded.ahead)."""
     from hetgmp.embedding.padded import ahead as read_ahead
@@ -52,6 +53,8 @@ def _rank(
         tr.use_whole_step_graph()
         assert isinstance(tr.run_step, MultiRankGraphedStep)
         tr.run_step.warmup = 1
+        if blind:  # (not told of evaluations: rows exchanged early are dropped at each)
+            tr.run_step.boundary = None
     res = tr.fit()
     emb = tr.model.embedding
     sd = emb.state_dict()
@@ -60,7 +63,8 @@ def _rank(
     if whole:
         run = tr.run_step
         out["replays"], out["eager"] = run.replays, run.eager_steps
-        out["planned"] = run.replays_planned
+        out["planned"], out["early"] = run.replays_planned, run.replays_early
+        out["dropped"] = run.ahead.dropped
         w = emb.whole_step()
         out["routed"], out["cap"], out["max"] = w.routed, w.padded.frozen, w.epoch_max
     return out
@@ -121,12 +125,61 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
         assert w0["res"]["val_auc"] == eager[0]["res"]["val_auc"]
     if max_q is None:
         assert w0["replays"] >= 4 and w0["routed"] == 0, w0
-        # planned one step ahead (exact: the same rows as the eager path, above)
-        assert w0["planned"] >= 2, w0
+        # planned one step ahead and exchanged right after the last step's backward (exact:
+        # the same rows, state and counters as the eager path, above)
+        assert w0["planned"] >= 2 and w0["early"] == w0["planned"], w0
     else:
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
     # the comparison is not vacuous: the rows moved
     assert (ww - ww.mean()).abs().max() > 0
+
+
+def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
+    tiny_dataset, tmp_path
+) -> None:
+    """A step exchanges the next batch right after its backward (hetgmp.embedding.padded.ahead);
+    the trainer says where an evaluation follows, and there it does not (the evals case
+    above: equal to the eager path). Not told (``blind``), the evaluation in between (which
+    pushes the mirrors' deferred updates) makes the rows exchanged early older than the
+    table: each such step drops them and reads again. (The early exchange applied the
+    gradient before the evaluation's flush rather than with it: with SGD, whose updates add,
+    the same rows; an Adagrad step of a sum is not two steps.)"""
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, bound=3, val=True, eval_every=4, optimizer="sgd")
+    eager = spawn_ranks(_rank, 2, cfg, False, None, timeout_s=180)
+    whole = spawn_ranks(_rank, 2, cfg, True, None, False, True, timeout_s=180)
+    # (evaluations after steps 4, 8, 12 and 16 of 18; the ones after a step that exchanged
+    # early: the first epoch's steps are eager at first)
+    assert whole[0]["dropped"] == whole[1]["dropped"] >= 2, whole[0]["dropped"]
+    for e, w in zip(eager, whole, strict=True):
+        torch.testing.assert_close(_by_id(w)[0], _by_id(e)[0], rtol=0, atol=1e-6)
+        for k in e["dense"]:
+            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_read_ahead_takes_exact_rows_only_when_no_step_ran_since() -> None:
+    """The rule that keeps rows exchanged early exact: taken by the batch whose ids they
+    were exchanged for, with no gradient pending and no step run since; else dropped."""
+    from hetgmp.embedding.padded.ahead import Primed, ReadAhead
+
+    ahead = ReadAhead(torch.device("cpu"))
+    ids = torch.zeros(2, 3, dtype=torch.int64)
+
+    def primed(at: int) -> Primed:
+        prep = type("P", (), {"ids": ids})()
+        p = Primed(prep, torch.zeros(1), object(), object(), exact=True)  # type: ignore[arg-type]
+        ahead.primed, ahead.primed_at = p, at
+        return p
+
+    p = primed(5)
+    assert ahead.take(ids, None, 5) is p and ahead.primed is None
+    primed(5)
+    assert ahead.take(ids, None, 6) is None  # (a step ran since: an evaluation, a flush)
+    primed(5)
+    assert ahead.take(ids, (object(), None), 5) is None  # (a gradient pending)
+    primed(5)
+    assert ahead.take(ids.clone(), None, 5) is None  # (another batch's ids)
+    assert ahead.dropped == 3
 
 
 @pytest.mark.gpu

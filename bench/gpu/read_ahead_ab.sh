@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Planning and reading one step ahead (hetgmp.embedding.padded.ahead: PLAN_AHEAD, on by
-# default and exact; ENABLED, reading ahead, off: it relaxes --bound by a step), A/B in one
+# Planning and reading one step ahead (hetgmp.embedding.padded.ahead: PLAN_AHEAD and
+# EXCHANGE_EARLY, on by default and exact; ENABLED, reading ahead, off: it relaxes --bound by a
+# step), A/B in one
 # call on a multi-GPU machine (<= 8 minutes at GPUS=2): the user's command (WDL dim 128, the
 # card's flags: metis+refine plan, --store_rate 0.01 --bound 100) on 1 GPU, then on each of
 # GPUS in each of VARIANTS, at batch 8192 and 65536 per GPU, and at --bound 0 (the AUC
@@ -12,8 +13,9 @@
 #   bash bench/gpu/read_ahead_ab.sh        # results in ${OUT:-bench/results}/gpu/read_ahead_ab
 #
 # Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each),
-# VARIANTS ("strict planned ahead": neither switch / the defaults / reading ahead too; reading
-# ahead applies up to 16384 samples per GPU, so "ahead" at larger batches is "planned"),
+# VARIANTS ("strict early ahead": no planning ahead / the defaults, planned ahead and the next
+# exchange right after backward / reading ahead; also "planned": planned ahead only; reading
+# ahead applies up to 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column), BOUND0
@@ -41,7 +43,9 @@ card() { echo --partition "$(plan "$1")" --store_rate 0.01 --bound "${2:-100}"; 
 switches() {  # variant -> module switches
   local m=hetgmp.embedding.padded.ahead
   case $1 in
-    strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;; planned) echo $m.PLAN_AHEAD=1 $m.ENABLED=0 ;;
+    strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;;
+    planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
+    early) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;; *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
@@ -64,16 +68,16 @@ for b in ${OLD:+${OLD_BATCHES:-8192}}; do
   NAMES+=(old_w1_$b old_w${G0}_$b)
 done
 for b in $BATCHES; do
-  run w1_$b new 1 "$b" planned; NAMES+=(w1_$b)
+  run w1_$b new 1 "$b" early; NAMES+=(w1_$b)
   for g in $GPUS; do
-    for v in ${VARIANTS:-strict planned ahead}; do
+    for v in ${VARIANTS:-strict early ahead}; do
       run w${g}${v}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}_$b)
     done
   done
 done
 B0=${BATCHES%% *}
 [ "${BOUND0:-1}" = 1 ] && for g in $GPUS; do
-  run w${g}bound0_$B0 new "$g" "$B0" planned $(card "$g" 0); NAMES+=(w${g}bound0_$B0)
+  run w${g}bound0_$B0 new "$g" "$B0" early $(card "$g" 0); NAMES+=(w${g}bound0_$B0)
 done
 $PY - "$RES" "${NAMES[@]}" <<'PY'
 import json, platform, statistics, subprocess, sys, time
@@ -104,7 +108,8 @@ for name in names:
     rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | "
                 f"{steady / 1e6:.2f}M | {steady / sref if sref else 0:.2f} | "
                 f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} / "
-                f"{d.get('graph_replays_planned_ahead', 0)} |")
+                f"{d.get('graph_replays_planned_ahead', 0)} / "
+                f"{d.get('graph_replays_exchanged_early', 0)} |")
 try:
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
 except OSError:
@@ -113,7 +118,7 @@ head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('
         "command: bash bench/gpu/read_ahead_ab.sh (x 1 GPU: ratio to the same tree's 1-GPU run "
         "at the same batch)", "",
         "| run | samples/s (run) | x 1 GPU | samples/s (steady) | x 1 GPU | val AUC | B/sample "
-        "| replays read / planned ahead |", "|---|---|---|---|---|---|---|---|"]
+        "| replays read / planned ahead / exchanged early |", "|---|---|---|---|---|---|---|---|"]
 text = "\n".join(head + rows)
 (res / "summary.md").write_text(text + "\n")
 print(text)

@@ -62,8 +62,9 @@ class PendingBatch:
     def has_dense(self) -> bool:
         return self.source.dense is not None
 
-    def gather(self) -> DeviceBatch:
-        return self.source.gather(self.pos)
+    def gather(self, sparse: torch.Tensor | None = None) -> DeviceBatch:
+        """The batch (``sparse``: its ids, gathered already)."""
+        return self.source.gather(self.pos, sparse)
 
 
 @dataclasses.dataclass(frozen=True)

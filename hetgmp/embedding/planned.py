@@ -67,7 +67,8 @@ class PlannedEngine:
         err = input_problem(ids)
         self.ctx.timer.start()
         ahead = self.padded.ahead if self.padded is not None and training else None
-        primed = ahead.take(ids, self.stepper.grads) if ahead is not None else None
+        count = getattr(self.stepper, "count", 0)
+        primed = ahead.take(ids, self.stepper.grads, count) if ahead is not None else None
         if primed is not None and primed.batch is not None:  # (its exchange ran: .ahead)
             assert primed.values is not None
             prep, values, batch = primed.prep, primed.values, primed.batch
@@ -131,6 +132,8 @@ class PlannedEngine:
 
     def drop_pending(self) -> None:
         self.stepper.grads = None
+        if self.padded is not None:  # (rows exchanged early: read before the state changed)
+            self.padded.ahead.primed = None
 
     def counters(self) -> dict[str, int]:
         out = self.ctx.counters.total()

@@ -21,9 +21,10 @@ these).
   gradient, one optimizer update per row per step of the sum of all contributions
   (:func:`apply_at_owner`), before it computes the lags of this step's queries; so ``bound = 0``
   equals the single-process reference (:mod:`hetgmp.embedding.reference`, the tests' oracle).
-* **Planning one step ahead** (the multi-rank CUDA graph's default,
-  :mod:`hetgmp.embedding.padded.ahead`) changes no read: only the next batch's plan is made
-  early. **Reading one step ahead** (off by default, a diagnosis) answers the next batch's
+* **Planning one step ahead and exchanging early** (the multi-rank CUDA graph's default,
+  :mod:`hetgmp.embedding.padded.ahead`) change no read: the next batch's plan is made during
+  this batch's forward and its exchange right after this batch's backward, in the strict
+  order's place relative to every update. **Reading one step ahead** (off by default, a diagnosis) answers the next batch's
   queries before the owners apply this step's gradients, so a row stored elsewhere may also
   miss its owner's updates of the step in flight: beyond ``bound``, which is why it is off.
 * **What an owner answers.** With ``replies="stale"`` a value only where the lag exceeds the

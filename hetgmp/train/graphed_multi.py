@@ -68,7 +68,7 @@ class _Entry:
     run: Callable[[], torch.Tensor]
     pos: torch.Tensor
     source: ResidentSource
-    grads: PendingGrads
+    grads: PendingGrads | None  # (None: an early exchange pushed it)
     graph: object = None  # (the CUDA graph: held for as long as the entry)
     # reading one step ahead (hetgmp.embedding.padded.ahead): the next batch's positions and
     # the exchange the step leaves primed for it
@@ -85,7 +85,7 @@ class MultiRankGraphedStep:
     def __init__(
         self, step: TrainStep, whole: WholeStep, comm: DistEnv, *, batch_size: int,
         warmup: int = WARMUP_STEPS, time_replays: int = 0, counts: list[int] | None = None,
-        steps_per_epoch: int = 0,
+        steps_per_epoch: int = 0, boundary: Callable[[int], bool] | None = None,
     ) -> None:  # fmt: skip
         self.step, self.whole, self.comm = step, whole, comm
         self.env = step.env
@@ -103,17 +103,23 @@ class MultiRankGraphedStep:
         # of its own (it overlaps the exchange's collectives on another stream)
         self.ahead = whole.padded.ahead
         self.counts, self.steps_per_epoch = counts, steps_per_epoch
+        # whether an evaluation, checkpoint or the run's end follows a global step (counted
+        # from 1): the next batch is then left alone (its early exchange would be dropped)
+        self.boundary = boundary
         self.reads_ahead = (
             bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
             and batch_size <= read_ahead.AUTO_MAX_BATCH
         )  # fmt: skip
         # planning ahead: exact, at any bound (the next batch's plan only)
         self.plans_ahead = bool(counts) and (read_ahead.PLAN_AHEAD or self.reads_ahead)
-        self.ahead.values = self.reads_ahead
-        self.dense_comm = self._dense_comm() if self.reads_ahead else comm
+        # and the next batch's exchange right after backward (exact, at any bound)
+        self.early = self.plans_ahead and read_ahead.EXCHANGE_EARLY and not self.reads_ahead
+        self.ahead.values, self.ahead.early = self.reads_ahead, self.early
+        self.dense_comm = self._dense_comm() if self.reads_ahead or self.early else comm
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
         self.replays_planned = 0  # replays of a graph whose plan was made one step ahead
+        self.replays_early = 0  # replays that took rows the last step exchanged early
         self.growths = 0  # epoch starts whose capacities grew (buffers rebuilt, graphs again)
 
     def __call__(
@@ -127,7 +133,9 @@ class MultiRankGraphedStep:
         nxt = self._next(batch, global_batch, marks)
         slot = self._slot(batch, global_batch, marks)
         piped = slot is not None and nxt is not None and self._primed(nxt.source, batch, slot)
-        if slot is None or (nxt is not None and not piped):
+        # (after an early exchange no gradient is pending: only a graph that takes its rows)
+        early_left = self.whole.stepper.grads is None
+        if slot is None or (nxt is not None and not piped) or (early_left and not piped):
             return self._eager(batch, global_batch, marks, nxt)
         assert isinstance(batch, PendingBatch)
         if self.whole.generation is not self._generation:  # (buffers rebuilt: graphs stale)
@@ -145,10 +153,12 @@ class MultiRankGraphedStep:
             out = self._replay(entry)
         self.whole.after_replay(self._shape(batch), slot, entry.grads)
         self.ahead.primed = entry.primed
+        self.ahead.primed_at = self.whole.stepper.count
         self._primed_for = self._key(nxt)
         self.replays += 1
         self.replays_planned += int(piped)
         self.replays_ahead += int(piped and self.reads_ahead)
+        self.replays_early += int(piped and self.early)
         return out
 
     @property
@@ -159,6 +169,9 @@ class MultiRankGraphedStep:
             return (f"; each reads the next batch's rows one step ahead (--bound >= 1, at most "
                     f"{read_ahead.AUTO_MAX_BATCH} samples per rank; a read may exceed the bound "
                     "by one step)")  # fmt: skip
+        if self.early:
+            return ("; each plans the next batch while it computes and starts its exchange "
+                    "right after backward (exact)")  # fmt: skip
         if self.plans_ahead:
             return "; each plans the next batch while it computes (exact)"
         return ""
@@ -187,12 +200,12 @@ class MultiRankGraphedStep:
         """An eager step; with ``nxt`` it also runs the next batch's exchange (inline), so
         that the next step can replay the graph that reads ahead."""
         self.eager_steps += 1
-        b = batch.gather() if isinstance(batch, PendingBatch) else batch
+        b = batch.gather(self._exact_ids(batch)) if isinstance(batch, PendingBatch) else batch
         if nxt is None:
             return self.step(b, global_batch, marks)
         self.ahead.next_ids = lambda: nxt.source.gather_ids(nxt.pos)
         try:
-            out = self.step(b, global_batch, marks)
+            out = self.step(b, global_batch, marks, after_backward=self._after_backward(nxt))
             if self.reads_ahead:
                 self.whole.apply_stored_now()
         finally:
@@ -216,6 +229,8 @@ class MultiRankGraphedStep:
         slot, full = batch.source.last_slot, self.batch_size * self.env.world_size
         if slot is None or global_batch != full or slot.batch + 1 >= self.steps_per_epoch:
             return None
+        if self.boundary is not None and self.boundary(slot.step + 1):
+            return None
         if global_batch_sizes(self.counts or [], self.batch_size, slot.batch + 1) != full:
             return None
         nxt = batch.source.peek()
@@ -235,12 +250,31 @@ class MultiRankGraphedStep:
         if not isinstance(batch, PendingBatch):
             return False
         return (
-            p is not None and grads is not None and p.after is grads[0]
+            p is not None and self._still_primed(p, grads)
             # (not buffers since rebuilt)
             and (p.batch is None or p.batch.static is self.whole.padded.static)
             and p.prep.ring == slot and last is not None
             and self._primed_for == (batch.pos.data_ptr(), last.epoch)
         )  # fmt: skip
+
+    def _exact_ids(self, batch: PendingBatch) -> torch.Tensor | None:
+        """The ids tensor of the rows the last step exchanged early for ``batch`` (an eager
+        step gathers into it and takes them), else None."""
+        p, last = self.ahead.primed, batch.source.last_slot
+        if p is None or not p.exact or last is None:
+            return None
+        return p.prep.ids if self._primed_for == (batch.pos.data_ptr(), last.epoch) else None
+
+    def _still_primed(self, p: Primed, grads: Any) -> bool:
+        """Whether nothing changed the table since ``p`` was primed: the pending gradient is
+        the one it was primed after (no step ran since an early exchange, for an exact one)."""
+        if p.exact:
+            return grads is None and self.ahead.primed_at == self.whole.stepper.count
+        return grads is not None and p.after is grads[0]
+
+    def _after_backward(self, nxt: PendingBatch | None) -> Callable[[], None] | None:
+        """What a step that exchanges the next batch early runs after its backward."""
+        return self.whole.exchange_early if self.early and nxt is not None else None
 
     def _dense_comm(self) -> DistEnv:
         """(Collective) the env of the dense all-reduce in a graph that reads ahead: with NCCL
@@ -269,7 +303,12 @@ class MultiRankGraphedStep:
         if self.warmup > 0 or profiled or not batch.fits:
             self.warmup -= 1
             return None
-        return self.whole.ready(self._shape(batch))
+        slot = self.whole.ready(self._shape(batch))
+        return (
+            slot
+            if slot is not None or not self.early
+            else self.whole.ready_early(self._shape(batch))
+        )
 
     def _replay(self, entry: _Entry) -> torch.Tensor:
         return self.timer.replay(entry.run, timed=self.replays > 0 and self.graphed)
@@ -293,7 +332,8 @@ class MultiRankGraphedStep:
                 ahead.next_ids = lambda: source.gather_ids(pos_next)
             try:
                 with self.whole.capturing():
-                    out = self.step(source.gather(pos, ids), global_batch)
+                    b = source.gather(pos, ids)
+                    out = self.step(b, global_batch, after_backward=self._after_backward(nxt))
                 if pos_next is not None and self.reads_ahead:  # (after the side stream joined)
                     self.whole.apply_stored_now()
                 return out
@@ -318,7 +358,7 @@ class MultiRankGraphedStep:
 
         return _Entry(replay, pos, source, grads, graph, pos_next, self.ahead.primed), None
 
-    def _replayed_pending(self) -> PendingGrads:
+    def _replayed_pending(self) -> PendingGrads | None:
         """The gradient a captured step leaves, its batch record marked as a replay's: every
         replay restores it, so its counts must be read from the replay's sizes tables
         (:func:`~hetgmp.embedding.padded.whole.materialize`). A graph that reads ahead takes a
@@ -326,7 +366,8 @@ class MultiRankGraphedStep:
         were that batch's, and an eager step or flush after a later replay pushed with them
         (a device assert at an epoch start or the final flush on 2 H100s, 2026-11-26)."""
         grads = self.whole.pending()
-        grads[0].replayed = True
+        if grads is not None:
+            grads[0].replayed = True
         return grads
 
     def release_graphs(self) -> None:

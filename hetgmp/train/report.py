@@ -107,6 +107,8 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     out["graph_replays_ahead"] = getattr(run, "replays_ahead", 0)
     # (steps whose plan was made one step ahead: exact)
     out["graph_replays_planned_ahead"] = getattr(run, "replays_planned", 0)
+    # (steps that took rows the last step exchanged right after its backward: exact)
+    out["graph_replays_exchanged_early"] = getattr(run, "replays_early", 0)
     # (epoch starts whose exchange capacities grew: buffers rebuilt, graphs captured again)
     out["capacity_growths"] = getattr(run, "growths", 0)
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)

@@ -151,6 +151,7 @@ class Trainer:
         self.run_step = MultiRankGraphedStep(
             self.train_step, whole, whole.comm(), batch_size=self.cfg.batch_size,
             time_replays=self.cfg.profile_steps, counts=self.counts, steps_per_epoch=self.steps_per_epoch,
+            boundary=self._boundary_after,
         )  # fmt: skip
         self.train_step.head = None
 
@@ -194,8 +195,19 @@ class Trainer:
         return compat_info(self.info)
 
     # ---- the loop --------------------------------------------------------------------------
-    def _due(self, every: int) -> bool:
-        return every > 0 and self.position.step % every == 0
+    def _due(self, every: int, step: int | None = None) -> bool:
+        step = self.position.step if step is None else step
+        return every > 0 and step % every == 0
+
+    def _boundary_after(self, step: int) -> bool:
+        """Whether an evaluation, a checkpoint or the end of the run follows global step
+        ``step`` (counted from 1): the whole-step graph then leaves the next batch alone."""
+        cfg = self.cfg
+        return (
+            step >= self.total_steps
+            or (cfg.val and self._due(cfg.eval_every, step))
+            or (cfg.checkpoint_dir is not None and self._due(cfg.checkpoint_every, step))
+        )
 
     def fit(self) -> dict[str, Any]:
         """Train until ``--iter`` steps or ``--epochs`` epochs; returns the final results."""

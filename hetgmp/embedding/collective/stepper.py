@@ -44,6 +44,8 @@ class Stepper:
         self.ctx, self.padded = ctx, padded
         self.exact = ExactExchange(ctx)
         self.grads: Grads | None = None
+        # steps run (an exchange made early is taken only if none ran since: padded.ahead)
+        self.count = 0
         self._const_cache: dict[tuple[int, int, bool], torch.Tensor] = {}
 
     def step(
@@ -56,6 +58,7 @@ class Stepper:
         bound = 0 if evaluating else ctx.bound
         ctx.timer.mark("unique")
         grads, self.grads = self.grads, None
+        self.count += 1
         if self.padded is not None:
             self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
         pe = self.padded if not evaluating and error is None else None

@@ -9,6 +9,15 @@ placement, which no step changes, so the step is exactly the strict one (``--bou
 its equality to one process) and every read keeps ``--bound``: only the order of kernels on the
 device changes.
 
+**Exchanging early** (``EXCHANGE_EARLY``, on with planning ahead): the next batch's exchange
+(this batch's pushes, the owners' updates and answers, its rows back) starts as soon as this
+batch's backward has summed its rows' gradient, on the side stream of that sum, while the
+dense gradients' all-reduce and the dense optimizer run on the main stream (on a communicator
+of their own). It reads the table after every update the strict order applies first, so it
+is exact too; the next step takes its rows and goes straight to the model. Anything that runs
+a step of the table in between (an evaluation, a flush, a checkpoint) drops them: the
+exchange applied this batch's gradient and only read, so dropping loses nothing.
+
 **Reading ahead** (``ENABLED``, off by default; a diagnosis): the next batch's whole exchange,
 its reads included, runs ahead. It relaxes ``--bound`` by one step (below), so it is never
 the default: a hot row mirrored here gets thousands of its owner's updates per step at batch
@@ -66,6 +75,9 @@ ENABLED = False
 AUTO_MAX_BATCH = 16384
 # The next batch's plan made while this batch trains (exact: module docstring).
 PLAN_AHEAD = True
+# With it, the next batch's exchange started right after this batch's backward, under the
+# dense all-reduce and optimizer (exact: module docstring).
+EXCHANGE_EARLY = True
 # The rows stored here take a batch's gradient at the end of its step and the next step
 # reads them from the table (.local_now): only rows not stored here and peers' pushes are a
 # step late (False: every row is, the first version's lag).
@@ -85,6 +97,9 @@ class Primed:
     values: torch.Tensor | None
     batch: Batch | None
     after: Batch
+    # made after this batch's gradient was applied (an early exchange): exact, taken only
+    # when no step ran since (ReadAhead.primed_at)
+    exact: bool = False
 
 
 class ReadAhead:
@@ -97,16 +112,26 @@ class ReadAhead:
         self.primed: Primed | None = None
         # read the next batch's rows too (True), or only plan it (False: exact)
         self.values = False
+        # the next batch's exchange right after this batch's backward (exact)
+        self.early = False
+        self.primed_at = -1  # the stepper's step count when an exact primed was made
+        self.dropped = 0  # rows exchanged early and then dropped (a step ran in between)
         # (made now: not while a graph captures)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._forked = False
 
-    def take(self, ids: torch.Tensor, grads: Any) -> Primed | None:
+    def take(self, ids: torch.Tensor, grads: Any, count: int) -> Primed | None:
         """The primed exchange if ``ids`` is its batch's ids tensor and the pending gradient
-        ``grads`` is the one it was primed after; else None (and it is dropped)."""
+        ``grads`` is the one it was primed after (an exact one: no step ran since it was
+        made, ``count`` being the stepper's step count); else None (and it is dropped)."""
         p, self.primed = self.primed, None
         if p is None or p.prep.ids is not ids:
+            self.dropped += p is not None and p.exact
             return None
+        if p.exact:
+            ok = grads is None and count == self.primed_at
+            self.dropped += not ok
+            return p if ok else None
         if grads is None or grads[0] is not p.after:
             return None
         if STORED_AT_ONCE and p.batch is not None and p.batch.static is not None:
@@ -136,3 +161,25 @@ class ReadAhead:
         if self._forked and self._side is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._side)
             self._forked = False
+
+    def exchange_early(
+        self,
+        step: Callable[[Prep], tuple[torch.Tensor, Batch]],
+        count: Callable[[], int],
+        side: Callable[[Callable[[], None]], None],
+    ) -> None:
+        """The primed plan's exchange now (``step``), after this batch's backward: through
+        ``side``, which runs it on the stream of the gradient's sum while a graph is
+        captured (inline otherwise); ``count``: the stepper's step count after it."""
+        p = self.primed
+        if not self.early or p is None or p.batch is not None:
+            return
+
+        def run() -> None:
+            if SIDE_STREAM and self._side is not None and self._forked:
+                torch.cuda.current_stream(self.device).wait_stream(self._side)  # (the plan)
+            values, batch = step(p.prep)
+            self.primed = Primed(p.prep, values, batch, p.after, exact=True)
+            self.primed_at = count()
+
+        side(run)

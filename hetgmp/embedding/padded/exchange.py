@@ -263,10 +263,30 @@ class PaddedExchange:
         self._held = (grad_occ, batch.inv)
         return Summed(out)
 
+    def on_side(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the side stream of :meth:`sum_grad_aside`, after what the current
+        stream has queued, while a whole-step graph is captured (:meth:`join` then waits for
+        it too); inline otherwise (the next batch's exchange made early: ``.ahead``)."""
+        dev = self.ctx.store.device
+        if not _capturing(dev):
+            fn()
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(dev)
+        self._side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(self._side):
+            fn()
+        if self._held is None:
+            self._held = ()
+
     def join(self) -> None:
-        """The main stream waits for a gradient summed aside (a no-op when none is)."""
+        """The current stream waits for the side stream's work (a no-op when there is none,
+        or when it is that stream: work running on it, joined later)."""
         if self._held is not None and self._side is not None:
-            torch.cuda.current_stream(self._side.device).wait_stream(self._side)
+            current = torch.cuda.current_stream(self._side.device)
+            if current == self._side:
+                return
+            current.wait_stream(self._side)
             self._held = None
 
     # ---------------------------------------------------------------- graphs and groups

@@ -236,13 +236,38 @@ class WholeStep:
         if st is not None and pb.static is st and pb.prep is not None:
             apply_stored(st, pb.prep, grads[1].grad)
 
-    def pending(self) -> tuple[Batch, Summed]:
-        """The gradient a captured step leaves (restored after each replay of that graph)."""
+    def pending(self) -> tuple[Batch, Summed] | None:
+        """The gradient a captured step leaves (restored after each replay of that graph;
+        None after one that exchanged the next batch early: it pushed it)."""
         grads = self.stepper.grads
-        assert grads is not None and isinstance(grads[1], Summed), grads
+        assert grads is None or isinstance(grads[1], Summed), grads
         return grads
 
-    def after_replay(self, shape: tuple[int, int], slot: int, grads: tuple[Batch, Summed]) -> None:
+    def exchange_early(self) -> None:
+        """After a batch's backward: the primed next batch's exchange (:mod:`.ahead`)."""
+        st = self.stepper
+        self.padded.ahead.exchange_early(
+            lambda prep: st.step(prep, op=OP_FORWARD, error=None, training=True),
+            lambda: int(st.count),
+            self.padded.on_side,
+        )
+
+    def ready_early(self, shape: tuple[int, int]) -> int | None:
+        """The ring slot of the next step of ``shape`` when an exchange made early left its
+        rows (no gradient pending: only a graph that takes them may replay), else None."""
+        pad, p = self.padded, self.padded.ahead.primed
+        st, ring = pad.static, pad.ring(shape)
+        if st is None or ring is None or p is None or not p.exact or p.batch is None:
+            return None
+        if self.stepper.grads is not None or p.batch.static is not st:
+            return None
+        if pad.frozen is None or pad.frozen.n != shape[0] * shape[1] or not st.current:
+            return None
+        return p.prep.ring if p.prep.ring == ring.next_slot else None
+
+    def after_replay(
+        self, shape: tuple[int, int], slot: int, grads: tuple[Batch, Summed] | None
+    ) -> None:
         """Host bookkeeping of a replayed step: its ring slot and pending gradient, counters."""
         ring = self.padded.ring(shape)
         assert ring is not None
