@@ -58,6 +58,13 @@ SCRIPT = textwrap.dedent(
             if b > 40:
                 ids[5, 0], ids[-1, -1] = -3, 99
             assert bool(compare(ref, tri, ids, ("agg", b, f)).bad) == (b > 40)
+        # rows whose low 21 bits collide (prep_mark sorts by a 21-bit hash): interleaved
+        # runs of different rows in one program, the first occurrence must still lead
+        big = 3 * 2**21 + 7
+        ref, tri = planners(big, 2, g)
+        hot = torch.tensor([5, 5 + 2**21, 5 + 2 * 2**21, 9, 9 + 2**22])
+        ids = hot[torch.randint(0, 5, (40, 3), generator=g)]
+        compare(ref, tri, ids, "hash collisions")
         prep.AGGREGATE, prep.BLOCK = False, 1024
         for world in (1, 2, 3, 4):
             ref, tri = planners(97, world, g)

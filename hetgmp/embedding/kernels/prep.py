@@ -20,7 +20,7 @@ import torch
 
 from hetgmp.embedding.kernels.launcher import _kernels, interpreted, launch, on_device
 
-BLOCK = 1024  # occurrences per program (< 4096: the packed in-program rank, prep_triton)
+BLOCK = 1024  # occurrences per program (<= 1024: prep_mark's 32-bit sort key, prep_triton)
 SCAN_TILE = 4096  # histogram entries per step of the one-program scan
 # One atomic per distinct row of a program (its ids and leaders sorted in the program) rather
 # than one per occurrence: hot rows serialised them (2 H100s, batch 65536 x 26: the plan took
