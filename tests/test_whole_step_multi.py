@@ -66,6 +66,8 @@ def _rank(
         out["planned"], out["early"] = run.replays_planned, run.replays_early
         out["dropped"] = run.ahead.dropped
         w = emb.whole_step()
+        st = w.padded.static
+        out["counted_early"] = st.counted_early if st is not None else 0
         out["routed"], out["cap"], out["max"] = w.routed, w.padded.frozen, w.epoch_max
     return out
 
@@ -155,6 +157,31 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
         torch.testing.assert_close(_by_id(w)[0], _by_id(e)[0], rtol=0, atol=1e-6)
         for k in e["dense"]:
             torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
+    tiny_dataset, tmp_path, monkeypatch, optimizer: str
+) -> None:
+    """With the fused Triton segments (in Triton's interpreter) the next exchange's counts
+    phase and sizes exchange run during the forward, before the gradient exists
+    (hetgmp.embedding.padded.presync_step): rows, state, dense layers and counters equal the
+    eager padded path's, which runs every pre-sync part in order."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the spawned ranks import triton fresh)
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
+    eager = spawn_ranks(_rank, 2, cfg, False, None, timeout_s=240)
+    whole = spawn_ranks(_rank, 2, cfg, True, None, timeout_s=240)
+    for e, w in zip(eager, whole, strict=True):
+        for got, want in zip(_by_id(w), _by_id(e), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        for k in e["dense"]:
+            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
+    counts = (whole[0]["res"]["embedding_counters"], eager[0]["res"]["embedding_counters"])
+    for k in COUNTS:
+        assert counts[0][k] == counts[1][k], (k, counts)
+    assert whole[0]["counted_early"] >= 2 and whole[0]["early"] >= 2, whole[0]
 
 
 def test_read_ahead_takes_exact_rows_only_when_no_step_ran_since() -> None:

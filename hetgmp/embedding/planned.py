@@ -96,6 +96,9 @@ class PlannedEngine:
         assert ahead.next_ids is not None
         prep = self._plan(ahead.next_ids(), True)
         if not ahead.values:
+            count_early = getattr(self.stepper, "count_early", None)
+            if ahead.early and count_early is not None:  # (its exchange's counts phase too)
+                count_early(prep, trained)
             return Primed(prep, None, None, trained)
         values, batch = self.stepper.step(prep, op=OP_FORWARD, error=None, training=True)
         return Primed(prep, values, batch, trained)

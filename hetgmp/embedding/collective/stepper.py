@@ -28,7 +28,7 @@ from hetgmp.comm.exchange import exchange_sizes
 from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed, range_error
 from hetgmp.embedding.collective.exact import ExactExchange, SizedStep, Staged
-from hetgmp.embedding.context import OP_FLUSH, OP_NAMES, StepContext
+from hetgmp.embedding.context import OP_FLUSH, OP_FORWARD, OP_NAMES, StepContext
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.ops import index_add_rows
 from hetgmp.embedding.padded.whole import materialize
@@ -82,6 +82,22 @@ class Stepper:
         table, theirs, host = self._exchange_sizes(prep, grads, staged, error, bound, op, padded)
         s = SizedStep(prep, grads, op, evaluating, table, theirs, host, staged, own_done)
         return self._after_sizes(s, error, padded)
+
+    def count_early(self, prep: Prep, trained: Batch) -> None:
+        """The counts phase of the next step's pre-sync part (``trained``'s pushes, ``prep``'s
+        sizes table and the sizes exchange) now, before ``trained``'s gradient exists, where
+        that step will take the pre-sync path (:mod:`hetgmp.embedding.padded.presync_step`;
+        the next batch's exchange made early, :mod:`hetgmp.embedding.padded.ahead`)."""
+        pe = self.padded
+        st = pe.static if pe is not None else None
+        if pe is None or st is None or not st.fused or trained.prep is None:
+            return
+        grads = (trained, Summed(st.grad_of(trained.ring)))  # (where backward will sum it)
+        if not (pe.accepts(prep) and pe.can_presync(grads, prep)):
+            return
+        st.presync_counts_early(
+            trained.prep, prep, self.const_cols(self.ctx.bound, OP_FORWARD, True)
+        )
 
     # ---------------------------------------------------------------- stage 1
     def _stage(self, grads: Grads | None, evaluating: bool) -> Staged:

@@ -53,8 +53,8 @@ from hetgmp.comm.exchange import exchange_fixed
 from hetgmp.embedding import sizes
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import scatter_add_rows
-from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.padded import kernels as fused_segments
+from hetgmp.embedding.padded import presync_step
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
@@ -150,6 +150,9 @@ class StaticExchange:
             SLOTS, 2, w, sizes.COLS, dtype=torch.int64, pin_memory=dev.type == "cuda"
         )
         self._sizes_ready = torch.cuda.Event() if dev.type == "cuda" else None
+        # (prev, cur) ring slots whose presync counts phase ran early (.presync_step)
+        self.counted: tuple[int, int] | None = None
+        self.counted_early = 0  # (how many ran early: tests)
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
         # they were queries of the last batch
         self.pr_ids = torch.zeros(w * q, **i64)
@@ -295,59 +298,16 @@ class StaticExchange:
     def presync(
         self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor | None
     ) -> torch.Tensor:
-        """The part of a step before the sizes exchange, for the batch after this one's
-        (``prev``: the batch this object ran, ``grad_occ`` its gradient, one row per
-        occurrence; ``cur``: the next batch, preprocessed): ``prev``'s gradient summed per row
-        into :attr:`grad`, SGD on its own rows, its mirrors' local step, the push inputs, the
-        next batch's inputs and sizes table (into :attr:`sz_mine`); then the sizes exchange.
-        Returns both tables on the CPU (``[2, w, COLS]``: sent, received), the step's one wait
-        for the device. Graphs per ring slot of ``cur`` (see :class:`PrepRing`) once both are
-        at fixed addresses. ``bound_cols``: ``[w, 4]`` the bound / audit / operation / padded
-        columns. With the fused kernels the sizes table needs counts only, so the gradient's
-        part (the sum, the updates) runs after the exchange, while the host reads the sizes
-        and launches the rest. ``grad_occ`` None: :attr:`grad` holds the sum already (the
-        whole-step graph's form); while :attr:`capturing` nothing waits for the device (the
-        tables returned are then a replay's to read, :mod:`.whole`)."""
-        # (shapes with one numel share self; what reads the gradient: a graph per address of
-        # the incoming gradient, a training loop's allocator hands out one or two)
-        key = ("presync", tuple(cur.ids.shape), prev.ring, cur.ring)
-        key_g = (*key, "summed" if grad_occ is None else grad_occ.data_ptr())
-        capturable = prev.static and cur.static
-        ready = None if self.capturing else self._sizes_ready
+        """The part of a step before the sizes exchange, then the gradient's part
+        (:func:`.presync_step.presync`); both tables on the CPU."""
+        return presync_step.presync(self, prev, cur, bound_cols, grad_occ)
 
-        self.bind(prev.ring, cur.ring)
+    def presync_counts_early(self, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+        """The counts part of the next :meth:`presync` of ``(prev, cur)`` and the sizes
+        exchange, now (:func:`.presync_step.counts_early`)."""
+        presync_step.counts_early(self, prev, cur, bound_cols)
 
-        def summed() -> None:
-            if grad_occ is not None:
-                self.sum_grad(prev.inv, grad_occ, slot=prev.ring)
-
-        def before() -> None:
-            if self.fused:
-                fused_segments.presync_counts(self, prev, cur)
-                fused_segments.count_due(self)
-                fused_segments.presync_table(self, cur, bound_cols)
-            else:  # (the reference: all of it before the exchange)
-                summed()
-                torch_segments.presync(self, prev, cur, bound_cols)
-            if self.comm_in_graphs:  # the exchange and the copy for the host: graph nodes
-                self._sizes_exchange()
-
-        def after() -> None:
-            summed()
-            fused_segments.presync_values(self, prev)
-
-        self._segment(key if self.fused else key_g, before, capturable=capturable)
-        if not self.comm_in_graphs:
-            self._sizes_exchange()
-        if ready is not None:
-            ready.record(current_stream(self.store.device))
-        if self.fused:
-            self._segment(key_g, after, capturable=capturable)
-        if ready is not None:
-            ready.synchronize()
-        return self.host_sizes
-
-    def _sizes_exchange(self) -> None:
+    def sizes_exchange(self) -> None:
         """Sizes exchange 1 and the copy of both tables into :attr:`host_sizes` (read by the
         host once :attr:`_sizes_ready` has passed; on CPU the copy is synchronous)."""
         exchange_fixed(self.comm, self.sz_mine, self.sz_theirs, "embedding size exchange 1")
