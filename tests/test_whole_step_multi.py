@@ -159,20 +159,34 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
             torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
 
 
+def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool) -> dict:
+    """:func:`_rank` with Triton's kernels in its interpreter (set here: a forkserver child
+    has the server's environment, and triton reads it when first imported)."""
+    import os
+    import sys
+
+    from hetgmp.embedding.kernels import launcher, prep
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
+    prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
+    assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
+    return _rank(env, cfg, whole, None)
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
-    tiny_dataset, tmp_path, monkeypatch, optimizer: str
+    tiny_dataset, tmp_path, optimizer: str
 ) -> None:
     """With the fused Triton segments (in Triton's interpreter) the next exchange's counts
     phase and sizes exchange run during the forward, before the gradient exists
     (hetgmp.embedding.padded.presync_step): rows, state, dense layers and counters equal the
     eager padded path's, which runs every pre-sync part in order."""
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # (the spawned ranks import triton fresh)
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
-    eager = spawn_ranks(_rank, 2, cfg, False, None, timeout_s=240)
-    whole = spawn_ranks(_rank, 2, cfg, True, None, timeout_s=240)
+    eager = spawn_ranks(_rank_interpreted, 2, cfg, False, timeout_s=240)
+    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, timeout_s=240)
     for e, w in zip(eager, whole, strict=True):
         for got, want in zip(_by_id(w), _by_id(e), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
