@@ -129,7 +129,7 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
         assert w0["replays"] >= 4 and w0["routed"] == 0, w0
         # planned one step ahead and exchanged right after the last step's backward (exact:
         # the same rows, state and counters as the eager path, above)
-        assert w0["planned"] >= 2 and w0["early"] == w0["planned"], w0
+        assert w0["planned"] >= 2 and w0["early"] > w0["planned"], w0  # (+ epochs' last steps)
     else:
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
     # the comparison is not vacuous: the rows moved
@@ -266,7 +266,7 @@ def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
     for r in got:
         # steps 2..7 of each 9-step epoch (the first after an epoch start is eager, the
         # last two have no full next batch): piped keys exist and most rows came primed
-        assert any(piped for _slot, piped in r["keys"]), r["keys"]
+        assert any(piped for _slot, piped, _last in r["keys"]), r["keys"]
         assert r["ahead"] >= 10, r["ahead"]
     assert got[0]["ahead"] == got[1]["ahead"]  # (every rank decides the same)
     c = got[0]["res"]["embedding_counters"]

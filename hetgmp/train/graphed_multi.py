@@ -93,7 +93,7 @@ class MultiRankGraphedStep:
         self.graphed = step.env.device.type == "cuda"
         if self.graphed:
             GraphReleaser.register(step.env, self)
-        self._entries: dict[tuple[int, bool], _Entry] = {}
+        self._entries: dict[tuple[int, bool, bool], _Entry] = {}  # (slot, primes, last)
         self._generation: object = None
         self.replays = 0
         self.eager_steps = 0
@@ -132,19 +132,22 @@ class MultiRankGraphedStep:
         until the next call (a replay rewrites it)."""
         nxt = self._next(batch, global_batch, marks)
         slot = self._slot(batch, global_batch, marks)
-        piped = slot is not None and nxt is not None and self._primed(nxt.source, batch, slot)
-        # (after an early exchange no gradient is pending: only a graph that takes its rows)
+        takes = slot is not None and self._primed(batch, slot)  # (what the last step left)
+        piped = takes and nxt is not None
+        # after an early exchange no gradient is pending: only a graph that takes its rows
+        # (and primes the next batch, or not: the last step before an epoch end or boundary)
         early_left = self.whole.stepper.grads is None
-        if slot is None or (nxt is not None and not piped) or (early_left and not piped):
+        last = self.early and early_left and takes and nxt is None
+        if slot is None or (nxt is not None and not piped) or (early_left and not takes):
             return self._eager(batch, global_batch, marks, nxt)
         assert isinstance(batch, PendingBatch)
         if self.whole.generation is not self._generation:  # (buffers rebuilt: graphs stale)
             self._drop()
             self._generation = self.whole.generation
-        key = (slot, piped)
+        key = (slot, piped, last)
         entry, out = self._entries.get(key), None
         if entry is None or entry.source is not batch.source:
-            entry, out = self._capture(batch, global_batch, nxt)  # (out: CPU, the step ran)
+            entry, out = self._capture(batch, global_batch, nxt, piped or last)
             self._entries[key] = entry
         if out is None:
             entry.pos.copy_(batch.pos, non_blocking=True)
@@ -158,7 +161,7 @@ class MultiRankGraphedStep:
         self.replays += 1
         self.replays_planned += int(piped)
         self.replays_ahead += int(piped and self.reads_ahead)
-        self.replays_early += int(piped and self.early)
+        self.replays_early += int((piped or last) and self.early)
         return out
 
     @property
@@ -242,13 +245,13 @@ class MultiRankGraphedStep:
             return None
         return (nxt.pos.data_ptr(), nxt.source.last_slot.epoch)
 
-    def _primed(self, source: ResidentSource, batch: DeviceBatch | PendingBatch, slot: int) -> bool:
-        """Whether the last step left this batch's exchange done, usable by the graph that
-        reads ahead (the same pending gradient, the ring slot the graph expects)."""
+    def _primed(self, batch: DeviceBatch | PendingBatch, slot: int) -> bool:
+        """Whether the last step left this batch planned or exchanged, usable by a graph that
+        takes it (nothing ran since, the ring slot the graph expects)."""
         p, grads = self.ahead.primed, self.whole.stepper.grads
-        last = source.last_slot
         if not isinstance(batch, PendingBatch):
             return False
+        last = batch.source.last_slot
         return (
             p is not None and self._still_primed(p, grads)
             # (not buffers since rebuilt)
@@ -314,15 +317,16 @@ class MultiRankGraphedStep:
         return self.timer.replay(entry.run, timed=self.replays > 0 and self.graphed)
 
     def _capture(
-        self, batch: PendingBatch, global_batch: int, nxt: PendingBatch | None
+        self, batch: PendingBatch, global_batch: int, nxt: PendingBatch | None, takes: bool
     ) -> tuple[_Entry, torch.Tensor | None]:
         """Record one step on a fixed positions buffer (recording runs nothing on CUDA: the
         caller then replays it for this batch). On CPU the "graph" is the same flow run
-        plainly, now (its result is returned) and at each replay. With ``nxt`` the step
-        reads ahead: its ids are the primed exchange's, and it runs the next batch's."""
+        plainly, now (its result is returned) and at each replay. ``takes``: the step takes
+        what the last one primed (its ids are the primed plan's); with ``nxt`` it primes the
+        next batch (plans it, exchanges it early or reads it ahead)."""
         source, pos = batch.source, batch.pos.clone()
         pos_next = None if nxt is None else nxt.pos.clone()
-        ids = None if self.ahead.primed is None or nxt is None else self.ahead.primed.prep.ids
+        ids = self.ahead.primed.prep.ids if takes and self.ahead.primed is not None else None
         comm = self.comm if nxt is None else self.dense_comm
 
         def flow() -> torch.Tensor:
