@@ -39,9 +39,9 @@ from typing import Any, TypeVar
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.launch import abort_job, init_distributed, shutdown
 from hetgmp.config import validate
-from hetgmp.data.id_ranges import check_id_ranges
 from hetgmp.data.format import Dataset, open_dataset
 from hetgmp.data.generate import generate_criteo_like
+from hetgmp.data.id_ranges import check_id_ranges
 from hetgmp.embedding import DistributedEmbedding
 from hetgmp.models import CTRModel
 from hetgmp.partition.api import partition_dataset
