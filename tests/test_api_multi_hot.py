@@ -97,8 +97,8 @@ def test_api_fit_equals_cli_two_gloo_ranks(tmp_path: Path) -> None:
 def test_bad_pooling_and_gpu_are_refused_clearly(tmp_path: Path) -> None:
     ds = _data(tmp_path / "d")
     env = DistEnv.single("cpu")
-    with pytest.raises(DatasetError, match=r"pooling='sum,mean,sum': 3 modes for the 2 multi-hot "
-                       r"fields of .*d \(h1, h2\); give one mode for all, or one per field"):
+    count = r"pooling='sum,mean,sum': 3 modes for the 2 multi-hot fields of .*d \(h1, h2\); give"
+    with pytest.raises(DatasetError, match=count):
         hetgmp.build_model(ds, env, embed_dim=4, pooling=("sum", "mean", "sum"))
     with pytest.raises(ValueError, match=r"pooling: unknown mode 'max' in 'sum,max'"):
         hetgmp.build_model(ds, env, embed_dim=4, pooling="sum,max")
