@@ -41,6 +41,7 @@ from hetgmp.comm.launch import abort_job, init_distributed, shutdown
 from hetgmp.config import validate
 from hetgmp.data.format import Dataset, open_dataset
 from hetgmp.data.generate import generate_criteo_like
+from hetgmp.data.id_ranges import check_id_ranges
 from hetgmp.embedding import DistributedEmbedding
 from hetgmp.models import CTRModel
 from hetgmp.partition.api import partition_dataset
@@ -49,6 +50,8 @@ from hetgmp.partition.plan import load_plan as _load_plan
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.evaluate import EvalResult
 from hetgmp.train.facade import BUILD_ATTR, BuildRecord, Trainer, check_types
+from hetgmp.train.multi_hot import pooling_option
+from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.run import build_ctr_model, check_plan, fallback_plan
 from hetgmp.train.run import on_rank0_then_all as _on_rank0_then_all
 from hetgmp.train.threads import apply_threads
@@ -64,7 +67,7 @@ T = TypeVar("T")
 # build_model's keyword options: the model and its table (TrainConfig fields, CLI defaults).
 MODEL_OPTIONS = (
     "model", "embed_dim", "optimizer", "lr", "bound", "store_rate", "seed", "init_scale",
-    "adagrad_init", "kernels", "replies", "exchange",
+    "adagrad_init", "kernels", "replies", "exchange", "pooling",
 )  # fmt: skip
 
 
@@ -196,16 +199,27 @@ def build_model(
     staleness bound, 0), ``store_rate`` (share of all rows each rank mirrors, 0), ``seed`` (0;
     the dense layers are seeded with it, identically on every rank), ``init_scale``,
     ``adagrad_init``, ``kernels``, ``replies``, ``exchange``. The model's ``.embedding`` is the
-    table; see its ``forward`` and ``state_dict`` for the rules of calling it yourself."""
+    table; see its ``forward`` and ``state_dict`` for the rules of calling it yourself.
+
+    Multi-hot fields (lists of ids: histories, tags; on CPU so far, as ``hetgmp train``):
+    ``pooling`` ("sum"; or "mean", or one mode per multi-hot field: ``("sum", "mean")`` or
+    ``"sum,mean"``) says how each bag of rows becomes one; the bags are padded into the ids as
+    the CLI does, and a GPU ``env`` is refused, naming issue 34."""
     unknown = sorted(set(options) - set(MODEL_OPTIONS))
     if unknown:
         raise TypeError(f"build_model: unknown option(s) {unknown}; known: {list(MODEL_OPTIONS)}")
+    if "pooling" in options:  # (a sequence of modes -> --pooling's text, checked)
+        options = {**options, "pooling": pooling_option(options["pooling"])}
     check_types(options)
     cfg = validate(dataclasses.replace(TrainConfig(), dataset=str(dataset.root), **options))
+    ds = prepare_multi_hot(cfg, env, dataset, api=True)  # (refuses what it does not do yet)
+    if ds is not dataset:  # (a bad id in a bag: refused now, by file, as the CLI does)
+        check_id_ranges(dataset, dataset.meta.num_embeddings, multi_hot_ok=True)
     if plan is None and cfg.store_rate > 0 and env.world_size > 1:
-        plan = fallback_plan(dataset, env, cfg.seed)
+        plan = fallback_plan(ds, env, cfg.seed)
     elif plan is not None:
-        check_plan(plan, dataset, env, where=str(plan.meta.get("path", "plan")))
-    model = build_ctr_model(cfg, env, dataset, plan)
-    setattr(model, BUILD_ATTR, BuildRecord(cfg, plan))  # (read by Trainer: options and plan)
+        check_plan(plan, ds, env, where=str(plan.meta.get("path", "plan")))
+    model = build_ctr_model(cfg, env, ds, plan)
+    # (read by Trainer: the options, the plan and the data set as the model reads it)
+    setattr(model, BUILD_ATTR, BuildRecord(cfg, plan, ds))
     return model

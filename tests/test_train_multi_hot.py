@@ -205,7 +205,7 @@ def test_runs_not_supported_yet_are_refused_by_name(tmp_path: Path, capsys) -> N
     host = dataclasses.replace(cfg, rows_on="host")
     with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
         prepare(host, DistEnv.single(), open_dataset(ds.root))
-    with pytest.raises(ValueError, match="the Python API does not take them yet"):
+    with pytest.raises(ValueError, match="multi-hot fields are not padded into the ids"):
         bag_layout(cfg, open_dataset(ds.root))  # (a data set not padded by prepare)
     # a plan (several ranks: tests/test_train_multi_hot_dist.py) trains with one rank too
     plan = tmp_path / "p.npz"

@@ -26,10 +26,12 @@ from hetgmp.models import MODELS, CTRModel
 from hetgmp.partition.plan import Plan
 from hetgmp.train.checkpoint import open_checkpoint
 from hetgmp.train.config import TrainConfig
-from hetgmp.train.evaluate import EvalResult
+from hetgmp.train.evaluate import EvalResult, gather_rows, score_split
+from hetgmp.train.multi_hot import matching
 from hetgmp.train.resume import save_trainer
 from hetgmp.train.run import run_info
 from hetgmp.train.runlog import RunLog
+from hetgmp.train.step import table
 from hetgmp.train.trainer import Trainer as LoopTrainer
 from hetgmp.train.warm_start import warm_start
 
@@ -49,10 +51,12 @@ ALIASES = {"iters": "iter", "evaluate": "val"}
 
 @dataclasses.dataclass(frozen=True)
 class BuildRecord:
-    """How :func:`hetgmp.api.build_model` made a model: its resolved options and its plan."""
+    """How :func:`hetgmp.api.build_model` made a model: its resolved options, its plan and the
+    data set as the model reads it (multi-hot fields: their bags padded into the ids)."""
 
     config: TrainConfig
     plan: Plan | None
+    dataset: Dataset | None = None
 
 
 def check_types(options: dict[str, Any]) -> None:
@@ -145,8 +149,10 @@ class Trainer:
         built: BuildRecord | None = getattr(model, BUILD_ATTR, None)
         if plan is None and built is not None:
             plan = built.plan
-        self.env, self.dataset, self.plan = env, dataset, plan
         cfg = self._config
+        # (multi-hot fields: the padded data set the model was built on, or this one padded)
+        dataset = matching(cfg, env, dataset, built.dataset if built else None, model.bags)
+        self.env, self.dataset, self.plan = env, dataset, plan
         self._log = RunLog(
             active=env.is_main and verbose, json_path=cfg.log_json, progress=False, stream=stream
         )
@@ -226,6 +232,23 @@ class Trainer:
         table's pending updates, every rank scores a shard, the scores are gathered once; the
         same numbers for any rank count)."""
         return self._loop.run_eval()
+
+    def predict(self, split: str = "test") -> np.ndarray:
+        """The model's click probabilities for every sample of ``split`` ("test" or "train"),
+        in the split's stored order: float32 ``[N]``, the same array on every rank.
+
+        Collective, as :meth:`evaluate`: pending row updates are applied first, every rank
+        scores a contiguous shard, and the shards are gathered once."""
+        if split not in ("train", "test"):
+            raise ValueError(f"Trainer.predict: split {split!r}: expected 'train' or 'test'")
+        loop = self._loop
+        loop.train_step.average_dense()
+        table(loop.model).flush()
+        probs, _ = score_split(
+            loop.model, self.dataset.split(split), self.env,
+            batch_size=self._config.eval_batch_size, amp=loop.amp,
+        )  # fmt: skip
+        return gather_rows(self.env, probs.reshape(1, -1))[0].cpu().numpy()
 
     def save(self, directory: str | Path | None = None) -> Path:
         """Write a checkpoint under ``directory`` (default ``checkpoint_dir``); returns it.

@@ -8,15 +8,17 @@ model's lookup (:mod:`hetgmp.models.pooling`, ``--pooling sum|mean``). The looku
 table every bag id (padding slots taken out) with the single-hot ids in one call, so the
 table's step dedups them: each distinct row is fetched, and its summed gradient pushed, once per
 step, as for single-hot ids. GPUs (the fused pooled kernels), ``--sync async``, ``--rows-on
-host`` and the Python API's ``build_model`` are refused here, naming issue 34, before anything
-is built.
+host`` are refused here, naming issue 34, before anything is built. The Python API
+(``hetgmp.build_model`` / ``Trainer``) prepares its data set here too (:func:`prepare`,
+:func:`pooling_option`, :func:`matching`), so it trains what the CLI trains.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from hetgmp.choices import parse_pooling
+from hetgmp.choices import POOLINGS, parse_pooling
 from hetgmp.data.dataset_meta import DatasetError
 from hetgmp.data.dataset_reader import Dataset
 from hetgmp.data.multi_hot_padded import PaddedBags, bag_widths
@@ -37,9 +39,29 @@ def unsupported(cfg: Any, env: Any) -> list[str]:
     return why
 
 
-def prepare(cfg: Any, env: Any, ds: Dataset) -> Dataset:
+def pooling_option(value: str | Sequence[str]) -> str:
+    """The Python API's ``pooling=``: ``"sum"``, ``"sum,mean"`` or a sequence of modes (one for
+    every multi-hot field, or one per field), as ``--pooling``'s text; a wrong type or an
+    unknown mode is refused here, naming the option and the modes there are."""
+    if isinstance(value, str):
+        modes = value.split(",")
+    elif isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
+        modes = list(value)
+    else:
+        raise TypeError(
+            f"pooling: expected a mode ('sum' or 'mean'), a comma-separated string or a "
+            f"non-empty sequence of modes (one per multi-hot field), got {value!r}"
+        )
+    bad = [m for m in modes if m not in POOLINGS]
+    if bad:
+        raise ValueError(f"pooling: unknown mode {bad[0]!r} in {value!r}; modes: {POOLINGS}")
+    return ",".join(modes)
+
+
+def prepare(cfg: Any, env: Any, ds: Dataset, *, api: bool = False) -> Dataset:
     """``ds`` as the trainer reads it: unchanged without multi-hot fields; with them, refused
-    unless the run is supported (:func:`unsupported`), else the bags padded into the ids."""
+    unless the run is supported (:func:`unsupported`), else the bags padded into the ids.
+    ``api``: a wrong count of pooling modes names ``pooling=`` (the API's), not ``--pooling``."""
     if not ds.meta.multi_hot:
         return ds
     why = unsupported(cfg, env)
@@ -50,23 +72,25 @@ def prepare(cfg: Any, env: Any, ds: Dataset) -> Dataset:
             f"rows on the device so far ({ISSUE}); this run has {'; '.join(why)}"
         )
     parse = parse_pooling(cfg.pooling, len(ds.meta.multi_hot))
+    option = f"pooling={cfg.pooling!r}" if api else f"--pooling {cfg.pooling}"
     if len(parse) != len(ds.meta.multi_hot):
         raise DatasetError(
-            f"--pooling {cfg.pooling}: {len(parse)} modes for the {len(ds.meta.multi_hot)} "
-            f"multi-hot fields of {ds.root}; give one mode for all, or one per field"
+            f"{option}: {len(parse)} modes for the {len(ds.meta.multi_hot)} "
+            f"multi-hot fields of {ds.root} ({', '.join(f.name for f in ds.meta.multi_hot)}); "
+            "give one mode for all, or one per field"
         )
     return PaddedBags(ds, bag_widths(ds))
 
 
 def bag_layout(cfg: Any, ds: Dataset) -> BagLayout | None:
     """The model's pooled lookup for ``ds`` (None without multi-hot fields); ``ds`` must come
-    from :func:`prepare` (the Python API's data sets do not yet: refused, naming the issue)."""
+    from :func:`prepare` (``hetgmp train`` and ``hetgmp.build_model`` pass theirs through it)."""
     if not ds.meta.multi_hot:
         return None
     if not isinstance(ds, PaddedBags):
         raise DatasetError(
-            f"{ds.root}: multi-hot fields train through `hetgmp train` on CPU so far "
-            f"({ISSUE}); the Python API does not take them yet"
+            f"{ds.root}: its multi-hot fields are not padded into the ids: pass the data set "
+            f"through hetgmp.train.multi_hot.prepare first (hetgmp.build_model does; {ISSUE})"
         )
     return BagLayout(
         num_single=ds.meta.num_fields,
@@ -85,3 +109,31 @@ def multi_hot_note(cfg: Any, ds: Dataset) -> str:
         f"multi-hot: {fields} padded into the id matrix (ids held in memory), pooled "
         f"--pooling {cfg.pooling} ({ISSUE}: CPU only so far)"
     )
+
+
+def matching(cfg: Any, env: Any, ds: Dataset, built: Dataset | None, bags: Any) -> Dataset:
+    """The data set the Python API's ``Trainer`` reads for ``ds``: ``ds`` itself without
+    multi-hot fields; the prepared one its model was built on (``built``) when it holds the
+    same data, else ``ds`` prepared afresh. Refused when the model (its ``bags``, a
+    :class:`~hetgmp.models.pooling.BagLayout` or None) does not pool this data set's bags."""
+    if not ds.meta.multi_hot or isinstance(ds, PaddedBags):
+        out = ds
+    elif isinstance(built, PaddedBags) and built.fingerprint == ds.fingerprint:
+        out = built  # (its padded splits already read once)
+    else:
+        out = prepare(cfg, env, ds, api=True)
+    if not isinstance(out, PaddedBags):
+        if bags is not None:
+            raise DatasetError(f"{ds.root}: no multi-hot fields, but the model pools bags")
+        return out
+    if bags is None:
+        raise DatasetError(
+            f"{ds.root}: multi-hot fields, but the model pools no bags: build it with "
+            "hetgmp.build_model on this data set"
+        )
+    if tuple(out.widths) != tuple(bags.widths):
+        raise DatasetError(
+            f"{ds.root}: its bags are {tuple(out.widths)} ids wide, the model was built for "
+            f"{tuple(bags.widths)}: build it with hetgmp.build_model on this data set"
+        )
+    return out
