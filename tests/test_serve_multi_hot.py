@@ -123,6 +123,16 @@ def test_predict_raw_multi_hot_rows_scores_as_the_trained_model(tmp_path: Path, 
     unknown = tags.values[tags.offsets[-3] : tags.offsets[-2]].tolist()
     assert unknown[0] == unknown[2] == rare[1] != unknown[1]
     assert genres.values[genres.offsets[-3]] == rare[2] and b.sparse[-2, 0] == rare[0]
+    # the vocabulary's own stream gives every list value the id preprocessing gave it
+    (block,) = vocab.encode_files([new])
+    for (values, offsets), mh in zip(block.lists, b.multi_hot, strict=True):
+        assert values.tolist() == mh.values.tolist() and offsets.tolist() == mh.offsets.tolist()
+    # rows without their label column (--label no): the bag columns move with the others
+    bare = tmp_path / "bare.csv"
+    bare.write_text("\n".join(r.split(",", 1)[1] for r in new.read_text().splitlines()) + "\n")
+    assert cli_main(["predict", str(tmp_path / "m"), str(bare), "--out", str(out), "--label",
+                     "no", "--no-progress"]) == 0  # fmt: skip
+    np.testing.assert_allclose(pq.read_table(out)["score"].to_numpy(), want, rtol=0, atol=1e-6)
     # the Python API: raw values (a list per sample for the bags) score the same
     scorer = hetgmp.serve.load(tmp_path / "m")
     raw = {"user": ["u3", "nobody"], "tags": [[], ["zz1", "t1", "zz2"]], "genres": [None, ["g9"]]}
@@ -165,6 +175,15 @@ def test_multi_hot_artifact_refusals_and_bad_input(tmp_path: Path, capsys, monke
         scorer.score(ids, dense, bags=[([tags_lo], [0, 1, 1]), ([tags_lo], [0, 1, 1])])
     with pytest.raises(TypeError, match=r"field tags, sample 1: a bag is a list of values"):
         scorer.score_raw({"user": ["u1", "u2"], "tags": [[], "t1;t2"], "genres": [[], []]})
+    # host rows with a small cache, and the dense part compiled (the rows pooled before it)
+    vals = {"user": ["u1", "u2", "u3"], "tags": [["t1", "t2"], [], ["t3"] * 4],
+            "genres": [["g1"], ["g2", "g3"], []]}  # fmt: skip
+    want = scorer.score_raw(vals, [[0.1], [0.2], [0.3]]).numpy()
+    for kw in ({"rows": "host", "gpu_cache_rows": 5}, {"compile": True, "warmup": ()}):
+        other = hetgmp.serve.load(model, **kw)
+        assert other.compiled == ("compile" in kw)
+        got = other.score_raw(vals, [[0.1], [0.2], [0.3]]).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     # a hetgmp whose layout stops at version 1 refuses the version-2 artifact by name
     monkeypatch.setattr(artifact, "ARTIFACT_VERSION", 1)
     with pytest.raises(ArtifactError, match=r"artifact version 2 is newer .* upgrade hetgmp"):
