@@ -94,11 +94,14 @@ def _new_rows() -> list[str]:
 
 
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
-def test_predict_raw_multi_hot_rows_scores_as_the_trained_model(tmp_path: Path, pooling) -> None:
+def test_predict_raw_multi_hot_rows_scores_as_the_trained_model(
+    tmp_path: Path, pooling: str, capsys
+) -> None:
     src = _csv(tmp_path / "train.csv", _rows(300, seed=0))
     _preprocess(src, tmp_path / "A", "--min-count", "2")  # (rare values: a rare id per field)
     _train_cli(tmp_path / "A", tmp_path / "ck", pooling)
     assert cli_main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "m")]) == 0
+    assert f"multi-hot fields tags ({pooling}), genres ({pooling})" in capsys.readouterr().out
     m = json.loads((tmp_path / "m" / "manifest.json").read_text())
     assert m["version"] == 2 and m["num_fields"] == 1
     assert [(f["name"], f["pooling"]) for f in m["multi_hot"]] == [
