@@ -183,6 +183,7 @@ def test_corrupted_missing_and_foreign_artifacts_name_the_file(tiny_dataset, tmp
         hetgmp.serve.load(ck / "step-00000004")
     m = good / "manifest.json"
     text = m.read_text()
+    assert json.loads(text)["version"] == 1  # (no multi-hot fields: what older hetgmp reads)
     m.write_text(text[: len(text) // 2])
     with pytest.raises(ArtifactError, match=r"manifest\.json: not valid JSON"):
         hetgmp.serve.load(good)

@@ -215,9 +215,10 @@ def test_runs_not_supported_yet_are_refused_by_name(tmp_path: Path, capsys) -> N
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--pooling",
                      "sum,mean,sum", "--no-progress"]) != 0  # fmt: skip
     assert "--pooling sum,mean,sum: 3 modes for the 2 multi-hot fields" in capsys.readouterr().err
-    # a trained checkpoint exports only once serving pools bags: refused, naming the fields
+    # a trained checkpoint exports with its bags' pooling (served: tests/test_serve_multi_hot.py)
     ck = tmp_path / "ck"
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
                      "--no-val", "--checkpoint-dir", str(ck), "--no-progress"]) == 0  # fmt: skip
-    assert cli_main(["export", str(ck), "--out", str(tmp_path / "m")]) != 0
-    assert "multi-hot fields (h1, h2) are not exported or served yet" in capsys.readouterr().err
+    assert cli_main(["export", str(ck), "--out", str(tmp_path / "m")]) == 0
+    m = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    assert [(f["name"], f["pooling"]) for f in m["multi_hot"]] == [("h1", "sum"), ("h2", "sum")]

@@ -94,6 +94,8 @@ class EncodedBlock:
     ids: np.ndarray  # int64 [n, num_fields]: global ids
     dense: np.ndarray | None  # float32 [n, num_dense], transformed
     labels: np.ndarray  # float32 [n]
+    # per multi-hot field: (global ids int64 [E], offsets int64 [n + 1]); see encode_lists
+    lists: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
 
 
 class Vocabulary:
@@ -206,16 +208,32 @@ class Vocabulary:
         return self.encode(field, self.keys_of(field, values))
 
     def encode_block(self, block: RawBlock) -> np.ndarray:
-        """Global ids int64 ``[n, num_fields]`` of a reader's block (its ``keys``)."""
-        return self.encode_keys(block.keys)[0]
+        """Global ids int64 ``[n, F]`` of a reader's block's single-hot ``keys`` (the fields
+        before its multi-hot ones, whose ``lists`` :meth:`encode_lists` encodes)."""
+        return self.encode_keys(block.keys, fields=self.num_fields - len(block.lists))[0]
 
-    def encode_keys(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(global ids [n, F], per-field count of keys not in the vocabulary) of ``keys [n, F]``."""
-        if keys.ndim != 2 or keys.shape[1] != self.num_fields:
-            raise ValueError(f"keys have shape {keys.shape}, expected [n, {self.num_fields}]")
+    def encode_lists(self, block: RawBlock) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per multi-hot field of a reader's block (the vocabulary's last fields, in order):
+        ``(global ids int64 [E], offsets int64 [n + 1])``, every list value encoded as
+        preprocessing encodes it (a value not held: the field's unseen id)."""
+        first = self.num_fields - len(block.lists)
+        out = []
+        for fv, (keys, offsets) in zip(self.fields[first:], block.lists, strict=True):
+            local, _ = fv.encode_local(np.asarray(keys, dtype=np.uint64))
+            out.append((local + fv.offset, np.asarray(offsets, dtype=np.int64)))
+        return out
+
+    def encode_keys(
+        self, keys: np.ndarray, *, fields: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(global ids [n, F], per-field count of keys not in the vocabulary) of ``keys [n, F]``
+        of the first ``F = fields`` fields (default: all of them)."""
+        want = self.num_fields if fields is None else fields
+        if keys.ndim != 2 or keys.shape[1] != want:
+            raise ValueError(f"keys have shape {keys.shape}, expected [n, {want}]")
         ids = np.empty(keys.shape, np.int64)
-        unseen = np.zeros(self.num_fields, np.int64)
-        for f, fv in enumerate(self.fields):
+        unseen = np.zeros(want, np.int64)
+        for f, fv in enumerate(self.fields[:want]):
             local, unseen[f] = fv.encode_local(keys[:, f])
             ids[:, f] = local + fv.offset
         return ids, unseen
@@ -241,8 +259,9 @@ class Vocabulary:
         report = BadLineReport(on_bad_line, unit=getattr(source, "unit", "line"))
         for block in source.iter_blocks(report):
             yield EncodedBlock(
-                block.path, block.lines, self.encode_block(block), block.dense, block.labels
-            )
+                block.path, block.lines, self.encode_block(block), block.dense, block.labels,
+                self.encode_lists(block),
+            )  # fmt: skip
 
     def check_source(self, source: Any) -> None:
         """Refuse a reader whose fields, dense columns, key schemes or dense transform differ

@@ -1,6 +1,6 @@
 """The serving artifact's layout, manifest and checksums (no torch: ``--help`` stays light).
 
-``MODEL_DIR/`` (format ``hetgmp-serving``, version 1; docs/serving.md)::
+``MODEL_DIR/`` (format ``hetgmp-serving``; docs/serving.md)::
 
     manifest.json      written last: format, version, model, shapes, dtype, row map, and
                        every other file's size and SHA-256
@@ -15,6 +15,12 @@
                        when training access counts are known
     config.json        the resolved training config of the checkpoint
     vocab/             the dataset's vocabulary (docs/dataset_format.md), when it had one
+
+Versions: 1, every field single-hot; 2 (:data:`MULTI_HOT_VERSION`) adds the manifest's
+``multi_hot`` list (each multi-hot field's name, offset, cardinality and pooling), whose pooled
+rows follow the single-hot rows in the dense part's input (``[B, F + K, D]``). An artifact
+without multi-hot fields is still written as version 1, so an older hetgmp keeps loading it,
+and refuses a version-2 one with "upgrade hetgmp" rather than scoring without its bags.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hetgmp.choices import POOLINGS
 from hetgmp.filecheck import check_listed, sha256
 
 ARTIFACT_FORMAT = "hetgmp-serving"
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2  # the newest this hetgmp reads (writes 1 unless there are multi-hot fields)
+MULTI_HOT_VERSION = 2
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
 DENSE = "dense.safetensors"
@@ -72,7 +80,8 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     """Add the file records and write ``manifest.json`` atomically (it is written last); every
     file gets the umask's mode (:func:`normalize_modes`)."""
     normalize_modes(root)
-    full = {"format": ARTIFACT_FORMAT, "version": ARTIFACT_VERSION, **manifest}
+    version = MULTI_HOT_VERSION if manifest.get("multi_hot") else 1
+    full = {"format": ARTIFACT_FORMAT, "version": version, **manifest}
     full["files"] = file_records(root)
     tmp = root / f".{MANIFEST}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -109,7 +118,42 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for key in ("files", "model", "num_rows", "table_dim", "num_fields", "num_dense", "dtype"):
         if key not in m:
             raise ArtifactError(f"{mpath}: malformed, lacks {key!r}")
+    _check_multi_hot(mpath, m)
     return m
+
+
+def _check_multi_hot(mpath: Path, m: dict[str, Any]) -> None:
+    """A version-2 manifest's ``multi_hot`` entries are sound (a version-1 one has none)."""
+    entries = m.get("multi_hot")
+    if m["version"] < MULTI_HOT_VERSION:
+        if entries:
+            raise ArtifactError(
+                f"{mpath}: malformed, version {m['version']} with multi-hot fields (those are "
+                f"version {MULTI_HOT_VERSION})"
+            )
+        return
+    if not isinstance(entries, list) or not entries:
+        raise ArtifactError(f"{mpath}: malformed, version {m['version']} lacks 'multi_hot'")
+    for i, e in enumerate(entries):
+        ok = isinstance(e, dict) and all(
+            isinstance(e.get(k), int) and e[k] >= 0 for k in ("offset", "cardinality")
+        )
+        if not ok or not isinstance(e.get("name"), str) or e.get("pooling") not in POOLINGS:
+            raise ArtifactError(
+                f"{mpath}: malformed multi_hot[{i}] {e!r}: expected name, offset, cardinality "
+                f"and pooling (one of {', '.join(POOLINGS)})"
+            )
+
+
+def multi_hot_fields(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's multi-hot fields (name, offset, cardinality, pooling); [] in version 1."""
+    return list(manifest.get("multi_hot") or [])
+
+
+def model_fields(manifest: dict[str, Any]) -> int:
+    """Rows per sample the dense part takes: the single-hot fields, then one pooled row per
+    multi-hot field."""
+    return int(manifest["num_fields"]) + len(multi_hot_fields(manifest))
 
 
 def verify_files(root: Path, manifest: dict[str, Any], *, checksums: bool = True) -> None:

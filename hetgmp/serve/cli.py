@@ -32,9 +32,11 @@ def _run_export(args: argparse.Namespace) -> int:
     out = export_checkpoint(args.checkpoint, args.out, opts)
     m = json.loads((out / "manifest.json").read_text())
     onnx = m["onnx"]["file"] or f"none ({m['onnx']['note']})"
+    bags = ", ".join(f"{f['name']} ({f['pooling']})" for f in m.get("multi_hot", []))
     print(
         f"wrote {out}: model {m['model']}, rows {m['rows']['shape']} {m['dtype']}, "
         f"vocabulary {'yes' if m['vocabulary'] else 'no'}, onnx {onnx}"
+        + (f", multi-hot fields {bags}" if bags else "")
     )
     return 0
 

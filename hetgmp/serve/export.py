@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from hetgmp.choices import parse_pooling, pooling_ok
 from hetgmp.data.dataset_meta import DatasetError
 from hetgmp.data.format import open_dataset
 from hetgmp.data.vocab_files import has_vocabulary, read_manifest
@@ -84,12 +85,24 @@ def find_dataset(ck: LoadedCheckpoint, override: Path | None) -> Any:
             f"{ds.root / 'meta.json'}: fingerprint {ds.fingerprint[:12]} differs from the "
             f"checkpoint's {want[:12]} ({ck.path / MANIFEST}); pass the data set it trained on"
         )
-    if ds.meta.multi_hot:  # (its model pools bags: the scorer takes one id per field)
-        names = ", ".join(f.name for f in ds.meta.multi_hot)
-        raise ArtifactError(
-            f"{ds.root}: multi-hot fields ({names}) are not exported or served yet (issue 34)"
-        )
     return ds
+
+
+def bag_entries(ck: LoadedCheckpoint, ds: Any) -> list[dict[str, Any]]:
+    """The manifest's ``multi_hot`` list: each multi-hot field (name, offset, cardinality) with
+    its pooling from the checkpoint config's ``--pooling`` (one mode for all, or one per
+    field); [] without multi-hot fields (the artifact is then version 1)."""
+    fields = ds.meta.multi_hot
+    if not fields:
+        return []
+    text = str(ck.manifest.get("config", {}).get("pooling", "sum"))
+    modes = parse_pooling(text, len(fields))
+    if len(modes) != len(fields) or not pooling_ok(text):
+        raise ArtifactError(
+            f"{ck.path / MANIFEST}: config pooling {text!r} does not give one mode (sum, mean) "
+            f"for all or one per multi-hot field of {ds.root} ({len(fields)} fields)"
+        )
+    return [{**dataclasses.asdict(f), "pooling": m} for f, m in zip(fields, modes, strict=True)]
 
 
 def _rows(
@@ -104,7 +117,8 @@ def _rows(
     if opts.min_count is not None:
         if counts is None:
             raise refuse_min_count(ck.path)
-        fields = [dataclasses.asdict(f) for f in ds.meta.fields]
+        every = [*ds.meta.fields, *ds.meta.multi_hot]  # (a bag value's row maps as any other)
+        fields = [dataclasses.asdict(f) for f in every]
         table, index, dropped = apply_min_count(table, counts, opts.min_count, fields, rare_ids(ds))
         tensors["index"] = index
         entry.update(dropped_rows=dropped, dropped_rule=RARE_RULE)
@@ -117,9 +131,10 @@ def _rows(
 
 
 def rare_ids(ds: Any) -> list[int | None]:
-    """Each field's local rare id from the vocabulary (None everywhere without one)."""
+    """Each field's local rare id from the vocabulary, single-hot fields then multi-hot ones
+    (None everywhere without one)."""
     if not has_vocabulary(ds.root):
-        return [None] * ds.meta.num_fields
+        return [None] * (ds.meta.num_fields + len(ds.meta.multi_hot))
     return [f["rare_id"] for f in read_manifest(ds.root)["fields"]]
 
 
@@ -135,10 +150,11 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
     """Every file of the artifact into ``tmp``; the manifest's content (without files)."""
     info = _checkpoint_info(ck)
     meta = ds.meta
+    bags = bag_entries(ck, ds)
     program = build_dense_program(
         info["model"],
         ck.dense()["model"],
-        num_fields=meta.num_fields,
+        num_fields=meta.num_fields + len(bags),  # (one pooled row per multi-hot field)
         num_dense=meta.num_dense,
         embed_dim=int(info["embed_dim"]),
     )
@@ -164,6 +180,7 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
         "num_fields": meta.num_fields,
         "num_dense": meta.num_dense,
         "fields": [dataclasses.asdict(f) for f in meta.fields],
+        **({"multi_hot": bags} if bags else {}),  # (version 2; without: version 1, as before)
         "dtype": opts.dtype,
         "rows": rows_entry,
         "dense": dense_entry,

@@ -1,10 +1,11 @@
 """``hetgmp predict``: score raw files with a serving artifact, streaming, into parquet.
 
 Files are read block by block by the reader that made the artifact's vocabulary (the same
-parsing, validation and bad-line rules as ``hetgmp preprocess``), encoded with the vocabulary,
-scored in batches and appended to the output, so memory stays bounded by a block. Every output
-row carries its input file and line number (the ``file`` and ``line`` columns), so scores join
-back to the input; ``label`` is written when the input has labels.
+parsing, validation and bad-line rules as ``hetgmp preprocess``), encoded with the vocabulary (a
+multi-hot field's lists value by value, pooled as training pooled them), scored in batches and
+appended to the output, so memory stays bounded by a block. Every output row carries its input
+file and line number (the ``file`` and ``line`` columns), so scores join back to the input;
+``label`` is written when the input has labels.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hetgmp.data.delimited import DelimitedSource, DelimitedSpec
 from hetgmp.data.delimited_spec import read_first_line
 from hetgmp.progress import auto_unless_off, bar_wanted
 from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.bags import slice_bags
 from hetgmp.serve.scorer import Scorer, load
 
 FORMATS = ("criteo", "csv", "libsvm", "parquet")
@@ -67,6 +69,7 @@ def unlabeled_spec(spec: DelimitedSpec) -> DelimitedSpec:
         label=None,
         dense=[move(c) for c in spec.dense],
         categorical=[move(c) for c in spec.categorical],
+        multi_hot=[move(c) for c in spec.multi_hot],
         column_names=[n for i, n in enumerate(spec.column_names) if i != lab],
     )
 
@@ -106,12 +109,15 @@ def open_reader(scorer: Scorer, paths: list[Path], opts: PredictOptions) -> tupl
     return source, labeled
 
 
-def _scores(scorer: Scorer, ids: np.ndarray, dense: Any, batch: int) -> np.ndarray:
+def _scores(scorer: Scorer, ids: np.ndarray, dense: Any, bags: list[Any], batch: int) -> np.ndarray:
+    """Scores of a block's rows in batches of ``batch`` (``bags``: its multi-hot fields')."""
     out = np.empty(ids.shape[0], np.float32)
     for s in range(0, ids.shape[0], batch):
-        d = None if dense is None else torch.from_numpy(np.ascontiguousarray(dense[s : s + batch]))
-        p = scorer.score(torch.from_numpy(ids[s : s + batch]), d, check=False)
-        out[s : s + batch] = p.cpu().numpy()
+        e = min(s + batch, ids.shape[0])
+        d = None if dense is None else torch.from_numpy(np.ascontiguousarray(dense[s:e]))
+        part = [(torch.from_numpy(v), torch.from_numpy(o)) for v, o in slice_bags(bags, s, e)]
+        p = scorer.score(torch.from_numpy(ids[s:e]), d, bags=part or None, check=False)
+        out[s:e] = p.cpu().numpy()
     return out
 
 
@@ -147,10 +153,12 @@ def predict_files(
         with pq.ParquetWriter(tmp, schema) as writer:
             for block in source.iter_blocks(report, bar.update):
                 ids = scorer.vocabulary.encode_block(block)
+                bags = scorer.vocabulary.encode_lists(block)  # (multi-hot fields' bags)
+                scores = _scores(scorer, ids, block.dense, bags, opts.batch_size)
                 cols = [
                     pa.array([block.path] * len(block), pa.string()),
                     pa.array(block.lines, pa.int64()),
-                    pa.array(_scores(scorer, ids, block.dense, opts.batch_size), pa.float32()),
+                    pa.array(scores, pa.float32()),
                 ]
                 if labeled:
                     cols.append(pa.array(block.labels, pa.float32()))

@@ -3,9 +3,10 @@
 A training model looks its rows up through a (distributed) embedding whose lookup has
 data-dependent steps (``.item()``, unique, exchanges), which ``torch.export`` cannot trace. Serving
 gathers the rows itself (:mod:`hetgmp.serve.scorer`), so the exported program takes the rows
-``[B, F, D]`` and the dense features ``[B, num_dense]`` and holds only the dense layers: the
-model with its embedding replaced by the identity on rows. Nothing in it depends on data
-values, and the batch dimension is dynamic.
+``[B, F, D]`` (with multi-hot fields ``[B, F + K, D]``: one pooled row per bag field after the
+single-hot rows, pooled by the scorer, :mod:`hetgmp.serve.bags`) and the dense features
+``[B, num_dense]`` and holds only the dense layers: the model with its embedding replaced by the
+identity on rows. Nothing in it depends on data values, and the batch dimension is dynamic.
 
 What an artifact is trusted to do: its dense weights (``dense.safetensors``, plain tensors) are
 read without unpickling and put into this hetgmp's model code, rebuilt from the manifest's
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hetgmp.models import CTRModel, build_model
-from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.artifact import ArtifactError, model_fields
 
 
 class RowsIdentity(nn.Module):
@@ -133,7 +134,7 @@ def rebuild_dense_program(program: Any, manifest: dict[str, Any]) -> DenseProgra
     dense = build_dense_program(
         manifest["model"],
         {k: v.cpu() for k, v in state.items()},
-        num_fields=int(manifest["num_fields"]),
+        num_fields=model_fields(manifest),
         num_dense=int(manifest["num_dense"]),
         embed_dim=int(manifest["embed_dim"]),
     ).to(device)
@@ -161,7 +162,8 @@ def save_dense_weights(program: DenseProgram, path: Path) -> dict[str, Any]:
 
 
 def load_dense_weights(path: Path, manifest: dict[str, Any]) -> DenseProgram:
-    """The model the manifest names (``model``, ``num_fields``, ``num_dense``, ``embed_dim``),
+    """The model the manifest names (``model``, ``num_fields`` and its multi-hot fields'
+    pooled rows, ``num_dense``, ``embed_dim``),
     built by this hetgmp's code, with the weights of ``path``: nothing is unpickled, and a file
     that is not safetensors, or whose tensors do not fit the model, is an
     :class:`~hetgmp.serve.artifact.ArtifactError` naming it."""
@@ -173,7 +175,7 @@ def load_dense_weights(path: Path, manifest: dict[str, Any]) -> DenseProgram:
         return build_dense_program(
             str(manifest["model"]),
             state,
-            num_fields=int(manifest["num_fields"]),
+            num_fields=model_fields(manifest),
             num_dense=int(manifest["num_dense"]),
             embed_dim=int(manifest["embed_dim"]),
         )

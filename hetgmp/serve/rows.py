@@ -65,7 +65,7 @@ class CachedRows:
             if self.device.type == "cuda":
                 got = got.pin_memory()
             out[miss] = got.to(self.device, non_blocking=True)
-        return out.reshape(*rows.shape, -1).float()
+        return out.reshape(*rows.shape, out.shape[1]).float()  # (0 ids too: a batch's empty bags)
 
 
 def hot_order(

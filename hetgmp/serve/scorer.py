@@ -5,6 +5,11 @@
     scorer = hetgmp.serve.load("model/", device="cuda")
     p = scorer.score(ids, dense)              # global ids [B, F] int64, dense [B, num_dense]
     p = scorer.score_raw({"C1": ["68fd1e64", ...], ...}, raw_dense)   # through the vocabulary
+    p = scorer.score(ids, dense, bags=[(values, offsets), ...])   # multi-hot fields' bags
+
+A model with multi-hot fields (a version-2 artifact) takes each field's bags as ``(values,
+offsets)`` (:mod:`hetgmp.serve.bags`), pooled as training pooled them; in ``score_raw`` a
+multi-hot field's raw values are a list per sample.
 
 Loading checks the manifest and every file's SHA-256; errors are
 :class:`~hetgmp.serve.artifact.ArtifactError` naming the file. Nothing is unpickled: the dense
@@ -28,9 +33,11 @@ from hetgmp.serve.artifact import (
     VOCAB,
     ArtifactError,
     dense_file,
+    multi_hot_fields,
     read_manifest,
     verify_files,
 )
+from hetgmp.serve.bags import BagFields, Bags, encode_raw_bags
 from hetgmp.serve.compiled import MAX_BATCH, FastPath, build_fast_path
 from hetgmp.serve.program import load_dense_weights, load_program
 from hetgmp.serve.rows import CachedRows, DeviceRows, hot_order
@@ -61,6 +68,7 @@ class Scorer:
         self.num_rows = int(manifest["num_rows"])
         self.num_fields = int(manifest["num_fields"])
         self.num_dense = int(manifest["num_dense"])
+        self.bag_fields = BagFields.of(manifest)  # multi-hot fields (none: every field single)
         self._vocab: Any = None
 
     @property
@@ -96,19 +104,29 @@ class Scorer:
             )
         return ids, dense
 
-    def logits(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
-        """Logits ``[B]`` (float32, on the scorer's device) of global ids ``[B, F]``."""
+    def logits(
+        self, ids: Any, dense: Any = None, *, bags: Bags | None = None, check: bool = True
+    ) -> torch.Tensor:
+        """Logits ``[B]`` (float32, on the scorer's device) of global ids ``[B, F]`` (and, for
+        a model with multi-hot fields, their ``bags``: see :meth:`score`)."""
         ids, dense = self._inputs(ids, dense)
+        checked = self.bag_fields.check(bags, ids.shape[0], self.device, check_ids=check)
         if check:
             self._check(ids)
-        return self._forward(ids, dense, probs=False)
+        return self._forward(ids, dense, checked, probs=False)
 
-    def score(self, ids: Any, dense: Any = None, *, check: bool = True) -> torch.Tensor:
-        """Click probabilities ``[B]`` (float32, on the scorer's device) of global ids."""
+    def score(
+        self, ids: Any, dense: Any = None, *, bags: Bags | None = None, check: bool = True
+    ) -> torch.Tensor:
+        """Click probabilities ``[B]`` (float32, on the scorer's device) of global ids; a model
+        with multi-hot fields also takes ``bags``, per field (in the manifest's order) a pair
+        ``(values int64 [E], offsets int64 [B + 1])`` of global ids (:mod:`hetgmp.serve.bags`).
+        ``check``: refuse ids outside their table (or field) ranges."""
         ids, dense = self._inputs(ids, dense)
+        checked = self.bag_fields.check(bags, ids.shape[0], self.device, check_ids=check)
         if check:
             self._check(ids)
-        return self._forward(ids, dense, probs=True)
+        return self._forward(ids, dense, checked, probs=True)
 
     @property
     def compiled(self) -> bool:
@@ -124,7 +142,8 @@ class Scorer:
         """Compile (and capture) the buckets of these batch sizes now rather than on first use."""
         for b in batch_sizes:
             self.score(torch.zeros(int(b), self.num_fields, dtype=torch.int64),
-                       torch.zeros(int(b), self.num_dense))  # fmt: skip
+                       torch.zeros(int(b), self.num_dense),
+                       bags=self.bag_fields.empty(int(b)) or None)  # fmt: skip
 
     def _check(self, ids: torch.Tensor) -> None:
         bad = (ids < 0) | (ids >= self.num_rows)
@@ -133,13 +152,22 @@ class Scorer:
                 f"id {ids[bad][0].item()} is outside the table's 0..{self.num_rows - 1}"
             )
 
-    def _forward(self, ids: torch.Tensor, dense: torch.Tensor, *, probs: bool) -> torch.Tensor:
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 rows ``[..., D]`` of global ids (through the ``--min-count`` index)."""
+        return self.rows.lookup(ids if self.index is None else self.index[ids])
+
+    def _forward(
+        self, ids: torch.Tensor, dense: torch.Tensor, bags: list[Any], *, probs: bool
+    ) -> torch.Tensor:
         if ids.shape[0] == 0:
             return torch.zeros(0, device=self.device)
         if self.fast is not None and self.fast.step.table is not None:
             return self.fast(ids, dense, probs=probs)  # gathers the rows itself
         with torch.inference_mode():
-            rows = self.rows.lookup(ids if self.index is None else self.index[ids])
+            rows = self._lookup(ids)
+            if bags:  # (the fast path then takes rows: its step never gathers, see load)
+                pooled = self.bag_fields.pooled(self._lookup, bags, ids.shape[0])
+                rows = torch.cat([rows, pooled], dim=1)
             if self.fast is None:
                 logits = self.program(rows, dense).reshape(-1)
         if self.fast is not None:
@@ -151,25 +179,39 @@ class Scorer:
         self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(global ids [B, F], stored dense [B, num_dense]) of raw values by field name (missing:
-        None or ""; raw dense: NaN = missing), exactly as preprocessing encodes them."""
+        None or ""; raw dense: NaN = missing), exactly as preprocessing encodes them; a model
+        with multi-hot fields takes their bags too (:meth:`encode_bags`)."""
         vocab = self.vocabulary
         absent = [n for n in vocab.field_names if n not in categorical]
         if absent:
             raise KeyError(f"raw values lack fields {absent}; fields: {vocab.field_names}")
-        cols = [vocab.encode_values(n, categorical[n]) for n in vocab.field_names]
-        ids = np.stack(cols, axis=1)
+        batch = len(categorical[vocab.field_names[0]])
+        cols = [
+            vocab.encode_values(n, categorical[n]) for n in vocab.field_names[: self.num_fields]
+        ]
+        ids = np.stack(cols, axis=1) if cols else np.zeros((batch, 0), np.int64)
         if dense is None:
             raw = np.full((ids.shape[0], self.num_dense), np.nan)
         else:
             raw = np.asarray(dense, dtype=np.float64).reshape(ids.shape[0], -1)
         return ids, vocab.transform_dense(raw)
 
+    def encode_bags(
+        self, categorical: Mapping[str, Sequence[Any]], batch: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The multi-hot fields' bags (``[]`` without any) of raw values by field name: a list
+        of raw values per sample (:func:`~hetgmp.serve.bags.encode_raw_bags`)."""
+        if not self.bag_fields.names:
+            return []
+        return encode_raw_bags(self.vocabulary, self.bag_fields.names, categorical, batch)
+
     def score_raw(
         self, categorical: Mapping[str, Sequence[Any]], dense: Any = None
     ) -> torch.Tensor:
-        """Click probabilities of raw values (see :meth:`encode_raw`)."""
+        """Click probabilities of raw values (see :meth:`encode_raw`, :meth:`encode_bags`)."""
         ids, d = self.encode_raw(categorical, dense)
-        return self.score(ids, d, check=False)
+        bags = self.encode_bags(categorical, ids.shape[0])
+        return self.score(ids, d, bags=bags or None, check=False)
 
 
 def _read_rows(path: Path, want: list[int]) -> dict[str, torch.Tensor]:
@@ -206,9 +248,8 @@ def _place_rows(
         per_row = table.shape[1] * table.element_size() + 4
         budget = torch.cuda.mem_get_info(device)[0] * _AUTO_SHARE if device.type == "cuda" else 0
         gpu_cache_rows = int(budget // per_row)
-    order = hot_order(
-        table.shape[0], manifest["fields"], tensors.get("counts"), tensors.get("index")
-    )
+    fields = [*manifest["fields"], *multi_hot_fields(manifest)]  # (bag values' rows too)
+    order = hot_order(table.shape[0], fields, tensors.get("counts"), tensors.get("index"))
     return CachedRows(table, device, gpu_cache_rows, order)
 
 
@@ -270,12 +311,13 @@ def load(
     tensors = _read_rows(root / ROWS, manifest["rows"]["shape"])
     program = _dense_part(root, manifest, dev, trust_program)
     store = _place_rows(tensors, manifest, dev, rows, gpu_cache_rows)
-    index = tensors.get("index")
     if manifest.get("vocabulary") and not (root / VOCAB).is_dir():
         raise ArtifactError(f"{root / VOCAB}: missing from serving artifact {root}")
-    index = None if index is None else index.to(dev)
+    index = tensors["index"].to(dev) if "index" in tensors else None
+    # (multi-hot fields: the scorer gathers and pools, the fast path takes the rows)
+    gathers = isinstance(store, DeviceRows) and not multi_hot_fields(manifest)
     fast = build_fast_path(
-        program, manifest, store.table if isinstance(store, DeviceRows) else None, index, dev,
+        program, manifest, store.table if gathers else None, index, dev,
         compile=compile, cuda_graphs=cuda_graphs, mode=compile_mode, max_batch=max_batch,
         on_error=on_compile_error, amp=amp,
     )  # fmt: skip

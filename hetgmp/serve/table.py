@@ -68,14 +68,17 @@ def checkpoint_counts(ck: LoadedCheckpoint, num_rows: int) -> np.ndarray | None:
 
 
 def dataset_counts(dataset: Any, num_rows: int) -> np.ndarray | None:
-    """How often each id occurs in the training split (one epoch's accesses), or None."""
+    """How often each id occurs in the training split (one epoch's accesses: every value of a
+    multi-hot field's bags counts), or None."""
     if not dataset.has_split("train"):
         return None
-    sparse = dataset.split("train").sparse
+    split = dataset.split("train")
     counts = np.zeros(num_rows, np.int64)
-    for start in range(0, sparse.shape[0], _COUNT_ROWS):
-        chunk = np.asarray(sparse[start : start + _COUNT_ROWS]).reshape(-1)
-        counts += np.bincount(chunk, minlength=num_rows)[:num_rows]
+    columns = [split.sparse, *(mh.values for mh in split.multi_hot)]
+    for ids in columns:
+        for start in range(0, ids.shape[0], _COUNT_ROWS):
+            chunk = np.asarray(ids[start : start + _COUNT_ROWS]).reshape(-1)
+            counts += np.bincount(chunk, minlength=num_rows)[:num_rows]
     return counts
 
 
