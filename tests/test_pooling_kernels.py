@@ -131,7 +131,7 @@ def test_segment_offsets_and_reference() -> None:
     """The offsets of each (sample, field) bag among the lookup's bag values, and the fused
     reference against the plain path."""
     present = torch.tensor([[1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 1]]) > 0
-    off = segment_offsets(present, (2, 2))
+    off = segment_offsets(present, torch.tensor([1, 3]))
     assert off.tolist() == [0, 1, 3, 3, 3, 5, 6]
     ids = torch.tensor([[4, 1, -1, 2, 2], [5, -1, -1, -1, -1], [6, 3, 0, -1, 1]])
     table = torch.nn.Embedding(8, 3)

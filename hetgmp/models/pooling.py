@@ -20,6 +20,7 @@ into the model's input in one kernel, and back in one (:mod:`hetgmp.models.pooli
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -56,6 +57,16 @@ def pool(rows: torch.Tensor, seg: torch.Tensor, segments: int, mode: torch.Tenso
     count = torch.bincount(seg, minlength=segments).to(torch.float32)
     scale = torch.where(mode, 1.0 / count.clamp(min=1.0), torch.ones_like(count))
     return PoolBags.apply(rows, seg, scale, segments)
+
+
+@functools.lru_cache(maxsize=16)
+def _constants(
+    widths: tuple[int, ...], pooling: tuple[str, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused path's per-layout tensors on ``device``, made once (a host-to-device copy per
+    step costs host time): each field's last padded column, the fields pooled by mean."""
+    ends = torch.tensor(widths, device=device).cumsum(0) - 1
+    return ends, torch.tensor([p == "mean" for p in pooling], device=device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,10 +118,11 @@ class BagLayout:
         rows = table(flat)  # [B * F + E, 1, D]: one table step
         d = rows.shape[-1]
         rows = rows.reshape(flat.shape[0], d)
-        mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
         if self.backend == "triton":
-            off = segment_offsets(present, self.widths)
+            ends, mean = _constants(self.widths, self.pooling, ids.device)
+            off = segment_offsets(present, ends)
             return pool_fields(rows, off, mean, b, f, backend="triton")
+        mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
         # the bag field of every padded column, then the segment (sample, field) of every value
         col_field = torch.repeat_interleave(
             torch.arange(k, device=ids.device), torch.tensor(self.widths, device=ids.device)

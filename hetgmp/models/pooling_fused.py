@@ -52,15 +52,14 @@ def _kernels() -> Any:
     return got
 
 
-def segment_offsets(present: torch.Tensor, widths: tuple[int, ...]) -> torch.Tensor:
+def segment_offsets(present: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """``off [B * K + 1]`` (int64): bag ``s = b * K + k``'s values are the lookup's bag values
     ``off[s] .. off[s + 1]`` (``present [B, W]``: the non-padding slots of each field's padded
-    columns, in order). Device ops only, no host sync."""
+    columns, in order; ``ends [K]``: each field's last column). Device ops only, no host sync."""
     b = present.shape[0]
-    ends = torch.tensor(widths, device=present.device).cumsum(0) - 1
     upto = present.to(torch.int64).cumsum(1).index_select(1, ends)  # [B, K]: through field k
     counts = torch.diff(upto, dim=1, prepend=upto.new_zeros(b, 1))
-    off = torch.zeros(b * len(widths) + 1, dtype=torch.int64, device=present.device)
+    off = torch.zeros(b * ends.numel() + 1, dtype=torch.int64, device=present.device)
     torch.cumsum(counts.reshape(-1), 0, out=off[1:])
     return off
 
@@ -162,7 +161,7 @@ def _trial(device: torch.device) -> str | None:
     the second takes the cached launcher), against the reference."""
     try:
         present = torch.tensor([[1, 1, 0, 1], [0, 0, 0, 1], [1, 1, 1, 0]], device=device) > 0
-        off = segment_offsets(present, (3, 1))
+        off = segment_offsets(present, torch.tensor([2, 3], device=device))
         mean = torch.tensor([False, True], device=device)
         g = torch.Generator().manual_seed(0)
         rows = torch.randn(3 * 2 + int(present.sum()), 8, generator=g).to(device)
