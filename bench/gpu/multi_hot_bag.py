@@ -137,6 +137,8 @@ def plain_records(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+    else:  # (the smoke run: on a shared CPU box more threads only contend)
+        torch.set_num_threads(1)
     train, test, meta, widths = load_bag_splits(args.data, device)
     (batch,) = args.batches
     targs = trainer_args(args.data, batch, args.dim, args.pooling, args.lr, widths)
