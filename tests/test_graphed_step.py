@@ -21,6 +21,7 @@ from hetgmp.config import validate
 from hetgmp.data.format import open_dataset
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.models import build_model
+from hetgmp.models.pooling import BagLayout
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.graphed import GraphedStep, graph_support
 from hetgmp.train.run import distributed_embedding, train
@@ -75,6 +76,14 @@ def test_graph_support_says_why_not(tiny_dataset) -> None:
     assert tr.run_step is step  # (CPU: eager)
     assert graph_support(tr.env, step, enabled=False, dense_optimizer="adam") == "--no-cuda-graphs"
     assert graph_support(tr.env, step, enabled=True, dense_optimizer="adam") == "device cpu"
+    # multi-hot bags (issue 34): the pooled lookup's size is the batch's, so not the whole
+    # step (a CUDA env stands in: graph_support only reads settings)
+    gpu = DistEnv(device=torch.device("cuda"))
+    assert graph_support(gpu, step, enabled=True, dense_optimizer="adam") is None
+    step.model.bags = BagLayout(num_single=1, widths=(2,), pooling=("sum",))
+    note = graph_support(gpu, step, enabled=True, dense_optimizer="adam")
+    assert note is not None and note.startswith("multi-hot bags"), note
+    step.model.bags = None
     with pytest.raises(ValueError, match="one-rank"):
         step.model.embedding._one = None  # noqa: SLF001 - stands for a multi-rank table
         GraphedStep(step)

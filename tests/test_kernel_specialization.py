@@ -32,11 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Change with the batch (sizes, counts, programs over the batch): never specialized.
 BATCH = {"n", "u", "o", "P", "B", "rows_per_group"}
 # Fixed for a run (a table's counts, capacities that are multiples of 256, payload strides and
-# offsets, tensor strides and widths, settings): specialized, aligned address arithmetic.
+# offsets, tensor strides and widths, settings; F, K: a multi-hot model's single-hot and bag
+# fields): specialized, aligned address arithmetic.
 FIXED = {
     "num_rows", "n_own", "n_mir", "trash", "bound", "rank", "room_p", "q", "p", "s1", "s2",
     "s1h", "q2", "g0", "Ka", "Kb", "stride_a", "stride_b", "stride_ga", "stride_gb", "stride_w",
-    "n_params",
+    "n_params", "F", "K",
 }  # fmt: skip
 FLOATS = {"alpha", "lr", "eps", "neg_lr", "b1", "b2"}  # (Triton never specializes floats)
 # A full batch of the user's command (8192 x 26 ids), partial ones, a tiny one.
@@ -95,7 +96,7 @@ def test_every_kernel_found_and_every_argument_classified() -> None:
     # (the modules the issue names, and more if any appear)
     mods = {k.split(":")[0].rsplit(".", 1)[1] for k in KERNELS}
     assert {"rows_triton", "prep_triton", "kernels_triton", "owner_triton", "presync_triton",
-            "cross_triton", "adam_triton"} <= mods  # fmt: skip
+            "cross_triton", "adam_triton", "pooling_triton"} <= mods  # fmt: skip
     srcs = {k: inspect.getsource(v.fn) for k, v in FUNCTIONS.items()}
     for key in FUNCTIONS:
         if key in KERNELS:

@@ -190,18 +190,28 @@ def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
     return train(cfg, env)
 
 
-def test_runs_not_supported_yet_are_refused_by_name(tmp_path: Path, capsys) -> None:
+def test_runs_not_supported_yet_are_refused_by_name(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ds = _data(tmp_path / "d")
     cfg = validate(TrainConfig(dataset=str(ds.root), batch_size=B, embed_dim=DIM, device="cpu",
                                progress=False, val=False, threads=1))  # fmt: skip
     with pytest.raises(SpawnError) as err:  # two real gloo ranks, --sync async
         spawn_ranks(_train_rank, 2, dataclasses.replace(cfg, sync="async"), timeout_s=120)
     assert "rows on the device so far (issue 34); this run has --sync async" in str(err.value)
+    from hetgmp.train import multi_hot
     from hetgmp.train.multi_hot import bag_layout, prepare
 
     gpu = DistEnv(device=torch.device("cuda"))
     with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
         prepare(cfg, gpu, open_dataset(ds.root))
+    # the one-GPU switch (off by default until a GPU run checked it): one CUDA rank passes,
+    # two do not
+    monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", True)
+    assert multi_hot.unsupported(cfg, gpu) == []
+    two = DistEnv(device=torch.device("cuda"), world_size=2)
+    assert multi_hot.unsupported(cfg, two) == ["2 CUDA ranks (one GPU only so far)"]
+    monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", False)
     host = dataclasses.replace(cfg, rows_on="host")
     with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
         prepare(host, DistEnv.single(), open_dataset(ds.root))

@@ -77,10 +77,7 @@ class PlainTrainer:
         # built on the device: a 33.8M x 128 table made and initialised on the CPU, then moved,
         # took ~45 s per variant on the H200 host (2026-11-24 run), 10x the timed steps
         with device:
-            self.model = PlainCTR(
-                args.model, num_rows=meta.num_embeddings, num_fields=meta.num_fields,
-                num_dense=meta.num_dense, embed_dim=args.embed_dim, init_scale=args.init_scale,
-            )  # fmt: skip
+            self.model = self.make_model(meta)
         # Adagrad / SparseAdam coalesce the sparse gradient: a host sync, not capturable
         self.use_graph = v.graph and device.type == "cuda" and v.opt == "sgd"
         self.sparse_opt, self.dense_opt = make_optimizers(
@@ -99,6 +96,15 @@ class PlainTrainer:
         self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.graph_error = ""
+
+    def make_model(self, meta: Any) -> PlainCTR:
+        """The model for ``meta`` (under the device: built there); a subclass makes another
+        (``plain_bags.py``: the multi-hot fields' ``nn.EmbeddingBag`` model)."""
+        a = self.args
+        return PlainCTR(
+            a.model, num_rows=meta.num_embeddings, num_fields=meta.num_fields,
+            num_dense=meta.num_dense, embed_dim=a.embed_dim, init_scale=a.init_scale,
+        )  # fmt: skip
 
     def step(self) -> None:
         """One step, all on the device: batch by index, forward, backward, both optimizers."""

@@ -11,13 +11,16 @@ single-hot rows, then one pooled row per multi-hot field.
 
 The pooling is written plainly (:class:`PoolBags`: ``index_add`` forward; the backward hands
 every bag value its bag's pooled gradient, divided by the bag's length under ``mean``), the
-reference the fused kernels of issue 34's later slices are to be tested against; the table then
-sums a row's gradients over all its occurrences, as for single-hot ids.
+reference the fused kernels are tested against; the table then sums a row's gradients over all
+its occurrences, as for single-hot ids. With ``backend="triton"`` (``--kernels``, resolved by
+:func:`hetgmp.models.pooling_fused.resolve_pooling`) the pooling and the single-hot rows go
+into the model's input in one kernel, and back in one (:mod:`hetgmp.models.pooling_fused`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from torch import nn
 
 from hetgmp.choices import POOLINGS
 from hetgmp.data.multi_hot_padded import PAD_ID
+from hetgmp.models.pooling_fused import pool_fields, segment_offsets
 
 
 class PoolBags(torch.autograd.Function):
@@ -55,6 +59,16 @@ def pool(rows: torch.Tensor, seg: torch.Tensor, segments: int, mode: torch.Tenso
     return PoolBags.apply(rows, seg, scale, segments)
 
 
+@functools.lru_cache(maxsize=16)
+def _constants(
+    widths: tuple[int, ...], pooling: tuple[str, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused path's per-layout tensors on ``device``, made once (a host-to-device copy per
+    step costs host time): each field's last padded column, the fields pooled by mean."""
+    ends = torch.tensor(widths, device=device).cumsum(0) - 1
+    return ends, torch.tensor([p == "mean" for p in pooling], device=device)
+
+
 @dataclasses.dataclass(frozen=True)
 class BagLayout:
     """Where a batch's bags sit in its id matrix and how each field pools them."""
@@ -62,6 +76,7 @@ class BagLayout:
     num_single: int  # F: single-hot ids first
     widths: tuple[int, ...]  # each multi-hot field's padded width, in order
     pooling: tuple[str, ...]  # each multi-hot field's pooling (sum / mean)
+    backend: str = "torch"  # the pooling: torch ops (the reference) or the Triton kernels
 
     def __post_init__(self) -> None:
         if len(self.pooling) != len(self.widths):
@@ -72,6 +87,8 @@ class BagLayout:
         bad = [p for p in self.pooling if p not in POOLINGS]
         if bad:
             raise ValueError(f"--pooling {bad[0]!r}: expected one of {POOLINGS}")
+        if self.backend not in ("torch", "triton"):
+            raise ValueError(f"pooling backend {self.backend!r}: expected 'torch' or 'triton'")
 
     @property
     def num_fields(self) -> int:
@@ -97,15 +114,19 @@ class BagLayout:
         b, f, k = ids.shape[0], self.num_single, len(self.widths)
         bags = ids[:, f:]
         present = bags != PAD_ID
+        flat = torch.cat([ids[:, :f].reshape(-1), bags[present]]).unsqueeze(1)
+        rows = table(flat)  # [B * F + E, 1, D]: one table step
+        d = rows.shape[-1]
+        rows = rows.reshape(flat.shape[0], d)
+        if self.backend == "triton":
+            ends, mean = _constants(self.widths, self.pooling, ids.device)
+            off = segment_offsets(present, ends)
+            return pool_fields(rows, off, mean, b, f, backend="triton")
+        mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
         # the bag field of every padded column, then the segment (sample, field) of every value
         col_field = torch.repeat_interleave(
             torch.arange(k, device=ids.device), torch.tensor(self.widths, device=ids.device)
         )
         seg = (torch.arange(b, device=ids.device).unsqueeze(1) * k + col_field)[present]
-        flat = torch.cat([ids[:, :f].reshape(-1), bags[present]]).unsqueeze(1)
-        rows = table(flat)  # [B * F + E, 1, D]: one table step
-        d = rows.shape[-1]
-        rows = rows.reshape(flat.shape[0], d)
-        mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
         pooled = pool(rows[b * f :], seg, b * k, mean.repeat(b))
         return torch.cat([rows[: b * f].reshape(b, f, d), pooled.reshape(b, k, d)], dim=1)

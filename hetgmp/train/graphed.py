@@ -16,8 +16,9 @@ What stays outside per step: that copy, the replay, the range flag's copy to the
 caller's running sums.
 
 Where it applies (:func:`graph_support`): CUDA, one rank (with several ranks each step's
-exchange sizes cross to the host), and a dense optimizer that torch can capture (fused Adam or
-SGD). Steps of another shape (the last partial batch), the warm-up steps before the capture and
+exchange sizes cross to the host), a dense optimizer that torch can capture (fused Adam or
+SGD) and no multi-hot bags (their lookup's size is the batch's; the dense part's graph then).
+Steps of another shape (the last partial batch), the warm-up steps before the capture and
 profiled steps (``--profile-steps`` splits the step with synchronizing marks) run eagerly with
 the same arithmetic. Out-of-range ids are clamped in the graph as in the eager step and reported
 from a device flag a few steps later, naming the batch.
@@ -52,6 +53,15 @@ def graph_support(
         return "several ranks: every step's exchange sizes cross to the host"
     if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
         return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"
+    if getattr(step.model, "bags", None) is not None:
+        # The pooled lookup (hetgmp.models.pooling.BagLayout.lookup) takes the padding slots
+        # out of the bags with a boolean mask: the table then looks up a batch-dependent
+        # number of ids, whose size only the host learns (a sync), and a CUDA graph replays
+        # fixed shapes. Untested on a GPU so far (issue 34), so not attempted: handing the
+        # table every padded slot (pads on a dummy row, zero gradient) would make it
+        # capturable at the price of looking up the padding too. The dense part's graph
+        # (graphed_head) takes the pooled [B, F + K, D] input: fixed shapes.
+        return "multi-hot bags: the pooled lookup's size depends on the batch (read on the host)"
     return None
 
 

@@ -7,8 +7,11 @@ padded into its id matrix (:mod:`hetgmp.data.multi_hot_padded`) and pooled per f
 model's lookup (:mod:`hetgmp.models.pooling`, ``--pooling sum|mean``). The lookup hands the
 table every bag id (padding slots taken out) with the single-hot ids in one call, so the
 table's step dedups them: each distinct row is fetched, and its summed gradient pushed, once per
-step, as for single-hot ids. GPUs (the fused pooled kernels), ``--sync async``, ``--rows-on
-host`` are refused here, naming issue 34, before anything is built. The Python API
+step, as for single-hot ids. ``--sync async``, ``--rows-on host`` and GPUs are refused here,
+naming issue 34, before anything is built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
+(the pooling on the fused Triton kernels with ``--kernels auto|triton``,
+:mod:`hetgmp.models.pooling_fused`; the step's dense part replayed as a CUDA graph, the whole
+step not: :func:`hetgmp.train.graphed.graph_support` says why). The Python API
 (``hetgmp.build_model`` / ``Trainer``) prepares its data set here too (:func:`prepare`,
 :func:`pooling_option`, :func:`matching`), so it trains what the CLI trains.
 """
@@ -18,20 +21,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from hetgmp.choices import POOLINGS, parse_pooling
 from hetgmp.data.dataset_meta import DatasetError
 from hetgmp.data.dataset_reader import Dataset
 from hetgmp.data.multi_hot_padded import PaddedBags, bag_widths
 from hetgmp.models.pooling import BagLayout
+from hetgmp.models.pooling_fused import resolve_pooling
 
 ISSUE = "issue 34"
+# One CUDA rank trains multi-hot data (the fused pooling kernels) when on. Off until the next
+# session has run tests/gpu_multi_hot_check.py and bench/gpu/multi_hot_bag.py on a GPU (this
+# one had none): bench/gpu/switches.py hetgmp.train.multi_hot.GPU_ONE_RANK=1 turns it on.
+GPU_ONE_RANK = False
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
     """What of this run multi-hot training does not do yet (empty: it runs)."""
     why = []
-    if env.device.type != "cpu":
-        why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
+    one_gpu = GPU_ONE_RANK and env.device.type == "cuda" and env.world_size == 1
+    if env.device.type != "cpu" and not one_gpu:
+        if GPU_ONE_RANK and env.device.type == "cuda":
+            why.append(f"{env.world_size} CUDA ranks (one GPU only so far)")
+        else:
+            why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
     if cfg.sync != "collective":
         why.append(f"--sync {cfg.sync}")
     if cfg.rows_on != "device":
@@ -82,9 +96,10 @@ def prepare(cfg: Any, env: Any, ds: Dataset, *, api: bool = False) -> Dataset:
     return PaddedBags(ds, bag_widths(ds))
 
 
-def bag_layout(cfg: Any, ds: Dataset) -> BagLayout | None:
+def bag_layout(cfg: Any, ds: Dataset, device: torch.device | None = None) -> BagLayout | None:
     """The model's pooled lookup for ``ds`` (None without multi-hot fields); ``ds`` must come
-    from :func:`prepare` (``hetgmp train`` and ``hetgmp.build_model`` pass theirs through it)."""
+    from :func:`prepare` (``hetgmp train`` and ``hetgmp.build_model`` pass theirs through it).
+    ``device``: where it runs, for its pooling backend (``--kernels``; None: torch's)."""
     if not ds.meta.multi_hot:
         return None
     if not isinstance(ds, PaddedBags):
@@ -96,6 +111,7 @@ def bag_layout(cfg: Any, ds: Dataset) -> BagLayout | None:
         num_single=ds.meta.num_fields,
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
+        backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
     )
 
 
@@ -107,7 +123,7 @@ def multi_hot_note(cfg: Any, ds: Dataset) -> str:
     )
     return (
         f"multi-hot: {fields} padded into the id matrix (ids held in memory), pooled "
-        f"--pooling {cfg.pooling} ({ISSUE}: CPU only so far)"
+        f"--pooling {cfg.pooling} ({ISSUE})"
     )
 
 

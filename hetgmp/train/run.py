@@ -223,7 +223,7 @@ def build_ctr_model(
 
     if log is not None and isinstance(emb, DistributedEmbedding):
         _log_embedding(log, cfg, env, emb)
-    bags = bag_layout(cfg, ds)  # (multi-hot fields: pooled rows, one field each)
+    bags = bag_layout(cfg, ds, env.device)  # (multi-hot fields: pooled rows, one field each)
     model = build_model(
         cfg.model,
         emb,
@@ -232,6 +232,8 @@ def build_ctr_model(
         embed_dim=cfg.embed_dim,
     )
     model.bags = bags
+    if log is not None and bags is not None:
+        log.info(f"model: multi-hot pooling kernels {bags.backend} (--kernels {cfg.kernels})")
     dense_kernels = model.use_kernels(cfg.kernels, env.device)  # (DCN's cross network)
     if log is not None and dense_kernels is not None:
         log.info(f"model: {cfg.model} cross kernels {dense_kernels} (--kernels {cfg.kernels})")
