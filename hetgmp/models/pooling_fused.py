@@ -166,11 +166,12 @@ def _trial(device: torch.device) -> str | None:
         g = torch.Generator().manual_seed(0)
         rows = torch.randn(3 * 2 + int(present.sum()), 8, generator=g).to(device)
         grad = torch.randn(3, 4, 8, generator=g).to(device)
-        want = []
+        want: list[torch.Tensor] = []
         for backend in ("torch", "triton", "triton"):
             r = rows.clone().requires_grad_()
             out = pool_fields(r, off, mean, 3, 2, backend=backend)
             out.backward(grad)
+            assert r.grad is not None
             got = [out.detach(), r.grad]
             if backend == "torch":
                 want = got
