@@ -159,34 +159,40 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
             torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
 
 
-def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool) -> dict:
+def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool, split: bool = False) -> dict:
     """:func:`_rank` with Triton's kernels in its interpreter (set here: a forkserver child
     has the server's environment, and triton reads it when first imported)."""
     import os
     import sys
 
     from hetgmp.embedding.kernels import launcher, prep
+    from hetgmp.embedding.padded import exchange
 
     os.environ["TRITON_INTERPRET"] = "1"
     launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
     prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
+    exchange.SPLIT_SUM = split
     assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
     return _rank(env, cfg, whole, None)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize(
+    ("optimizer", "split"), [("sgd", False), ("adagrad", False), ("sgd", True), ("adagrad", True)]
+)
 def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
-    tiny_dataset, tmp_path, optimizer: str
+    tiny_dataset, tmp_path, optimizer: str, split: bool
 ) -> None:
     """With the fused Triton segments (in Triton's interpreter) the next exchange's counts
     phase and sizes exchange run during the forward, before the gradient exists
-    (hetgmp.embedding.padded.presync_step): rows, state, dense layers and counters equal the
+    (hetgmp.embedding.padded.presync_step), and with ``split`` the rows' gradient is summed
+    in two parts, the own rows' gradient phase run just before the owners' update
+    (hetgmp.embedding.padded.split_sum): rows, state, dense layers and counters equal the
     eager padded path's, which runs every pre-sync part in order."""
     pytest.importorskip("triton")
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
     eager = spawn_ranks(_rank_interpreted, 2, cfg, False, timeout_s=240)
-    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, timeout_s=240)
+    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, split, timeout_s=240)
     for e, w in zip(eager, whole, strict=True):
         for got, want in zip(_by_id(w), _by_id(e), strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

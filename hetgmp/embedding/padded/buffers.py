@@ -58,6 +58,7 @@ from hetgmp.embedding.padded import presync_step
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
+from hetgmp.embedding.padded.split_sum import own_rows_before_answer
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.comm.env import DistEnv
@@ -153,6 +154,10 @@ class StaticExchange:
         # (prev, cur) ring slots whose presync counts phase ran early (.presync_step)
         self.counted: tuple[int, int] | None = None
         self.counted_early = 0  # (how many ran early: tests)
+        # the rows' gradient summed in two parts (.split_sum): (ring slot, the own part's
+        # stream) for the next pre-sync, then (batch, stream) for the step's owners' update
+        self.split_sum: tuple[int, Any] | None = None
+        self.before_answer: tuple[Any, Any] | None = None
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
         # they were queries of the last batch
         self.pr_ids = torch.zeros(w * q, **i64)
@@ -291,9 +296,15 @@ class StaticExchange:
         seg = self.seg
         segment("pack", lambda: seg.pack(self))
         exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
-        segment("answer", lambda: seg.answer(self))
+        segment("answer", self._answer)
         exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         segment("finish", lambda: seg.finish(self))
+
+    def _answer(self) -> None:
+        pending, self.before_answer = self.before_answer, None
+        if pending is not None:  # (the own rows' gradient phase, after their part's sum)
+            own_rows_before_answer(self, *pending)
+        self.seg.answer(self)
 
     def presync(
         self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor | None

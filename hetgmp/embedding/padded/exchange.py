@@ -26,6 +26,7 @@ from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.padded.ahead import ReadAhead
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
+from hetgmp.embedding.padded.split_sum import sum_split
 
 # The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside), under
 # the dense all-reduce and optimizer. Measured with the user's command on 4 H200s (2026-11-26,
@@ -33,6 +34,9 @@ from hetgmp.embedding.padded.graphs import PrepRing
 # GPU checks of the whole step (strict and reading ahead) run with it. (Its first version
 # forked in eager steps too and the next capture failed: it forks only while capturing.)
 SUM_GRAD_ASIDE = True
+# The rows' gradient summed in two parts, the rows not owned here first, so that the next
+# exchange starts before the own rows' part is summed (.split_sum; off until measured).
+SPLIT_SUM = False
 
 
 def _capturing(device: torch.device) -> bool:
@@ -251,17 +255,28 @@ class PaddedExchange:
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
         slot = batch.ring
-        if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
+        capturing = _capturing(st.store.device)
+        if SPLIT_SUM and st.fused:
+            side = self._side_stream() if capturing else None
+            out = sum_split(st, batch, grad_occ, side)
+            if side is not None:
+                self._held = (grad_occ, batch.inv)
+            return Summed(out)
+        if not (SUM_GRAD_ASIDE and capturing):
             return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot))
         main = torch.cuda.current_stream(st.store.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(st.store.device)
-        self._side.wait_stream(main)
-        with torch.cuda.stream(self._side):
+        side = self._side_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
             out = st.sum_grad(batch.inv, grad_occ, slot=slot)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.ctx.store.device)
+        return self._side
 
     def on_side(self, fn: Callable[[], None]) -> None:
         """``fn()`` on the side stream of :meth:`sum_grad_aside`, after what the current
