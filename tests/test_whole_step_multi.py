@@ -176,9 +176,9 @@ def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool, split: bool =
     return _rank(env, cfg, whole, None)
 
 
-@pytest.mark.parametrize(
-    ("optimizer", "split"), [("sgd", False), ("adagrad", False), ("sgd", True), ("adagrad", True)]
-)
+# (split only: the whole flow's split sum and early counts phase, while the eager runs
+# compared with take the fused kernels' one-part path)
+@pytest.mark.parametrize(("optimizer", "split"), [("sgd", True), ("adagrad", True)])
 def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
     tiny_dataset, tmp_path, optimizer: str, split: bool
 ) -> None:
@@ -258,7 +258,7 @@ def _rank_ahead_counts(env: DistEnv, cfg: TrainConfig) -> dict:
     return {"res": res, "ahead": run.replays_ahead, "keys": keys, "replays": run.replays}
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adagrad"])  # (reading ahead: a diagnosis, off)
 def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
     tiny_dataset, tmp_path, optimizer: str
 ) -> None:
