@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from hetgmp.embedding.tier_host import positions
+
 WINDOW = 256  # the smallest window of slots the hand looks at (a few victims: one pass)
 
 
@@ -41,11 +43,11 @@ class Clock:
 
     def used(self, slots: torch.Tensor) -> None:
         """``slots`` (host int64) were hit: they get their second chance."""
-        self.ref[slots] = True
+        self.ref.index_fill_(0, slots, True)
 
     def loaded(self, slots: torch.Tensor) -> None:
         """``slots`` (host int64) now hold rows just loaded: no reference yet."""
-        self.ref[slots] = False
+        self.ref.index_fill_(0, slots, False)
 
     def victims(self, k: int, guard: torch.Tensor) -> torch.Tensor:
         """``k`` slots (host int64, in hand order), none in ``guard`` (host int64 slots, may
@@ -53,26 +55,27 @@ class Clock:
         would go round for ever)."""
         if k <= 0:
             return torch.empty(0, dtype=torch.int64)
-        self.guard[guard] = True
+        self.guard.index_fill_(0, guard, True)  # (index_*: cheaper than [] on the CPU)
         got: list[torch.Tensor] = []
         want, width = k, max(2 * k, WINDOW)
         while want > 0:
             width = min(width, self.budget)
             idx = torch.arange(self.hand, self.hand - width, -1, dtype=torch.int64)
             idx.remainder_(self.budget)
-            pos = torch.nonzero(~(self.ref[idx] | self.guard[idx])).reshape(-1)
+            free = ~(self.ref.index_select(0, idx) | self.guard.index_select(0, idx))
+            pos = positions(free)
             if pos.numel() >= want:  # (the hand stops after the last one taken)
                 pos = pos[:want]
                 idx = idx[: int(pos[-1]) + 1]
             self.scanned += width
-            self.ref[idx] = False  # (passed: their second chance used)
-            taken = idx[pos]
-            self.guard[taken] = True  # (a later window of this decision may wrap onto them)
+            self.ref.index_fill_(0, idx, False)  # (passed: their second chance used)
+            taken = idx.index_select(0, pos)
+            self.guard.index_fill_(0, taken, True)  # (a later window of this decision may wrap onto them)
             got.append(taken)
             want -= taken.numel()
             self.hand = (self.hand - idx.numel()) % self.budget
             width *= 2
         out = torch.cat(got)
-        self.guard[guard] = False
-        self.guard[out] = False
+        self.guard.index_fill_(0, guard, False)
+        self.guard.index_fill_(0, out, False)
         return out

@@ -123,15 +123,15 @@ class RowMover:
     # ------------------------------------------------------------------ CPU / synchronous
     def write_back_now(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Cache ``slots``' values into host ``rows`` (host int64), synchronously."""
-        dev = slots.to(self.device)
+        dev = slots.to(self.device)  # (index_*: cheaper than [] on the CPU; distinct rows)
         for h, c in zip(self.host, self.cache, strict=True):
-            h[rows] = c[dev].cpu()
+            h.index_copy_(0, rows, c.index_select(0, dev).cpu())
 
     def load_now(self, rows: torch.Tensor, slots: torch.Tensor) -> None:
         """Host ``rows``' values into cache ``slots`` (host int64), synchronously."""
         dev = slots.to(self.device)
         for h, c in zip(self.host, self.cache, strict=True):
-            c[dev] = _to_device(h[rows], self.device)
+            c.index_copy_(0, dev, _to_device(h.index_select(0, rows), self.device))
 
     def _run_now(self, move: Move) -> None:
         """The move in the caller's stream: write-back, then load (into the same slots)."""
