@@ -70,7 +70,7 @@ class Clock:
             self.scanned += width
             self.ref.index_fill_(0, idx, False)  # (passed: their second chance used)
             taken = idx.index_select(0, pos)
-            self.guard.index_fill_(0, taken, True)  # (a later window of this decision may wrap onto them)
+            self.guard.index_fill_(0, taken, True)  # (a later window may wrap onto them)
             got.append(taken)
             want -= taken.numel()
             self.hand = (self.hand - idx.numel()) % self.budget

@@ -37,6 +37,7 @@ import torch
 
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.store import RowStore, positions_of
+from hetgmp.embedding.tier_host import positions
 from hetgmp.embedding.tier_move import Move
 from hetgmp.embedding.tiered import TieredRows
 
@@ -61,9 +62,9 @@ class OwnedTier:
         """The store's id -> slot map (and stored ids) after a residency decision."""
         s = self.store
         if move.evicted_rows.numel():
-            s.slot_of[self.own_ids[move.evicted_rows].to(s.device)] = -1
+            s.slot_of[self.own_ids.index_select(0, move.evicted_rows).to(s.device)] = -1
         if move.load_rows.numel():
-            ids = self.own_ids[move.load_rows].to(s.device)
+            ids = self.own_ids.index_select(0, move.load_rows).to(s.device)
             slots = move.load_slots.to(s.device)
             s.slot_of[ids] = slots.to(torch.int32)
             s.stored_ids[slots] = ids
@@ -77,9 +78,11 @@ class OwnedTier:
         if ids is None:
             return
         flat = ids.reshape(-1).to("cpu", torch.int64)
-        flat = flat[(flat >= 0) & (flat < self.store.num_rows)]
-        rows = self.index[flat]
-        self.cur = self.tier.make_resident(rows[rows >= 0], [self.prev])
+        # (index_select and numpy positions, not [] and masks: several times cheaper on the
+        # host for a batch's ~213k ids)
+        flat = flat.index_select(0, positions((flat >= 0) & (flat < self.store.num_rows)))
+        rows = self.index.index_select(0, flat)
+        self.cur = self.tier.make_resident(rows.index_select(0, positions(rows >= 0)), [self.prev])
 
     def serve(self, pushed: torch.Tensor, read: list[torch.Tensor]) -> None:
         """(After payload 1) the owned rows peers push (``pushed``) and read (``read``: global
