@@ -60,22 +60,34 @@ class Clock:
         want, width = k, max(2 * k, WINDOW)
         while want > 0:
             width = min(width, self.budget)
-            idx = torch.arange(self.hand, self.hand - width, -1, dtype=torch.int64)
-            idx.remainder_(self.budget)
-            free = ~(self.ref.index_select(0, idx) | self.guard.index_select(0, idx))
-            pos = positions(free)
+            runs = self._runs(width)  # (slices, not an index per slot: cheaper on the CPU)
+            free = ~torch.cat([(self.ref[a:b] | self.guard[a:b]).flip(0) for a, b in runs])
+            pos = positions(free)  # (window positions, in hand order)
+            passed = width
             if pos.numel() >= want:  # (the hand stops after the last one taken)
                 pos = pos[:want]
-                idx = idx[: int(pos[-1]) + 1]
+                passed = int(pos[-1]) + 1
             self.scanned += width
-            self.ref.index_fill_(0, idx, False)  # (passed: their second chance used)
-            taken = idx.index_select(0, pos)
+            left = passed
+            for a, b in runs:  # (the slots passed: their second chance used)
+                n = min(b - a, left)
+                self.ref[b - n : b] = False
+                left -= n
+            taken = (self.hand - pos).remainder_(self.budget)
             self.guard.index_fill_(0, taken, True)  # (a later window may wrap onto them)
             got.append(taken)
             want -= taken.numel()
-            self.hand = (self.hand - idx.numel()) % self.budget
+            self.hand = (self.hand - passed) % self.budget
             width *= 2
         out = torch.cat(got)
         self.guard.index_fill_(0, guard, False)
         self.guard.index_fill_(0, out, False)
         return out
+
+    def _runs(self, width: int) -> list[tuple[int, int]]:
+        """The ``width`` slots from the hand down (wrapping at 0) as slices ``[a, b)`` in
+        hand order, each read from ``b - 1`` down to ``a``."""
+        top = self.hand + 1
+        if width <= top:
+            return [(top - width, top)]
+        return [(0, top), (self.budget - (width - top), self.budget)]
