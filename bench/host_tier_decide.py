@@ -49,16 +49,13 @@ def main() -> None:
                       counts=counts, adopt=True)  # fmt: skip
     print(f"rows {n} cache slots {budget} setup {time.perf_counter() - t0:.1f} s")
     todo = batches(n, a.batch, a.fields, a.steps + 1, seed=1)
-    times, decide = [], []
-    real = tier._decide  # (the residency decision itself, timed alone: it exists before/after)
-
-    def timed(*args: object, **kw: object) -> object:
-        t = time.perf_counter()
-        out = real(*args, **kw)  # type: ignore[arg-type]
-        decide.append(time.perf_counter() - t)
-        return out
-
-    tier._decide = timed  # type: ignore[method-assign]
+    times: list[float] = []
+    parts = {name: _timed(obj, attr) for name, obj, attr in (
+        ("per decision (_decide)", tier, "_decide"),  # (exists before and after a change)
+        ("  of which the row copies (mover.run)", tier.mover, "run"),
+        ("per lookup (the device map's slots of the batch)", tier, "lookup"),
+        ("per stage_next (dedup of the next batch + its decision)", tier, "stage_next"),
+    )}  # fmt: skip
     for i in range(a.steps):  # (the one-rank step's order: expect t+1, look t up, stage t+1)
         tier.expect(todo[i + 1])
         t = time.perf_counter()
@@ -70,10 +67,25 @@ def main() -> None:
     print(f"steps {a.steps} batch {a.batch}x{a.fields} hits {c.hits} misses {c.misses} "
           f"ahead {c.ahead}")  # fmt: skip
     for name, xs in (("per step (lookup + stage_next + updated)", times[2:]),
-                     ("per decision (_decide)", decide[3:])):  # fmt: skip
+                     *((k, v[3:]) for k, v in parts.items())):  # fmt: skip
         ms = sorted(1e3 * x for x in xs)  # (the first steps: the cache's first misses)
         print(f"{name} ms: median {statistics.median(ms):.1f} min {ms[0]:.1f} "
               f"max {ms[-1]:.1f}")  # fmt: skip
+
+
+def _timed(obj: object, attr: str) -> list[float]:
+    """Wrap ``obj.attr`` (a method) so that each call's wall time is appended to the list
+    returned."""
+    real, out = getattr(obj, attr), []
+
+    def timed(*args: object, **kw: object) -> object:
+        t = time.perf_counter()
+        got = real(*args, **kw)
+        out.append(time.perf_counter() - t)
+        return got
+
+    setattr(obj, attr, timed)
+    return out
 
 
 if __name__ == "__main__":
