@@ -35,17 +35,15 @@ def option(
     flags: Sequence[str] | None = None,
     default_factory: Any = dataclasses.MISSING,
     parse: Callable[[str], Any] | None = None,
-    cli: bool = True,
 ) -> Any:
     """Declare a config field with help text and optional validation.
 
     ``check`` is a predicate on the value; ``check_msg`` says what a valid value is.
     ``flags`` overrides the command-line spelling (default ``--field-name``); ``parse`` turns
-    its text into the value (default: the field's type); ``cli=False``: no option (a field
-    set from another one).
+    its text into the value (default: the field's type).
     """
     md = {"help": help, "choices": choices, "check": check, "check_msg": check_msg, "flags": flags}
-    md.update(parse=parse, cli=cli)
+    md["parse"] = parse
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)
@@ -90,8 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one command-line option per field of config dataclass ``cls``."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if not f.metadata.get("cli", True):
-            continue
         tp, _ = _base_type(hints[f.name])
         flags = list(f.metadata.get("flags") or [f"--{f.name.replace('_', '-')}"])
         default = (
@@ -108,7 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if tp is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        if typing.get_origin(tp) in (list, tuple):
+        if f.metadata.get("parse") is not None:  # (its own parser: one token, e.g. 16,8)
+            kwargs["type"] = f.metadata["parse"]
+        elif typing.get_origin(tp) in (list, tuple):
             (inner,) = typing.get_args(tp)[:1]
             kwargs["type"] = inner
             kwargs["nargs"] = "+"
@@ -116,8 +114,6 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs["type"] = Path
         elif tp in (int, float, str):
             kwargs["type"] = tp
-        if f.metadata.get("parse") is not None:
-            kwargs["type"] = f.metadata["parse"]
         if f.metadata.get("choices") is not None:
             kwargs["choices"] = list(f.metadata["choices"])
         parser.add_argument(*flags, **kwargs)

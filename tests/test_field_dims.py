@@ -19,7 +19,7 @@ from torch import nn
 import hetgmp
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
-from hetgmp.config import ConfigError, validate
+from hetgmp.config import ConfigError, add_arguments, from_namespace, validate
 from hetgmp.embedding.init import initial_rows
 from hetgmp.models import MODELS, build_model, model_class
 from hetgmp.train.checkpoint import open_checkpoint
@@ -138,8 +138,6 @@ def test_wrong_count_and_bad_values_are_refused_clearly(tmp_path: Path) -> None:
 def test_cli_parses_one_number_or_a_list() -> None:
     import argparse
 
-    from hetgmp.config import add_arguments, from_namespace
-
     parser = argparse.ArgumentParser()
     add_arguments(parser, TrainConfig)
     cfg = from_namespace(TrainConfig, parser.parse_args(["--embed-dim", "16,8,4"]))
@@ -148,8 +146,31 @@ def test_cli_parses_one_number_or_a_list() -> None:
     assert (cfg.embed_dim, cfg.field_dims) == (8, None)
     with pytest.raises(SystemExit):
         parser.parse_args(["--embed-dim", "8,y"])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--field-dims", "8"])  # (not an option of its own)
+    cfg = from_namespace(
+        TrainConfig, parser.parse_args(["--embed-dim", "8", "--field-dims", "8,4"])
+    )
+    assert (cfg.embed_dim, cfg.field_dims) == (8, (8, 4))  # (as a saved config gives them)
+
+
+def test_saved_config_loads_back(tmp_path: Path) -> None:
+    """A run's results file holds embed_dim (the largest) and field_dims: --config takes it;
+    a different --embed-dim beside it is refused, not silently replaced."""
+    from hetgmp.cli import build_parser
+
+    ds = _data(tmp_path / "d")
+    cfg = TrainConfig(dataset=str(ds.root), iter=2, embed_dim=DIMS, val=False,
+                      output=tmp_path / "res.json", **RUN)  # fmt: skip
+    train(validate(cfg), DistEnv.single("cpu"))
+    parser = build_parser()
+    ns = parser.parse_args(["train", "--config", str(tmp_path / "res.json")])
+    again = from_namespace(TrainConfig, ns)
+    assert (again.embed_dim, again.field_dims) == (4, DIMS)
+    ns = parser.parse_args(["train", "--config", str(tmp_path / "res.json"), "--embed-dim", "8"])
+    with pytest.raises(ConfigError, match="8 is not the largest of the per-field"):
+        from_namespace(TrainConfig, ns)
+    (tmp_path / "hand.yaml").write_text("embed_dim: [4, 2, 3, 4]\n")
+    ns = parser.parse_args(["train", "--config", str(tmp_path / "hand.yaml")])
+    assert from_namespace(TrainConfig, ns).field_dims == DIMS
 
 
 def _counters(env: DistEnv, root: str, dim: object) -> dict:

@@ -63,8 +63,11 @@ class TrainConfig:
         "or one per field comma separated (single-hot fields, then multi-hot ones; the table "
         "stores the largest, each field uses its first d columns: docs/architecture.md)",
     )  # fmt: skip
-    # (not an option of its own: --embed-dim's per-field list, set by __post_init__)
-    field_dims: tuple[int, ...] | None = option(None, help="", cli=False)
+    field_dims: tuple[int, ...] | None = option(
+        None, parse=choices.parse_embed_dim, flags=["--field-dims"], help="each field's "
+        "dimension, as --embed-dim's list sets it and a saved config records it (then "
+        "--embed-dim is their largest); give --embed-dim instead",
+    )  # fmt: skip
     iter: int = option(
         0,
         help="stop after this many global steps in total (0: run --epochs)",

@@ -49,16 +49,21 @@ def split_embed_dim(value: Any, field_dims: Any) -> tuple[Any, tuple[int, ...] |
     if isinstance(value, str):
         value = _parse_dims(value)
     if isinstance(value, Sequence) and not isinstance(value, str):
-        field_dims = value
+        field_dims, value = value, None
     if field_dims is None:
         return value, None
     if isinstance(field_dims, str):
         field_dims = _parse_dims(field_dims)
-    dims = tuple(field_dims)
+    dims = tuple(field_dims) if isinstance(field_dims, Sequence) else (field_dims,)
     if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
         raise ConfigError(f"embed_dim: expected one dimension per field (ints), got {value!r}")
     if min(dims) < 1:
         raise ConfigError(f"embed_dim: every field's dimension must be >= 1, got {list(dims)}")
+    if value is not None and value != max(dims):  # (e.g. --config run.json --embed-dim 8)
+        raise ConfigError(
+            f"embed_dim: {value!r} is not the largest of the per-field dimensions "
+            f"{list(dims)} (field_dims, from a saved config?); give --embed-dim as the list"
+        )
     if len(dims) == 1:  # (one number: every field's)
         return dims[0], None
     return max(dims), dims
