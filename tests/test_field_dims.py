@@ -22,7 +22,9 @@ from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import ConfigError, add_arguments, from_namespace, validate
 from hetgmp.embedding.init import initial_rows
 from hetgmp.models import MODELS, build_model, model_class
-from hetgmp.train.checkpoint import open_checkpoint
+from hetgmp.serve.artifact import ArtifactError
+from hetgmp.serve.export import export_checkpoint
+from hetgmp.train.checkpoint import CheckpointError, open_checkpoint
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.run import train
 
@@ -105,6 +107,8 @@ def test_per_field_run_trains_and_leaves_unused_columns_alone(tmp_path: Path) ->
         # the used columns trained, the unused ones are exactly their initial values
         assert not torch.equal(rows["weight"][mine, :d], init[mine, :d])
         assert torch.equal(rows["weight"][mine, d:], init[mine, d:]), f.name
+    with pytest.raises(ArtifactError, match=r"dimension per field \(--embed-dim 4,2,3,4\)"):
+        export_checkpoint(tmp_path / "ck", tmp_path / "art")  # (named, not a shape error)
 
 
 def test_equal_dims_run_is_the_one_number_run(tmp_path: Path) -> None:
@@ -187,3 +191,12 @@ def test_two_ranks_exchange_the_full_width_rows(tmp_path: Path) -> None:
     full = spawn_ranks(_counters, 2, str(ds.root), 4, timeout_s=120)[0]
     assert per_field["rows_remote"] > 0 and per_field["bytes_sent_values"] > 0
     assert per_field == full
+
+
+def test_resume_needs_the_same_dimensions(tmp_path: Path) -> None:
+    ds = _data(tmp_path / "d")
+    base = dict(dataset=str(ds.root), iter=2, val=False, checkpoint_dir=tmp_path / "ck", **RUN)
+    train(validate(TrainConfig(embed_dim=DIMS, **base)), DistEnv.single("cpu"))
+    again = TrainConfig(embed_dim=(4, 2, 2, 4), resume=True, **{**base, "iter": 4})
+    with pytest.raises(CheckpointError, match=r"made for field_dims=\[4, 2, 3, 4\], this run"):
+        train(validate(again), DistEnv.single("cpu"))
