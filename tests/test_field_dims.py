@@ -200,3 +200,20 @@ def test_resume_needs_the_same_dimensions(tmp_path: Path) -> None:
     again = TrainConfig(embed_dim=(4, 2, 2, 4), resume=True, **{**base, "iter": 4})
     with pytest.raises(CheckpointError, match=r"made for field_dims=\[4, 2, 3, 4\], this run"):
         train(validate(again), DistEnv.single("cpu"))
+
+
+def test_api_per_field_model_trains_as_the_cli(tmp_path: Path) -> None:
+    """build_model(embed_dim=(...)) + Trainer.fit: the CLI's run with --embed-dim 4,2,3,4."""
+    torch.set_num_threads(1)
+    ds = _data(tmp_path / "d")
+    loop = dict(batch_size=32, dense_optimizer="sgd", dense_lr=0.05, log_every=1, warmup_steps=0)
+    cfg = TrainConfig(dataset=str(ds.root), iter=10, embed_dim="4,2,3,4", progress=False,
+                      threads=1, seed=3, lr=0.1, checkpoint_dir=tmp_path / "cli", **loop)  # fmt: skip
+    train(validate(cfg), DistEnv.single("cpu"))
+    model = hetgmp.build_model(ds, DistEnv.single("cpu"), embed_dim=DIMS, seed=3, lr=0.1)
+    trainer = hetgmp.Trainer(model, ds, DistEnv.single("cpu"), iters=10, verbose=False,
+                             checkpoint_dir=tmp_path / "api", **loop)  # fmt: skip
+    trainer.fit()
+    trainer.close()
+    _same_checkpoints(tmp_path / "cli", tmp_path / "api")
+    assert open_checkpoint(tmp_path / "api").manifest["field_dims"] == list(DIMS)
