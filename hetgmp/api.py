@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,7 +194,8 @@ def build_model(
     (none: rows hashed to ranks; with ``store_rate`` > 0 on several ranks, HET-GMP's fallback:
     random owners, each rank mirroring the rows its own samples use most). Collective.
 
-    Options, with ``hetgmp train``'s defaults: ``model`` ("wdl"), ``embed_dim`` (16), the
+    Options, with ``hetgmp train``'s defaults: ``model`` ("wdl"), ``embed_dim`` (16; or one
+    per field, single-hot fields then multi-hot ones: ``(16, 8, ...)`` or ``"16,8,..."``), the
     table's optimizer ``optimizer`` ("adagrad", or "sgd") and ``lr`` (0.05), ``bound`` (the
     staleness bound, 0), ``store_rate`` (share of all rows each rank mirrors, 0), ``seed`` (0;
     the dense layers are seeded with it, identically on every rank), ``init_scale``,
@@ -210,7 +211,9 @@ def build_model(
         raise TypeError(f"build_model: unknown option(s) {unknown}; known: {list(MODEL_OPTIONS)}")
     if "pooling" in options:  # (a sequence of modes -> --pooling's text, checked)
         options = {**options, "pooling": pooling_option(options["pooling"])}
-    check_types(options)
+    # (embed_dim: one int, or one per field as a sequence or "16,8,...", checked by TrainConfig)
+    per_field = isinstance(options.get("embed_dim"), (str, Sequence))
+    check_types({k: v for k, v in options.items() if k != "embed_dim" or not per_field})
     cfg = validate(dataclasses.replace(TrainConfig(), dataset=str(dataset.root), **options))
     ds = prepare_multi_hot(cfg, env, dataset, api=True)  # (refuses what it does not do yet)
     if ds is not dataset:  # (a bad id in a bag: refused now, by file, as the CLI does)

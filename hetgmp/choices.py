@@ -7,6 +7,8 @@ names from here, and ``tests/test_cli_help.py`` checks that the two agree.
 
 from __future__ import annotations
 
+import argparse
+
 MODEL_NAMES = ("dcn", "dfm", "dlrm", "wdl")  # hetgmp.models.MODELS' keys
 REPLIES = ("stale", "all")  # hetgmp.embedding.DistributedEmbedding(replies=...)
 EXCHANGES = ("exact", "padded")  # hetgmp.embedding.DistributedEmbedding(exchange=...)
@@ -29,3 +31,14 @@ def parse_pooling(text: str, fields: int) -> tuple[str, ...]:
     """Each of ``fields`` multi-hot fields' pooling from ``--pooling`` (one mode: all of them)."""
     modes = tuple(text.split(","))
     return modes * fields if len(modes) == 1 else modes
+
+
+def parse_embed_dim(text: str) -> int | tuple[int, ...]:
+    """``--embed-dim``: one dimension (``16``) or one per field (``16,8,8``)."""
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a dimension or a comma-separated list of them (e.g. 16 or 16,8,8)"
+        ) from None
+    return dims[0] if len(dims) == 1 else dims

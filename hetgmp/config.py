@@ -34,13 +34,16 @@ def option(
     check_msg: str = "",
     flags: Sequence[str] | None = None,
     default_factory: Any = dataclasses.MISSING,
+    parse: Callable[[str], Any] | None = None,
 ) -> Any:
     """Declare a config field with help text and optional validation.
 
     ``check`` is a predicate on the value; ``check_msg`` says what a valid value is.
-    ``flags`` overrides the command-line spelling (default ``--field-name``).
+    ``flags`` overrides the command-line spelling (default ``--field-name``); ``parse`` turns
+    its text into the value (default: the field's type).
     """
     md = {"help": help, "choices": choices, "check": check, "check_msg": check_msg, "flags": flags}
+    md["parse"] = parse
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)
@@ -101,7 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if tp is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        if typing.get_origin(tp) in (list, tuple):
+        if f.metadata.get("parse") is not None:  # (its own parser: one token, e.g. 16,8)
+            kwargs["type"] = f.metadata["parse"]
+        elif typing.get_origin(tp) in (list, tuple):
             (inner,) = typing.get_args(tp)[:1]
             kwargs["type"] = inner
             kwargs["nargs"] = "+"

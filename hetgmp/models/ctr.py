@@ -13,11 +13,13 @@ weight as one extra column of the same table so that one lookup (one exchange) s
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetgmp.models.field_dims import FieldDims, FieldProjection
 from hetgmp.models.layers import (
     MLP,
     CrossNetwork,
@@ -39,8 +41,9 @@ class CTRModel(nn.Module):
     """Common plumbing: the injected embedding and the input shapes."""
 
     def __init__(
-        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
-    ) -> None:
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         if num_fields < 1 or embed_dim < 1 or num_dense < 0:
             raise ValueError(
@@ -51,6 +54,7 @@ class CTRModel(nn.Module):
         self.num_fields = num_fields
         self.num_dense = num_dense
         self.embed_dim = embed_dim
+        self.fields = FieldDims(num_fields, embed_dim, field_dims)
         # multi-hot fields' bags and their pooling (issue 34), set by the trainer's setup;
         # None: every field is single-hot and ``sparse`` goes to the table as it is
         self.bags: BagLayout | None = None
@@ -143,10 +147,11 @@ class WDL(CTRModel):
     the concatenated embeddings and dense features."""
 
     def __init__(
-        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
-    ) -> None:
-        super().__init__(embedding, num_fields, num_dense, embed_dim)
-        in_dim = num_fields * embed_dim + num_dense
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(embedding, num_fields, num_dense, embed_dim, field_dims)
+        in_dim = self.fields.flat_dim + num_dense
         self.wide = nn.Linear(in_dim, 1)
         self.deep = MLP(in_dim, HETGMP_MLP)
         self.deep_out = nn.Linear(self.deep.out_dim, 1)
@@ -157,6 +162,7 @@ class WDL(CTRModel):
         # one pass over the [B, F*D] input instead of a matrix-vector product of its own, whose
         # backward wrote a second input-sized gradient to add to the deep one (same arithmetic,
         # same parameters: ``wide`` and ``deep[0]`` stay separate in the state dict).
+        emb = self.fields.flat(emb)  # (per-field dimensions: each field's first d_f columns)
         return self.from_first(first_layer(emb, dense, self.first_linears()))
 
     def first_linears(self) -> tuple[nn.Linear, ...]:
@@ -172,10 +178,11 @@ class DCN(CTRModel):
     """Deep & Cross: 3 cross layers and an MLP 256-256-256 side by side, joined by a linear layer."""
 
     def __init__(
-        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
-    ) -> None:
-        super().__init__(embedding, num_fields, num_dense, embed_dim)
-        in_dim = num_fields * embed_dim + num_dense
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(embedding, num_fields, num_dense, embed_dim, field_dims)
+        in_dim = self.fields.flat_dim + num_dense
         self.cross = CrossNetwork(in_dim, DCN_CROSS_LAYERS)
         self.deep = MLP(in_dim, HETGMP_MLP)
         self.out = nn.Linear(in_dim + self.deep.out_dim, 1)
@@ -192,6 +199,7 @@ class DCN(CTRModel):
     def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         # the deep part's first layer and the output layer without concatenations
         # (hetgmp.models.layers.first_layer says why)
+        emb = self.fields.flat(emb)  # (per-field dimensions: each field's first d_f columns)
         deep = first_layer(emb, dense, (self.deep.first,))[:, : self.deep.first.out_features]
         deep = run_layers(self._deep_rest, deep)
         return self._cross_logit(emb, dense) + F.linear(
@@ -200,7 +208,7 @@ class DCN(CTRModel):
 
     @property
     def cross_dim(self) -> int:
-        """The cross network's width (``num_fields * embed_dim + num_dense``)."""
+        """The cross network's width (the fields' dimensions summed, plus ``num_dense``)."""
         return self.cross.weights[0].numel()
 
     def _cross_logit(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
@@ -224,15 +232,18 @@ class DeepFM(CTRModel):
     """DeepFM: first-order term (one weight per id, plus a linear map of dense features),
     the FM second-order term over field embeddings, and an MLP 256-256-256.
 
-    The table holds ``embed_dim + 1`` columns: the last is the id's first-order weight.
+    The table holds ``embed_dim + 1`` columns: the last is the id's first-order weight. With
+    a dimension per field the FM term pairs fields over their common columns (a field's
+    unused ones count as zeros): fields i and j interact through their first min(d_i, d_j).
     """
 
     def __init__(
-        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
-    ) -> None:
-        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(embedding, num_fields, num_dense, embed_dim, field_dims)
         self.dense_linear = nn.Linear(num_dense, 1) if num_dense else None
-        self.deep = MLP(num_fields * embed_dim + num_dense, HETGMP_MLP)
+        self.deep = MLP(self.fields.flat_dim + num_dense, HETGMP_MLP)
         self.deep_out = nn.Linear(self.deep.out_dim, 1)
 
     @staticmethod
@@ -250,12 +261,15 @@ class DeepFM(CTRModel):
 
     def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
         vec, first = emb[..., : self.embed_dim], emb[..., self.embed_dim]
+        vec = self.fields.masked(vec)  # (per-field dimensions: the unused columns as zeros)
         logit = first.sum(dim=1, keepdim=True)
         if self.dense_linear is not None and dense is not None:
             logit = logit + self.dense_linear(dense.to(vec.dtype))
         # FM: 0.5 * ((sum v)^2 - sum v^2), summed over the embedding dimension.
         fm = 0.5 * (vec.sum(dim=1).pow(2) - vec.pow(2).sum(dim=1)).sum(dim=1, keepdim=True)
-        h = first_layer(vec, dense, (self.deep.first,))[:, : self.deep.first.out_features]
+        h = first_layer(self.fields.flat(vec), dense, (self.deep.first,))[
+            :, : self.deep.first.out_features
+        ]
         deep = self.deep_out(run_layers(tuple(self.deep)[1:], h))
         return logit + fm + deep
 
@@ -265,16 +279,20 @@ class DLRM(CTRModel):
     every field embedding, top MLP 1024-1024-512-256-1 over [bottom output, interactions]."""
 
     def __init__(
-        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int
-    ) -> None:
-        super().__init__(embedding, num_fields, num_dense, embed_dim)
+        self, embedding: nn.Module, num_fields: int, num_dense: int, embed_dim: int,
+        field_dims: Sequence[int] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(embedding, num_fields, num_dense, embed_dim, field_dims)
         # Without dense features there is no bottom MLP; interactions are among fields only.
         self.bottom = MLP(num_dense, (*DLRM_BOTTOM, embed_dim)) if num_dense else None
+        # a dimension per field: each narrower field projected to the common one (embed_dim)
+        self.project = FieldProjection(self.fields)
         k = num_fields + (1 if self.bottom is not None else 0)
         top_in = k * (k - 1) // 2 + (embed_dim if self.bottom is not None else 0)
         self.top = MLP(top_in, DLRM_TOP, last_activation=False)
 
     def head(self, emb: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
+        emb = self.project(emb)
         if self.bottom is None:
             return self.top(dot_interaction(emb))
         if dense is None:
@@ -298,7 +316,9 @@ def model_class(name: str) -> type[CTRModel]:
 
 
 def build_model(
-    name: str, embedding: nn.Module, *, num_fields: int, num_dense: int, embed_dim: int
-) -> CTRModel:
-    """Instantiate model ``name`` around ``embedding`` (whose rows are ``table_dim`` wide)."""
-    return model_class(name)(embedding, num_fields, num_dense, embed_dim)
+    name: str, embedding: nn.Module, *, num_fields: int, num_dense: int, embed_dim: int,
+    field_dims: Sequence[int] | None = None,
+) -> CTRModel:  # fmt: skip
+    """Instantiate model ``name`` around ``embedding`` (whose rows are ``table_dim`` wide);
+    ``field_dims``: each field's dimension (at most ``embed_dim``; None: all ``embed_dim``)."""
+    return model_class(name)(embedding, num_fields, num_dense, embed_dim, field_dims)

@@ -143,6 +143,11 @@ def _checkpoint_info(ck: LoadedCheckpoint) -> dict[str, Any]:
     for key in ("model", "embed_dim", "table_dim", "num_rows"):
         if key not in m:
             raise ArtifactError(f"{ck.path / MANIFEST}: lacks {key!r}; not a training checkpoint")
+    if m.get("field_dims"):  # (the serving program takes one dimension for every field)
+        raise ArtifactError(
+            f"{ck.path / MANIFEST}: trained with a dimension per field (--embed-dim "
+            f"{','.join(map(str, m['field_dims']))}); export does not serve those yet (issue 34)"
+        )
     return m
 
 

@@ -14,6 +14,7 @@ from hetgmp import choices
 from hetgmp.choices import DATA_ON_DEVICE, EXCHANGES, KERNELS, MODEL_NAMES, PADDED_NEEDS, REPLIES
 from hetgmp.config import ConfigError, option
 from hetgmp.data.defaults import DEFAULT_CACHE, DEFAULT_DATASET_NAME, DEFAULT_SAMPLES
+from hetgmp.train.config_checks import check_sync, split_embed_dim
 from hetgmp.train.dense_lr import resolve_dense_lr
 from hetgmp.train.straggle import straggle_ok
 
@@ -57,12 +58,16 @@ class TrainConfig:
         flags=["--batch-size", "--batch_size"],
     )
     embed_dim: int = option(
-        16,
-        help="embedding dimension",
-        check=_positive,
-        check_msg="must be >= 1",
-        flags=["--embed-dim", "--embed_dim"],
-    )
+        16, check=_positive, check_msg="must be >= 1", parse=choices.parse_embed_dim,
+        flags=["--embed-dim", "--embed_dim"], help="embedding dimension: one for every field, "
+        "or one per field comma separated (single-hot fields, then multi-hot ones; the table "
+        "stores the largest, each field uses its first d columns: docs/architecture.md)",
+    )  # fmt: skip
+    field_dims: tuple[int, ...] | None = option(
+        None, parse=choices.parse_embed_dim, flags=["--field-dims"], help="each field's "
+        "dimension, as --embed-dim's list sets it and a saved config records it (then "
+        "--embed-dim is their largest); give --embed-dim instead",
+    )  # fmt: skip
     iter: int = option(
         0,
         help="stop after this many global steps in total (0: run --epochs)",
@@ -352,42 +357,18 @@ class TrainConfig:
     )
     debug: bool = option(False, help="show full tracebacks on errors")
 
+    def __post_init__(self) -> None:
+        # --embed-dim 16,8,...: embed_dim becomes the table's width (the largest), field_dims
+        # each field's own (hetgmp.train.config_checks.split_embed_dim)
+        self.embed_dim, self.field_dims = split_embed_dim(self.embed_dim, self.field_dims)
+
     def check(self) -> None:
         """Cross-option checks (called by :func:`hetgmp.config.validate`)."""
         if self.resume and self.checkpoint_dir is None:
             raise ConfigError("resume: --resume needs --checkpoint-dir")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise ConfigError("checkpoint_every: --checkpoint-every needs --checkpoint-dir")
-        self._check_sync()
-
-    def _check_sync(self) -> None:
-        """What ``--sync async`` does not support yet is refused here, by name."""
-        if self.exchange == "padded" and (self.sync != "collective" or self.replies == "stale"):
-            raise ConfigError(
-                f"exchange: --exchange padded needs {PADDED_NEEDS}; got --replies "
-                f"{self.replies} --sync {self.sync}"
-            )
-        if self.sync == "collective":
-            for name, flag, default in (
-                ("max_lag", "--max-lag", 0), ("dense_sync_every", "--dense-sync-every", 1),
-                ("work_stealing", "--no-work-stealing", True),
-            ):  # fmt: skip
-                if getattr(self, name) != default:
-                    raise ConfigError(f"{name}: {flag} applies to --sync async only")
-            return
-        if not self.unequal_steps:
-            return
-        for name, flag, bad in (
-            ("eval_every", "--eval-every", self.eval_every != 0),
-            ("checkpoint_every", "--checkpoint-every", self.checkpoint_every != 0),
-            ("resume", "--resume", self.resume),
-        ):
-            if bad:
-                raise ConfigError(
-                    f"{name}: {flag} needs every rank at the same step; with --sync async and "
-                    f"--max-lag {self.max_lag} ranks run unequal step counts (evaluation and the "
-                    "checkpoint come at the end); use --max-lag 0 for it"
-                )
+        check_sync(self)
 
     @property
     def unequal_steps(self) -> bool:

@@ -19,7 +19,7 @@ from hetgmp.train.step import table
 if TYPE_CHECKING:
     from hetgmp.train.trainer_view import TrainerView
 
-COMPAT_KEYS = ("model", "embed_dim", "table_dim", "num_rows", "dataset_fingerprint")
+COMPAT_KEYS = ("model", "embed_dim", "table_dim", "num_rows", "dataset_fingerprint", "field_dims")
 
 
 def compat_info(info: dict[str, Any]) -> dict[str, Any]:

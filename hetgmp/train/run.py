@@ -35,6 +35,7 @@ from hetgmp.models import CTRModel, build_model, model_class
 from hetgmp.partition.plan import Plan, load_plan
 from hetgmp.train.checkpoint import CheckpointError, find_checkpoint, open_checkpoint
 from hetgmp.train.config import DEFAULT_DATASET, TrainConfig
+from hetgmp.train.config_checks import dims_of_fields
 from hetgmp.train.memory_plan import memory_plan
 from hetgmp.train.multi_hot import bag_layout, multi_hot_note
 from hetgmp.train.multi_hot import prepare as prepare_multi_hot
@@ -230,6 +231,7 @@ def build_ctr_model(
         num_fields=bags.num_fields if bags is not None else ds.meta.num_fields,
         num_dense=ds.meta.num_dense,
         embed_dim=cfg.embed_dim,
+        field_dims=dims_of_fields(cfg.field_dims, ds.meta),  # (--embed-dim's list, checked)
     )
     model.bags = bags
     if log is not None and bags is not None:
@@ -275,6 +277,7 @@ def run_info(cfg: TrainConfig, ds: Dataset, plan_path: Path | None) -> dict[str,
         "dataset_fingerprint": ds.fingerprint,
         "plan_fingerprint": plan_fingerprint(plan_path) if plan_path else None,
         "fields": layout_of(ds),  # (how --init-from maps rows onto a grown vocabulary)
+        **({"field_dims": list(cfg.field_dims)} if cfg.field_dims else {}),
     }
 
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from hetgmp.data.format import Dataset
     from hetgmp.train.trainer_view import TrainerView
 
-_SAME = ("model", "embed_dim", "table_dim")
+_SAME = ("model", "embed_dim", "table_dim", "field_dims")
 
 
 def layout_of(ds: Dataset) -> list[list[Any]]:
