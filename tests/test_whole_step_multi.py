@@ -95,6 +95,21 @@ def _by_id(r: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return r["weight"][order], opt
 
 
+def _assert_runs_equal(eager: list[dict], whole: list[dict], *, counters: bool = True) -> None:
+    """Every rank's rows, optimizer state and dense layers equal (to float summation order),
+    and rank 0's row and push counters (``counters``)."""
+    for e, w in zip(eager, whole, strict=True):
+        assert torch.equal(e["ids"], w["ids"])
+        for got, want in zip(_by_id(w), _by_id(e), strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        for k in e["dense"]:
+            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
+    if counters:
+        got, want = whole[0]["res"]["embedding_counters"], eager[0]["res"]["embedding_counters"]
+        for k in COUNTS:
+            assert got[k] == want[k], (k, got, want)
+
+
 @pytest.mark.parametrize(
     ("optimizer", "bound", "max_q", "evals"),
     [("adagrad", 0, None, 0), ("sgd", 3, None, 0), ("adagrad", 3, 20, 0), ("adagrad", 3, None, 5)],
@@ -111,17 +126,7 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound, **more)
     eager = spawn_ranks(_rank, 2, cfg, False, None, timeout_s=180)
     whole = spawn_ranks(_rank, 2, cfg, True, max_q, timeout_s=180)
-    for e, w in zip(eager, whole, strict=True):
-        assert torch.equal(e["ids"], w["ids"])
-        we, oe = _by_id(e)
-        ww, ow = _by_id(w)
-        torch.testing.assert_close(ww, we, rtol=0, atol=1e-6)
-        torch.testing.assert_close(ow, oe, rtol=0, atol=1e-6)
-        for k in e["dense"]:
-            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
-    counts = (whole[0]["res"]["embedding_counters"], eager[0]["res"]["embedding_counters"])
-    for k in COUNTS:
-        assert counts[0][k] == counts[1][k], (k, counts)
+    _assert_runs_equal(eager, whole)
     w0 = whole[0]
     if evals:
         assert w0["res"]["val_auc"] == eager[0]["res"]["val_auc"]
@@ -133,6 +138,7 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
     else:
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
     # the comparison is not vacuous: the rows moved
+    ww = _by_id(w0)[0]
     assert (ww - ww.mean()).abs().max() > 0
 
 
@@ -153,10 +159,8 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
     # (evaluations after steps 4, 8, 12 and 16 of 18; the ones after a step that exchanged
     # early: the first epoch's steps are eager at first)
     assert whole[0]["dropped"] == whole[1]["dropped"] >= 2, whole[0]["dropped"]
-    for e, w in zip(eager, whole, strict=True):
-        torch.testing.assert_close(_by_id(w)[0], _by_id(e)[0], rtol=0, atol=1e-6)
-        for k in e["dense"]:
-            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
+    # (rows and dense layers; the counters count the dropped exchanges too)
+    _assert_runs_equal(eager, whole, counters=False)
 
 
 def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool, split: bool = False) -> dict:
@@ -193,14 +197,7 @@ def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
     eager = spawn_ranks(_rank_interpreted, 2, cfg, False, timeout_s=240)
     whole = spawn_ranks(_rank_interpreted, 2, cfg, True, split, timeout_s=240)
-    for e, w in zip(eager, whole, strict=True):
-        for got, want in zip(_by_id(w), _by_id(e), strict=True):
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
-        for k in e["dense"]:
-            torch.testing.assert_close(w["dense"][k], e["dense"][k], rtol=0, atol=1e-6, msg=k)
-    counts = (whole[0]["res"]["embedding_counters"], eager[0]["res"]["embedding_counters"])
-    for k in COUNTS:
-        assert counts[0][k] == counts[1][k], (k, counts)
+    _assert_runs_equal(eager, whole)
     assert whole[0]["counted_early"] >= 2 and whole[0]["early"] >= 2, whole[0]
 
 
