@@ -154,6 +154,7 @@ class StaticExchange:
         # (prev, cur) ring slots whose presync counts phase ran early (.presync_step)
         self.counted: tuple[int, int] | None = None
         self.counted_early = 0  # (how many ran early: tests)
+        self.replay_counted = False  # (the next run's replay counters were added early)
         # the rows' gradient summed in two parts (.split_sum): (ring slot, the own part's
         # stream) for the next pre-sync, then (batch, stream) for the step's owners' update
         self.split_sum: tuple[int, Any] | None = None

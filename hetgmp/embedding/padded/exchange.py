@@ -26,6 +26,7 @@ from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.padded.ahead import ReadAhead
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
+from hetgmp.embedding.padded.presync_step import count_replay
 from hetgmp.embedding.padded.split_sum import sum_split
 
 # The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside), under
@@ -155,10 +156,9 @@ class PaddedExchange:
         batch.prep, batch.static = s.prep, st
         if self.capturing:  # (a replay counts on the device, see whole.WholeStep)
             batch.replayed = True
-            t = st.sz_mine
-            self.ctx.counters.replay_dev[:3].add_(
-                torch.stack([t[0, sizes.NOWN], t[:, sizes.NQR].sum(), t[:, sizes.NP].sum()])
-            )
+            if not st.replay_counted:  # (else counted with its counts phase, early)
+                count_replay(st)
+            st.replay_counted = False
             return values
         self._count(s, batch, st)
         return values[: batch.u.numel()]

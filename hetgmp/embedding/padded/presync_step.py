@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from hetgmp.embedding import sizes
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.padded import kernels as fused_segments
 from hetgmp.embedding.padded import reference as torch_segments
@@ -99,6 +100,18 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     _counts_phase(st, prev, cur, bound_cols)
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1
+    if st.capturing:  # (its replay counters from the table now: off the exchange's chain)
+        count_replay(st)
+        st.replay_counted = True
+
+
+def count_replay(st: Any) -> None:
+    """A replayed step's owned rows, rows not stored here and pushes, from its sizes table
+    (``st.sz_mine``), added on the device (:mod:`.whole`: a replay's host reads nothing)."""
+    t = st.sz_mine
+    st.ctx.counters.replay_dev[:3].add_(
+        torch.stack([t[0, sizes.NOWN], t[:, sizes.NQR].sum(), t[:, sizes.NP].sum()])
+    )
 
 
 def _key(prev: Any, cur: Any) -> tuple[Any, ...]:
