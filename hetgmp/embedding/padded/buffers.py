@@ -116,6 +116,10 @@ class StaticExchange:
         self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
         self.rows_step = torch.zeros(5, **i64)
         self.deferred = torch.zeros((), **i64)
+        # the mirrors' due mask's running count (pack), made by the counts phase when it ran
+        # (``due_ready``): mirrors' pending counts change there only
+        self.due_csum = torch.zeros(emb.n_mir, **i64)
+        self.due_ready = False
         # the gradient of a batch's values summed per row, one buffer per preparation ring
         # slot (see sum_grad; at fixed addresses for the graphs): a step that reads one step
         # ahead (.ahead) sums this batch's while the next exchange pushes the last batch's

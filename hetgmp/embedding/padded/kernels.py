@@ -170,18 +170,29 @@ def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     )  # fmt: skip
 
 
+def due_prefix(st: Any) -> None:
+    """What :func:`pack` needs before its kernels: the deferred count zeroed and the running
+    count of due mirrors (``pending > bound``) into ``st.due_csum``. The mirrors' pending
+    counts change in the counts phase only, so it may run right after that phase (off the
+    exchange's chain when that phase runs early: :mod:`.presync_step`)."""
+    st.deferred.zero_()
+    e = st.store
+    if e.n_mir:
+        torch.cumsum(protocol.is_due(e.pending, st.bound), 0, out=st.due_csum)
+
+
 def pack(st: Any) -> None:
     """Exchange 1's payload into ``st.send1``: due mirrors (cleared here), queries, the last
     batch's pushes; zeroes the row counters :func:`finish_values` adds to."""
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
-    st.deferred.zero_()
+    if not st.due_ready:  # (else the counts phase made them: due_prefix)
+        due_prefix(st)
+    st.due_ready = False
     s64 = st.send1.view(torch.int64)
     if e.n_mir:
-        due = protocol.is_due(e.pending, st.bound)
-        csum = torch.cumsum(due, 0)
         k.pack_due[_grid(e.n_mir, br)](
-            e.pending, csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,
+            e.pending, st.due_csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,
             e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,
             e.n_own, int(st.bound), cap.q, cap.p, st.s1, D=st.d, BR=br, BD=bd,
             EXACT=st.opt.exact_mirror,

@@ -98,6 +98,8 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     assert st.fused and st.counted is None, st.counted
     st.bind(prev.ring, cur.ring)
     _counts_phase(st, prev, cur, bound_cols)
+    fused_segments.due_prefix(st)  # (pack's prelude: pending counts are final here)
+    st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1
     if st.capturing:  # (its replay counters from the table now: off the exchange's chain)
