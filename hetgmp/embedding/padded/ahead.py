@@ -16,14 +16,18 @@ dense gradients' all-reduce and the dense optimizer run on the main stream (on a
 of their own). It reads the table after every update the strict order applies first, so it
 is exact too; the next step takes its rows and goes straight to the model. Anything that runs
 a step of the table in between (an evaluation, a flush, a checkpoint) drops them: the
-exchange applied this batch's gradient and only read, so dropping loses nothing.
+exchange applied this batch's gradient and only read, so dropping loses nothing. Its counts
+phase (the sizes table and all-to-all, which read no gradient) runs earlier still, with the
+plan (:mod:`.presync_step`). Measured on 2 H100s with the user's command: 1.33x (strict) ->
+1.48x of one GPU at batch 8192, 1.67x -> 1.75x at 65536, AUC equal
+(``bench/results/gpu/early_counts/``).
 
 **Reading ahead** (``ENABLED``, off by default; a diagnosis): the next batch's whole exchange,
 its reads included, runs ahead. It relaxes ``--bound`` by one step (below), so it is never
 the default: a hot row mirrored here gets thousands of its owner's updates per step at batch
 8192, all missed by a read answered before them.
 
-Why: on 2 H100s the padded step's exchange (~40 small kernels and three collectives, ~0.3 ms
+Why reading ahead was tried (it was the default for a day): on 2 H100s the padded step's exchange (~40 small kernels and three collectives, ~0.3 ms
 at batch 8192) sat on the critical path in front of the model (2-GPU step 1.03 ms vs one GPU's
 0.61, 2026-11-26); the bytes were not the limit. With ``--bound`` >= 1 the next batch's
 exchange (its plan, the sizes exchange, the queries and the last batch's pushes out, the
