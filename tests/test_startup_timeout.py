@@ -29,7 +29,7 @@ STOPPED_AT_START = textwrap.dedent(
 )
 
 # one rank meeting the others at the rendezvous store (no MPI): prints its error
-# (8 s: ranks importing hetgmp on a loaded 2-core box arrived over 3 s apart, and the first
+# (6 s: ranks importing hetgmp on a loaded 2-core box arrived over 3 s apart, and the first
 # to time out then named a slow peer, not the missing one)
 CONNECT = textwrap.dedent(
     """
@@ -38,7 +38,7 @@ CONNECT = textwrap.dedent(
     rank, world, port = (int(x) for x in sys.argv[1:4])
     try:
         env = connect(rank=rank, world_size=world, addr="127.0.0.1", port=port,
-                      device=torch.device("cpu"), launcher="test", timeout_s=8.0)
+                      device=torch.device("cpu"), launcher="test", timeout_s=6.0)
     except Exception as err:
         print(f"ERROR {type(err).__name__}: {err}", flush=True)
         sys.exit(3)
