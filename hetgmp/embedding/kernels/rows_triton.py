@@ -36,16 +36,23 @@ def scatter_add_rows_kernel(
     rmask = rows < n
     idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
     rmask = rmask & (idx >= 0)  # a negative index: skipped (padding)
+    add_rows(table_ptr, src_ptr, idx, rows, rmask, alpha, D, BLOCK_D)
+
+
+@triton.jit
+def add_rows(table_ptr, src_ptr, idx, rows, rmask, alpha, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    # table[idx] += alpha * src[rows] where rmask, whole rows in column tiles, atomically (a
+    # bf16 / fp16 gradient is added in float32)
     src_row = rows.to(tl.int64) * D
     dst_row = idx * D
     for d0 in tl.static_range(0, D, BLOCK_D):
         cols = d0 + tl.arange(0, BLOCK_D)
         m = rmask[:, None] & (cols < D)[None, :]
         g = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-        g = g.to(tl.float32)  # (a bf16 / fp16 gradient is added in float32)
         tl.atomic_add(
-            table_ptr + dst_row[:, None] + cols[None, :], g * alpha, mask=m, sem="relaxed"
-        )
+            table_ptr + dst_row[:, None] + cols[None, :], g.to(tl.float32) * alpha, mask=m,
+            sem="relaxed",
+        )  # fmt: skip
 
 
 @triton.jit

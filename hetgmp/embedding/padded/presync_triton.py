@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.kernels.rows_triton import add_rows
 from hetgmp.embedding.padded.rule_triton import is_due
 
 # The batch's distinct rows (u) and ids (n) change with the batch: do_not_specialize (else a
@@ -264,13 +265,4 @@ def scatter_add_part_kernel(
         rmask = rmask & (idx >= 0) & (idx < split)
     else:
         rmask = rmask & (idx >= split)
-    src_row = rows.to(tl.int64) * D
-    dst_row = idx * D
-    for d0 in tl.static_range(0, D, BLOCK_D):
-        cols = d0 + tl.arange(0, BLOCK_D)
-        m = rmask[:, None] & (cols < D)[None, :]
-        g = tl.load(src_ptr + src_row[:, None] + cols[None, :], mask=m, other=0.0)
-        tl.atomic_add(
-            table_ptr + dst_row[:, None] + cols[None, :], g.to(tl.float32), mask=m,
-            sem="relaxed",
-        )  # fmt: skip
+    add_rows(table_ptr, src_ptr, idx, rows, rmask, 1.0, D, BLOCK_D)
