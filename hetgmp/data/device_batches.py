@@ -26,6 +26,7 @@ import torch
 
 from hetgmp.data.format import SplitArrays
 from hetgmp.data.loader import Batch, BatchLoader, gather
+from hetgmp.data.multi_hot_padded import PAD_ID
 
 INT32_MAX = 2**31 - 1
 
@@ -214,6 +215,7 @@ class ResidentSource:
         *,
         ids_int32: bool,
         num_rows: int | None = None,
+        pad_from: int | None = None,
     ) -> None:
         self.plan = plan
         self.slots = slots
@@ -221,6 +223,9 @@ class ResidentSource:
         self.stored = np.unique(plan.indices.astype(np.int64, copy=False))
         id_dtype = torch.int32 if ids_int32 else torch.int64
         self.num_rows = num_rows  # (ids are checked against it as they are loaded)
+        # multi-hot bags padded into the ids (hetgmp.data.multi_hot_padded): the columns from
+        # pad_from on may hold PAD_ID, which the model's pooled lookup takes out
+        self.pad_from = pad_from
         self.sparse = self._upload(plan.split.sparse, id_dtype, ids=True)
         self._fits: list[bool] = []
         split = plan.split
@@ -248,7 +253,8 @@ class ResidentSource:
             rows = np.asarray(array[self.stored[lo : lo + self.CHUNK]])
             if ids and rows.size:
                 self._check_ids(array, rows, lo)
-            if dtype == torch.int32 and rows.size and (rows.min() < 0 or rows.max() > INT32_MAX):
+            low = PAD_ID if ids and self.pad_from is not None else 0
+            if dtype == torch.int32 and rows.size and (rows.min() < low or rows.max() > INT32_MAX):
                 raise ValueError("ids outside int32 in a table said to fit int32")
             out[lo : lo + rows.shape[0]].copy_(torch.from_numpy(rows).to(dtype))
         return out
@@ -257,6 +263,8 @@ class ResidentSource:
         """Raise, naming the file, the sample and the field, if an id is outside the table."""
         hi = self.num_rows
         bad = (rows < 0) if hi is None else ((rows < 0) | (rows >= hi))
+        if self.pad_from is not None:  # (a bag's padding slots)
+            bad[:, self.pad_from :] &= rows[:, self.pad_from :] != PAD_ID
         if not bad.any():
             return
         r, f = (int(v) for v in np.argwhere(bad)[0])

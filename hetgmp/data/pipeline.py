@@ -83,12 +83,16 @@ def open_source(
     opts: PipelineOptions,
     *,
     num_rows: int,
+    pad_from: int | None = None,
 ) -> tuple[BatchSource, str]:
-    """The batch source for ``slots`` and a sentence for the log saying which and why."""
+    """The batch source for ``slots`` and a sentence for the log saying which and why
+    (``pad_from``: the first id column that may hold a multi-hot bag's padding)."""
     ids_int32 = num_rows - 1 <= INT32_MAX
     resident, why = wants_resident(opts, plan, device, ids_int32)
     if resident:
-        src = ResidentSource(plan, slots, device, ids_int32=ids_int32, num_rows=num_rows)
+        src = ResidentSource(
+            plan, slots, device, ids_int32=ids_int32, num_rows=num_rows, pad_from=pad_from
+        )
         width = "int32" if ids_int32 else "int64"
         return (
             src,

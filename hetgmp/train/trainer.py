@@ -250,8 +250,10 @@ class Trainer:
         """The batch source of ``plan`` following ``slots`` (logs which one, and why)."""
         cfg = self.cfg
         opts = PipelineOptions(cfg.data_on_device, cfg.device_data_budget_gb, cfg.prefetch_batches)
+        meta = self.dataset.meta
+        pad_from = meta.num_fields if meta.multi_hot else None  # (bags padded into the ids)
         source, why = open_source(
-            plan, slots, self.env.device, opts, num_rows=self.dataset.meta.num_embeddings
+            plan, slots, self.env.device, opts, num_rows=meta.num_embeddings, pad_from=pad_from
         )
         self.data_source = source.name
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
