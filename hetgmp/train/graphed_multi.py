@@ -36,9 +36,11 @@ from hetgmp.embedding import engine_of
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded.ahead import Primed
+from hetgmp.embedding.padded.fields import SLOTS
 from hetgmp.train.accounting import global_batch_sizes
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
+from hetgmp.train.inputs_ahead import InputsAhead
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
@@ -116,6 +118,8 @@ class MultiRankGraphedStep:
         self.early = self.plans_ahead and read_ahead.EXCHANGE_EARLY and not self.reads_ahead
         self.ahead.values, self.ahead.early = self.reads_ahead, self.early
         self.dense_comm = self._dense_comm() if self.reads_ahead or self.early else comm
+        # the next batch's dense features and labels, gathered under its early exchange
+        self.inputs = InputsAhead(SLOTS)
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
         self.replays_planned = 0  # replays of a graph whose plan was made one step ahead
@@ -211,6 +215,7 @@ class MultiRankGraphedStep:
             out = self.step(b, global_batch, marks, after_backward=self._after_backward(nxt))
             if self.reads_ahead:
                 self.whole.apply_stored_now()
+            self.inputs.fill_next(self._exact_primed(), nxt.source, nxt.pos)
         finally:
             self.ahead.next_ids = None
         self._primed_for = self._key(nxt)
@@ -275,6 +280,11 @@ class MultiRankGraphedStep:
             return grads is None and self.ahead.primed_at == self.whole.stepper.count
         return grads is not None and p.after is grads[0]
 
+    def _exact_primed(self) -> Primed | None:
+        """The primed batch when its rows were exchanged early (:mod:`.inputs_ahead`)."""
+        p = self.ahead.primed
+        return p if self.early and p is not None and p.exact else None
+
     def _after_backward(self, nxt: PendingBatch | None) -> Callable[[], None] | None:
         """What a step that exchanges the next batch early runs after its backward."""
         return self.whole.exchange_early if self.early and nxt is not None else None
@@ -336,8 +346,10 @@ class MultiRankGraphedStep:
                 ahead.next_ids = lambda: source.gather_ids(pos_next)
             try:
                 with self.whole.capturing():
-                    b = source.gather(pos, ids)
+                    b = self.inputs.take(self._exact_primed(), source, pos, ids)
                     out = self.step(b, global_batch, after_backward=self._after_backward(nxt))
+                    if pos_next is not None:
+                        self.inputs.fill_next(self._exact_primed(), source, pos_next)
                 if pos_next is not None and self.reads_ahead:  # (after the side stream joined)
                     self.whole.apply_stored_now()
                 return out

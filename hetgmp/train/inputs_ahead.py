@@ -1,0 +1,82 @@
+"""The next batch's dense features and labels gathered by the step before it, while the next
+batch's rows are exchanged early (:mod:`hetgmp.embedding.padded.ahead`, ``EXCHANGE_EARLY``).
+
+Why: a rank of several runs its step as one CUDA graph, and the graph that takes the rows
+exchanged early started with the gathers of its batch's samples (dense features, labels:
+three gather kernels and copies, ~35 us of a ~850 us step on 2 H100s at batch 8192,
+2026-11-26) on the critical path, right after the exchange ended. Gathered by the previous
+step on the main stream, they run while that step's exchange (a chain of small kernels and
+two all-to-alls on a side stream) keeps the GPU mostly idle.
+
+The gathers write fixed buffers, one pair per preparation ring slot of the next batch, so a
+graph that takes them reads the same addresses at every replay whichever step (a graph or an
+eager step) filled them. A step fills its next batch's buffers exactly when it primes that
+batch (:class:`hetgmp.embedding.padded.ahead.Primed`), and a graph takes them exactly when it
+takes that primed batch: the two decisions are the multi-rank graphed step's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hetgmp.data.device_batches import DeviceBatch, ResidentSource
+
+
+class InputsAhead:
+    """Fixed buffers for a next batch's dense features and labels, per ring slot."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots  # (the preparation ring's: buffers for all of them at once)
+        self._bufs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+
+    def fill_next(self, primed: Any, source: ResidentSource, pos: torch.Tensor) -> None:
+        """After a step that exchanged the next batch early (``primed``, a
+        :class:`~hetgmp.embedding.padded.ahead.Primed`; None: no such exchange, nothing to
+        do): the next batch's samples at ``pos`` into its ring slot's buffers."""
+        if primed is not None:
+            self.fill(source, pos, primed.prep.ring)
+
+    def take(
+        self, primed: Any, source: ResidentSource, pos: torch.Tensor, ids: torch.Tensor | None
+    ) -> DeviceBatch:
+        """A step's batch: from the buffers the last step filled when the step takes rows it
+        exchanged early (``primed``, and ``ids`` its plan's), else gathered now."""
+        if ids is not None and primed is not None and self.has(primed.prep.ring):
+            return self.batch(primed.prep.ring, ids)
+        return source.gather(pos, ids)
+
+    def fill(self, source: ResidentSource, pos: torch.Tensor, slot: int) -> None:
+        """Gather the samples at positions ``pos`` into ring slot ``slot``'s buffers (every
+        slot's made at the first fill, which must not be inside a graph capture: the first
+        step that primes a batch is an eager one)."""
+        dense, labels = self._buffers(source, int(pos.shape[0]), slot)
+        if dense is not None:
+            assert source.dense is not None
+            torch.index_select(source.dense, 0, pos, out=dense)
+        torch.index_select(source.labels, 0, pos, out=labels)
+
+    def batch(self, slot: int, ids: torch.Tensor) -> DeviceBatch:
+        """The batch of ring slot ``slot`` (filled by the step that primed it) with ``ids``."""
+        dense, labels = self._bufs[slot]
+        return DeviceBatch(ids, dense, labels)
+
+    def has(self, slot: int) -> bool:
+        return slot in self._bufs
+
+    def _buffers(
+        self, source: ResidentSource, n: int, slot: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        got = self._bufs.get(slot)
+        if got is not None and got[1].shape[0] == n:
+            return got
+        dev = source.labels.device
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("InputsAhead: buffers must be made before a graph captures")
+        for s in range(self.slots):
+            dense = None
+            if source.dense is not None:
+                dense = source.dense.new_empty((n, *source.dense.shape[1:]))
+            self._bufs[s] = (dense, source.labels.new_empty((n, *source.labels.shape[1:])))
+        return self._bufs[slot]
