@@ -40,7 +40,7 @@ from hetgmp.embedding.padded.fields import SLOTS
 from hetgmp.train.accounting import global_batch_sizes
 from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
-from hetgmp.train.inputs_ahead import InputsAhead
+from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
@@ -120,6 +120,7 @@ class MultiRankGraphedStep:
         self.dense_comm = self._dense_comm() if self.reads_ahead or self.early else comm
         # the next batch's dense features and labels, gathered under its early exchange
         self.inputs = InputsAhead(SLOTS)
+        self._stream: torch.cuda.Stream | None = None  # (the capture stream: _capture)
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
         self.replays_planned = 0  # replays of a graph whose plan was made one step ahead
@@ -215,7 +216,7 @@ class MultiRankGraphedStep:
             out = self.step(b, global_batch, marks, after_backward=self._after_backward(nxt))
             if self.reads_ahead:
                 self.whole.apply_stored_now()
-            self.inputs.fill_next(self._exact_primed(), nxt.source, nxt.pos)
+            self.inputs.fill_next(exact_primed(self.ahead, self.early), nxt.source, nxt.pos)
         finally:
             self.ahead.next_ids = None
         self._primed_for = self._key(nxt)
@@ -280,11 +281,6 @@ class MultiRankGraphedStep:
             return grads is None and self.ahead.primed_at == self.whole.stepper.count
         return grads is not None and p.after is grads[0]
 
-    def _exact_primed(self) -> Primed | None:
-        """The primed batch when its rows were exchanged early (:mod:`.inputs_ahead`)."""
-        p = self.ahead.primed
-        return p if self.early and p is not None and p.exact else None
-
     def _after_backward(self, nxt: PendingBatch | None) -> Callable[[], None] | None:
         """What a step that exchanges the next batch early runs after its backward."""
         return self.whole.exchange_early if self.early and nxt is not None else None
@@ -346,10 +342,12 @@ class MultiRankGraphedStep:
                 ahead.next_ids = lambda: source.gather_ids(pos_next)
             try:
                 with self.whole.capturing():
-                    b = self.inputs.take(self._exact_primed(), source, pos, ids)
+                    b = self.inputs.take(exact_primed(self.ahead, self.early), source, pos, ids)
                     out = self.step(b, global_batch, after_backward=self._after_backward(nxt))
                     if pos_next is not None:
-                        self.inputs.fill_next(self._exact_primed(), source, pos_next)
+                        self.inputs.fill_next(
+                            exact_primed(self.ahead, self.early), source, pos_next
+                        )
                 if pos_next is not None and self.reads_ahead:  # (after the side stream joined)
                     self.whole.apply_stored_now()
                 return out
@@ -363,8 +361,11 @@ class MultiRankGraphedStep:
             return entry, out
         torch.cuda.synchronize(self.env.device)
         graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (NCCL's watchdog, a data prefetcher) may use CUDA
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        # thread_local: other threads (NCCL's watchdog, a data prefetcher) may use CUDA;
+        # stream: its priority is the step's kernels' (read_ahead.PRIORITIES)
+        if read_ahead.PRIORITIES and self._stream is None:
+            self._stream = read_ahead.priority_stream(self.env.device, "step")
+        with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             out = flow()
         grads = self._replayed_pending()
 

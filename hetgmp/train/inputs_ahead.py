@@ -24,6 +24,13 @@ import torch
 from hetgmp.data.device_batches import DeviceBatch, ResidentSource
 
 
+def exact_primed(ahead: Any, early: bool) -> Any:
+    """The primed next batch of ``ahead`` (a :class:`~hetgmp.embedding.padded.ahead.ReadAhead`)
+    when its rows were exchanged early (``early``: the step does), else None."""
+    p = ahead.primed
+    return p if early and p is not None and p.exact else None
+
+
 class InputsAhead:
     """Fixed buffers for a next batch's dense features and labels, per ring slot."""
 

@@ -23,7 +23,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import StepContext
-from hetgmp.embedding.padded.ahead import ReadAhead
+from hetgmp.embedding.padded.ahead import ReadAhead, priority_stream
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
 from hetgmp.embedding.padded.presync_step import count_replay
@@ -275,7 +275,7 @@ class PaddedExchange:
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
-            self._side = torch.cuda.Stream(self.ctx.store.device)
+            self._side = priority_stream(self.ctx.store.device, "exchange")
         return self._side
 
     def on_side(self, fn: Callable[[], None]) -> None:
@@ -287,7 +287,7 @@ class PaddedExchange:
             fn()
             return
         if self._side is None:
-            self._side = torch.cuda.Stream(dev)
+            self._side = priority_stream(dev, "exchange")
         self._side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._side):
             fn()
