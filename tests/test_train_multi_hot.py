@@ -209,15 +209,16 @@ def test_runs_not_supported_yet_are_refused_by_name(
     from hetgmp.train.multi_hot import bag_layout, prepare
 
     gpu = DistEnv(device=torch.device("cuda"))
-    with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
-        prepare(cfg, gpu, open_dataset(ds.root))
-    # the one-GPU switch (off by default until a GPU run checked it): one CUDA rank passes,
-    # two do not
-    monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", True)
-    assert multi_hot.unsupported(cfg, gpu) == []
+    # the one-GPU switch (on by default since a GPU run checked it): one CUDA rank passes,
+    # two do not (named); off, any GPU is refused
+    assert multi_hot.GPU_ONE_RANK and multi_hot.unsupported(cfg, gpu) == []
     two = DistEnv(device=torch.device("cuda"), world_size=2)
     assert multi_hot.unsupported(cfg, two) == ["2 CUDA ranks (one GPU only so far)"]
+    with pytest.raises(ValueError, match=r"issue 34\); this run has 2 CUDA ranks"):
+        prepare(cfg, two, open_dataset(ds.root))
     monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", False)
+    with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
+        prepare(cfg, gpu, open_dataset(ds.root))
     host = dataclasses.replace(cfg, rows_on="host")
     with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
         prepare(host, DistEnv.single(), open_dataset(ds.root))

@@ -163,40 +163,34 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
     _assert_runs_equal(eager, whole, counters=False)
 
 
-def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool, split: bool = False) -> dict:
+def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool) -> dict:
     """:func:`_rank` with Triton's kernels in its interpreter (set here: a forkserver child
     has the server's environment, and triton reads it when first imported)."""
     import os
     import sys
 
     from hetgmp.embedding.kernels import launcher, prep
-    from hetgmp.embedding.padded import exchange
 
     os.environ["TRITON_INTERPRET"] = "1"
     launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
     prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
-    exchange.SPLIT_SUM = split
     assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
     return _rank(env, cfg, whole, None)
 
 
-# (split only: the whole flow's split sum and early counts phase, while the eager runs
-# compared with take the fused kernels' one-part path)
-@pytest.mark.parametrize(("optimizer", "split"), [("sgd", True), ("adagrad", True)])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
-    tiny_dataset, tmp_path, optimizer: str, split: bool
+    tiny_dataset, tmp_path, optimizer: str
 ) -> None:
     """With the fused Triton segments (in Triton's interpreter) the next exchange's counts
     phase and sizes exchange run during the forward, before the gradient exists
-    (hetgmp.embedding.padded.presync_step), and with ``split`` the rows' gradient is summed
-    in two parts, the own rows' gradient phase run just before the owners' update
-    (hetgmp.embedding.padded.split_sum): rows, state, dense layers and counters equal the
+    (hetgmp.embedding.padded.presync_step): rows, state, dense layers and counters equal the
     eager padded path's, which runs every pre-sync part in order."""
     pytest.importorskip("triton")
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
     eager = spawn_ranks(_rank_interpreted, 2, cfg, False, timeout_s=240)
-    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, split, timeout_s=240)
+    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, timeout_s=240)
     _assert_runs_equal(eager, whole)
     assert whole[0]["counted_early"] >= 2 and whole[0]["early"] >= 2, whole[0]
 

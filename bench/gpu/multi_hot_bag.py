@@ -8,8 +8,8 @@
    26 single-hot criteo-like fields plus 2 multi-hot fields of mean length 20), reused when
    ``--data`` already holds it.
 2. Per batch size (8192 and 65536): ``examples/hetuctr.py`` (WDL, dim 128, one rank) through
-   ``bench/gpu/switches.py hetgmp.train.multi_hot.GPU_ONE_RANK=1`` (the one-GPU multi-hot path,
-   off by default until measured), its ``--output`` JSON read for samples/s; then the plain
+   ``bench/gpu/switches.py hetgmp.train.multi_hot.GPU_ONE_RANK=1`` (the one-GPU multi-hot path;
+   on by default since this figure was first measured, 2026-11-26), its ``--output`` JSON read for samples/s; then the plain
    contender (``plain_bags.py``: ``F.embedding`` + ``nn.EmbeddingBag`` pooling, sparse SGD,
    fused Adam head, data resident on the device; each variant of ``--plain-variants``, the
    fastest taken), each in a process of its own (its GPU memory freed for the next).

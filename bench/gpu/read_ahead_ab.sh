@@ -14,10 +14,9 @@
 #
 # Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each),
 # VARIANTS ("strict early ahead": no planning ahead / the defaults, planned ahead and the next
-# exchange right after backward / reading ahead; also "planned": planned ahead only, "split":
-# early with the rows' gradient summed in two parts (exchange.SPLIT_SUM); reading
-# ahead applies up to 16384 samples per GPU, so "ahead" at larger batches is "early"; "prio":
-# early with the streams' priorities, ahead.PRIORITIES),
+# exchange right after backward / reading ahead; also "planned": planned ahead only, "noprio":
+# early without the streams' priorities (ahead.PRIORITIES off); reading ahead applies up to
+# 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column), BOUND0
@@ -48,9 +47,7 @@ switches() {  # variant -> module switches
     strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;;
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
     early) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
-    split) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.SPLIT_SUM=1 ;;
-    prio) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 $m.PRIORITIES=1 ;;
+    noprio) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 $m.PRIORITIES=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;; *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }

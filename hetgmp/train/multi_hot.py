@@ -31,10 +31,11 @@ from hetgmp.models.pooling import BagLayout
 from hetgmp.models.pooling_fused import resolve_pooling
 
 ISSUE = "issue 34"
-# One CUDA rank trains multi-hot data (the fused pooling kernels) when on. Off until the next
-# session has run tests/gpu_multi_hot_check.py and bench/gpu/multi_hot_bag.py on a GPU (this
-# one had none): bench/gpu/switches.py hetgmp.train.multi_hot.GPU_ONE_RANK=1 turns it on.
-GPU_ONE_RANK = False
+# One CUDA rank trains multi-hot data (the fused pooling kernels) when on. On since its first
+# GPU run (1x H100, 2026-11-26): tests/gpu_multi_hot_check.py passes (GPU == CPU run), and
+# bench/gpu/multi_hot_bag.py measured 2.06x / 3.60x a plain nn.EmbeddingBag WDL at batch 8192 /
+# 65536 (bench/results/gpu/multi_hot_bag). Off: the CPU-only refusal, a diagnosis.
+GPU_ONE_RANK = True
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:

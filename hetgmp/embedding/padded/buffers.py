@@ -58,7 +58,6 @@ from hetgmp.embedding.padded import presync_step
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
-from hetgmp.embedding.padded.split_sum import own_rows_before_answer
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.comm.env import DistEnv
@@ -159,10 +158,6 @@ class StaticExchange:
         self.counted: tuple[int, int] | None = None
         self.counted_early = 0  # (how many ran early: tests)
         self.replay_counted = False  # (the next run's replay counters were added early)
-        # the rows' gradient summed in two parts (.split_sum): (ring slot, the own part's
-        # stream) for the next pre-sync, then (batch, stream) for the step's owners' update
-        self.split_sum: tuple[int, Any] | None = None
-        self.before_answer: tuple[Any, Any] | None = None
         # the last batch's rows not stored here (pushed this step): at most q per owner, as
         # they were queries of the last batch
         self.pr_ids = torch.zeros(w * q, **i64)
@@ -301,15 +296,9 @@ class StaticExchange:
         seg = self.seg
         segment("pack", lambda: seg.pack(self))
         exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
-        segment("answer", self._answer)
+        segment("answer", lambda: seg.answer(self))
         exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         segment("finish", lambda: seg.finish(self))
-
-    def _answer(self) -> None:
-        pending, self.before_answer = self.before_answer, None
-        if pending is not None:  # (the own rows' gradient phase, after their part's sum)
-            own_rows_before_answer(self, *pending)
-        self.seg.answer(self)
 
     def presync(
         self, prev: Any, cur: Any, bound_cols: torch.Tensor, grad_occ: torch.Tensor | None

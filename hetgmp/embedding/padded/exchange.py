@@ -27,7 +27,6 @@ from hetgmp.embedding.padded.ahead import ReadAhead, priority_stream
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
 from hetgmp.embedding.padded.presync_step import count_replay
-from hetgmp.embedding.padded.split_sum import sum_split
 
 # The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside), under
 # the dense all-reduce and optimizer. Measured with the user's command on 4 H200s (2026-11-26,
@@ -35,9 +34,6 @@ from hetgmp.embedding.padded.split_sum import sum_split
 # GPU checks of the whole step (strict and reading ahead) run with it. (Its first version
 # forked in eager steps too and the next capture failed: it forks only while capturing.)
 SUM_GRAD_ASIDE = True
-# The rows' gradient summed in two parts, the rows not owned here first, so that the next
-# exchange starts before the own rows' part is summed (.split_sum; off until measured).
-SPLIT_SUM = False
 
 
 def _capturing(device: torch.device) -> bool:
@@ -255,14 +251,7 @@ class PaddedExchange:
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
         slot = batch.ring
-        capturing = _capturing(st.store.device)
-        if SPLIT_SUM and st.fused:
-            side = self._side_stream() if capturing else None
-            out = sum_split(st, batch, grad_occ, side)
-            if side is not None:
-                self._held = (grad_occ, batch.inv)
-            return Summed(out)
-        if not (SUM_GRAD_ASIDE and capturing):
+        if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
             return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot))
         main = torch.cuda.current_stream(st.store.device)
         side = self._side_stream()

@@ -71,7 +71,6 @@ def _ns() -> Any:
         presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
         pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
         answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
-        scatter_part=pre.scatter_add_part_kernel,
     )  # fmt: skip
 
 
@@ -104,28 +103,15 @@ def presync_counts(st: Any, prev: Any, cur: Any) -> None:
     _presync_apply(st, prev, cur, counts=True)
 
 
-def presync_values(st: Any, prev: Any, part: int = 0) -> None:
+def presync_values(st: Any, prev: Any) -> None:
     """The last batch's gradient (summed per row in ``st.grad``): SGD on its own rows, its
     mirrors' local step (value, delta and gradient accumulators), its pushed gradients into
     ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
-    there depends on gradient values). ``part``: 0 every row, 1 all but own rows, 2 own rows
-    only (the split sum, :data:`.exchange.SPLIT_SUM`)."""
-    _presync_apply(st, prev, prev, counts=False, part=part)
+    there depends on gradient values)."""
+    _presync_apply(st, prev, prev, counts=False)
 
 
-def sum_part(st: Any, inv: torch.Tensor, grad_occ: torch.Tensor, split: torch.Tensor, part: int,
-             slot: int) -> None:  # fmt: skip
-    """``st.grad_of(slot)[inv[i]] += grad_occ[i]`` for the occurrences of own rows (``part``
-    2: rows below the device scalar ``split``) or of the others (1); the buffer zeroed
-    before."""
-    out, n, d = st.grad_of(slot), inv.numel(), grad_occ.shape[-1]
-    br, bd = _tiles(d)
-    _ns().scatter_part[_grid(n, br)](
-        out, inv, grad_occ, split, n, D=d, BLOCK_R=br, BLOCK_D=bd, PART=part
-    )
-
-
-def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool, part: int = 0) -> None:
+def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     own = _own(st)
@@ -134,8 +120,7 @@ def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool, part: int = 0)
         e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
         st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, *own,
         e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,
-        WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw,
-        PART=part, **_COLS,
+        WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw, **_COLS,
     )  # fmt: skip
     if counts and st.sw:  # (entries past this batch's unique rows: none staged)
         st.own_slot[cap.u :].fill_(e.trash_slot)

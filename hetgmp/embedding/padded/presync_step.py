@@ -54,9 +54,6 @@ def presync(
     capturable = prev.static and cur.static
     ready = None if st.capturing else st._sizes_ready
     counted, st.counted = st.counted, None
-    split, st.split_sum = st.split_sum, None  # (summed in two parts: .split_sum)
-    if split is not None and split[0] != prev.ring:
-        split = None
     if counted is not None and counted != (prev.ring, cur.ring):
         raise RuntimeError(
             f"the counts phase ran early for ring slots {counted}, not {prev.ring, cur.ring}"
@@ -81,11 +78,9 @@ def presync(
 
         def after() -> None:
             summed()
-            fused_segments.presync_values(st, prev, part=0 if split is None else 1)
+            fused_segments.presync_values(st, prev)
 
         st._segment(key_g, after, capturable=capturable)
-        if split is not None:  # (the own rows' part: before the owners' update)
-            st.before_answer = (prev, split[1])
     if ready is not None:
         ready.synchronize()
     return st.host_sizes

@@ -11,7 +11,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hetgmp.embedding.kernels.rows_triton import add_rows
 from hetgmp.embedding.padded.rule_triton import is_due
 
 # The batch's distinct rows (u) and ids (n) change with the batch: do_not_specialize (else a
@@ -27,10 +26,8 @@ def presync_apply_kernel(
     eps, trash,
     W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     NQR: tl.constexpr, NOWN: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, COUNTS: tl.constexpr, SW: tl.constexpr, PART: tl.constexpr = 0,
+    BD: tl.constexpr, COUNTS: tl.constexpr, SW: tl.constexpr,
 ):  # fmt: skip
-    # PART (the gradient's part only): 0 every entry, 1 all but own rows, 2 own rows only
-    # (the split sum: exchange.SPLIT_SUM)
     # COUNTS: the part the sizes table needs (counts, versions, push ids, the next batch's
     # inputs), reading the last batch's table and keeping its block bounds in meta;
     # else the gradient's part (values, accumulators, pushed gradients), from meta (the
@@ -54,13 +51,6 @@ def presync_apply_kernel(
     own = live & (i < n_o)
     mir = live & (i >= n_o) & (i < r0)
     rem = live & (i >= r0)
-    if PART == 1:
-        live = live & (i >= n_o)
-        own = own & (i < 0)
-    elif PART == 2:
-        live = own
-        mir = mir & (i < 0)
-        rem = rem & (i < 0)
     stored = own | mir
     s = tl.load(p_slot_ptr + i, mask=stored, other=0).to(tl.int64)
     mi = tl.where(mir, s - n_own, 0)
@@ -248,21 +238,3 @@ def _counts(
     tl.store(pend_ptr + mi, tl.load(pend_ptr + mi, mask=mir) + cnt, mask=mir)
     tl.store(pr_ids_ptr + k, tl.load(p_u_ptr + i, mask=rem), mask=rem)
     tl.store(pr_cnt_ptr + k, cnt, mask=rem)
-
-
-@triton.jit(do_not_specialize=["n"])
-def scatter_add_part_kernel(
-    table_ptr, idx_ptr, src_ptr, split_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr, PART: tl.constexpr,
-):  # fmt: skip
-    # table[idx[i]] += src[i] for the occurrences whose row is below *split (PART 2: own rows)
-    # or not (PART 1), in float32: the split sum of exchange.SPLIT_SUM
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < n
-    idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    split = tl.load(split_ptr)
-    if PART == 2:
-        rmask = rmask & (idx >= 0) & (idx < split)
-    else:
-        rmask = rmask & (idx >= split)
-    add_rows(table_ptr, src_ptr, idx, rows, rmask, 1.0, D, BLOCK_D)
