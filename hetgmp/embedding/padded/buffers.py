@@ -119,6 +119,9 @@ class StaticExchange:
         # (``due_ready``): mirrors' pending counts change there only
         self.due_csum = torch.zeros(emb.n_mir, **i64)
         self.due_ready = False
+        # (and the due mirrors that fit the payload, per owner: .due_triton)
+        self.due_list = torch.zeros(max(1, w * p), **i64)
+        self.due_listed = False
         # the gradient of a batch's values summed per row, one buffer per preparation ring
         # slot (see sum_grad; at fixed addresses for the graphs): a step that reads one step
         # ahead (.ahead) sums this batch's while the next exchange pushes the last batch's

@@ -66,9 +66,11 @@ def _ns() -> Any:
 
     k = importlib.import_module("hetgmp.embedding.padded.kernels_triton")
     pre = importlib.import_module("hetgmp.embedding.padded.presync_triton")
+    due = importlib.import_module("hetgmp.embedding.padded.due_triton")
     return SimpleNamespace(
         triton=triton, presync_apply=pre.presync_apply_kernel, count_due=pre.count_due_kernel,
         presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
+        due_list=due.due_list_kernel, pack_due_list=due.pack_due_list_kernel,
         pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
         answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
     )  # fmt: skip
@@ -155,15 +157,25 @@ def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
     )  # fmt: skip
 
 
-def due_prefix(st: Any) -> None:
+def due_prefix(st: Any, *, listed: bool = False) -> None:
     """What :func:`pack` needs before its kernels: the deferred count zeroed and the running
     count of due mirrors (``pending > bound``) into ``st.due_csum``. The mirrors' pending
     counts change in the counts phase only, so it may run right after that phase (off the
-    exchange's chain when that phase runs early: :mod:`.presync_step`)."""
+    exchange's chain when that phase runs early: :mod:`.presync_step`). ``listed``: also the
+    due mirrors that fit the payload listed in ``st.due_list`` and the deferred ones counted
+    (:mod:`.due_triton`; ``st.ndue`` final: after :func:`presync_table`), so that pack copies
+    those only (``st.due_listed``)."""
     st.deferred.zero_()
     e = st.store
-    if e.n_mir:
-        torch.cumsum(protocol.is_due(e.pending, st.bound), 0, out=st.due_csum)
+    st.due_listed = listed
+    if not e.n_mir:
+        return
+    torch.cumsum(protocol.is_due(e.pending, st.bound), 0, out=st.due_csum)
+    if listed:
+        _ns().due_list[_grid(e.n_mir, 1024)](
+            e.pending, st.due_csum, e.mir_owner, e.mir_start, st.ndue, st.due_list,
+            st.deferred, e.n_mir, int(st.bound), st.cap.p, BLOCK=1024,
+        )  # fmt: skip
 
 
 def pack(st: Any) -> None:
@@ -174,8 +186,15 @@ def pack(st: Any) -> None:
     if not st.due_ready:  # (else the counts phase made them: due_prefix)
         due_prefix(st)
     st.due_ready = False
+    listed, st.due_listed = st.due_listed, False
     s64 = st.send1.view(torch.int64)
-    if e.n_mir:
+    if e.n_mir and listed:  # (only the listed due mirrors: .due_triton)
+        k.pack_due_list[_grid(st.w * cap.p, br)](
+            st.due_list, e.pending, st.pr_n, st.ndue, e.stored_ids, e.version_full, e.grad_acc,
+            e.delta_acc, st.send1, s64, e.n_own, cap.q, cap.p, st.s1, W=st.w, D=st.d, BR=br,
+            BD=bd, EXACT=st.opt.exact_mirror,
+        )  # fmt: skip
+    elif e.n_mir:
         k.pack_due[_grid(e.n_mir, br)](
             e.pending, st.due_csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,
             e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,

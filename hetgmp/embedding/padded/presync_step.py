@@ -28,6 +28,10 @@ from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.padded import kernels as fused_segments
 from hetgmp.embedding.padded import reference as torch_segments
 
+# The due mirrors listed with the early counts phase, so that pack copies those only
+# (.due_triton; False: pack scans every mirror on the exchange's chain, as before).
+DUE_LIST = True
+
 # (``st`` below: a :class:`~.buffers.StaticExchange`, which imports this module)
 
 
@@ -93,7 +97,8 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     assert st.fused and st.counted is None, st.counted
     st.bind(prev.ring, cur.ring)
     _counts_phase(st, prev, cur, bound_cols)
-    fused_segments.due_prefix(st)  # (pack's prelude: pending counts are final here)
+    # (pack's prelude: pending counts and the due pushes per owner are final here)
+    fused_segments.due_prefix(st, listed=DUE_LIST)
     st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1

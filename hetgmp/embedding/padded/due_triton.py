@@ -1,0 +1,75 @@
+"""Pack's due mirrors listed by the counts phase (:func:`.kernels.due_prefix`), so that pack
+copies the due mirrors only (this module imports triton: :mod:`.kernels` imports it only when a
+fused segment runs).
+
+Why: ``pack_due_kernel`` scanned every mirror each step (a grid over ``n_mir``, ~338k mirrors
+at the card's ``--store_rate 0.01`` on the 33.8M-row table, a few of them due) on the
+exchange's critical path: 22 us of a ~850 us step on 2 H100s at batch 8192 (2026-11-26). The
+mirrors' pending counts change only in the counts phase, and with the counts phase run early
+(:mod:`.presync_step`) the scan moves off that path: ``due_list_kernel`` writes each due
+mirror that fits the payload at ``list[j * p + rank]`` (owner ``j``, its rank among ``j``'s due
+mirrors, the payload's order) and counts the deferred ones; ``pack_due_list_kernel`` then runs
+over the ``w * p`` list entries and writes exactly what ``pack_due_kernel`` writes.
+"""
+# ruff: noqa: N803 - Triton's constexpr parameters are upper case by convention
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from hetgmp.embedding.padded.rule_triton import is_due
+
+
+@triton.jit
+def due_list_kernel(
+    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, list_ptr, deferred_ptr, n_mir, bound,
+    p, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n_mir
+    pend = tl.load(pend_ptr + i, mask=m, other=0)
+    due = m & is_due(pend, bound)
+    k = tl.sum((m & (pend > 0) & ~is_due(pend, bound)).to(tl.int64), 0)
+    if k > 0:
+        tl.atomic_add(deferred_ptr, k, sem="relaxed")
+    j = tl.load(owner_ptr + i, mask=due, other=0)
+    st = tl.load(mstart_ptr + j, mask=due, other=0)
+    before = tl.load(csum_ptr + st - 1, mask=due & (st > 0), other=0)
+    rank = tl.load(csum_ptr + i, mask=due, other=1) - 1 - before
+    # (only the first ndue[j] of owner j's due mirrors fit the payload: the rest stay due)
+    due = due & (rank < tl.load(ndue_ptr + j, mask=due, other=0))
+    tl.store(list_ptr + j.to(tl.int64) * p + rank, i.to(tl.int64), mask=due)
+
+
+@triton.jit
+def pack_due_list_kernel(
+    list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
+    send64_ptr, n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+    BD: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    # entries t of the list: owner j = t // p, rank t - j p (pack_due_kernel's, per mirror)
+    t = tl.program_id(0) * BR + tl.arange(0, BR)
+    j = (t // p).to(tl.int64)
+    rank = t - j * p
+    jm = j < W
+    due = jm & (rank < tl.load(ndue_ptr + j, mask=jm, other=0))
+    i = tl.load(list_ptr + t, mask=due, other=0)
+    pend = tl.load(pend_ptr + i, mask=due, other=0)
+    pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
+    h = j * (s1 // 2)  # the row's start in int64 units
+    tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
+    tl.store(send64_ptr + h + 2 * q + p + pos, pend, mask=due)
+    if EXACT:
+        tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
+    tl.store(pend_ptr + i, pend * 0, mask=due)
+    g_off = i.to(tl.int64) * D
+    dst = j * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
+    for d0 in tl.static_range(0, D, BD):
+        c = d0 + tl.arange(0, BD)
+        mm = due[:, None] & (c < D)[None, :]
+        ga = gacc_ptr + g_off[:, None] + c[None, :]
+        g = tl.load(ga, mask=mm, other=0.0)
+        tl.store(send_ptr + dst[:, None] + c[None, :], g, mask=mm)
+        tl.store(ga, g * 0.0, mask=mm)
+        tl.store(dacc_ptr + g_off[:, None] + c[None, :], g * 0.0, mask=mm)
