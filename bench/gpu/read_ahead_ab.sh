@@ -16,7 +16,8 @@
 # VARIANTS ("strict early ahead": no planning ahead / the defaults, planned ahead and the next
 # exchange right after backward / reading ahead; also "planned": planned ahead only, "noprio":
 # early without the streams' priorities (ahead.PRIORITIES off), "nolist": early with pack
-# scanning every mirror (presync_step.DUE_LIST off); reading ahead applies up to
+# scanning every mirror (presync_step.DUE_LIST off), "nodefer": early with the first layer's
+# weight gradient in backward (models.deferred_wgrad off); reading ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
@@ -49,6 +50,8 @@ switches() {  # variant -> module switches
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
     early) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
     noprio) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 $m.PRIORITIES=0 ;;
+    nodefer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.presync_step.DUE_LIST=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;; *) echo "unknown variant $1" >&2; exit 2 ;;

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetgmp.models import deferred_wgrad
+
 
 class _AddBias(torch.autograd.Function):
     """``out + bias`` whose bias gradient is a product with a ones vector, not a column sum.
@@ -158,7 +160,10 @@ def first_layer(
 
     biases: list[torch.Tensor] = [lin.bias for lin in linears]
     bias = torch.cat([*biases, w0.new_zeros(pad)] if pad else biases)
-    out = F.linear(flat, block(slice(0, k), k))
+    if deferred_wgrad.wanted(flat, linears):  # (the weights' product after the embedding's)
+        out = deferred_wgrad.first_product(flat, block(slice(0, k), k), linears, k)
+    else:
+        out = F.linear(flat, block(slice(0, k), k))
     n_dense = w0.shape[1] - k
     if n_dense and dense is not None and dense.shape[1]:
         w_dense = block(slice(k, None), n_dense).to(out.dtype)
