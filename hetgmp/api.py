@@ -202,10 +202,10 @@ def build_model(
     ``adagrad_init``, ``kernels``, ``replies``, ``exchange``. The model's ``.embedding`` is the
     table; see its ``forward`` and ``state_dict`` for the rules of calling it yourself.
 
-    Multi-hot fields (lists of ids: histories, tags; on CPU so far, as ``hetgmp train``):
-    ``pooling`` ("sum"; or "mean", or one mode per multi-hot field: ``("sum", "mean")`` or
-    ``"sum,mean"``) says how each bag of rows becomes one; the bags are padded into the ids as
-    the CLI does, and a GPU ``env`` is refused, naming issue 34."""
+    Multi-hot fields (lists of ids: histories, tags; on CPU and on one GPU, as ``hetgmp
+    train``): ``pooling`` ("sum"; or "mean", or one mode per multi-hot field: ``("sum",
+    "mean")`` or ``"sum,mean"``) says how each bag of rows becomes one; the bags are padded into
+    the ids as the CLI does, and an ``env`` of several CUDA ranks is refused, naming issue 34."""
     unknown = sorted(set(options) - set(MODEL_OPTIONS))
     if unknown:
         raise TypeError(f"build_model: unknown option(s) {unknown}; known: {list(MODEL_OPTIONS)}")

@@ -107,14 +107,14 @@ def test_bad_pooling_and_gpu_are_refused_clearly(tmp_path: Path) -> None:
     for bad in (3, (), ("sum", 1)):
         with pytest.raises(TypeError, match="pooling: expected a mode"):
             hetgmp.build_model(ds, env, embed_dim=4, pooling=bad)
-    # a GPU: refused before anything is built, with the message `hetgmp train` gives
-    gpu = DistEnv(device=torch.device("cuda"))
+    # several GPUs: refused before anything is built, with the message `hetgmp train` gives
+    gpus = DistEnv(device=torch.device("cuda"), world_size=2)
     with pytest.raises(DatasetError) as api_err:
-        hetgmp.build_model(ds, gpu, embed_dim=4)
+        hetgmp.build_model(ds, gpus, embed_dim=4)
     with pytest.raises(DatasetError) as cli_err:
-        prepare(validate(TrainConfig(dataset=str(ds.root))), gpu, ds)
+        prepare(validate(TrainConfig(dataset=str(ds.root))), gpus, ds)
     assert str(api_err.value) == str(cli_err.value)
-    assert "rows on the device so far (issue 34); this run has device cuda" in str(api_err.value)
+    assert "(issue 34); this run has 2 CUDA ranks (one GPU only so far)" in str(api_err.value)
     # --sync async / --rows-on host are no build_model options: unknown, by name
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['sync'\]"):
         hetgmp.build_model(ds, env, sync="async")

@@ -25,7 +25,10 @@ import numpy as np
 from hetgmp.data.dataset_meta import DatasetError, FieldInfo
 
 MULTI_HOT_VERSION = 2
-NOT_TRAINED_YET = "multi-hot fields train through `hetgmp train` on CPU only so far: issue 34"
+NOT_TRAINED_YET = (
+    "multi-hot fields train through `hetgmp train` (CPU, or one GPU) and the Python API only "
+    "so far: issue 34"
+)
 
 
 @dataclasses.dataclass

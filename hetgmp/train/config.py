@@ -105,7 +105,7 @@ class TrainConfig:
         "sum", check=choices.pooling_ok, check_msg="must be sum or mean, or one per multi-hot "
         "field comma separated (e.g. sum,mean)", help="how a multi-hot field's bag of rows "
         "becomes one row: their sum or their mean (an empty bag: zeros); one mode for every "
-        "field, or one per field comma separated (issue 34: CPU only so far)",
+        "field, or one per field comma separated (issue 34: CPU, and one GPU so far)",
     )  # fmt: skip
     rows_on: str = option(
         "device", choices=("device", "host"), flags=["--rows-on"],
