@@ -11,17 +11,20 @@ from hetgmp.serve.first_layer import InferenceFirstLayer, InferenceHead, inferen
 from hetgmp.serve.program import DenseProgram, RowsIdentity
 
 
-def _program(name: str, num_dense: int) -> DenseProgram:
+def _program(name: str, num_dense: int, dims: tuple[int, ...] | None = None) -> DenseProgram:
     torch.manual_seed(0)
-    model = build_model(name, RowsIdentity(), num_fields=5, num_dense=num_dense, embed_dim=16)
+    model = build_model(
+        name, RowsIdentity(), num_fields=5, num_dense=num_dense, embed_dim=16, field_dims=dims
+    )
     for p in model.parameters():  # (non-zero biases: the bias path is checked too)
         nn.init.normal_(p, std=0.1)
     return DenseProgram(model).eval()
 
 
-@pytest.mark.parametrize("num_dense", [13, 0])
-def test_inference_head_equals_the_model_for_wdl(num_dense: int) -> None:
-    program = _program("wdl", num_dense)
+@pytest.mark.parametrize(("num_dense", "dims"), [(13, None), (0, None), (13, (16, 3, 8, 1, 5))])
+def test_inference_head_equals_the_model_for_wdl(num_dense: int, dims) -> None:
+    """Per-field dimensions too: the head reads each field's first d_f columns, as the model."""
+    program = _program("wdl", num_dense, dims)
     head = inference_head(program)
     assert isinstance(head, InferenceHead)
     rows, dense = torch.randn(37, 5, 16), torch.randn(37, num_dense)
