@@ -89,6 +89,8 @@ def test_single_hot_per_field_dims_score_as_trained(
     for kw in ({"compile": False}, {}):
         trusted = hetgmp.serve.load(tmp_path / "m", trust_program=True, **kw)
         np.testing.assert_allclose(trusted.score(ids, dense).numpy(), want, rtol=0, atol=1e-6)
+        # (rebuilt: a failure to rebuild would only warn and score with the program itself)
+        assert (trusted.fast is not None) == (not kw)
     # a hetgmp that reads up to version 2 refuses it by name (not "weights do not fit")
     monkeypatch.setattr(artifact, "ARTIFACT_VERSION", 2)
     with pytest.raises(ArtifactError, match=r"artifact version 3 is newer .* upgrade hetgmp"):

@@ -52,3 +52,21 @@ def test_first_layer_outputs_in_the_layers_order() -> None:
     torch.testing.assert_close(first(rows, dense), want, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="narrow layers must come last"):
         InferenceFirstLayer([lins[2], lins[0]], 12)
+
+
+def test_per_field_columns_are_made_before_compiling() -> None:
+    """The fast path makes FieldDims' cached columns before compiling (compiled._rebuild):
+    otherwise the first call traces their making and the second compiles the bucket again."""
+    from torch._dynamo.utils import counters
+
+    from hetgmp.serve.compiled import _cache_field_columns
+
+    program = _program("wdl", 13, (16, 3, 8, 1, 5))
+    _cache_field_columns(program)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(inference_head(program), dynamic=False)
+    with torch.inference_mode():
+        for _ in range(3):
+            step(torch.randn(8, 5, 16), torch.randn(8, 13))
+    assert counters["stats"]["unique_graphs"] == 1
