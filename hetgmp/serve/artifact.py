@@ -6,6 +6,7 @@
                        every other file's size and SHA-256
     dense.safetensors  the dense part's weights (what loading reads: no unpickling); the model
                        is rebuilt from the manifest's model, num_fields, num_dense, embed_dim
+                       (and field_dims)
     dense.pt2          the dense part as a torch.export program (rows [B, F, D], dense [B, n])
                        -> logits [B, 1], dynamic batch; unpickled only with trust_program=True
     dense.onnx         the same module through torch.onnx (absent when onnx is not installed;
