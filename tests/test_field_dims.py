@@ -22,7 +22,6 @@ from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import ConfigError, add_arguments, from_namespace, validate
 from hetgmp.embedding.init import initial_rows
 from hetgmp.models import MODELS, build_model, model_class
-from hetgmp.serve.artifact import ArtifactError
 from hetgmp.serve.export import export_checkpoint
 from hetgmp.train.checkpoint import CheckpointError, open_checkpoint
 from hetgmp.train.config import TrainConfig
@@ -107,8 +106,10 @@ def test_per_field_run_trains_and_leaves_unused_columns_alone(tmp_path: Path) ->
         # the used columns trained, the unused ones are exactly their initial values
         assert not torch.equal(rows["weight"][mine, :d], init[mine, :d])
         assert torch.equal(rows["weight"][mine, d:], init[mine, d:]), f.name
-    with pytest.raises(ArtifactError, match=r"dimension per field \(--embed-dim 4,2,3,4\)"):
-        export_checkpoint(tmp_path / "ck", tmp_path / "art")  # (named, not a shape error)
+    # export serves it (tests/test_serve_field_dims.py scores it): version 3, the dims recorded
+    art = json.loads((export_checkpoint(tmp_path / "ck", tmp_path / "art") / "manifest.json")
+                     .read_text())  # fmt: skip
+    assert (art["version"], art["field_dims"], art["num_fields"]) == (3, list(DIMS), 2)
 
 
 def test_equal_dims_run_is_the_one_number_run(tmp_path: Path) -> None:
@@ -122,6 +123,10 @@ def test_equal_dims_run_is_the_one_number_run(tmp_path: Path) -> None:
     one, many = _losses(tmp_path / "one.jsonl"), _losses(tmp_path / "list.jsonl")
     assert len(one) > 10 and one == many
     _same_checkpoints(tmp_path / "one", tmp_path / "list")  # rows, dense, optimizer states
+    # equal dimensions export as the one-number model: version 2 (bags), no field_dims
+    art = json.loads((export_checkpoint(tmp_path / "list", tmp_path / "art") / "manifest.json")
+                     .read_text())  # fmt: skip
+    assert art["version"] == 2 and "field_dims" not in art
 
 
 def test_wrong_count_and_bad_values_are_refused_clearly(tmp_path: Path) -> None:

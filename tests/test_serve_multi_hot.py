@@ -73,11 +73,15 @@ def _train_cli(ds: Path, ck: Path, pooling: str, *extra: str) -> None:
                      "--no-progress", *extra]) == 0  # fmt: skip
 
 
-def _trained_scores(train_ds: Path, ck: Path, pooling: str, scored: Path) -> np.ndarray:
+def _trained_scores(
+    train_ds: Path, ck: Path, pooling: str, scored: Path, *, embed_dim: object = 4,
+    model: str = "wdl",
+) -> np.ndarray:  # fmt: skip
     """The trained model's own evaluation scores (training's model code, restored from the
     checkpoint ``ck``) of data set ``scored``'s train split (encoded with train_ds's vocabulary)."""
-    cfg = TrainConfig(dataset=str(train_ds), device="cpu", embed_dim=4, batch_size=64,
-                      pooling=pooling, progress=False, val=False, threads=1)  # fmt: skip
+    cfg = TrainConfig(dataset=str(train_ds), device="cpu", embed_dim=embed_dim, batch_size=64,
+                      pooling=pooling, progress=False, val=False, threads=1,
+                      model=model)  # fmt: skip
     env = DistEnv.single()
     trainer = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
     trainer.restore(open_checkpoint(ck))

@@ -6,6 +6,7 @@
                        every other file's size and SHA-256
     dense.safetensors  the dense part's weights (what loading reads: no unpickling); the model
                        is rebuilt from the manifest's model, num_fields, num_dense, embed_dim
+                       (and field_dims)
     dense.pt2          the dense part as a torch.export program (rows [B, F, D], dense [B, n])
                        -> logits [B, 1], dynamic batch; unpickled only with trust_program=True
     dense.onnx         the same module through torch.onnx (absent when onnx is not installed;
@@ -18,9 +19,12 @@
 
 Versions: 1, every field single-hot; 2 (:data:`MULTI_HOT_VERSION`) adds the manifest's
 ``multi_hot`` list (each multi-hot field's name, offset, cardinality and pooling), whose pooled
-rows follow the single-hot rows in the dense part's input (``[B, F + K, D]``). An artifact
-without multi-hot fields is still written as version 1, so an older hetgmp keeps loading it,
-and refuses a version-2 one with "upgrade hetgmp" rather than scoring without its bags.
+rows follow the single-hot rows in the dense part's input (``[B, F + K, D]``); 3
+(:data:`FIELD_DIMS_VERSION`) adds ``field_dims``, each of those ``F + K`` fields' dimension
+(the model reads its first ``d_f`` columns of the ``D``-wide rows; ``multi_hot`` optional). An
+artifact is written at the lowest version that holds it, so an older hetgmp keeps loading what
+it can score, and refuses a newer one with "upgrade hetgmp" rather than scoring without its bags
+or building its model at the wrong widths.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ from hetgmp.choices import POOLINGS
 from hetgmp.filecheck import check_listed, sha256
 
 ARTIFACT_FORMAT = "hetgmp-serving"
-ARTIFACT_VERSION = 2  # the newest this hetgmp reads (writes 1 unless there are multi-hot fields)
+ARTIFACT_VERSION = 3  # the newest this hetgmp reads (writes the lowest that holds the model)
 MULTI_HOT_VERSION = 2
+FIELD_DIMS_VERSION = 3
 MANIFEST = "manifest.json"
 PROGRAM = "dense.pt2"
 DENSE = "dense.safetensors"
@@ -80,7 +85,11 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     """Add the file records and write ``manifest.json`` atomically (it is written last); every
     file gets the umask's mode (:func:`normalize_modes`)."""
     normalize_modes(root)
-    version = MULTI_HOT_VERSION if manifest.get("multi_hot") else 1
+    version = 1
+    if manifest.get("field_dims"):
+        version = FIELD_DIMS_VERSION
+    elif manifest.get("multi_hot"):
+        version = MULTI_HOT_VERSION
     full = {"format": ARTIFACT_FORMAT, "version": version, **manifest}
     full["files"] = file_records(root)
     tmp = root / f".{MANIFEST}.tmp"
@@ -119,6 +128,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
         if key not in m:
             raise ArtifactError(f"{mpath}: malformed, lacks {key!r}")
     _check_multi_hot(mpath, m)
+    _check_field_dims(mpath, m)
     return m
 
 
@@ -132,6 +142,8 @@ def _check_multi_hot(mpath: Path, m: dict[str, Any]) -> None:
                 f"version {MULTI_HOT_VERSION})"
             )
         return
+    if entries is None and m["version"] >= FIELD_DIMS_VERSION:
+        return  # (version 3 need not have multi-hot fields)
     if not isinstance(entries, list) or not entries:
         raise ArtifactError(f"{mpath}: malformed, version {m['version']} lacks 'multi_hot'")
     for i, e in enumerate(entries):
@@ -143,6 +155,42 @@ def _check_multi_hot(mpath: Path, m: dict[str, Any]) -> None:
                 f"{mpath}: malformed multi_hot[{i}] {e!r}: expected name, offset, cardinality "
                 f"and pooling (one of {', '.join(POOLINGS)})"
             )
+
+
+def _check_field_dims(mpath: Path, m: dict[str, Any]) -> None:
+    """A version-3 manifest's ``field_dims`` give one dimension in ``[1, embed_dim]`` to each
+    field the dense part takes (single-hot, then multi-hot); an older one has none."""
+    dims = m.get("field_dims")
+    if m["version"] < FIELD_DIMS_VERSION:
+        if dims is not None:
+            raise ArtifactError(
+                f"{mpath}: malformed, version {m['version']} with field_dims (those are "
+                f"version {FIELD_DIMS_VERSION})"
+            )
+        return
+    if dims is None:
+        raise ArtifactError(f"{mpath}: malformed, version {m['version']} lacks 'field_dims'")
+    width, count = m.get("embed_dim"), m.get("num_fields")
+    if isinstance(count, int):
+        count += len(multi_hot_fields(m))
+    ok = (
+        isinstance(width, int)
+        and isinstance(dims, list)
+        and len(dims) == count
+        and all(isinstance(d, int) and 1 <= d <= width for d in dims)
+    )
+    if not ok:
+        raise ArtifactError(
+            f"{mpath}: malformed field_dims {dims!r}: expected {count!r} dimensions (single-hot "
+            f"fields, then multi-hot ones), each in [1, embed_dim = {width!r}]"
+        )
+
+
+def field_dims(manifest: dict[str, Any]) -> list[int] | None:
+    """Each field's dimension (single-hot fields, then multi-hot ones); None in versions 1 and
+    2, where every field has ``embed_dim``."""
+    dims = manifest.get("field_dims")
+    return [int(d) for d in dims] if dims else None
 
 
 def multi_hot_fields(manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ def _run_export(args: argparse.Namespace) -> int:
         f"wrote {out}: model {m['model']}, rows {m['rows']['shape']} {m['dtype']}, "
         f"vocabulary {'yes' if m['vocabulary'] else 'no'}, onnx {onnx}"
         + (f", multi-hot fields {bags}" if bags else "")
+        + (f", field dims {','.join(map(str, m['field_dims']))}" if m.get("field_dims") else "")
     )
     return 0
 

@@ -287,8 +287,22 @@ def _rebuild(program: Any, manifest: dict[str, Any], amp: bool, on_error: str) -
             stacklevel=4,
         )
         return None
+    _cache_field_columns(dense)
     # (under bf16 autocast the training layout was faster: hetgmp/serve/first_layer.py)
     return dense if amp else inference_head(dense)
+
+
+def _cache_field_columns(dense: DenseProgram) -> None:
+    """With a dimension per field, make the model's column indices and mask (cached by
+    :class:`~hetgmp.models.field_dims.FieldDims` on first use) on its device now: else the first
+    compiled call traces their making and the second recompiles (two compilations a bucket)."""
+    fields = dense.model.fields
+    if fields.dims is None:
+        return
+    device = next(dense.parameters()).device
+    zeros = torch.zeros(1, fields.num_fields, fields.embed_dim, device=device)
+    fields.flat(zeros)
+    fields.masked(zeros)
 
 
 def _recompiles() -> Any:

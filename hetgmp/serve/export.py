@@ -22,6 +22,7 @@ from hetgmp.choices import parse_pooling, pooling_ok
 from hetgmp.data.dataset_meta import DatasetError
 from hetgmp.data.format import open_dataset
 from hetgmp.data.vocab_files import has_vocabulary, read_manifest
+from hetgmp.models.field_dims import FieldDims
 from hetgmp.serve.artifact import (
     CONFIG,
     DENSE,
@@ -143,12 +144,26 @@ def _checkpoint_info(ck: LoadedCheckpoint) -> dict[str, Any]:
     for key in ("model", "embed_dim", "table_dim", "num_rows"):
         if key not in m:
             raise ArtifactError(f"{ck.path / MANIFEST}: lacks {key!r}; not a training checkpoint")
-    if m.get("field_dims"):  # (the serving program takes one dimension for every field)
-        raise ArtifactError(
-            f"{ck.path / MANIFEST}: trained with a dimension per field (--embed-dim "
-            f"{','.join(map(str, m['field_dims']))}); export does not serve those yet (issue 34)"
-        )
     return m
+
+
+def served_dims(ck: LoadedCheckpoint, num_fields: int) -> list[int] | None:
+    """The checkpoint's ``field_dims`` (``--embed-dim 16,8,...``) for the dense part's
+    ``num_fields`` fields (single-hot, then multi-hot), as training built its model: None
+    without a list, or when every field has the table's width (training's model then has no
+    per-field dimensions either, :func:`hetgmp.train.config_checks.dims_of_fields`)."""
+    m = ck.manifest
+    dims = m.get("field_dims")
+    if not dims:
+        return None
+    try:
+        fields = FieldDims(num_fields, int(m["embed_dim"]), dims)
+    except (ValueError, TypeError) as err:
+        raise ArtifactError(
+            f"{ck.path / MANIFEST}: field_dims {dims!r} do not fit the data set's "
+            f"{num_fields} fields ({err})"
+        ) from err
+    return list(fields.dims) if fields.dims is not None else None
 
 
 def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dict[str, Any]:
@@ -156,12 +171,15 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
     info = _checkpoint_info(ck)
     meta = ds.meta
     bags = bag_entries(ck, ds)
+    num_fields = meta.num_fields + len(bags)  # (one pooled row per multi-hot field)
+    dims = served_dims(ck, num_fields)
     program = build_dense_program(
         info["model"],
         ck.dense()["model"],
-        num_fields=meta.num_fields + len(bags),  # (one pooled row per multi-hot field)
+        num_fields=num_fields,
         num_dense=meta.num_dense,
         embed_dim=int(info["embed_dim"]),
+        dims=dims,  # (the program keeps each field's first d_f columns, as training did)
     )
     dense_entry = save_dense_weights(program, tmp / DENSE)
     program_entry = export_program(program, tmp / PROGRAM, int(info["table_dim"]))
@@ -186,6 +204,7 @@ def _write(tmp: Path, ck: LoadedCheckpoint, ds: Any, opts: ExportOptions) -> dic
         "num_dense": meta.num_dense,
         "fields": [dataclasses.asdict(f) for f in meta.fields],
         **({"multi_hot": bags} if bags else {}),  # (version 2; without: version 1, as before)
+        **({"field_dims": dims} if dims else {}),  # (version 3)
         "dtype": opts.dtype,
         "rows": rows_entry,
         "dense": dense_entry,

@@ -22,7 +22,10 @@ the plain contender at batch 65536 instead of 1.19x, ``bench/gpu/inference.py``,
 
 :func:`inference_head` wraps a :class:`~hetgmp.serve.program.DenseProgram` whose model has a
 separable first layer (:meth:`~hetgmp.models.ctr.CTRModel.first_linears`); other models keep
-their forward.
+their forward. With a dimension per field (issue 34) the first layer's input is the fields'
+first ``d_f`` columns side by side (``sum d_f`` wide, not ``F * D``): the head takes them with the
+model's own :meth:`~hetgmp.models.field_dims.FieldDims.flat`, as training's head does, before the
+product.
 """
 
 from __future__ import annotations
@@ -107,15 +110,24 @@ class InferenceHead(nn.Module):
         super().__init__()
         model = program.model
         self.model, self.num_dense = model, program.num_dense
-        self.first = InferenceFirstLayer(model.first_linears(), model.num_fields * rows_dim(model))
+        self.first = InferenceFirstLayer(model.first_linears(), first_input_width(model))
 
     def forward(self, rows: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        rows = self.model.fields.flat(rows)  # (per-field dimensions: each field's d_f columns)
         return self.model.from_first(self.first(rows, dense if self.num_dense else None))
 
 
 def rows_dim(model: CTRModel) -> int:
     """The width of the model's rows (``table_dim``)."""
     return type(model).table_dim(model.embed_dim)
+
+
+def first_input_width(model: CTRModel) -> int:
+    """How many row values per sample the first layer reads: ``sum d_f`` with a dimension per
+    field, else every field's whole row (``F * table_dim``)."""
+    if model.fields.dims is not None:
+        return model.fields.flat_dim
+    return model.num_fields * rows_dim(model)
 
 
 def inference_head(program: nn.Module) -> nn.Module:

@@ -6,7 +6,10 @@ gathers the rows itself (:mod:`hetgmp.serve.scorer`), so the exported program ta
 ``[B, F, D]`` (with multi-hot fields ``[B, F + K, D]``: one pooled row per bag field after the
 single-hot rows, pooled by the scorer, :mod:`hetgmp.serve.bags`) and the dense features
 ``[B, num_dense]`` and holds only the dense layers: the model with its embedding replaced by the
-identity on rows. Nothing in it depends on data values, and the batch dimension is dynamic.
+identity on rows. With a dimension per field (``field_dims``) the rows stay ``D`` wide and the
+program keeps each field's first ``d_f`` columns, as training's model does
+(:mod:`hetgmp.models.field_dims`). Nothing in it depends on data values, and the batch dimension
+is dynamic.
 
 What an artifact is trusted to do: its dense weights (``dense.safetensors``, plain tensors) are
 read without unpickling and put into this hetgmp's model code, rebuilt from the manifest's
@@ -17,6 +20,7 @@ explicit ``trust_program=True`` (``--trust-program``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from hetgmp.models import CTRModel, build_model
-from hetgmp.serve.artifact import ArtifactError, model_fields
+from hetgmp.serve.artifact import ArtifactError, field_dims, model_fields
 
 
 class RowsIdentity(nn.Module):
@@ -57,11 +61,14 @@ def build_dense_program(
     num_fields: int,
     num_dense: int,
     embed_dim: int,
+    dims: Sequence[int] | None = None,
 ) -> DenseProgram:
-    """The model ``model`` with the checkpoint's dense ``state``, over gathered rows (eval mode)."""
+    """The model ``model`` with the checkpoint's dense ``state``, over gathered rows (eval mode);
+    ``dims``: each field's dimension (the checkpoint's ``field_dims``; None: all ``embed_dim``)."""
     net = build_model(
-        model, RowsIdentity(), num_fields=num_fields, num_dense=num_dense, embed_dim=embed_dim
-    )
+        model, RowsIdentity(), num_fields=num_fields, num_dense=num_dense, embed_dim=embed_dim,
+        field_dims=dims,
+    )  # fmt: skip
     net.load_dense_state_dict(state)
     return DenseProgram(net).eval()
 
@@ -137,6 +144,7 @@ def rebuild_dense_program(program: Any, manifest: dict[str, Any]) -> DenseProgra
         num_fields=model_fields(manifest),
         num_dense=int(manifest["num_dense"]),
         embed_dim=int(manifest["embed_dim"]),
+        dims=field_dims(manifest),
     ).to(device)
     rows, extra = example_inputs(
         8, dense.model.num_fields, int(manifest["table_dim"]), dense.num_dense
@@ -163,7 +171,7 @@ def save_dense_weights(program: DenseProgram, path: Path) -> dict[str, Any]:
 
 def load_dense_weights(path: Path, manifest: dict[str, Any]) -> DenseProgram:
     """The model the manifest names (``model``, ``num_fields`` and its multi-hot fields'
-    pooled rows, ``num_dense``, ``embed_dim``),
+    pooled rows, ``num_dense``, ``embed_dim``, ``field_dims``),
     built by this hetgmp's code, with the weights of ``path``: nothing is unpickled, and a file
     that is not safetensors, or whose tensors do not fit the model, is an
     :class:`~hetgmp.serve.artifact.ArtifactError` naming it."""
@@ -178,6 +186,7 @@ def load_dense_weights(path: Path, manifest: dict[str, Any]) -> DenseProgram:
             num_fields=model_fields(manifest),
             num_dense=int(manifest["num_dense"]),
             embed_dim=int(manifest["embed_dim"]),
+            dims=field_dims(manifest),
         )
     except (ValueError, KeyError, TypeError) as err:
         raise ArtifactError(
