@@ -174,7 +174,9 @@ def spawn_ranks(
     :data:`PRELOAD` imported: for a rank that must set its environment before torch imports
     triton (``TRITON_INTERPRET``), or import torch's modules after its process group.
     """
-    ctx = mp.get_context(start_method)
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    ctx = mp.get_context("spawn") if start_method == "spawn" else mp.get_context("forkserver")
     if start_method == "forkserver":
         # One server per parent process imports these once; each rank is forked from it
         # instead of a fresh interpreter importing torch (~1.5 s a rank).
