@@ -35,7 +35,8 @@ from hetgmp.train.runlog import RunLog
 
 def make_data(root: Path) -> Path:
     """A tiny generated set: the criteo-like single-hot fields plus two bags of mean length 6
-    (empty bags and repeated ids among them)."""
+    (1 to 11 ids, repeated ids among them; the generator makes no empty bag: those are
+    ``tests/test_pooling_kernels.py``'s)."""
     if not (root / "meta.json").exists():
         generate_criteo_like(root, num_samples=3000, scale=0.001, seed=2, multi_hot="2:6",
                              progress=False)  # fmt: skip
@@ -45,7 +46,7 @@ def make_data(root: Path) -> Path:
 def run(root: Path, device: str, kernels: str, **kw: Any) -> dict[str, Any]:
     """Train ``root`` for two epochs on ``device`` with ``kernels``; rows sorted by id."""
     cfg = validate(TrainConfig(
-        dataset=str(root), device=device, kernels=kernels, batch_size=256, embed_dim=16,
+        dataset=str(root), device=device, kernels=kernels, embed_dim=16,
         epochs=2, progress=False, log_every=100, warmup_steps=1, amp=False, seed=4,
         dense_optimizer="sgd", dense_lr=0.05, threads=1, **kw,
     ))  # fmt: skip
@@ -67,10 +68,13 @@ def run(root: Path, device: str, kernels: str, **kw: Any) -> dict[str, Any]:
 
 def compare(root: Path, device: str) -> None:
     multi_hot.GPU_ONE_RANK = True  # (what bench/gpu/switches.py sets for a benchmark)
-    # (the interpreter runs a step in seconds: a few steps there, two epochs on a GPU)
-    steps = 0 if device == "cuda" else 4
+    # (the interpreter runs a program per 64 output rows, each in milliseconds: there a few
+    # steps of 64 samples (1792 output rows, ~380 bag entries a field: repeated ids in every
+    # step), two epochs of 256 on a GPU)
+    steps, batch = (0, 256) if device == "cuda" else (4, 64)
     for opt, pooling in (("adagrad", "sum,mean"), ("sgd", "mean,sum")):
-        kw = dict(optimizer=opt, pooling=pooling, lr=0.05 if opt == "adagrad" else 5.0, iter=steps)
+        lr = 0.05 if opt == "adagrad" else 5.0
+        kw = dict(optimizer=opt, pooling=pooling, lr=lr, iter=steps, batch_size=batch)
         want = run(root, "cpu", "torch", **kw)
         # (samples resident on the device, as a GPU run holds them: its id check meets the
         # bags' padding; interpreted on CPU too)

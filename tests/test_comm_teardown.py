@@ -52,8 +52,11 @@ def optimizer_after_init_then_shutdown(env: DistEnv) -> dict:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc thread names")
 def test_shutdown_joins_gloo_threads_even_when_torch_holds_the_group() -> None:
-    res = spawn_ranks(optimizer_after_init_then_shutdown, 2, timeout_s=120)
+    # (fresh interpreters: forked ranks have torch._dynamo imported by the forkserver,
+    # hetgmp.comm.spawn.PRELOAD, so no module would bind the group)
+    res = spawn_ranks(optimizer_after_init_then_shutdown, 2, timeout_s=120, start_method="spawn")
     for r in res:
+        assert not r["pre_imported"], "torch.distributed.nn imported before the group: vacuous"
         # What provoked the abort (torch 2.13): a torch module imported after the group was
         # created holds it, r["captured"]. Whatever torch does, no gloo thread may outlive it.
         assert r["gloo_before"] > 0, "no gloo worker threads seen while the group was alive"

@@ -9,6 +9,7 @@ tests/gpu_padded_check.py (``-m gpu``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(
     """
+    import json
     import sys
     import numpy as np
     import torch
@@ -66,51 +68,59 @@ SCRIPT = textwrap.dedent(
         assert not push_cap or counters["pushes_capacity_deferred"] > 0, counters
         return emb.state_dict(), outs, state, counters, emb.padded_presyncs
 
-    def check(world, bound, steps, optimizer, owner_fused, push_cap):
+    def run_all(env, kernels, world, configs):
+        # every configuration in one spawn of the ranks (a spawn per configuration cost more
+        # than its steps)
+        return [run(env, kernels, c[0], c[1], world, *c[2:]) for c in configs]
+
+    def check(world, configs):
         from hetgmp.comm.spawn import spawn_ranks
 
-        got = {k: spawn_ranks(run, world, k, bound, steps, world, optimizer, owner_fused,
-                              push_cap, timeout_s=600)
+        got = {k: spawn_ranks(run_all, world, k, world, configs, timeout_s=600)
                for k in ("torch", "triton")}
-        for ref, fused in zip(got["torch"], got["triton"]):
-            assert torch.equal(ref[0]["ids"], fused[0]["ids"])
-            torch.testing.assert_close(fused[0]["weight"], ref[0]["weight"], rtol=1e-5, atol=1e-6)
-            for a, b in zip(ref[1], fused[1]):
-                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-            for a, b in zip(ref[2], fused[2]):
-                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-            assert ref[3] == fused[3], (ref[3], fused[3])
-            assert ref[4] == fused[4] > 0  # the pre-sync segment ran (fused and reference)
+        for rank, (refs, fuseds) in enumerate(zip(got["torch"], got["triton"])):
+            for config, ref, fused in zip(configs, refs, fuseds):
+                what = (rank, config)
+                assert torch.equal(ref[0]["ids"], fused[0]["ids"]), what
+                torch.testing.assert_close(fused[0]["weight"], ref[0]["weight"], rtol=1e-5,
+                                           atol=1e-6, msg=lambda m: f"{what}: {m}")
+                for a, b in zip(ref[1], fused[1]):
+                    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6,
+                                               msg=lambda m: f"{what}: {m}")
+                for a, b in zip(ref[2], fused[2]):
+                    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6,
+                                               msg=lambda m: f"{what}: {m}")
+                assert ref[3] == fused[3], (what, ref[3], fused[3])
+                # the pre-sync segment ran (fused and reference)
+                assert ref[4] == fused[4] > 0, (what, ref[4], fused[4])
         print("ok")
 
     if __name__ == "__main__":
-        check(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
-              sys.argv[5] == "1", int(sys.argv[6]))
+        check(int(sys.argv[1]), json.loads(sys.argv[2]))
     """
 )
 
 
-@pytest.mark.parametrize(
-    ("world", "bound", "steps", "optimizer", "owner_fused", "push_cap"),
-    [
-        (2, 0, 10, "sgd", 0, 0), (3, 3, 15, "sgd", 0, 0), (2, 0, 10, "adagrad", 0, 0),
-        (3, 3, 15, "adagrad", 0, 0), (3, 3, 15, "adagrad", 1, 0), (2, 1, 10, "sgd", 0, 4),
-        (2, 1, 10, "adagrad", 1, 4),
-    ],
-)  # fmt: skip
-def test_fused_padded_segments_match_reference(
-    tmp_path, world: int, bound: int, steps: int, optimizer: str, owner_fused: int,
-    push_cap: int,
-) -> None:  # fmt: skip
-    """The fused segments against the torch ones (``owner_fused``: the owner's merged
-    Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE; ``push_cap``: fixed
-    capacities whose push payload has room for that many rows a peer, so due mirrors wait)."""
+# (bound, steps, optimizer, owner_fused, push_cap) by world size: each world's configurations
+# run in one spawn of its ranks per kernel set
+CONFIGS = {
+    2: [(0, 10, "sgd", 0, 0), (0, 10, "adagrad", 0, 0), (1, 10, "sgd", 0, 4),
+        (1, 10, "adagrad", 1, 4)],
+    3: [(3, 15, "sgd", 0, 0), (3, 15, "adagrad", 0, 0), (3, 15, "adagrad", 1, 0)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("world", sorted(CONFIGS))
+def test_fused_padded_segments_match_reference(tmp_path, world: int) -> None:
+    """The fused segments against the torch ones, for each configuration (``owner_fused``: the
+    owner's merged Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE;
+    ``push_cap``: fixed capacities whose push payload has room for that many rows a peer, so
+    due mirrors wait)."""
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run(
-        [sys.executable, str(script), str(world), str(bound), str(steps), optimizer,
-         str(owner_fused), str(push_cap)],
+        [sys.executable, str(script), str(world), json.dumps(CONFIGS[world])],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr

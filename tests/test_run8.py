@@ -53,20 +53,6 @@ def test_script_syntax_help_and_refusals(tmp_path: Path) -> None:
     assert r.returncode == 2 and "DEVICE must be cuda or cpu" in r.stderr
 
 
-def test_alltoall_bw_on_two_gloo_ranks(tmp_path: Path) -> None:
-    out = tmp_path / "a2a.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "bench/gpu/alltoall_bw.py"), "--device", "cpu", "--sizes-mb", "0.1,0.5",
-           "--warmup", "1", "--iters", "3", "--out", str(out)]  # fmt: skip
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    a = json.loads(out.read_text())
-    assert a["world"] == 2 and a["backend"] == "gloo" and len(a["results"]) == 2
-    for rec in a["results"]:
-        assert rec["bytes_per_rank"] % 8 == 0 and rec["time_ms"] > 0
-        assert rec["busbw_gbs"] == pytest.approx(rec["algbw_gbs"] / 2)
-
-
 def _cli(placement: str, gpus: int, batch: int, speed: float, nbytes: float, **kw) -> dict:
     return {"key": run8_records.cli_key(kw.get("launcher", "torchrun"), placement, gpus, batch, "wdl"),
             "contender": "hetgmp-cli", "launcher": kw.get("launcher", "torchrun"),
@@ -113,7 +99,12 @@ def test_run8_cpu_data_contenders_and_alltoall(tmp_path: Path) -> None:
         assert FIELDS <= set(x), FIELDS - set(x)
         assert x["gpus"] == 2 and x["model"] == "wdl" and x["val_auc"] is None
         assert x["samples_per_s"] > 0 and x["bytes_per_sample"] > 0
-    assert rep["alltoall"]["world"] == 2 and rep["alltoall"]["backend"] == "gloo"
+    # (the all-to-all benchmark's own checks ride on the stage's torchrun launch)
+    a = rep["alltoall"]
+    assert a["world"] == 2 and a["backend"] == "gloo" and len(a["results"]) == 2  # 0.25,1 MiB
+    for rec in a["results"]:
+        assert rec["bytes_per_rank"] % 8 == 0 and rec["time_ms"] > 0
+        assert rec["busbw_gbs"] == pytest.approx(rec["algbw_gbs"] / 2)
     md = (out / "run8.md").read_text()
     assert "Throughput here is not meaningful" in md and "busbw" in md
 

@@ -28,17 +28,21 @@ STOPPED_AT_START = textwrap.dedent(
     """
 )
 
-# one rank meeting the others at the rendezvous store (no MPI): prints its error
-# (6 s: ranks importing hetgmp on a loaded 2-core box arrived over 3 s apart, and the first
-# to time out then named a slow peer, not the missing one)
+# one rank meeting the others at the rendezvous store (no MPI): prints its error. It imports
+# first, says READY and waits for the test's "go" line, so the ranks meet at once: importing
+# torch and hetgmp on a loaded 2-core box took some ranks over 3 s longer than others, and the
+# first to time out then named a slow peer, not the missing one (the timeout had been raised
+# to 8 s, then 6 s, for that skew; started together, 3 s is the test's own wait)
 CONNECT = textwrap.dedent(
     """
     import sys, torch
     from hetgmp.comm.launch import connect, shutdown
     rank, world, port = (int(x) for x in sys.argv[1:4])
+    print("READY", flush=True)
+    sys.stdin.readline()
     try:
         env = connect(rank=rank, world_size=world, addr="127.0.0.1", port=port,
-                      device=torch.device("cpu"), launcher="test", timeout_s=6.0)
+                      device=torch.device("cpu"), launcher="test", timeout_s=3.0)
     except Exception as err:
         print(f"ERROR {type(err).__name__}: {err}", flush=True)
         sys.exit(3)
@@ -67,20 +71,32 @@ def test_rank_stopped_before_mpi_init_ends_the_mpirun_job(tiny_dataset, tmp_path
 
 
 def _ranks(world: int, present: list[int], port: int) -> dict[int, tuple[int, str]]:
-    """Start the ``present`` ranks of ``world`` at the rendezvous; each one's exit and output."""
+    """Start the ``present`` ranks of ``world`` at the rendezvous, all at once once each has
+    imported; each one's exit and output."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = {
         r: subprocess.Popen(
             [sys.executable, "-c", CONNECT, str(r), str(world), str(port)],
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )  # fmt: skip
         for r in present
     }
+    ready = {r: p.stdout.readline() for r, p in procs.items()}  # type: ignore[union-attr]
     out = {}
     for r, p in procs.items():
+        if ready[r] != "READY\n":  # (an import failed: its output says why)
+            out[r] = (p.wait(timeout=45), ready[r] + p.stdout.read())  # type: ignore[union-attr]
+    for p in procs.values():
+        if p.returncode is None:
+            p.stdin.write("go\n")  # type: ignore[union-attr]
+            p.stdin.flush()  # type: ignore[union-attr]
+    for r, p in procs.items():
+        if r in out:
+            continue
         try:
             text, _ = p.communicate(timeout=45)
         except subprocess.TimeoutExpired:

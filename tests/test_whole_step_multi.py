@@ -163,19 +163,21 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
     _assert_runs_equal(eager, whole, counters=False)
 
 
-def _rank_interpreted(env: DistEnv, cfg: TrainConfig, whole: bool) -> dict:
-    """:func:`_rank` with Triton's kernels in its interpreter (set here: a forkserver child
-    has the server's environment, and triton reads it when first imported)."""
+def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
+    """:func:`_rank`'s eager run, then its whole-step run, with Triton's kernels in its
+    interpreter (set here, before triton's first import: a fresh interpreter,
+    ``start_method="spawn"``)."""
     import os
     import sys
 
+    os.environ["TRITON_INTERPRET"] = "1"
+    assert "triton" not in sys.modules  # (its own jit helpers read the switch at import)
     from hetgmp.embedding.kernels import launcher, prep
 
-    os.environ["TRITON_INTERPRET"] = "1"
     launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
     prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
     assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
-    return _rank(env, cfg, whole, None)
+    return _rank(env, cfg, False, None), _rank(env, cfg, True, None)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
@@ -189,8 +191,8 @@ def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
     pytest.importorskip("triton")
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
     cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
-    eager = spawn_ranks(_rank_interpreted, 2, cfg, False, timeout_s=240)
-    whole = spawn_ranks(_rank_interpreted, 2, cfg, True, timeout_s=240)
+    runs = spawn_ranks(_runs_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
+    eager, whole = [r[0] for r in runs], [r[1] for r in runs]
     _assert_runs_equal(eager, whole)
     assert whole[0]["counted_early"] >= 2 and whole[0]["early"] >= 2, whole[0]
 

@@ -29,6 +29,14 @@ import torch
 
 from hetgmp.comm.launch import connect, free_port, shutdown
 
+# What the forkserver imports once for every rank (read when it starts: the parent's first
+# spawn). torch._dynamo too: the first torch optimizer a rank builds imports it (~1.1 s a
+# rank, more than a small test's training). So a forked rank has triton imported (dynamo
+# imports it) and torch.distributed.nn & co. imported before its process group, unlike a
+# launched job: ranks that need either otherwise use ``start_method="spawn"``
+# (tests/test_comm_teardown.py, the interpreter runs of tests/test_whole_step_multi.py).
+PRELOAD: tuple[str, ...] = ("torch", "numpy", "torch._dynamo")
+
 
 @dataclasses.dataclass
 class RankOutcome:
@@ -155,17 +163,24 @@ def spawn_ranks(
     collective_timeout_s: float = 60.0,
     threads: int = 1,
     raise_on_error: bool = True,
+    start_method: str = "forkserver",
 ) -> list[RankOutcome] | list[Any]:
     """Run ``fn(env, *args)`` on ``world_size`` spawned gloo ranks.
 
     Returns the per-rank results (rank order) when every rank succeeded, else raises
     :class:`SpawnError`; with ``raise_on_error=False`` returns the list of :class:`RankOutcome`
     instead. ``collective_timeout_s`` is the process-group timeout inside the ranks.
+    ``start_method="spawn"`` starts each rank as a fresh interpreter, nothing of
+    :data:`PRELOAD` imported: for a rank that must set its environment before torch imports
+    triton (``TRITON_INTERPRET``), or import torch's modules after its process group.
     """
-    ctx = mp.get_context("forkserver")
-    # One server per parent process imports these once; each rank is forked from it instead of
-    # a fresh interpreter importing torch (~1.5 s a rank: most of a small test's time).
-    ctx.set_forkserver_preload(["torch", "numpy"])
+    if start_method not in ("forkserver", "spawn"):
+        raise ValueError(f"start_method must be 'forkserver' or 'spawn', got {start_method!r}")
+    ctx = mp.get_context("spawn") if start_method == "spawn" else mp.get_context("forkserver")
+    if start_method == "forkserver":
+        # One server per parent process imports these once; each rank is forked from it
+        # instead of a fresh interpreter importing torch (~1.5 s a rank).
+        ctx.set_forkserver_preload(list(PRELOAD))
     where = (dict(os.environ), os.getcwd(), [_CallerFd(1), _CallerFd(2)])
     # Plain pickle (bytes) both ways: torch's multiprocessing pickler would share tensors through
     # file descriptors that die with the child process.

@@ -37,6 +37,11 @@ from hetgmp.comm.errors import LaunchError
 
 POLL_S = 0.05
 TELL_S = 5.0  # how long rank 0 waits for the ranks present to read which ones are missing
+# How long past its own deadline a rank waits for rank 0's verdict before blaming rank 0: rank
+# 0's deadline starts when it hosts the store, a peer's a moment later, and on a busy machine
+# rank 0 can be descheduled past the peer's deadline; without it, the peer named rank 0
+# ("did not confirm") instead of the rank that never came.
+VERDICT_GRACE_S = 2.0
 KEY = "hetgmp/start/"  # the rendezvous store's keys of the start-up (arrivals, verdict)
 
 # The watchdog: waits on its stdin (closed by cancel(), or by this rank's death) up to the
@@ -148,7 +153,7 @@ def arrive(store: Any, rank: int, world: int, timeout_s: float) -> None:
             store.set(f"{KEY}go", "1")
             return
         if not wait_for(lambda: store.check([f"{KEY}go"]) or store.check([f"{KEY}missing"]),
-                        deadline):  # fmt: skip
+                        deadline + VERDICT_GRACE_S):  # fmt: skip
             raise _missing(rank, [0], timeout_s, "did not confirm the others' arrival")
         if not store.check([f"{KEY}go"]):
             store.set(f"{KEY}told/{rank}", "1")
