@@ -64,6 +64,8 @@ def first_product(
         for p in weights:
             part = gw[r : r + p.shape[0]].to(p.dtype)
             r += p.shape[0]
+            if not p.requires_grad:  # (a frozen layer: no gradient, as autograd gives none)
+                continue
             if p.grad is None:
                 g = torch.zeros_like(p)
                 g[:, :cols] = part
