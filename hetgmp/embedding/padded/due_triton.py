@@ -22,40 +22,33 @@ from hetgmp.embedding.padded.rule_triton import is_due
 
 
 @triton.jit
-def due_list_kernel(
-    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, list_ptr, deferred_ptr, n_mir, bound,
-    p, BLOCK: tl.constexpr,
-):  # fmt: skip
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n_mir
-    pend = tl.load(pend_ptr + i, mask=m, other=0)
-    due = m & is_due(pend, bound)
+def count_deferred(pend, m, bound, deferred_ptr):
+    # mirrors with pending updates not due yet: counted (the step's deferred pushes)
     k = tl.sum((m & (pend > 0) & ~is_due(pend, bound)).to(tl.int64), 0)
     if k > 0:
         tl.atomic_add(deferred_ptr, k, sem="relaxed")
+
+
+@triton.jit
+def due_rank(i, due, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr):
+    # (owner j, rank among j's due mirrors, still due: only the first ndue[j] of owner j's due
+    # mirrors fit the payload, the rest stay due) of due mirrors i
     j = tl.load(owner_ptr + i, mask=due, other=0)
     st = tl.load(mstart_ptr + j, mask=due, other=0)
     before = tl.load(csum_ptr + st - 1, mask=due & (st > 0), other=0)
     rank = tl.load(csum_ptr + i, mask=due, other=1) - 1 - before
-    # (only the first ndue[j] of owner j's due mirrors fit the payload: the rest stay due)
-    due = due & (rank < tl.load(ndue_ptr + j, mask=due, other=0))
-    tl.store(list_ptr + j.to(tl.int64) * p + rank, i.to(tl.int64), mask=due)
+    return j, rank, due & (rank < tl.load(ndue_ptr + j, mask=due, other=0))
 
 
 @triton.jit
-def pack_due_list_kernel(
-    list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
-    send64_ptr, n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, EXACT: tl.constexpr,
+def pack_rows(
+    i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
+    send64_ptr, n_own, q, p, s1, D: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    # entries t of the list: owner j = t // p, rank t - j p (pack_due_kernel's, per mirror)
-    t = tl.program_id(0) * BR + tl.arange(0, BR)
-    j = (t // p).to(tl.int64)
-    rank = t - j * p
-    jm = j < W
-    due = jm & (rank < tl.load(ndue_ptr + j, mask=jm, other=0))
-    i = tl.load(list_ptr + t, mask=due, other=0)
-    pend = tl.load(pend_ptr + i, mask=due, other=0)
+    # due mirrors i (owner j, payload rank) into exchange 1's payload: id, pending count and
+    # accumulated gradient after owner j's rows not stored here; pending and both accumulators
+    # cleared (EXACT: the optimizer's local step equals the owner's (SGD), so a pushed mirror's
+    # version moves with the push; else it turns stale and is refetched)
     pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
     h = j * (s1 // 2)  # the row's start in int64 units
     tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
@@ -73,3 +66,36 @@ def pack_due_list_kernel(
         tl.store(send_ptr + dst[:, None] + c[None, :], g, mask=mm)
         tl.store(ga, g * 0.0, mask=mm)
         tl.store(dacc_ptr + g_off[:, None] + c[None, :], g * 0.0, mask=mm)
+
+
+@triton.jit
+def due_list_kernel(
+    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, list_ptr, deferred_ptr, n_mir, bound,
+    p, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n_mir
+    pend = tl.load(pend_ptr + i, mask=m, other=0)
+    count_deferred(pend, m, bound, deferred_ptr)
+    j, rank, due = due_rank(i, m & is_due(pend, bound), csum_ptr, owner_ptr, mstart_ptr, ndue_ptr)
+    tl.store(list_ptr + j.to(tl.int64) * p + rank, i.to(tl.int64), mask=due)
+
+
+@triton.jit
+def pack_due_list_kernel(
+    list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
+    send64_ptr, n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+    BD: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    # entries t of the list: owner j = t // p, rank t - j p (pack_due_kernel's, per mirror)
+    t = tl.program_id(0) * BR + tl.arange(0, BR)
+    j = (t // p).to(tl.int64)
+    rank = t - j * p
+    jm = j < W
+    due = jm & (rank < tl.load(ndue_ptr + j, mask=jm, other=0))
+    i = tl.load(list_ptr + t, mask=due, other=0)
+    pend = tl.load(pend_ptr + i, mask=due, other=0)
+    pack_rows(
+        i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
+        send_ptr, send64_ptr, n_own, q, p, s1, D, BD, EXACT,
+    )  # fmt: skip

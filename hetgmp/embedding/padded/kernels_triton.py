@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.padded.due_triton import count_deferred, due_rank, pack_rows
 from hetgmp.embedding.padded.rule_triton import beyond_bound, is_due, within_bound
 
 # The batch's distinct rows (u) change with the batch: do_not_specialize. Triton otherwise
@@ -55,38 +56,16 @@ def pack_due_kernel(
     dacc_ptr, send_ptr, send64_ptr, deferred_ptr, n_mir, n_own, bound, q, p, s1,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    # (EXACT: the optimizer's local step equals the owner's (SGD), so a pushed mirror's
-    # version moves with the push; else it turns stale and is refetched)
+    # every mirror scanned (the due list's kernels, .due_triton, when the counts phase ran early)
     i = tl.program_id(0) * BR + tl.arange(0, BR)
     m = i < n_mir
     pend = tl.load(pend_ptr + i, mask=m, other=0)
-    due = m & is_due(pend, bound)
-    k = tl.sum((m & (pend > 0) & ~is_due(pend, bound)).to(tl.int64), 0)
-    if k > 0:
-        tl.atomic_add(deferred_ptr, k, sem="relaxed")
-    j = tl.load(owner_ptr + i, mask=due, other=0)
-    st = tl.load(mstart_ptr + j, mask=due, other=0)
-    before = tl.load(csum_ptr + st - 1, mask=due & (st > 0), other=0)
-    rank = tl.load(csum_ptr + i, mask=due, other=1) - 1 - before
-    # (only the first ndue[j] of owner j's due mirrors fit the payload: the rest stay due)
-    due = due & (rank < tl.load(ndue_ptr + j, mask=due, other=0))
-    pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
-    h = j * (s1 // 2)  # the row's start in int64 units
-    tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
-    tl.store(send64_ptr + h + 2 * q + p + pos, pend, mask=due)
-    if EXACT:
-        tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
-    tl.store(pend_ptr + i, pend * 0, mask=due)
-    g_off = i.to(tl.int64) * D
-    dst = j * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
-    for d0 in tl.static_range(0, D, BD):
-        c = d0 + tl.arange(0, BD)
-        mm = due[:, None] & (c < D)[None, :]
-        ga = gacc_ptr + g_off[:, None] + c[None, :]
-        g = tl.load(ga, mask=mm, other=0.0)
-        tl.store(send_ptr + dst[:, None] + c[None, :], g, mask=mm)
-        tl.store(ga, g * 0.0, mask=mm)
-        tl.store(dacc_ptr + g_off[:, None] + c[None, :], g * 0.0, mask=mm)
+    count_deferred(pend, m, bound, deferred_ptr)
+    j, rank, due = due_rank(i, m & is_due(pend, bound), csum_ptr, owner_ptr, mstart_ptr, ndue_ptr)
+    pack_rows(
+        i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
+        send_ptr, send64_ptr, n_own, q, p, s1, D, BD, EXACT,
+    )  # fmt: skip
 
 
 @triton.jit
