@@ -36,9 +36,8 @@ import numpy as np
 
 from hetgmp.config import validate
 from hetgmp.data.format import open_dataset
-from hetgmp.data.generate import build_model, generate_chunk
+from hetgmp.data.generate import generate_chunk, planted_model
 from hetgmp.data.generate_config import CriteoLikeConfig
-from hetgmp.data.planted_multi_hot import build_multi_hot
 from hetgmp.metrics import roc_auc
 from hetgmp.partition.plan import Plan, load_plan, save_plan
 
@@ -53,12 +52,7 @@ def ceiling(ds_dir: Path) -> dict[str, float]:
     cfg = validate(CriteoLikeConfig(**{k: v for k, v in src["config"].items() if k in names}))
     n_test = max(1, int(round(cfg.num_samples * cfg.test_fraction)))
     n_train = cfg.num_samples - n_test
-    m = build_model(cfg, n_train)
-    m.multi_hot = build_multi_hot(
-        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum()),
-        communities=cfg.communities, global_share=cfg.community_global,
-        user_pmf=m.users.pmf(0),
-    )  # fmt: skip
+    m = planted_model(cfg, n_train)
     chunk = generate_chunk(m, n_train, n_test)  # (the test split: the last samples)
     labels = np.asarray(open_dataset(ds_dir).test.labels).reshape(-1)
     pairs = np.zeros(n_test)

@@ -193,6 +193,18 @@ class _Tally:
     test_labels: list[np.ndarray] = dataclasses.field(default_factory=list)
 
 
+def planted_model(cfg: CriteoLikeConfig, n_train: int) -> Any:
+    """The generator's planted model of ``cfg`` (fields, users, pairs and, with ``--multi-hot``,
+    the lists), as :func:`generate_from_config` draws from it (``n_train``: training samples)."""
+    m = build_model(cfg, n_train)
+    m.multi_hot = build_multi_hot(
+        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum()),
+        communities=cfg.communities, global_share=cfg.community_global,
+        user_pmf=m.users.pmf(0),
+    )  # fmt: skip
+    return m
+
+
 def generate_from_config(
     out: str | os.PathLike[str], cfg: CriteoLikeConfig, log: Any = None
 ) -> Dataset:
@@ -203,12 +215,7 @@ def generate_from_config(
     n_train = cfg.num_samples - n_test
     if n_train < 1:
         raise GenerateError(f"--num-samples {cfg.num_samples} leaves no training samples")
-    m = build_model(cfg, n_train)
-    m.multi_hot = build_multi_hot(
-        cfg.multi_hot, cfg.scale, cfg.locality, cfg.seed, n_train, int(m.cards.sum()),
-        communities=cfg.communities, global_share=cfg.community_global,
-        user_pmf=m.users.pmf(0),
-    )  # fmt: skip
+    m = planted_model(cfg, n_train)
     pilot = generate_chunk(m, 0, min(PILOT_SAMPLES, cfg.num_samples))
     m.bias = solve_bias(pilot.logit, cfg.positive_rate)
     fields = make_fields([f"C{i + 1}" for i in range(m.num_fields)], m.cards.tolist())
