@@ -1,8 +1,9 @@
 """Multi-hot fields under ``--sync async`` (issue 34) on two gloo ranks over real sockets: at
 bound 0 (``--max-lag 0``) the run equals the collective engine's on the same data and plan
-(rows, dense layers, val loss); at bound 100 with unequal steps it trains, every read stays
-within the bound (the table's staleness audit on pooled bags) and the next batch's reads sent
-ahead are the ones its lookup takes (the bags' ids, padding taken out)."""
+(rows, dense layers, val loss); at bound 100 with unequal steps (``--max-lag 2``) it trains,
+mirrors read stale rows and every step takes the reads its previous step sent ahead (the bags'
+ids, padding taken out); and the table's staleness audit (as ``test_async``'s) holds for reads
+through pooled bags at bound 0 and 3."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def test_bound0_async_equals_collective(tmp_path: Path) -> None:
 
 
 def _counting_ahead(env: DistEnv, cfg: TrainConfig) -> dict:
-    """One run, counting the training steps that took the reads sent ahead for them, and the
-    reads sent ahead that no step took (``AsyncStep.step``'s own test, wrapped)."""
+    """One run, counting the reads sent ahead and the training steps that took them
+    (``AsyncStep.step``'s own test of "the same prep", wrapped in this process)."""
     counts = {"taken": 0, "sent": 0}
     step, send = AsyncStep.step, AsyncStep.send_ahead
 
