@@ -202,9 +202,10 @@ def test_runs_not_supported_yet_are_refused_by_name(
     ds = _data(tmp_path / "d")
     cfg = validate(TrainConfig(dataset=str(ds.root), batch_size=B, embed_dim=DIM, device="cpu",
                                progress=False, val=False, threads=1))  # fmt: skip
-    with pytest.raises(SpawnError) as err:  # two real gloo ranks, --sync async
-        spawn_ranks(_train_rank, 2, dataclasses.replace(cfg, sync="async"), timeout_s=120)
-    assert "rows on the device so far (issue 34); this run has --sync async" in str(err.value)
+    host = dataclasses.replace(cfg, rows_on="host")
+    with pytest.raises(SpawnError) as err:  # two real gloo ranks, --rows-on host
+        spawn_ranks(_train_rank, 2, host, timeout_s=120)
+    assert "rows on the device so far (issue 34); this run has --rows-on host" in str(err.value)
     from hetgmp.train import multi_hot
     from hetgmp.train.multi_hot import bag_layout, prepare
 
@@ -219,16 +220,21 @@ def test_runs_not_supported_yet_are_refused_by_name(
     monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", False)
     with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
         prepare(cfg, gpu, open_dataset(ds.root))
-    host = dataclasses.replace(cfg, rows_on="host")
     with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
         prepare(host, DistEnv.single(), open_dataset(ds.root))
+    # --sync async trains them (tests/test_train_multi_hot_async.py): nothing refused
+    two_cpu = DistEnv(device=torch.device("cpu"), world_size=2)
+    assert multi_hot.unsupported(dataclasses.replace(cfg, sync="async"), two_cpu) == []
     with pytest.raises(ValueError, match="multi-hot fields are not padded into the ids"):
         bag_layout(cfg, open_dataset(ds.root))  # (a data set not padded by prepare)
-    # a plan (several ranks: tests/test_train_multi_hot_dist.py) trains with one rank too
+    # a plan (several ranks: tests/test_train_multi_hot_dist.py) trains with one rank too, and
+    # so does --sync async (its loop of unequal steps, --max-lag 2)
     plan = tmp_path / "p.npz"
     assert cli_main(["partition", "--data", str(ds.root), "-n", "1", "-o", str(plan)]) == 0
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
                      "--no-val", "--partition", str(plan), "--no-progress"]) == 0  # fmt: skip
+    assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
+                     "--no-val", "--sync", "async", "--max-lag", "2", "--no-progress"]) == 0  # fmt: skip
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--pooling",
                      "sum,mean,sum", "--no-progress"]) != 0  # fmt: skip
     assert "--pooling sum,mean,sum: 3 modes for the 2 multi-hot fields" in capsys.readouterr().err

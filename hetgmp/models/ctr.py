@@ -133,6 +133,13 @@ class CTRModel(nn.Module):
             return self.embedding(sparse)
         return self.bags.lookup(self.embedding, sparse)
 
+    def table_ids(self, sparse: torch.Tensor) -> torch.Tensor:
+        """The ids the table is handed for the batch ``sparse``: ``sparse`` itself, or with
+        :attr:`bags` the batch's ids with padding taken out
+        (:meth:`~hetgmp.models.pooling.BagLayout.table_ids`), the tensor the next lookup of
+        ``sparse`` hands the table (what a table told of the batch ahead recognises)."""
+        return sparse if self.bags is None else self.bags.table_ids(sparse)
+
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
         emb = self.rows_of(sparse)
         if emb.dim() != 3 or emb.shape[1] != self.num_fields:
@@ -249,6 +256,13 @@ class DeepFM(CTRModel):
     @staticmethod
     def table_dim(embed_dim: int) -> int:
         return embed_dim + 1
+
+    def table_ids(self, sparse: torch.Tensor) -> torch.Tensor:
+        """The ids the table is handed for the batch ``sparse``: ``sparse`` itself, or with
+        :attr:`bags` the batch's ids with padding taken out
+        (:meth:`~hetgmp.models.pooling.BagLayout.table_ids`), the tensor the next lookup of
+        ``sparse`` hands the table (what a table told of the batch ahead recognises)."""
+        return sparse if self.bags is None else self.bags.table_ids(sparse)
 
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
         emb = self.rows_of(sparse)

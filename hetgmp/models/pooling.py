@@ -77,6 +77,12 @@ class BagLayout:
     widths: tuple[int, ...]  # each multi-hot field's padded width, in order
     pooling: tuple[str, ...]  # each multi-hot field's pooling (sum / mean)
     backend: str = "torch"  # the pooling: torch ops (the reference) or the Triton kernels
+    # the last batch :meth:`table_ids` flattened and its table ids: a lookup of that same
+    # batch hands the table that same tensor, which a table told of it ahead (``--sync
+    # async``'s reads sent ahead) recognises by identity
+    _told: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if len(self.pooling) != len(self.widths):
@@ -100,10 +106,10 @@ class BagLayout:
         """Columns of a batch's id matrix (``F + W``)."""
         return self.num_single + sum(self.widths)
 
-    def lookup(self, table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-        """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call). An empty
-        batch may have any width: a rank out of samples still meets the others at the table's
-        step with the trainer's ``[0, F]`` batch, which knows nothing of bags."""
+    def _checked(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` as a ``[B, F + W]`` batch (an empty one of any width: a rank out of samples
+        still meets the others at the table's step with the trainer's ``[0, F]`` batch, which
+        knows nothing of bags); a wrong shape is refused, naming the layout."""
         if ids.dim() == 2 and ids.shape[0] == 0:
             ids = ids.new_zeros((0, self.width))
         if ids.dim() != 2 or ids.shape[1] != self.width:
@@ -111,10 +117,29 @@ class BagLayout:
                 f"ids of shape {tuple(ids.shape)}: a multi-hot batch has {self.width} columns "
                 f"({self.num_single} single-hot + bags padded to {list(self.widths)})"
             )
+        return ids
+
+    def table_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ``[N, 1]`` ids the table is handed for the batch ``ids [B, F + W]``: the
+        single-hot ids, then every bag value (padding slots taken out). The next
+        :meth:`lookup` of this same tensor hands the table this same result, so a table told
+        of the batch ahead (``DistributedEmbedding.send_ahead``) takes what it sent."""
+        batch = self._checked(ids)
+        f = self.num_single
+        bags = batch[:, f:]
+        flat = torch.cat([batch[:, :f].reshape(-1), bags[bags != PAD_ID]]).unsqueeze(1)
+        self._told[:] = [(ids, flat)]
+        return flat
+
+    def lookup(self, table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call; the ids it
+        is handed: :meth:`table_ids`)."""
+        told = self._told.pop() if self._told else None
+        flat = told[1] if told is not None and told[0] is ids else self.table_ids(ids)
+        self._told.clear()  # (held no longer than its step)
+        ids = self._checked(ids)
         b, f, k = ids.shape[0], self.num_single, len(self.widths)
-        bags = ids[:, f:]
-        present = bags != PAD_ID
-        flat = torch.cat([ids[:, :f].reshape(-1), bags[present]]).unsqueeze(1)
+        present = ids[:, f:] != PAD_ID
         rows = table(flat)  # [B * F + E, 1, D]: one table step
         d = rows.shape[-1]
         rows = rows.reshape(flat.shape[0], d)

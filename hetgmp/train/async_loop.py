@@ -183,8 +183,8 @@ class AsyncLoop:
         slot, batch = self._next(source)
         loading = time.perf_counter() - t0
         sparse = getattr(batch, "sparse", None)
-        if sparse is not None:
-            table(self.tr.model).send_ahead(sparse)
+        if sparse is not None:  # (the ids the step's lookup hands the table: bags flattened)
+            table(self.tr.model).send_ahead(self.tr.model.table_ids(sparse))
         return slot, batch, loading
 
     def _next(self, source: BatchSource) -> tuple[Slot, Any]:

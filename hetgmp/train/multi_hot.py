@@ -7,8 +7,11 @@ padded into its id matrix (:mod:`hetgmp.data.multi_hot_padded`) and pooled per f
 model's lookup (:mod:`hetgmp.models.pooling`, ``--pooling sum|mean``). The lookup hands the
 table every bag id (padding slots taken out) with the single-hot ids in one call, so the
 table's step dedups them: each distinct row is fetched, and its summed gradient pushed, once per
-step, as for single-hot ids. ``--sync async``, ``--rows-on host`` and GPUs are refused here,
-naming issue 34, before anything is built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
+step, as for single-hot ids. Under ``--sync async`` the same ids go to the row service (the
+loop of unequal steps sends the next batch's reads ahead with
+:meth:`~hetgmp.models.ctr.CTRModel.table_ids`, the tensor the lookup then hands the table).
+``--rows-on host`` and several GPUs are refused here, naming issue 34, before anything is
+built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
 (the pooling on the fused Triton kernels with ``--kernels auto|triton``,
 :mod:`hetgmp.models.pooling_fused`; the step's dense part replayed as a CUDA graph, the whole
 step not: :func:`hetgmp.train.graphed.graph_support` says why). The Python API
@@ -47,8 +50,6 @@ def unsupported(cfg: Any, env: Any) -> list[str]:
             why.append(f"{env.world_size} CUDA ranks (one GPU only so far)")
         else:
             why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
-    if cfg.sync != "collective":
-        why.append(f"--sync {cfg.sync}")
     if cfg.rows_on != "device":
         why.append(f"--rows-on {cfg.rows_on}")
     return why
@@ -83,8 +84,8 @@ def prepare(cfg: Any, env: Any, ds: Dataset, *, api: bool = False) -> Dataset:
     if why:
         names = ", ".join(f.name for f in ds.meta.multi_hot)
         raise DatasetError(
-            f"{ds.root}: multi-hot fields ({names}) train on CPU with --sync collective and "
-            f"rows on the device so far ({ISSUE}); this run has {'; '.join(why)}"
+            f"{ds.root}: multi-hot fields ({names}) train on CPU or one GPU with rows on the "
+            f"device so far ({ISSUE}); this run has {'; '.join(why)}"
         )
     parse = parse_pooling(cfg.pooling, len(ds.meta.multi_hot))
     option = f"pooling={cfg.pooling!r}" if api else f"--pooling {cfg.pooling}"
