@@ -69,15 +69,27 @@ def pack_rows(
 
 
 @triton.jit
-def due_list_kernel(
-    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, list_ptr, deferred_ptr, n_mir, bound,
-    p, BLOCK: tl.constexpr,
+def scan_due(
+    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, deferred_ptr, n_mir, bound,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
+    # this program's mirrors i: the deferred ones counted; (i, pending, owner, rank, due)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n_mir
     pend = tl.load(pend_ptr + i, mask=m, other=0)
     count_deferred(pend, m, bound, deferred_ptr)
     j, rank, due = due_rank(i, m & is_due(pend, bound), csum_ptr, owner_ptr, mstart_ptr, ndue_ptr)
+    return i, pend, j, rank, due
+
+
+@triton.jit
+def due_list_kernel(
+    pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, list_ptr, deferred_ptr, n_mir, bound,
+    p, BLOCK: tl.constexpr,
+):  # fmt: skip
+    i, _, j, rank, due = scan_due(
+        pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, deferred_ptr, n_mir, bound, BLOCK
+    )
     tl.store(list_ptr + j.to(tl.int64) * p + rank, i.to(tl.int64), mask=due)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from hetgmp.embedding.padded.due_triton import count_deferred, due_rank, pack_rows
-from hetgmp.embedding.padded.rule_triton import beyond_bound, is_due, within_bound
+from hetgmp.embedding.padded.due_triton import pack_rows, scan_due
+from hetgmp.embedding.padded.rule_triton import beyond_bound, within_bound
 
 # The batch's distinct rows (u) change with the batch: do_not_specialize. Triton otherwise
 # compiles a kernel again for an int that is 1 or not a multiple of 16, and the first partial
@@ -57,11 +57,9 @@ def pack_due_kernel(
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     # every mirror scanned (the due list's kernels, .due_triton, when the counts phase ran early)
-    i = tl.program_id(0) * BR + tl.arange(0, BR)
-    m = i < n_mir
-    pend = tl.load(pend_ptr + i, mask=m, other=0)
-    count_deferred(pend, m, bound, deferred_ptr)
-    j, rank, due = due_rank(i, m & is_due(pend, bound), csum_ptr, owner_ptr, mstart_ptr, ndue_ptr)
+    i, pend, j, rank, due = scan_due(
+        pend_ptr, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr, deferred_ptr, n_mir, bound, BR
+    )
     pack_rows(
         i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
         send_ptr, send64_ptr, n_own, q, p, s1, D, BD, EXACT,
