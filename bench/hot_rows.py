@@ -2,6 +2,8 @@
 """How many rows one global step updates more than ``--bound`` times, a diagnosis for issue 30::
 
     python bench/hot_rows.py --data DIR --global-batch 16384 131072 --bound 100 [--steps 20]
+    python bench/hot_rows.py --data DIR --plan part.npz --batch-size 8192 --bound 100
+
 
 Why: reading the next batch's rows one step ahead (``hetgmp.embedding.padded.ahead.ENABLED``)
 misses the updates of the step in flight, and a row updated more than ``--bound`` times by one
@@ -63,6 +65,51 @@ def table(x: np.ndarray, batches: list[int], bound: int, steps: int, dim: int, s
     return "\n".join(lines)
 
 
+def plan_steps(
+    x: np.ndarray, plan_path: Path, batch_size: int, steps: int, seed: int
+) -> list[list[np.ndarray]]:
+    """Training's first ``steps`` global steps under a plan: per step, each rank's batch ids."""
+    from hetgmp.data.loader import BatchLoader  # (the CLI's own order)
+    from hetgmp.partition.plan import load_plan
+
+    plan = load_plan(plan_path)
+    w = int(plan.data_partition.max()) + 1
+    orders = []
+    for r in range(w):
+        idx = plan.samples_of(r)
+        loader = BatchLoader(_Split(x), batch_size, indices=idx, shuffle=True, seed=seed, epoch=0)
+        orders.append(np.asarray(loader.order))
+    k = min(steps, min(o.size for o in orders) // batch_size)
+    return [[x[o[s * batch_size : (s + 1) * batch_size]].ravel() for o in orders] for s in range(k)]
+
+
+class _Split:
+    """The little of a split that BatchLoader reads for its order (its length)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.sparse = x
+
+    def __len__(self) -> int:
+        return int(self.sparse.shape[0])
+
+
+def plan_table(steps: list[list[np.ndarray]], bound: int, dim: int) -> str:
+    """Global counts over the ranks' batches, and per rank the rows over ``bound / (2 w)``."""
+    w = len(steps[0])
+    h = max(1, bound // (2 * w))
+    glob = [hot_rows(np.concatenate(parts), bound) for parts in steps]
+    n_hot = np.array([g[1].size for g in glob])
+    share = sum(g[2] for g in glob) / max(1, sum(g[3] for g in glob))
+    local = np.array([[hot_rows(part, h)[1].size for part in parts] for parts in steps])
+    return "\n".join([
+        f"| steps | ranks | rows > {bound} / global step (max) | their share | their gradient "
+        f"| rows > h = {h} in one rank's batch / step (max) |",
+        "|---|---|---|---|---|---|",
+        f"| {len(steps)} | {w} | {n_hot.mean():.0f} ({n_hot.max()}) | {share:.1%} "
+        f"| {n_hot.max() * dim * 4 / 1024:.0f} KiB | {local.mean():.0f} ({local.max()}) |",
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True, help="a data set directory")
@@ -73,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=128, help="embedding dimension (bytes column)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="also write the report here")
+    p.add_argument("--plan", type=Path, default=None, help="a plan: training's own batches")
+    p.add_argument("--batch-size", type=int, default=8192, help="per rank (with --plan)")
     a = p.parse_args(argv)
     ds = open_dataset(a.data)
     x = np.asarray(ds.train.sparse)
@@ -86,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(map(str, a.global_batch))} --bound {a.bound} --steps {a.steps}",
         "",
     ]
-    report = "\n".join(head) + table(x, a.global_batch, a.bound, a.steps, a.dim, a.seed) + "\n"
+    if a.plan is not None:
+        steps = plan_steps(x, a.plan, a.batch_size, a.steps, a.seed)
+        head[3] = (f"command: python bench/hot_rows.py --data {a.data} --plan {a.plan} "
+                   f"--batch-size {a.batch_size} --bound {a.bound} --steps {a.steps}")  # fmt: skip
+        body = plan_table(steps, a.bound, a.dim)
+    else:
+        body = table(x, a.global_batch, a.bound, a.steps, a.dim, a.seed)
+    report = "\n".join(head) + body + "\n"
     print(report)
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)

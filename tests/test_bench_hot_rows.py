@@ -24,3 +24,16 @@ def test_report_rows_follow_the_steps() -> None:
     # 16-sample steps: row 0 has 16 occurrences (> 10), the random rows almost surely not
     assert lines[2].startswith("| 16 | 3 |") and "| 1 (1) | 1 |" in lines[2]
     assert "the split has 64 samples" in lines[3]  # (no 128-sample step fits)
+
+
+def test_plan_table_counts_global_and_per_rank_hot_rows() -> None:
+    from bench.hot_rows import plan_table
+
+    # one step, 2 ranks: row 1 is in 30 + 30 samples (global 60 > bound 50; per rank 30 > h =
+    # 50 // 4 = 12), row 2 in 13 of rank 0's (per rank only), row 3 in 40 of rank 1's (both)
+    r0 = np.array([1] * 30 + [2] * 13 + [9])
+    r1 = np.array([1] * 30 + [3] * 40)
+    rep = plan_table([[r0, r1]], bound=50, dim=2).splitlines()
+    assert rep[0].startswith("| steps | ranks | rows > 50 / global step") and "h = 12" in rep[0]
+    # global: rows 1 (60) and 3 (40 < 50: no) -> 1 row, 60 of 114 occurrences; per rank: 2 + 2
+    assert rep[2] == "| 1 | 2 | 1 (1) | 52.6% | 0 KiB | 2 (2) |"
