@@ -162,6 +162,19 @@ def audited_async(env: DistEnv, bound: int, max_lag: int, seed: int, ahead: bool
     return audit_steps(emb, env, bound, seed, ahead)
 
 
+def measured_lag(a: dict, init0: torch.Tensor) -> torch.Tensor:
+    """The lag of every mirror read of a step's audit ``a`` that was not refreshed, measured
+    from the values (column 0 of a row counts its updates; ``init0``: the rows' initial column
+    0), checked against the owner's version and the recorded lag."""
+    m = a["is_mirror"] & ~a["refreshed"]
+    owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
+    assert torch.equal(owner_updates, a["owner_version"]), "owner version = its updates"
+    used = torch.round(init0[a["ids"]] - a["used_value"][:, 0]).long() - a["pending"]
+    lag = (owner_updates - used)[m]
+    assert torch.equal(lag, a["lag"][m]), "recorded lag = lag measured from values"
+    return lag
+
+
 def audit_steps(
     emb: DistributedEmbedding, env: DistEnv, bound: int, seed: int, ahead: bool = False
 ) -> dict:
@@ -181,12 +194,7 @@ def audit_steps(
         if ahead and t + 1 < len(batches):
             emb.send_ahead(batches[t + 1])
         a = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in emb.last_audit.items()}
-        m = a["is_mirror"] & ~a["refreshed"]
-        owner_updates = torch.round(init0[a["ids"]] - a["owner_value"][:, 0]).long()
-        assert torch.equal(owner_updates, a["owner_version"]), "owner version = its updates"
-        used = torch.round(init0[a["ids"]] - a["used_value"][:, 0]).long() - a["pending"]
-        lag = (owner_updates - used)[m]
-        assert torch.equal(lag, a["lag"][m]), "recorded lag = lag measured from values"
+        lag = measured_lag(a, init0)
         if lag.numel():
             worst, stale = max(worst, int(lag.max())), stale + int((lag > 0).sum())
         assert emb.step_counters()["rows_requested"] == np.unique(mine).size
