@@ -1,8 +1,8 @@
 """Training on multi-hot fields with one rank on CPU (issue 34; several ranks:
 tests/test_train_multi_hot_dist.py): the pooled lookup against ``F.embedding_bag`` (forward and
 backward), the real trainer against a plain ``nn.EmbeddingBag`` model step by step, a generated multi-hot set trained above its trivial baseline, and the runs
-not supported yet refused by name (--sync async over two real gloo ranks, a GPU device, host
-rows, the Python API)."""
+not supported yet refused by name (several GPUs, a GPU with the one-GPU switch off; --sync
+async and --rows-on host now train), the Python API."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from torch import nn
 
 from hetgmp.cli import main as cli_main
 from hetgmp.comm.env import DistEnv
-from hetgmp.comm.spawn import SpawnError, spawn_ranks
 from hetgmp.config import validate
 from hetgmp.data.format import make_fields, open_dataset, write_dataset
 from hetgmp.data.generate import generate_criteo_like
@@ -28,7 +27,6 @@ from hetgmp.data.multi_hot_padded import PAD_ID, padded_ids
 from hetgmp.embedding.init import initial_rows
 from hetgmp.models.pooling import BagLayout
 from hetgmp.train.config import TrainConfig
-from hetgmp.train.run import train
 
 B, DIM, SEED, LR, EPOCHS = 32, 4, 3, 0.1, 2
 CARD = [20, 7, 30, 12]  # two single-hot fields, then two multi-hot fields
@@ -192,20 +190,12 @@ def test_generated_multi_hot_set_trains_above_its_trivial_baseline(tmp_path: Pat
     assert res["val_auc"] < ds.meta.best_auc
 
 
-def _train_rank(env: DistEnv, cfg: TrainConfig) -> dict:
-    return train(cfg, env)
-
-
 def test_runs_not_supported_yet_are_refused_by_name(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ds = _data(tmp_path / "d")
     cfg = validate(TrainConfig(dataset=str(ds.root), batch_size=B, embed_dim=DIM, device="cpu",
                                progress=False, val=False, threads=1))  # fmt: skip
-    host = dataclasses.replace(cfg, rows_on="host")
-    with pytest.raises(SpawnError) as err:  # two real gloo ranks, --rows-on host
-        spawn_ranks(_train_rank, 2, host, timeout_s=120)
-    assert "rows on the device so far (issue 34); this run has --rows-on host" in str(err.value)
     from hetgmp.train import multi_hot
     from hetgmp.train.multi_hot import bag_layout, prepare
 
@@ -220,21 +210,31 @@ def test_runs_not_supported_yet_are_refused_by_name(
     monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", False)
     with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
         prepare(cfg, gpu, open_dataset(ds.root))
-    with pytest.raises(ValueError, match=r"issue 34\); this run has --rows-on host"):
-        prepare(host, DistEnv.single(), open_dataset(ds.root))
-    # --sync async trains them (tests/test_train_multi_hot_async.py): nothing refused
+    # --sync async and --rows-on host train them (tests/test_train_multi_hot_async.py,
+    # test_train_multi_hot_host.py): nothing refused on CPU, one rank or several; several
+    # GPUs still are, with host rows too
     two_cpu = DistEnv(device=torch.device("cpu"), world_size=2)
+    host = dataclasses.replace(cfg, rows_on="host")
     assert multi_hot.unsupported(dataclasses.replace(cfg, sync="async"), two_cpu) == []
+    assert multi_hot.unsupported(host, two_cpu) == []
+    with pytest.raises(ValueError, match=r"issue 34\); this run has device cuda"):
+        prepare(host, gpu, open_dataset(ds.root))  # (the one-GPU switch off)
+    monkeypatch.setattr(multi_hot, "GPU_ONE_RANK", True)
+    assert multi_hot.unsupported(host, gpu) == []
+    with pytest.raises(ValueError, match=r"issue 34\); this run has 2 CUDA ranks"):
+        prepare(host, two, open_dataset(ds.root))
     with pytest.raises(ValueError, match="multi-hot fields are not padded into the ids"):
         bag_layout(cfg, open_dataset(ds.root))  # (a data set not padded by prepare)
     # a plan (several ranks: tests/test_train_multi_hot_dist.py) trains with one rank too, and
-    # so does --sync async (its loop of unequal steps, --max-lag 2)
+    # so do --sync async (its loop of unequal steps, --max-lag 2) and --rows-on host
     plan = tmp_path / "p.npz"
     assert cli_main(["partition", "--data", str(ds.root), "-n", "1", "-o", str(plan)]) == 0
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
                      "--no-val", "--partition", str(plan), "--no-progress"]) == 0  # fmt: skip
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
                      "--no-val", "--sync", "async", "--max-lag", "2", "--no-progress"]) == 0  # fmt: skip
+    assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--iter", "2",
+                     "--no-val", "--rows-on", "host", "--cache-budget", "1", "--no-progress"]) == 0  # fmt: skip
     assert cli_main(["train", "--dataset", str(ds.root), "--device", "cpu", "--pooling",
                      "sum,mean,sum", "--no-progress"]) != 0  # fmt: skip
     assert "--pooling sum,mean,sum: 3 modes for the 2 multi-hot fields" in capsys.readouterr().err

@@ -69,6 +69,11 @@ def _constants(
     return ends, torch.tensor([p == "mean" for p in pooling], device=device)
 
 
+# batches whose table ids a layout keeps for their lookup (the one about to be trained and
+# the next, as the host tier's queue: hetgmp.embedding.tier_ahead.DEPTH)
+TOLD_DEPTH = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class BagLayout:
     """Where a batch's bags sit in its id matrix and how each field pools them."""
@@ -77,9 +82,10 @@ class BagLayout:
     widths: tuple[int, ...]  # each multi-hot field's padded width, in order
     pooling: tuple[str, ...]  # each multi-hot field's pooling (sum / mean)
     backend: str = "torch"  # the pooling: torch ops (the reference) or the Triton kernels
-    # the last batch :meth:`table_ids` flattened and its table ids: a lookup of that same
-    # batch hands the table that same tensor, which a table told of it ahead (``--sync
-    # async``'s reads sent ahead) recognises by identity
+    # the last batches :meth:`table_ids` flattened (at most TOLD_DEPTH) and their table ids:
+    # a lookup of such a batch hands the table that same tensor, which a table told of it
+    # ahead recognises by identity (``--sync async``'s reads sent ahead: the next batch told
+    # after this step's lookup; ``--rows-on host``'s read-ahead: told before it, so two)
     _told: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
         default_factory=list, init=False, compare=False, repr=False
     )
@@ -124,19 +130,31 @@ class BagLayout:
         single-hot ids, then every bag value (padding slots taken out). The next
         :meth:`lookup` of this same tensor hands the table this same result, so a table told
         of the batch ahead (``DistributedEmbedding.send_ahead``) takes what it sent."""
+        flat = self._flat(ids)
+        self._told.append((ids, flat))
+        del self._told[:-TOLD_DEPTH]  # (the oldest, never looked up: forgotten)
+        return flat
+
+    def _flat(self, ids: torch.Tensor) -> torch.Tensor:
         batch = self._checked(ids)
         f = self.num_single
         bags = batch[:, f:]
-        flat = torch.cat([batch[:, :f].reshape(-1), bags[bags != PAD_ID]]).unsqueeze(1)
-        self._told[:] = [(ids, flat)]
-        return flat
+        return torch.cat([batch[:, :f].reshape(-1), bags[bags != PAD_ID]]).unsqueeze(1)
+
+    def _take(self, ids: torch.Tensor) -> torch.Tensor:
+        """The table ids of ``ids``: those :meth:`table_ids` gave for this very tensor
+        (forgotten then, with the batches told before it), else made now and not kept (an
+        evaluation's batch between steps leaves the told ones)."""
+        for i, (told, flat) in enumerate(self._told):
+            if told is ids:
+                del self._told[: i + 1]
+                return flat
+        return self._flat(ids)
 
     def lookup(self, table: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """``[B, F + K, D]`` rows of ``ids [B, F + W]`` from ``table`` (one call; the ids it
         is handed: :meth:`table_ids`)."""
-        told = self._told.pop() if self._told else None
-        flat = told[1] if told is not None and told[0] is ids else self.table_ids(ids)
-        self._told.clear()  # (held no longer than its step)
+        flat = self._take(ids)
         ids = self._checked(ids)
         b, f, k = ids.shape[0], self.num_single, len(self.widths)
         present = ids[:, f:] != PAD_ID

@@ -1,7 +1,7 @@
 """A batch source read one batch ahead, for a table that makes rows resident ahead of their
 step (``--rows-on host``: :meth:`hetgmp.embedding.DistributedEmbedding.prefetch` hands the
-next batch's ids to the host tier, which copies its missed rows from host memory while the
-current batch trains; :mod:`hetgmp.embedding.tiered`).
+next batch's table ids -- multi-hot bags flattened -- to the host tier, which copies its
+missed rows from host memory while the current batch trains; :mod:`hetgmp.embedding.tiered`).
 
 The wrapped source yields the same ``(slot, batch)`` pairs in the same order; only the read of
 batch t+1 moves before step t (its time counts as step t's data wait), and it never reads past
@@ -45,9 +45,17 @@ class Lookahead:
         self.source.close()
 
 
-def read_ahead(source: BatchSource, embedding: nn.Module, steps: int) -> BatchSource:
-    """``source`` read one batch ahead, the table told each next batch, where the table
-    makes rows resident ahead (a host tier); else ``source`` itself."""
+def read_ahead(source: BatchSource, model: nn.Module, steps: int) -> BatchSource:
+    """``source`` read one batch ahead, ``model``'s table told each next batch, where the
+    table makes rows resident ahead (a host tier); else ``source`` itself. The table is told
+    the ids the model's lookup will hand it (``model.table_ids``: with multi-hot fields the
+    bags flattened, padding taken out), as that very tensor: the tier matches a batch by
+    identity, and a padding slot (-1) would make it refuse the batch ahead."""
+    embedding = model.embedding
     if getattr(embedding, "tier", None) is None:
         return source
-    return Lookahead(source, steps, embedding.prefetch)  # type: ignore[arg-type]
+    table_ids = getattr(model, "table_ids", None)
+    prefetch = embedding.prefetch
+    if table_ids is None:  # (a model without bags: the batch is what the table is handed)
+        return Lookahead(source, steps, prefetch)  # type: ignore[arg-type]
+    return Lookahead(source, steps, lambda ids: prefetch(table_ids(ids)))  # type: ignore[operator]

@@ -10,8 +10,10 @@ table's step dedups them: each distinct row is fetched, and its summed gradient 
 step, as for single-hot ids. Under ``--sync async`` the same ids go to the row service (the
 loop of unequal steps sends the next batch's reads ahead with
 :meth:`~hetgmp.models.ctr.CTRModel.table_ids`, the tensor the lookup then hands the table).
-``--rows-on host`` and several GPUs are refused here, naming issue 34, before anything is
-built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
+``--rows-on host`` likewise: the host tier is handed those ids, and the trainer's read-ahead
+(:mod:`hetgmp.train.lookahead`) tells it each next batch's as that same tensor, so their rows
+are made resident a step ahead. Several GPUs are refused here, naming issue 34, before anything
+is built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
 (the pooling on the fused Triton kernels with ``--kernels auto|triton``,
 :mod:`hetgmp.models.pooling_fused`; the step's dense part replayed as a CUDA graph, the whole
 step not: :func:`hetgmp.train.graphed.graph_support` says why). The Python API
@@ -42,7 +44,8 @@ GPU_ONE_RANK = True
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
-    """What of this run multi-hot training does not do yet (empty: it runs)."""
+    """What of this run multi-hot training does not do yet (empty: it runs): only its device
+    now (``cfg`` is kept for what a later refusal may name)."""
     why = []
     one_gpu = GPU_ONE_RANK and env.device.type == "cuda" and env.world_size == 1
     if env.device.type != "cpu" and not one_gpu:
@@ -50,8 +53,6 @@ def unsupported(cfg: Any, env: Any) -> list[str]:
             why.append(f"{env.world_size} CUDA ranks (one GPU only so far)")
         else:
             why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
-    if cfg.rows_on != "device":
-        why.append(f"--rows-on {cfg.rows_on}")
     return why
 
 
@@ -84,8 +85,8 @@ def prepare(cfg: Any, env: Any, ds: Dataset, *, api: bool = False) -> Dataset:
     if why:
         names = ", ".join(f.name for f in ds.meta.multi_hot)
         raise DatasetError(
-            f"{ds.root}: multi-hot fields ({names}) train on CPU or one GPU with rows on the "
-            f"device so far ({ISSUE}); this run has {'; '.join(why)}"
+            f"{ds.root}: multi-hot fields ({names}) train on CPU or one GPU so far ({ISSUE}); "
+            f"this run has {'; '.join(why)}"
         )
     parse = parse_pooling(cfg.pooling, len(ds.meta.multi_hot))
     option = f"pooling={cfg.pooling!r}" if api else f"--pooling {cfg.pooling}"

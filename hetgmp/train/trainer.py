@@ -261,7 +261,7 @@ class Trainer:
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
         self.log.info(f"data: {why}")
-        source = read_ahead(source, self.model.embedding, self.total_steps - self.position.step)
+        source = read_ahead(source, self.model, self.total_steps - self.position.step)
         what = self.step_graph()
         self.log.info(
             f"step: eager kernels ({self.graph_note})"
