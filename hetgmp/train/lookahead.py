@@ -11,6 +11,7 @@ the run's last step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,11 +52,11 @@ def read_ahead(source: BatchSource, model: nn.Module, steps: int) -> BatchSource
     the ids the model's lookup will hand it (``model.table_ids``: with multi-hot fields the
     bags flattened, padding taken out), as that very tensor: the tier matches a batch by
     identity, and a padding slot (-1) would make it refuse the batch ahead."""
-    embedding = model.embedding
+    embedding: Any = model.embedding  # (a DistributedEmbedding; nn.Module's attribute type)
     if getattr(embedding, "tier", None) is None:
         return source
     table_ids = getattr(model, "table_ids", None)
     prefetch = embedding.prefetch
     if table_ids is None:  # (a model without bags: the batch is what the table is handed)
-        return Lookahead(source, steps, prefetch)  # type: ignore[arg-type]
-    return Lookahead(source, steps, lambda ids: prefetch(table_ids(ids)))  # type: ignore[operator]
+        return Lookahead(source, steps, prefetch)
+    return Lookahead(source, steps, lambda ids: prefetch(table_ids(ids)))
