@@ -10,7 +10,8 @@ refused by name; fp32, ``--no-amp``, for a tight comparison) must end where the 
 (``--kernels torch``) ends: rows, optimizer state, dense layers and the validation loss to
 tolerance (GPU atomics add in any order), for SGD and row-wise Adagrad rows, sum and mean
 bags. ``--device cpu`` runs the same comparison on CPU with the kernels in Triton's
-interpreter (``TRITON_INTERPRET=1`` in the environment; the tier-1 test's way). Prints
+interpreter (``TRITON_INTERPRET=1`` in the environment; the tier-1 test's way). On CUDA the
+host tier with bags too (``--rows-on host``, a 20 % cache, eager) against the GPU run. Prints
 ``MULTI HOT CHECK OK`` at the end.
 """
 
@@ -91,6 +92,21 @@ def compare(root: Path, device: str) -> None:
             assert a["graph_replays"] > 5, a["graph_replays"]
         print(f"{opt} {pooling}: {device} triton == cpu torch ({a['step']} steps, "
               f"val_loss {a['val_loss']:.5f}; graph: {a['step_graph']})")  # fmt: skip
+        if device == "cuda":  # rows in pinned host memory, a fifth of them cached on the GPU
+            tier_against(got, run(root, device, "triton", rows_on="host", cache_budget=0.2,
+                                  cuda_graphs=False, **kw))  # fmt: skip
+
+
+def tier_against(dev: dict[str, Any], tier: dict[str, Any]) -> None:
+    """The host tier's run (``--rows-on host``, bags) equals the all-on-device one: rows,
+    optimizer state, dense layers (its cache missed and wrote back)."""
+    t = tier["res"]["host_tier"]
+    assert t["misses"] > 0 and t["written_back"] > 0, t
+    torch.testing.assert_close(tier["weight"], dev["weight"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tier["opt"], dev["opt"], rtol=1e-5, atol=1e-6)
+    for k in dev["dense"]:
+        torch.testing.assert_close(tier["dense"][k], dev["dense"][k], rtol=1e-4, atol=1e-6)
+    print(f"host tier 20 % with bags == all on the device ({t['ahead']:.0f} batches ahead)")
 
 
 def main(argv: list[str]) -> int:
