@@ -188,16 +188,13 @@ class MultiRankGraphedStep:
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int,
         note: Callable[[str], None],
     ) -> list[bool]:  # fmt: skip
-        """(Collective, at an epoch start) each step's verdict (:meth:`WholeStep.epoch_fits`);
-        says so through ``note`` when the capacities grew: the buffers are rebuilt and every
-        graph captured again, seconds that a user sees as a slow epoch start."""
+        """(Collective, at an epoch start) each step's verdict (:meth:`WholeStep.epoch_fits`),
+        and through ``note`` what :meth:`WholeStep.epoch_notes` says (capacities grown)."""
         old = self.whole.padded.frozen
         fits = self.whole.epoch_fits(sparse, positions, batch_size, self.steps_per_epoch)
-        new = self.whole.padded.frozen
-        if old is not None and new != old:
-            self.growths += 1
-            note(f"exchange capacities grew at an epoch start ({old} -> {new}): buffers "
-                 "rebuilt, graphs captured again")  # fmt: skip
+        self.growths += int(old is not None and self.whole.padded.frozen != old)
+        for line in self.whole.epoch_notes(old):
+            note(line)
         return fits
 
     # ---------------------------------------------------------------- reading one step ahead

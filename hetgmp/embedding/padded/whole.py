@@ -99,6 +99,11 @@ class WholeStep:
         self.routed = 0  # full batches over max_q (they ran eagerly, exactly)
         self.replays = 0
         self.epoch_max: list[int] = []  # the last epoch's global maximum per step
+        # the last epoch's most rows in one step that one rank's batch holds more than
+        # --bound times (a read one step ahead would miss more than the bound of their
+        # sample-level updates: docs/scaling_plan.md), and whether the log said so
+        self.epoch_hot = 0
+        self._hot_said = False
         self._deferred_seen = 0  # (the capacity-deferred push count at the last epoch start)
 
     # ---------------------------------------------------------------- capacities
@@ -110,15 +115,15 @@ class WholeStep:
         ``max_q``). ``sparse [N, F]``: this rank's samples on the device; ``positions``: the
         epoch's rows of it, batch after batch."""
         local = self.local_maxima(sparse, positions, batch_size)
-        glob = torch.zeros(max(steps, 1), 3, dtype=torch.int64, device=self.ctx.store.device)
+        glob = torch.zeros(max(steps, 1), 4, dtype=torch.int64, device=self.ctx.store.device)
         k = min(steps, local.shape[0])
         glob[:k] = local[:k]
         env = self.ctx.env
         if env.group is not None and env.world_size > 1:
             with guarded(env, "epoch query maxima"):
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
-        maxq, distinct, remote = glob[:steps].t().tolist() if steps else ([], [], [])
-        self.epoch_max = maxq
+        maxq, distinct, remote, hot = glob[:steps].t().tolist() if steps else ([],) * 4
+        self.epoch_max, self.epoch_hot = maxq, max(hot, default=0)
         n = batch_size * int(sparse.shape[1])
         self._grow(max(maxq, default=0), max(distinct, default=0), max(remote, default=0), n)
         cap = self.padded.frozen
@@ -162,11 +167,12 @@ class WholeStep:
     ) -> torch.Tensor:
         """Per batch of ``positions``: ``[largest number of distinct rows this rank queries
         from one peer (rows owned elsewhere: mirrors and rows not stored here), distinct
-        rows, largest number of rows not stored here of one peer]`` (``[batches, 3]``)."""
+        rows, largest number of rows not stored here of one peer, rows the batch holds more
+        than --bound times]`` (``[batches, 4]``)."""
         store, w = self.ctx.store, self.ctx.env.world_size
         n_batches = -(-positions.numel() // batch_size)
         per = max(1, KEYS_PER_CHUNK // max(1, batch_size * int(sparse.shape[1])))
-        out = [torch.zeros(0, 3, dtype=torch.int64, device=store.device)]
+        out = [torch.zeros(0, 4, dtype=torch.int64, device=store.device)]
         for b0 in range(0, n_batches, per):
             pos = positions[b0 * batch_size : (b0 + per) * batch_size]
             out.append(self._chunk_maxima(sparse.index_select(0, pos), batch_size, w))
@@ -178,7 +184,7 @@ class WholeStep:
         ids = ids.long().clamp_(0, rows - 1)
         nb = -(-ids.shape[0] // batch_size)
         which = torch.arange(ids.shape[0], device=ids.device) // batch_size
-        key = torch.unique((which[:, None] * rows + ids).reshape(-1))
+        key, occ = torch.unique((which[:, None] * rows + ids).reshape(-1), return_counts=True)
         block = store.block_of.index_select(0, key % rows).long()
         # columns: 0..w-1 mirrors of owner j, w..2w-1 rows not stored of owner j, 2w owned
         col = torch.where(block >= w, block - w, 2 * w)
@@ -186,7 +192,26 @@ class WholeStep:
         counts.index_add_(0, (key // rows) * (2 * w + 1) + col, torch.ones_like(key))
         c = counts.view(nb, 2 * w + 1)
         queries = c[:, :w] + c[:, w : 2 * w]
-        return torch.stack([queries.amax(1), c.sum(1), c[:, w : 2 * w].amax(1)], dim=1)
+        hot = torch.zeros(nb, dtype=torch.int64, device=ids.device)
+        hot.index_add_(0, key // rows, (occ > self.ctx.bound).long())
+        return torch.stack([queries.amax(1), c.sum(1), c[:, w : 2 * w].amax(1), hot], dim=1)
+
+    def epoch_notes(self, old: Capacity | None) -> list[str]:
+        """What the log says after :meth:`epoch_fits` (``old``: the capacities before it):
+        that they grew (buffers rebuilt, every graph captured again: seconds a user sees as
+        a slow epoch start), and once, above bound 0, how many rows one step's batch holds
+        more than ``--bound`` times."""
+        new, out = self.padded.frozen, []
+        if old is not None and new != old:
+            out.append(f"exchange capacities grew at an epoch start ({old} -> {new}): buffers "
+                       "rebuilt, graphs captured again")  # fmt: skip
+        if self.ctx.bound >= 1 and self.epoch_hot and not self._hot_said:
+            self._hot_said = True
+            out.append(f"up to {self.epoch_hot} rows per step occur more than --bound "
+                       f"{self.ctx.bound} times in one rank's batch (sample-level updates: a read "
+                       "one step ahead would miss more than the bound of theirs; "
+                       "docs/scaling_plan.md)")  # fmt: skip
+        return out
 
     # ---------------------------------------------------------------- graph bookkeeping
     def ready(self, shape: tuple[int, int]) -> int | None:
