@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from hetgmp.comm.collectives import guarded
+from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import OP_FORWARD
@@ -193,7 +194,8 @@ class WholeStep:
         c = counts.view(nb, 2 * w + 1)
         queries = c[:, :w] + c[:, w : 2 * w]
         hot = torch.zeros(nb, dtype=torch.int64, device=ids.device)
-        hot.index_add_(0, key // rows, (occ > self.ctx.bound).long())
+        # (a row in ``occ`` samples of the batch: a read one step ahead would lag ``occ``)
+        hot.index_add_(0, key // rows, protocol.beyond_bound(occ, self.ctx.bound).long())
         return torch.stack([queries.amax(1), c.sum(1), c[:, w : 2 * w].amax(1), hot], dim=1)
 
     def epoch_notes(self, old: Capacity | None) -> list[str]:
