@@ -257,13 +257,6 @@ class DeepFM(CTRModel):
     def table_dim(embed_dim: int) -> int:
         return embed_dim + 1
 
-    def table_ids(self, sparse: torch.Tensor) -> torch.Tensor:
-        """The ids the table is handed for the batch ``sparse``: ``sparse`` itself, or with
-        :attr:`bags` the batch's ids with padding taken out
-        (:meth:`~hetgmp.models.pooling.BagLayout.table_ids`), the tensor the next lookup of
-        ``sparse`` hands the table (what a table told of the batch ahead recognises)."""
-        return sparse if self.bags is None else self.bags.table_ids(sparse)
-
     def lookup(self, sparse: torch.Tensor) -> torch.Tensor:
         emb = self.rows_of(sparse)
         if emb.dim() != 3 or emb.shape[1:] != (self.num_fields, self.embed_dim + 1):

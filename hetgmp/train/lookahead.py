@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, Slot
 from hetgmp.data.pipeline import BatchSource
+from hetgmp.models.ctr import CTRModel
 
 Item = tuple[Slot, DeviceBatch | PendingBatch | None]
 
@@ -46,7 +46,7 @@ class Lookahead:
         self.source.close()
 
 
-def read_ahead(source: BatchSource, model: nn.Module, steps: int) -> BatchSource:
+def read_ahead(source: BatchSource, model: CTRModel, steps: int) -> BatchSource:
     """``source`` read one batch ahead, ``model``'s table told each next batch, where the
     table makes rows resident ahead (a host tier); else ``source`` itself. The table is told
     the ids the model's lookup will hand it (``model.table_ids``: with multi-hot fields the
@@ -55,8 +55,5 @@ def read_ahead(source: BatchSource, model: nn.Module, steps: int) -> BatchSource
     embedding: Any = model.embedding  # (a DistributedEmbedding; nn.Module's attribute type)
     if getattr(embedding, "tier", None) is None:
         return source
-    table_ids = getattr(model, "table_ids", None)
-    prefetch = embedding.prefetch
-    if table_ids is None:  # (a model without bags: the batch is what the table is handed)
-        return Lookahead(source, steps, prefetch)
+    prefetch, table_ids = embedding.prefetch, model.table_ids
     return Lookahead(source, steps, lambda ids: prefetch(table_ids(ids)))
