@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Runtime (non-constexpr, non-pointer) arguments of the launched kernels, by what they are.
 # Change with the batch (sizes, counts, programs over the batch): never specialized.
-BATCH = {"n", "u", "o", "P", "B", "rows_per_group"}
+BATCH = {"n", "u", "o", "P", "B", "rows_per_group", "b_rows"}
 # Fixed for a run (a table's counts, capacities that are multiples of 256, payload strides and
 # offsets, tensor strides and widths, settings; F, K: a multi-hot model's single-hot and bag
 # fields): specialized, aligned address arithmetic.
@@ -101,8 +101,9 @@ def test_every_kernel_found_and_every_argument_classified() -> None:
     for key in FUNCTIONS:
         if key in KERNELS:
             continue  # a function not named *_kernel must be a device function: called in one
-        name = key.split(":")[1]
-        assert any(f"{name}(" in s for k, s in srcs.items() if k != key), (
+        name = key.split(":")[1]  # (or a scan's combine function, passed by name)
+        used = (f"{name}(", f"{name})")
+        assert any(u in s for k, s in srcs.items() if k != key for u in used), (
             f"{key} is not called by another jit function: a launched kernel must be named "
             "*_kernel, so that this test checks its arguments"
         )

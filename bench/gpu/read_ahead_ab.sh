@@ -17,7 +17,11 @@
 # exchange right after backward / reading ahead; also "planned": planned ahead only, "noprio":
 # early without the streams' priorities (ahead.PRIORITIES off), "nolist": early with pack
 # scanning every mirror (presync_step.DUE_LIST off), "nodefer": early with the first layer's
-# weight gradient in backward (models.deferred_wgrad off); reading ahead applies up to
+# weight gradient in backward (models.deferred_wgrad off), "nvlK_C": early with NCCL's
+# peer-to-peer chunks of K KiB over NVLink and at least C channels, "aheadnoprio" / "aheadhigh":
+# reading ahead without priorities / with its exchange at the highest, "nofield": early with the
+# rows' gradient summed by one atomic per occurrence (kernels.rows.FIELD_RUNS off); reading
+# ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
@@ -54,7 +58,20 @@ switches() {  # variant -> module switches
       hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.presync_step.DUE_LIST=0 ;;
-    ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;; *) echo "unknown variant $1" >&2; exit 2 ;;
+    ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;;
+    aheadnoprio) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.PRIORITIES=0 ;;
+    aheadhigh) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.AHEAD_HIGH=1 ;;
+    nvl*) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
+    nofield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;
+    *) echo "unknown variant $1" >&2; exit 2 ;;
+  esac
+}
+nccl_env() {  # variant -> NCCL settings (nvlK_C: peer-to-peer chunks of K KiB over NVLink, at
+  # least C channels: the all-to-alls' payloads are ~1-2 MB per peer at batch 8192)
+  case $1 in
+    nvl*) local k=${1#nvl}; k=${k%%_*}; local c=${1##*_}; [ "$c" = "$1" ] && c=1
+      echo NCCL_P2P_NVL_CHUNKSIZE=$((k * 1024)) NCCL_MIN_P2P_NCHANNELS=$c ;;
   esac
 }
 run() {  # name tree gpus batch variant [more flags]
@@ -62,7 +79,7 @@ run() {  # name tree gpus batch variant [more flags]
   local sw=($(switches "$v")) dir=$PWD
   # (an older tree has no such switch: one it has, at its default)
   [ "$tree" = new ] || { dir=$tree; sw=(hetgmp.embedding.padded.whole.TIGHT_PUSHES=1); }
-  (cd "$dir" && PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
+  (cd "$dir" && env $(nccl_env "$v") PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
     --standalone --nproc_per_node "$g" "$OLDPWD/bench/gpu/switches.py" "${sw[@]}" -- \
     examples/hetuctr.py --dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$b" \
     --embed_dim 128 --iter "$ITERS" --log_every "${LOG_EVERY:-25}" --no-progress "$@" \

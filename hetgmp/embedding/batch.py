@@ -44,6 +44,12 @@ class Prep:
     def tensors(self) -> list[torch.Tensor]:
         return [self.ids, self.bad, self.u, self.cnt, self.slot, self.inv, self.blocks]
 
+    @property
+    def fields(self) -> int | None:
+        """Occurrences per sample (``ids [B, F]``: F), for the gradient sum's per-field runs
+        (:func:`hetgmp.embedding.kernels.scatter_add_rows`); None for flat ids."""
+        return int(self.ids.shape[-1]) if self.ids.dim() == 2 else None
+
 
 @dataclasses.dataclass
 class Batch:

@@ -158,7 +158,8 @@ class LocalStep:
             buf = torch.zeros(n, pg.shape[-1], dtype=torch.float32, device=pg.device)
             self._gsum = buf
         gsum = buf[:n]
-        scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels)
+        f = pb.slot.shape[-1] if pb.slot.dim() == 2 else None  # (per-field runs: [B, F])
+        scatter_add_rows(gsum, pb.lead, pg, backend=self.ctx.kernels, fields=f)
         opt.apply_leaders(
             self.weight, self.opt_state, pb.slot.reshape(-1), gsum, pb.lead, consume=True
         )

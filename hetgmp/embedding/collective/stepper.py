@@ -133,7 +133,8 @@ class Stepper:
             return grads
         pb = grads[0]
         assert pb.static is not None
-        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel(), slot=pb.ring)
+        f = None if pb.prep is None else pb.prep.fields
+        return pb, pb.static.sum_grad(pb.inv, grads[1].grad, pb.u.numel(), slot=pb.ring, fields=f)
 
     # ---------------------------------------------------------------- stage 2
     def _exchange_sizes(

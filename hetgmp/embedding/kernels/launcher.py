@@ -51,6 +51,7 @@ def _triton() -> Any:
         compiled, hooks = False, None
     return SimpleNamespace(
         triton=triton, scatter=k.scatter_add_rows_kernel, take=k.take_rows_kernel,
+        scatter_fields=k.scatter_add_fields_kernel,
         take_local=k.take_local_kernel, mark_local=k.mark_local_kernel, put=k.put_rows_kernel,
         adagrad=k.adagrad_rows_kernel, prep_mark=p.prep_mark_kernel, prep_key=p.prep_key_kernel,
         prep_scan=p.prep_scan_kernel, prep_place=p.prep_place_kernel, prep_inv=p.prep_inv_kernel,

@@ -130,6 +130,7 @@ def scatter_add_rows(
     alpha: float = 1.0,
     *,
     backend: str = "torch",
+    fields: int | None = None,
 ) -> torch.Tensor:
     """``table[idx[i]] += alpha * src[i]`` (``table [R, D]`` float32 contiguous, ``idx [n]``
     int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`). The
@@ -137,7 +138,9 @@ def scatter_add_rows(
     the torch reference needs every index in range. ``idx`` and ``src`` may also come in any
     shapes ``[...]`` and ``[..., D]`` of ``n`` and ``n * D`` elements (the one-rank step passes
     its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path). ``src``
-    may be bf16 / fp16 (an autocast gradient): it is added in float32, without a cast copy."""
+    may be bf16 / fp16 (an autocast gradient): it is added in float32, without a cast copy.
+    ``fields``: ``idx`` is a batch's ``[B, fields]`` occurrences (any layout of ``n``): the
+    Triton path then sums each field's repeated rows in registers first (:data:`FIELD_RUNS`)."""
     if backend == "torch" or idx.numel() == 0:
         if idx.dim() != 1:
             idx = idx.reshape(-1)
@@ -160,11 +163,32 @@ def scatter_add_rows(
         src = src.to(torch.float32)
     src = src.contiguous()
     idx = idx.contiguous()
+    if FIELD_RUNS and fields and n % fields == 0:
+        return _scatter_add_fields(k, table, idx, src, float(alpha), fields)
     block_r, block_d = row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
     with on_device(table):
         consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d}
         launch(kernel, grid, (table, idx, src, n, float(alpha)), consts)
+    return table
+
+
+# scatter_add_rows with ``fields``: one atomic per run of a row among FIELD_SAMPLES samples of a
+# field (scatter_add_fields_kernel) instead of one per occurrence (False: the plain kernel).
+FIELD_RUNS = True
+FIELD_SAMPLES = 64
+
+
+def _scatter_add_fields(
+    k: Any, table: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float, f: int
+) -> torch.Tensor:
+    d, bs = src.shape[-1], FIELD_SAMPLES
+    b_rows = idx.numel() // f
+    grid = (k.triton.cdiv(b_rows, bs), f)
+    with on_device(table):
+        consts = {"F": f, "D": d, "BS": bs, "LB": bs.bit_length() - 1,
+                  "BLOCK_D": min(k.triton.next_power_of_2(d), 64)}  # fmt: skip
+        launch(k.scatter_fields, grid, (table, idx, src, b_rows, alpha), consts)
     return table
 
 

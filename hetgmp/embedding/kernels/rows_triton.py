@@ -40,6 +40,49 @@ def scatter_add_rows_kernel(
 
 
 @triton.jit
+def _segment_add(f1, v1, f2, v2):
+    # a segmented sum's combine: a run starts where the flag is set
+    return f1 | f2, tl.where(f2 != 0, v2, v1 + v2)
+
+
+KEY_PAD = tl.constexpr(2**63 - 1)  # (a masked lane's sort key: it sorts last)
+
+
+@triton.jit(do_not_specialize=["b_rows"])
+def scatter_add_fields_kernel(
+    table_ptr, idx_ptr, src_ptr, b_rows, alpha, F: tl.constexpr, D: tl.constexpr,
+    BS: tl.constexpr, LB: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # table[idx[b, f]] += alpha * src[b, f] for BS samples b of one field f per program: the
+    # program's occurrences sorted by row, summed per run in registers (a segmented scan),
+    # then one atomic per run instead of one per occurrence. Why: a field's hot rows recur
+    # across a batch's samples and their atomics serialised on one address (the rows'
+    # gradient sum was ~100 us of a 0.62 ms WDL step at batch 8192 on an H100, the largest
+    # kernel; 140 us on 2 GPUs).
+    lane = tl.arange(0, BS)
+    b = tl.program_id(0) * BS + lane
+    f = tl.program_id(1)
+    m = b < b_rows
+    idx = tl.load(idx_ptr + b.to(tl.int64) * F + f, mask=m, other=-1).to(tl.int64)
+    key = tl.sort(tl.where(m & (idx >= 0), (idx << LB) | lane, KEY_PAD))
+    live = key != KEY_PAD
+    row = key >> LB
+    start = (lane == 0) | (row != tl.gather(row, tl.maximum(lane - 1, 0), 0))
+    end = live & ((lane == BS - 1) | (row != tl.gather(row, tl.minimum(lane + 1, BS - 1), 0)))
+    occ = (tl.program_id(0) * BS + (key & (BS - 1))).to(tl.int64) * F + f
+    flag = tl.broadcast_to(start[:, None].to(tl.int32), (BS, BLOCK_D))
+    for d0 in tl.static_range(0, D, BLOCK_D):
+        cols = d0 + tl.arange(0, BLOCK_D)
+        cm = (cols < D)[None, :]
+        g = tl.load(src_ptr + occ[:, None] * D + cols[None, :], mask=live[:, None] & cm, other=0.0)
+        _, run = tl.associative_scan((flag, g.to(tl.float32) * alpha), 0, _segment_add)
+        tl.atomic_add(
+            table_ptr + row[:, None] * D + cols[None, :], run, mask=end[:, None] & cm,
+            sem="relaxed",
+        )  # fmt: skip
+
+
+@triton.jit
 def add_rows(table_ptr, src_ptr, idx, rows, rmask, alpha, D: tl.constexpr, BLOCK_D: tl.constexpr):
     # table[idx] += alpha * src[rows] where rmask, whole rows in column tiles, atomically (a
     # bf16 / fp16 gradient is added in float32)

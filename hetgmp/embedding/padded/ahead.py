@@ -97,6 +97,10 @@ SIDE_STREAM = True
 # (bench/results/gpu/priorities, 2026-11-26): 19.77M -> 19.98M samples/s, 1.53x -> 1.55x of one
 # GPU, results unchanged (the GPU check passes with it).
 PRIORITIES = True
+# Reading ahead (ENABLED): the next batch's whole exchange on a stream of the exchange's
+# priority (the highest) instead of the default one (the lowest, below the step's own stream:
+# the forward and backward then starve it). A diagnosis switch (off).
+AHEAD_HIGH = False
 
 
 def priority_stream(device: torch.device, role: str) -> torch.cuda.Stream:
@@ -141,7 +145,11 @@ class ReadAhead:
         self.primed_at = -1  # the stepper's step count when an exact primed was made
         self.dropped = 0  # rows exchanged early and then dropped (a step ran in between)
         # (made now: not while a graph captures)
-        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._side = (
+            None
+            if device.type != "cuda"
+            else (priority_stream(device, "exchange") if AHEAD_HIGH else torch.cuda.Stream(device))
+        )
         self._forked = False
 
     def take(self, ids: torch.Tensor, grads: Any, count: int) -> Primed | None:

@@ -250,14 +250,14 @@ class PaddedExchange:
         assert st is not None
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
-        slot = batch.ring
+        slot, f = batch.ring, None if batch.prep is None else batch.prep.fields
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
-            return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot))
+            return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f))
         main = torch.cuda.current_stream(st.store.device)
         side = self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            out = st.sum_grad(batch.inv, grad_occ, slot=slot)
+            out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)

@@ -66,7 +66,7 @@ def presync(
 
     def summed() -> None:
         if grad_occ is not None:
-            st.sum_grad(prev.inv, grad_occ, slot=prev.ring)
+            st.sum_grad(prev.inv, grad_occ, slot=prev.ring, fields=prev.fields)
 
     if counted is None:
         if st.fused:
