@@ -25,8 +25,9 @@ CASES = textwrap.dedent(
     def check(device):
         g = torch.Generator().manual_seed(0)
         calls = []
-        plain = R._scatter_add_fields
+        plain, interpreted = R._scatter_add_fields, R.FIELD_RUNS_INTERPRETED
         R._scatter_add_fields = lambda *a: calls.append(1) or plain(*a)
+        R.FIELD_RUNS_INTERPRETED = True  # (off in the interpreter's training tests: slow)
         try:
             for b, f, d, rows in ((300, 5, 16, 40), (37, 3, 200, 9), (128, 26, 8, 3000)):
                 # hot rows: u^4-distributed ids, many repeats of a few rows in every field
@@ -47,7 +48,7 @@ CASES = textwrap.dedent(
                     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
             assert len(calls) == 6, calls  # (every case took the per-field kernel)
         finally:
-            R._scatter_add_fields = plain
+            R._scatter_add_fields, R.FIELD_RUNS_INTERPRETED = plain, interpreted
         print("ok")
     """
 )
