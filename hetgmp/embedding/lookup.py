@@ -53,6 +53,8 @@ class _PaddedLookup(torch.autograd.Function):
         shape: tuple[int, int, int],
     ) -> torch.Tensor:  # fmt: skip
         ctx.stepper, ctx.batch = stepper, batch
+        if stepper.padded is not None and stepper.padded.whole:
+            stepper.padded.zero_grad_early(batch)  # (EARLY_ZERO: off the chain after backward)
         dtype = autocast_rows_dtype(values.device)
         return take_rows(values, batch.inv, backend=stepper.ctx.kernels, out_dtype=dtype).view(
             shape

@@ -323,15 +323,17 @@ class StaticExchange:
 
     def sum_grad(
         self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None, *, slot: int,
-        fields: int | None = None,
+        fields: int | None = None, zero: bool = True,
     ) -> torch.Tensor:  # fmt: skip
         """A batch's gradient, one row per occurrence (``grad_occ [n, D]``, occurrence ``i``
         of unique row ``inv[i]``), summed per unique row into the gradient buffer of its ring
         ``slot`` (its first ``rows`` rows, default all: a fixed shape for the graphs);
-        returns that part. ``fields``: occurrences per sample (the batch's ``Prep.fields``)."""
+        returns that part. ``fields``: occurrences per sample (the batch's ``Prep.fields``);
+        ``zero`` False: the buffer was zeroed already (``PaddedExchange.zero_grad_early``)."""
         g = self.grad_of(slot)
         out = g if rows is None else g[:rows]
-        out.zero_()
+        if zero:
+            out.zero_()
         scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels, fields=fields)
         return out
 

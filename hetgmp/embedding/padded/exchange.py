@@ -34,6 +34,11 @@ from hetgmp.embedding.padded.presync_step import count_replay
 # GPU checks of the whole step (strict and reading ahead) run with it. (Its first version
 # forked in eager steps too and the next capture failed: it forks only while capturing.)
 SUM_GRAD_ASIDE = True
+# With it, the gradient buffer zeroed on that side stream during the forward (zero_grad_early)
+# instead of right before the sum, on the exchange's chain after backward (a fill of the
+# buffer's capacity: ~16 us at batch 8192 on 2 H100s, 2026-11-26). Off until measured on GPUs
+# (bench/gpu/read_ahead_ab.sh, variant "earlyzero"); only captured steps take it.
+EARLY_ZERO = False
 
 
 def _capturing(device: torch.device) -> bool:
@@ -64,6 +69,7 @@ class PaddedExchange:
         # reads, held until join()
         self._side: torch.cuda.Stream | None = None
         self._held: tuple[torch.Tensor, ...] | None = None
+        self._zeroed: Batch | None = None  # (the batch whose buffer zero_grad_early zeroed)
         # the next batch's exchange run while this batch computes (.ahead; set up by the
         # whole-step graph where --bound >= 1)
         self.ahead = ReadAhead(ctx.store.device)
@@ -251,16 +257,36 @@ class PaddedExchange:
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
         slot, f = batch.ring, None if batch.prep is None else batch.prep.fields
+        zeroed, self._zeroed = self._zeroed is batch, None
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
             return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f))
         main = torch.cuda.current_stream(st.store.device)
         side = self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f)
+            out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=not zeroed)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)
+
+    def zero_grad_early(self, batch: Batch) -> None:
+        """(:data:`EARLY_ZERO`, while a whole-step graph captures) ``batch``'s gradient buffer
+        zeroed now, on the side stream of :meth:`sum_grad_aside`, which then adds into it
+        without zeroing it first: the fill runs beside the forward instead of on the chain
+        after backward. Safe: the buffer's last reader, the exchange that applied the gradient
+        of the batch before last in this ring slot, ran in an earlier step's graph."""
+        st = batch.static
+        if not (EARLY_ZERO and SUM_GRAD_ASIDE and st is not None and batch.ring >= 0):
+            return
+        if not _capturing(st.store.device):
+            return
+        side = self._side_stream()
+        side.wait_stream(torch.cuda.current_stream(st.store.device))
+        with torch.cuda.stream(side):
+            st.grad_of(batch.ring).zero_()
+        self._zeroed = batch
+        if self._held is None:  # (join() waits for the side stream)
+            self._held = ()
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._side is None:
