@@ -14,6 +14,7 @@ from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_device import DeviceTier
 from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tiered import TieredRows
 
@@ -40,7 +41,7 @@ class StepContext:
     last_audit: dict[str, torch.Tensor] | None = None  # the last audited step's record
     # ``rows_on="host"``: one rank, the store's rows in host memory, a device cache of them;
     # several ranks, ``owned`` too: the owned rows tiered, the store's own slots their cache
-    tier: TieredRows | None = None
+    tier: TieredRows | DeviceTier | None = None
     owned: OwnedTier | None = None
 
     @property

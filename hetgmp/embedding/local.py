@@ -58,7 +58,7 @@ class LocalStep:
         if tier is not None:
             self.weight, self.opt_state = tier.cache_weight, tier.cache_state
             self.device = dev = tier.device
-            self._map_rows = tier.budget
+            self._map_rows = tier.slots
         self.grads: tuple[LocalBatch, torch.Tensor] | None = None
         self._pos_map: torch.Tensor | None = None  # row -> leader occurrence
         self._gsum: torch.Tensor | None = None  # Adagrad row sums, zero between steps
@@ -122,13 +122,19 @@ class LocalStep:
         """(Host tier) the last step's update first, while its rows are surely resident (held),
         then this batch's rows made resident (ahead, when the table was told of it) and held
         until its own update: their cache slots, which the step looks up instead."""
-        assert self.tier is not None
+        tier = self.tier
+        assert tier is not None
         self.apply_pending()
-        self.tier.release()  # (an evaluation's rows, never updated)
+        tier.release()  # (an evaluation's rows, never updated)
         try:
-            return self.tier.lookup(ids)
+            slots = tier.lookup(ids)
         except EmbeddingInputError as e:
             raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {e}") from None
+        # (the device tier's working table grows with the largest batch: .tier_device)
+        self.weight, self.opt_state = tier.cache_weight, tier.cache_state
+        if self._map_rows != tier.slots:
+            self._map_rows, self._pos_map = tier.slots, None
+        return slots
 
     def apply_pending(self) -> None:
         """Apply the last backward's gradient now instead of at the next step (the same

@@ -35,6 +35,7 @@ from hetgmp.embedding.padded.whole import WholeStep
 from hetgmp.embedding.profile import PhaseTimer
 from hetgmp.embedding.rowservice import AsyncConfig, AsyncStep
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_device import DeviceTier
 from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tier_setup import check_rows_on, tiered_store
@@ -103,7 +104,7 @@ class DistributedEmbedding(nn.Module):
             rank=env.rank, world=env.world_size, owner=owner, mirrors=mirrors, opt=self.opt,
             seed=seed, init_scale=init_scale,
         )  # fmt: skip
-        self.tier: TieredRows | None = None  # (the host tier: rows in host memory)
+        self.tier: TieredRows | DeviceTier | None = None  # (the host tier: rows in host memory)
         self.owned: OwnedTier | None = None  # (... its several ranks' side)
         if host:
             self.store, self.tier, self.owned = tiered_store(

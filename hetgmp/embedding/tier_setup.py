@@ -13,11 +13,15 @@ from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.memory import RESERVE, SLACK, TableMemoryError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.store import RowStore
+from hetgmp.embedding.tier_device import DeviceTier
 from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tiered import TieredRows, budget_rows, hottest_first
 
 ROWS_ON = ("device", "host")
+# One rank's host tier decided on the device (.tier_device: no host work per step) instead of
+# on the host (.tiered). Off until measured on a GPU (docs/host_tier_plan.md).
+DEVICE_TIER = False
 
 
 def check_rows_on(
@@ -49,7 +53,7 @@ def tiered_store(
     mirrors: np.ndarray, opt: SparseOptimizer, seed: int, init_scale: float,
     cache_budget: float, counts: torch.Tensor | np.ndarray | None,
     clock: SetupClock | None = None,
-) -> tuple[RowStore, TieredRows, OwnedTier | None]:  # fmt: skip
+) -> tuple[RowStore, TieredRows | DeviceTier, OwnedTier | None]:  # fmt: skip
     """The store and its host tier (``counts``: per-row access frequencies of the whole
     table, or None: the initial residents): one rank, the store in host memory with the tier
     over it (:func:`tier_rows_of`); several, the owned rows in host memory with the store's
@@ -103,7 +107,7 @@ def tier_rows_of(
     store: RowStore, opt: SparseOptimizer, device: torch.device, cache_budget: float,
     counts: torch.Tensor | np.ndarray | None, *, overlap: bool = True,
     clock: SetupClock | None = None,
-) -> TieredRows:  # fmt: skip
+) -> TieredRows | DeviceTier:  # fmt: skip
     """A host tier over a one-rank ``store`` (allocated in host memory, slot = id): the tier
     keeps the store's rows as its host rows, and the store's ``weight`` / ``opt_state`` point
     at them, so saving and loading rows by id work on host memory (flush / reload the tier
@@ -111,6 +115,12 @@ def tier_rows_of(
     if store.world != 1:
         raise ValueError("a host tier holds the rows of a one-rank table")
     check_cache_fits(store.num_rows, store.dim, cache_budget, opt.state_width, device)
+    if DEVICE_TIER:  # (the store's rows are the tier's host rows, adopted)
+        return DeviceTier(
+            store.weight, store.opt_state, device=device, opt=opt, kernels=opt.kernels,
+            budget=budget_rows(store.num_rows, cache_budget),
+            counts=None if counts is None else torch.as_tensor(counts),
+        )  # fmt: skip
     tier = TieredRows(
         store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,
         budget=budget_rows(store.num_rows, cache_budget), overlap=overlap, clock=clock,

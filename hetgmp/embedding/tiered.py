@@ -142,6 +142,11 @@ class TieredRows:
             return t
         return host_tensor(t, device, copy=not adopt)
 
+    @property
+    def slots(self) -> int:
+        """Rows of the device cache the step's slots range over (its budget)."""
+        return self.budget
+
     # ------------------------------------------------------------------ residency
     def prefetch(self, ids: torch.Tensor) -> torch.Tensor:
         """Make every row of ``ids`` (any shape, int) resident now; returns their cache slots

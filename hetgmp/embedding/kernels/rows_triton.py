@@ -114,12 +114,15 @@ def _copy_rows(src_ptr, dst_ptr, src_i, dst_i, rmask, D: tl.constexpr, BLOCK_D: 
 @triton.jit(do_not_specialize=["n"])
 def take_rows_kernel(
     table_ptr, idx_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, SKIP: tl.constexpr = False,
 ):  # fmt: skip
-    # out[i] = table[idx[i]] (few arguments: Triton's launch cost grows with them)
+    # out[i] = table[idx[i]] (few arguments: Triton's launch cost grows with them); SKIP: a
+    # negative idx[i] leaves out[i] as it was (and reads nothing: rows in host memory)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
     idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    if SKIP:
+        rmask = rmask & (idx >= 0)
     _copy_rows(table_ptr, out_ptr, idx, rows, rmask, D, BLOCK_D)
 
 

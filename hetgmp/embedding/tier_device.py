@@ -1,0 +1,194 @@
+"""The host tier decided on the device (issue 33, ``docs/host_tier_plan.md``): one rank's rows
+and optimizer state in host memory, the hottest ``C`` on the device, and each batch's missed
+rows gathered into miss entries by the device itself, with no host work per step.
+
+The device holds one *working table* ``cache_weight [C + M, D]`` (and ``cache_state``): the
+cached rows in slots ``[0, C)``, then ``M`` miss entries. :meth:`DeviceTier.lookup` maps a
+batch's ids to working slots (:func:`.tier_misses.miss_slots`) and gathers the missed rows
+(and their state) from host memory into their entries, through a zero-copy view of it on CUDA
+(:mod:`.uva`: the GPU reads pinned host memory itself); :meth:`DeviceTier.updated`, after the
+step's update, writes the entries back the same way. The step in between is the one-rank step
+on working slots, the arithmetic of an all-resident table, so results are equal to it.
+
+Which rows are cached: the hottest by the given per-row counts (the plan's frequencies), fixed
+for now (adapting them at epoch starts is the plan's next piece). ``M``: the largest batch
+seen (its occurrences: no batch can have more distinct misses); the working table grows when
+a larger batch comes (its buffers replaced: the step reads them from the tier every call).
+Switched on by :data:`hetgmp.embedding.tier_setup.DEVICE_TIER` (off until measured on GPUs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.kernels import put_rows, take_rows
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.tier_host import CacheBudgetError, TierCounters, hottest_first
+from hetgmp.embedding.tier_misses import miss_slots
+from hetgmp.embedding.uva import device_view, register_mapped
+
+
+class DeviceTier:
+    """Rows ``weight [N, D]`` and ``state`` (``[N]`` row-wise Adagrad, or empty) kept in host
+    memory (adopted, not copied: on CUDA page-locked in place), ``budget`` of them cached on
+    ``device`` (the hottest by ``counts``). The interface of :class:`.tiered.TieredRows`
+    that the one-rank step uses."""
+
+    def __init__(
+        self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
+        opt: SparseOptimizer, counts: torch.Tensor | None = None, kernels: str = "torch",
+    ) -> None:  # fmt: skip
+        n, d = weight.shape
+        if not 1 <= budget <= n:
+            raise CacheBudgetError(f"cache budget must be 1..{n} rows (the table), got {budget}")
+        self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
+        self.device, self.kernels = device, kernels
+        self.state_width = 1 if state.numel() else 0
+        self.row_bytes = 4 * (d + self.state_width)
+        self.host_weight, self.host_state = weight, state.reshape(-1, 1)[:, :1]
+        if device.type == "cuda":
+            for t in (weight, state):
+                if t.numel() and not t.is_pinned() and not register_mapped(t):
+                    raise RuntimeError("the host rows could not be page-locked for the GPU")
+        self._host_w = device_view(weight, device)
+        self._host_s = device_view(self.host_state, device) if self.state_width else None
+        self.row_of = hottest_first(counts, n)[:budget].to(device)  # cache slot -> row
+        self.slot_of = torch.full((n,), -1, dtype=torch.int32, device=device)
+        self.slot_of[self.row_of] = torch.arange(budget, dtype=torch.int32, device=device)
+        self._pos = torch.zeros(n + 1, dtype=torch.int32, device=device)  # (scratch)
+        warm = None if counts is None else torch.as_tensor(counts)[self.row_of.cpu()]
+        self.warm_rows = 0 if warm is None else int((warm > 0).sum())
+        self._entries = 0
+        self.cache_weight = torch.zeros(budget, d, device=device)  # (then the entries: _grow)
+        self.cache_state = torch.zeros(budget * self.state_width, device=device)
+        self._grow(1)
+        self.reload()
+        self._rows: torch.Tensor | None = None  # the last lookup's missed rows (-1: none)
+        self._dev = torch.zeros(3, dtype=torch.int64, device=device)  # hits, misses, written
+        self._batches = 0
+
+    @property
+    def slots(self) -> int:
+        """Rows of the working table (the step's slots range over them): the cached rows
+        (``budget``), then the miss entries."""
+        return self.budget + self._entries
+
+    def _grow(self, entries: int) -> None:
+        """A working table with ``entries`` miss entries (the cached rows kept)."""
+        if entries <= self._entries:
+            return
+        c, d = self.budget, self.dim
+        w = torch.zeros(c + entries, d, device=self.device)
+        s = torch.zeros(c + entries if self.state_width else 0, device=self.device)
+        w[:c] = self.cache_weight[:c]
+        s[: c * self.state_width] = self.cache_state[: c * self.state_width]
+        self.cache_weight, self.cache_state, self._entries = w, s, entries
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """The working slots of ``ids`` (int, any shape, on the device), the missed rows
+        gathered into their entries (raises :class:`EmbeddingInputError` for ids outside
+        ``[0, N)``; on CUDA that check reads the device: a sync, until the step's own range
+        flag takes it over)."""
+        flat = ids.reshape(-1).to(self.device, torch.int64)
+        if flat.numel() and bool(((flat < 0) | (flat >= self.num_rows)).any()):
+            raise EmbeddingInputError(
+                f"ids outside [0, {self.num_rows}): min {int(flat.min())}, max {int(flat.max())}"
+            )
+        self._grow(flat.numel())
+        plan = miss_slots(flat, self.slot_of, self._pos, self.budget, self._entries)
+        self._count_hits(flat, plan.slots)
+        self._dev[1] += plan.misses
+        self._batches += 1
+        self._rows = plan.rows
+        self._move(plan.rows, to_host=False)
+        return plan.slots.view(ids.shape)
+
+    def _count_hits(self, flat: torch.Tensor, slots: torch.Tensor) -> None:
+        """The batch's distinct cached rows, added on the device (scratch ``_pos`` again)."""
+        hit = slots < self.budget
+        at = torch.arange(flat.numel(), dtype=torch.int32, device=self.device)
+        self._pos.index_copy_(0, torch.where(hit, flat, self.num_rows), at)
+        self._dev[0] += (hit & (self._pos.index_select(0, flat) == at)).sum()
+
+    def _move(self, rows: torch.Tensor, *, to_host: bool) -> None:
+        """Miss entries ``[C, C + M)`` from host memory (``to_host`` False) or back to it, for
+        the entries whose row is not -1 (nothing else crosses the bus)."""
+        c, k = self.budget, self.kernels
+        pairs = [(self._host_w, self.cache_weight)]
+        if self._host_s is not None:
+            pairs.append((self._host_s, self.cache_state.view(-1, 1)))
+        for host, work in pairs:
+            entries = work[c : c + rows.numel()]
+            if to_host:
+                _put_valid(host, rows, entries, k)
+            else:
+                take_rows(host, rows, out=entries, backend=k, skip_negative=True)
+
+    def updated(self) -> None:
+        """The step's update was applied: the miss entries written back to host memory."""
+        if self._rows is not None:
+            self._move(self._rows, to_host=True)
+            self._dev[2] += (self._rows >= 0).sum()
+            self._rows = None
+
+    def release(self) -> None:
+        """The last lookup's rows were not updated (an evaluation): nothing to write back."""
+        self._rows = None
+
+    def expect(self, ids: torch.Tensor) -> None:
+        """(The host tier's read-ahead) nothing: a lookup gathers its misses itself."""
+
+    def stage_next(self) -> None:
+        """(The host tier's read-ahead) nothing to stage."""
+
+    def prefetch(self, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`lookup` (the host tier's name for making a batch resident now)."""
+        return self.lookup(ids)
+
+    @property
+    def counters(self) -> TierCounters:
+        """Distinct rows hit and missed per batch, rows written back, bytes each way (reads
+        the device)."""
+        hits, misses, written = (int(v) for v in self._dev.tolist())
+        return TierCounters(
+            hits=hits, misses=misses, written_back=written, batches=self._batches,
+            bytes_h2d=misses * self.row_bytes, bytes_d2h=written * self.row_bytes,
+        )  # fmt: skip
+
+    def flush(self) -> None:
+        """Write the cached rows back, so host memory holds the whole table."""
+        _put_valid(self._host_w, self.row_of, self.cache_weight[: self.budget], self.kernels)
+        if self._host_s is not None:
+            state = self.cache_state[: self.budget].view(-1, 1)
+            _put_valid(self._host_s, self.row_of, state, self.kernels)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weight [N, D], state)`` of the whole table, on the CPU (after a flush)."""
+        self.flush()
+        return self.host_weight, self.host_state.reshape(-1)[: self.num_rows * self.state_width]
+
+    def reload(self) -> None:
+        """Re-read the cached rows from host memory (after rows were loaded into it)."""
+        take_rows(self._host_w, self.row_of, out=self.cache_weight[: self.budget],
+                  backend=self.kernels)  # fmt: skip
+        if self._host_s is not None:
+            out = self.cache_state[: self.budget].view(-1, 1)
+            take_rows(self._host_s, self.row_of, out=out, backend=self.kernels)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: ``device`` (the working table, the slot map and scratch) and ``host``."""
+        dev = self.cache_weight.nbytes + self.cache_state.nbytes
+        dev += self.slot_of.nbytes + self._pos.nbytes + self.row_of.nbytes
+        return {"device": dev, "host": self.host_weight.nbytes + self.host_state.nbytes}
+
+
+def _put_valid(host: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, kernels: str) -> None:
+    """``host[rows[i]] = src[i]`` where ``rows[i] >= 0`` (Triton skips the others itself)."""
+    if kernels == "triton":
+        put_rows(host, rows, src, backend="triton")
+        return
+    at = torch.nonzero(rows >= 0).reshape(-1)
+    host.index_copy_(0, rows.index_select(0, at), src.index_select(0, at))

@@ -1,0 +1,128 @@
+"""The host tier decided on the device (:mod:`hetgmp.embedding.tier_device`, switched on by
+``tier_setup.DEVICE_TIER``): trained through the trainer it equals the all-on-device table bit
+for bit (val metrics, checkpointed rows and optimizer state), with real misses written back;
+a larger batch grows its working table; bad ids are refused; and its Triton path (zero-copy
+gathers that skip padding, write-backs) matches its torch path in Triton's interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetgmp.embedding import tier_setup
+from hetgmp.embedding.errors import EmbeddingInputError
+from hetgmp.embedding.optim import SparseOptimizer
+from hetgmp.embedding.tier_device import DeviceTier
+from hetgmp.train.checkpoint import open_checkpoint
+from tests.test_tier_train import run, write_skewed
+
+
+def _rows(ckdir: Path) -> list[torch.Tensor]:
+    """A checkpoint's rows and optimizer state (none for SGD), in id order."""
+    emb = open_checkpoint(ckdir).embedding_union()
+    order = torch.argsort(emb["ids"])
+    state = emb["opt_state"]
+    return [emb["weight"][order]] + ([state[order]] if state.numel() else [])
+
+
+@pytest.fixture
+def skewed(tmp_path: Path) -> Path:
+    return write_skewed(tmp_path / "skewed", [200, 500, 300], seed=3, power=3, n_train=480,
+                        n_test=96)  # fmt: skip
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+def test_trains_as_the_device_table(skewed: Path, tmp_path: Path, monkeypatch, optimizer) -> None:
+    dev, _ = run(skewed, optimizer=optimizer, checkpoint_dir=tmp_path / "dev")
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", True)
+    out = tmp_path / "r.json"
+    res, _ = run(skewed, optimizer=optimizer, rows_on="host", cache_budget=0.15, output=out,
+                 checkpoint_dir=tmp_path / "tier")  # fmt: skip
+    assert res["val_auc"] == dev["val_auc"] and res["val_loss"] == dev["val_loss"]
+    a, b = (_rows(tmp_path / n) for n in ("dev", "tier"))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # rows and state, by id
+    t = json.loads(out.read_text())["host_tier"]
+    assert t["cache_rows"] == 150 and t["table_rows"] == 1000
+    assert t["misses"] > 0 and t["hits"] > 0 and t["written_back"] > 0
+
+
+def _tier(budget: int = 3, kernels: str = "torch") -> tuple[DeviceTier, torch.Tensor]:
+    weight = torch.arange(40.0).reshape(10, 4)
+    opt = SparseOptimizer("adagrad", lr=0.1, kernels=kernels)
+    counts = torch.tensor([0, 9, 0, 8, 0, 0, 7, 0, 0, 0])
+    return DeviceTier(weight, torch.zeros(10), device=torch.device("cpu"), budget=budget,
+                      opt=opt, counts=counts, kernels=kernels), weight  # fmt: skip
+
+
+def test_lookup_gathers_misses_and_grows() -> None:
+    tier, weight = _tier()
+    assert tier.row_of.tolist() == [1, 3, 6]  # the hottest
+    ids = torch.tensor([[1, 2], [2, 9]])
+    slots = tier.lookup(ids)
+    assert slots[0, 0] == 0 and slots[0, 1] == slots[1, 0] >= 3  # a missed row: one entry
+    assert torch.equal(tier.cache_weight[slots], weight[ids])  # gathered from host memory
+    tier.cache_weight[slots[1, 1]] += 100.0  # (the step's update of row 9's entry)
+    tier.updated()
+    assert weight[9, 0] == 136.0  # written back
+    assert tier.slots == 3 + 4
+    big = torch.arange(10).repeat(2).reshape(4, 5)  # 20 occurrences: the table grows
+    slots = tier.lookup(big)
+    assert tier.slots == 3 + 20 and torch.equal(tier.cache_weight[slots], weight[big])
+    c = tier.counters
+    assert (c.hits, c.misses, c.written_back, c.batches) == (1 + 3, 2 + 7, 2, 2)
+    with pytest.raises(EmbeddingInputError, match="outside"):
+        tier.lookup(torch.tensor([[3, 10]]))
+
+
+CASES = textwrap.dedent(
+    """
+    import torch
+    from tests.test_tier_device import _tier
+
+    def check():
+        g = torch.Generator().manual_seed(0)
+        tiers = [_tier(4, k) for k in ("torch", "triton")]
+        for _ in range(5):
+            ids = torch.randint(0, 10, (6, 3), generator=g)
+            for tier, _w in tiers:
+                slots = tier.lookup(ids)
+                tier.cache_weight[slots.reshape(-1)] *= 1.5
+                tier.cache_state[slots.reshape(-1)] += 1.0
+                tier.updated()
+        (a, aw), (b, bw) = tiers
+        assert torch.equal(aw, bw) and torch.equal(a.rows()[1], b.rows()[1])
+        assert torch.equal(a.cache_weight[:4], b.cache_weight[:4])
+        print("ok")
+    """
+)
+
+
+def test_triton_path_matches_torch_in_interpreter(tmp_path: Path) -> None:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).parents[1]))
+    script = tmp_path / "tier_device_checks.py"
+    script.write_text(CASES + "\nif __name__ == '__main__':\n    check()\n")
+    p = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=200
+    )
+    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stdout + p.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_trains_as_the_device_table_on_gpu(skewed: Path, tmp_path: Path, monkeypatch) -> None:
+    # (the GPU sums a row's gradient with atomics: equal to float rounding, not bit for bit)
+    gpu = dict(device="cuda", cuda_graphs=False)
+    dev, _ = run(skewed, checkpoint_dir=tmp_path / "dev", **gpu)
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", True)
+    res, _ = run(skewed, rows_on="host", cache_budget=0.15, checkpoint_dir=tmp_path / "tier",
+                 **gpu)  # fmt: skip
+    assert abs(res["val_loss"] - dev["val_loss"]) < 1e-5
+    for a, b in zip(_rows(tmp_path / "dev"), _rows(tmp_path / "tier"), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
