@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetgmp.embedding import tier_setup
+from hetgmp.embedding import tier_device, tier_setup
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_device import DeviceTier
@@ -38,10 +38,14 @@ def skewed(tmp_path: Path) -> Path:
                         n_test=96)  # fmt: skip
 
 
-@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
-def test_trains_as_the_device_table(skewed: Path, tmp_path: Path, monkeypatch, optimizer) -> None:
+@pytest.mark.parametrize(("optimizer", "adapt_every"), [("adagrad", 1000), ("sgd", 1000),
+                                                        ("adagrad", 3)])  # fmt: skip
+def test_trains_as_the_device_table(
+    skewed: Path, tmp_path: Path, monkeypatch, optimizer: str, adapt_every: int
+) -> None:
     dev, _ = run(skewed, optimizer=optimizer, checkpoint_dir=tmp_path / "dev")
     monkeypatch.setattr(tier_setup, "DEVICE_TIER", True)
+    monkeypatch.setattr(tier_device, "ADAPT_EVERY", adapt_every)  # (3: cached rows re-picked)
     out = tmp_path / "r.json"
     res, _ = run(skewed, optimizer=optimizer, rows_on="host", cache_budget=0.15, output=out,
                  checkpoint_dir=tmp_path / "tier")  # fmt: skip
@@ -51,6 +55,7 @@ def test_trains_as_the_device_table(skewed: Path, tmp_path: Path, monkeypatch, o
     t = json.loads(out.read_text())["host_tier"]
     assert t["cache_rows"] == 150 and t["table_rows"] == 1000
     assert t["misses"] > 0 and t["hits"] > 0 and t["written_back"] > 0
+    assert (t["evictions"] > 0) == (adapt_every < 20)  # (re-picks replaced cached rows)
 
 
 def _tier(budget: int = 3, kernels: str = "torch") -> tuple[DeviceTier, torch.Tensor]:
@@ -79,6 +84,22 @@ def test_lookup_gathers_misses_and_grows() -> None:
     assert (c.hits, c.misses, c.written_back, c.batches) == (1 + 3, 2 + 7, 2, 2)
     with pytest.raises(EmbeddingInputError, match="outside"):
         tier.lookup(torch.tensor([[3, 10]]))
+
+
+def test_cached_rows_follow_drifting_access(monkeypatch) -> None:
+    monkeypatch.setattr(tier_device, "ADAPT_EVERY", 4)
+    tier, weight = _tier()
+    before = weight.clone()
+    for _ in range(4):  # rows 0, 2 and 5 turn hot; 1, 3 and 6 (cached) cool
+        tier.lookup(torch.tensor([[0, 2, 5, 6], [0, 2, 5, 9]]))
+        tier.cache_weight[: tier.budget] += 1.0  # (the cached rows' updates, not yet on host)
+        tier.updated()
+    tier.lookup(torch.tensor([[4]]))  # the re-pick, before this batch's misses
+    assert sorted(tier.row_of.tolist()) == [0, 2, 5] and tier.adapted == 3
+    assert torch.equal(tier.slot_of[tier.row_of], torch.arange(3, dtype=torch.int32))
+    assert torch.equal(tier.cache_weight[:3], weight[tier.row_of])  # loaded from host memory
+    w, _ = tier.rows()
+    assert torch.equal(w[[1, 3, 6]], before[[1, 3, 6]] + 4.0)  # leaving rows written back
 
 
 CASES = textwrap.dedent(

@@ -10,8 +10,10 @@ batch's ids to working slots (:func:`.tier_misses.miss_slots`) and gathers the m
 step's update, writes the entries back the same way. The step in between is the one-rank step
 on working slots, the arithmetic of an all-resident table, so results are equal to it.
 
-Which rows are cached: the hottest by the given per-row counts (the plan's frequencies), fixed
-for now (adapting them at epoch starts is the plan's next piece). ``M``: the largest batch
+Which rows are cached: the hottest by the given per-row counts (the plan's frequencies) at
+first; every :data:`ADAPT_EVERY` lookups the hottest by the occurrences seen since (the rows
+cached now winning ties) replace them (:meth:`DeviceTier.adapt`: leaving rows written back,
+entering ones loaded; counted), so residency follows drifting access. ``M``: the largest batch
 seen (its occurrences: no batch can have more distinct misses); the working table grows when
 a larger batch comes (its buffers replaced: the step reads them from the tier every call).
 Switched on by :data:`hetgmp.embedding.tier_setup.DEVICE_TIER` (off until measured on GPUs).
@@ -27,6 +29,10 @@ from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_host import CacheBudgetError, TierCounters, hottest_first
 from hetgmp.embedding.tier_misses import miss_slots
 from hetgmp.embedding.uva import device_view, register_mapped
+
+# Lookups between re-picks of the cached rows (each a sort of the table's counts and a host
+# read: rare enough to cost nothing per step).
+ADAPT_EVERY = 1000
 
 
 class DeviceTier:
@@ -67,6 +73,8 @@ class DeviceTier:
         self._rows: torch.Tensor | None = None  # the last lookup's missed rows (-1: none)
         self._dev = torch.zeros(3, dtype=torch.int64, device=device)  # hits, misses, written
         self._batches = 0
+        self._seen = torch.zeros(n, dtype=torch.int32, device=device)  # occurrences since adapt
+        self.adapted = 0  # rows that entered the cache at a re-pick
 
     @property
     def slots(self) -> int:
@@ -96,6 +104,9 @@ class DeviceTier:
                 f"ids outside [0, {self.num_rows}): min {int(flat.min())}, max {int(flat.max())}"
             )
         self._grow(flat.numel())
+        if self._batches and self._batches % ADAPT_EVERY == 0:
+            self.adapt()
+        self._seen.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
         plan = miss_slots(flat, self.slot_of, self._pos, self.budget, self._entries)
         self._count_hits(flat, plan.slots)
         self._dev[1] += plan.misses
@@ -103,6 +114,31 @@ class DeviceTier:
         self._rows = plan.rows
         self._move(plan.rows, to_host=False)
         return plan.slots.view(ids.shape)
+
+    def adapt(self) -> None:
+        """Re-pick the cached rows: the hottest by occurrences since the last re-pick (a row
+        cached now wins a tie, so equal counts move nothing); leaving rows are written back
+        and their slots take the entering rows, loaded from host memory. Between steps only
+        (no lookup's slots in use)."""
+        c = self.budget
+        score = self._seen.to(torch.float64) * 2
+        score[self.row_of] += 1.0
+        hot = torch.topk(score, c, sorted=False).indices
+        stays = torch.zeros_like(self._seen, dtype=torch.bool)
+        stays[hot] = True
+        leave = torch.nonzero(~stays[self.row_of]).reshape(-1)  # (cache slots)
+        if leave.numel():
+            self.flush(slots=leave)
+            self._dev[2] += leave.numel()
+            cached = torch.zeros_like(stays)
+            cached[self.row_of] = True
+            enter = hot[~cached[hot]]
+            self.slot_of[self.row_of[leave]] = -1
+            self.row_of[leave] = enter
+            self.slot_of[enter] = leave.to(torch.int32)
+            self._load(leave)
+            self.adapted += int(leave.numel())
+        self._seen.zero_()
 
     def _count_hits(self, flat: torch.Tensor, slots: torch.Tensor) -> None:
         """The batch's distinct cached rows, added on the device (scratch ``_pos`` again)."""
@@ -148,20 +184,24 @@ class DeviceTier:
 
     @property
     def counters(self) -> TierCounters:
-        """Distinct rows hit and missed per batch, rows written back, bytes each way (reads
-        the device)."""
+        """Distinct rows hit and missed per batch, rows written back, cached rows replaced at
+        re-picks (``evictions``), bytes each way (reads the device)."""
         hits, misses, written = (int(v) for v in self._dev.tolist())
         return TierCounters(
             hits=hits, misses=misses, written_back=written, batches=self._batches,
+            evictions=self.adapted,
             bytes_h2d=misses * self.row_bytes, bytes_d2h=written * self.row_bytes,
         )  # fmt: skip
 
-    def flush(self) -> None:
-        """Write the cached rows back, so host memory holds the whole table."""
-        _put_valid(self._host_w, self.row_of, self.cache_weight[: self.budget], self.kernels)
+    def flush(self, slots: torch.Tensor | None = None) -> None:
+        """Write the cached rows back (those of ``slots`` only, when given), so host memory
+        holds the whole table."""
+        at = torch.arange(self.budget, device=self.device) if slots is None else slots
+        rows = self.row_of.index_select(0, at)
+        _put_valid(self._host_w, rows, self.cache_weight.index_select(0, at), self.kernels)
         if self._host_s is not None:
-            state = self.cache_state[: self.budget].view(-1, 1)
-            _put_valid(self._host_s, self.row_of, state, self.kernels)
+            state = self.cache_state.index_select(0, at).view(-1, 1)
+            _put_valid(self._host_s, rows, state, self.kernels)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -172,11 +212,15 @@ class DeviceTier:
 
     def reload(self) -> None:
         """Re-read the cached rows from host memory (after rows were loaded into it)."""
-        take_rows(self._host_w, self.row_of, out=self.cache_weight[: self.budget],
-                  backend=self.kernels)  # fmt: skip
+        self._load(torch.arange(self.budget, device=self.device))
+
+    def _load(self, slots: torch.Tensor) -> None:
+        """Cache ``slots`` read from host memory (their rows' values and state)."""
+        rows = self.row_of.index_select(0, slots)
+        self.cache_weight[slots] = take_rows(self._host_w, rows, backend=self.kernels)
         if self._host_s is not None:
-            out = self.cache_state[: self.budget].view(-1, 1)
-            take_rows(self._host_s, self.row_of, out=out, backend=self.kernels)
+            state = take_rows(self._host_s, rows, backend=self.kernels)
+            self.cache_state[slots] = state.reshape(-1)
 
     def memory(self) -> dict[str, int]:
         """Bytes: ``device`` (the working table, the slot map and scratch) and ``host``."""
