@@ -121,8 +121,8 @@ class DeviceTier:
         and their slots take the entering rows, loaded from host memory. Between steps only
         (no lookup's slots in use)."""
         c = self.budget
-        score = self._seen.to(torch.float64) * 2
-        score[self.row_of] += 1.0
+        score = self._seen * 2  # (int32: 4 bytes a row of the table, once per re-pick)
+        score[self.row_of] += 1
         hot = torch.topk(score, c, sorted=False).indices
         stays = torch.zeros_like(self._seen, dtype=torch.bool)
         stays[hot] = True
@@ -225,7 +225,7 @@ class DeviceTier:
     def memory(self) -> dict[str, int]:
         """Bytes: ``device`` (the working table, the slot map and scratch) and ``host``."""
         dev = self.cache_weight.nbytes + self.cache_state.nbytes
-        dev += self.slot_of.nbytes + self._pos.nbytes + self.row_of.nbytes
+        dev += self.slot_of.nbytes + self._pos.nbytes + self.row_of.nbytes + self._seen.nbytes
         return {"device": dev, "host": self.host_weight.nbytes + self.host_state.nbytes}
 
 
