@@ -66,16 +66,25 @@ def _table(rows: int) -> nn.Embedding:
     return table
 
 
+@pytest.mark.parametrize("fixed", [False, True])  # (True: every slot handed to the table)
 @pytest.mark.parametrize("pooling", [("sum", "sum"), ("mean", "mean"), ("sum", "mean")])
-def test_pooled_lookup_equals_embedding_bag(tmp_path: Path, pooling: tuple[str, str]) -> None:
+def test_pooled_lookup_equals_embedding_bag(
+    tmp_path: Path, pooling: tuple[str, str], fixed: bool
+) -> None:
     torch.manual_seed(0)
     ds = _data(tmp_path / "d")
     tr = ds.train
     widths = [int(mh.lengths().max()) for mh in tr.multi_hot]
     ids = torch.from_numpy(padded_ids(tr, widths))
     assert (ids[:, 2:] == PAD_ID).any()  # (short bags padded)
-    layout = BagLayout(num_single=2, widths=tuple(widths), pooling=pooling)
+    layout = BagLayout(num_single=2, widths=tuple(widths), pooling=pooling, fixed=fixed)
     table = _table(ds.meta.num_embeddings)
+    if fixed:  # the table sees every slot, no padding id, and no row the sample lacks
+        flat = layout.table_ids(ids).reshape(ids.shape)
+        assert (flat >= 0).all() and flat.shape == ids.shape
+        assert all(
+            set(r.tolist()) == set(i[i != PAD_ID].tolist()) for r, i in zip(flat, ids, strict=True)
+        )
     out = layout.lookup(table, ids)
     assert out.shape == (len(tr), 4, DIM)
     # the reference: F.embedding_bag on the ragged arrays, the same weight

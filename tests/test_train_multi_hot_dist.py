@@ -147,3 +147,47 @@ def test_plan_and_bound100_train_above_the_trivial_baseline(tmp_path: Path) -> N
     c = res["embedding_train_counters"]
     # the bound let mirrors read stale rows (it was in force) and the plan kept most rows local
     assert c["rows_mirror_stale_ok"] > 0 and c["rows_owned"] > c["rows_remote"], c
+
+
+def _train_each_fixed(env: DistEnv, cfgs: list) -> list[dict]:
+    from hetgmp.train import multi_hot
+
+    multi_hot.FIXED_SHAPE = True  # (in the spawned ranks)
+    return _train_each(env, cfgs)
+
+
+def test_bound0_fixed_shape_bags_equal_one_process(tmp_path: Path) -> None:
+    """The fixed-shape lookup (every bag slot handed to the table, padding standing in for
+    the sample's own rows and masked out) on 2 ranks at bound 0 equals one process running
+    the compact lookup: Adagrad + the exact exchange, SGD + the padded one."""
+    torch.set_num_threads(1)
+    ds = _data(tmp_path / "d")
+    plan_path = _uneven_plan(ds, 2, tmp_path / "part.npz")
+    runs = [
+        {"pooling": "sum,mean"},
+        {"pooling": "mean", "optimizer": "sgd", "lr": 2.0, "replies": "all", "exchange": "padded"},
+    ]
+    base = {"model": "wdl", "epochs": 2, "store_rate": 1.0, "bound": 0, "log_every": 1,
+            "partition": plan_path}  # fmt: skip
+    cfgs = [
+        _cfg(
+            ds.root,
+            **{
+                **base,
+                **run,
+                "checkpoint_dir": tmp_path / f"ck{i}",
+                "log_json": tmp_path / f"log{i}.jsonl",
+            },
+        )  # fmt: skip
+        for i, run in enumerate(runs)
+    ]
+    spawn_ranks(_train_each_fixed, 2, cfgs, timeout_s=120)
+    for i, cfg in enumerate(cfgs):
+        dense, weight, _ = _ckpt_state(tmp_path / f"ck{i}")
+        ref_losses: list[float] = []
+        ref_dense, ref_weight = _reference_run(cfg, 2, load_plan(plan_path), ref_losses)
+        losses = _train_losses(tmp_path / f"log{i}.jsonl")
+        np.testing.assert_allclose(losses, ref_losses, rtol=0, atol=1e-5)
+        for k in ref_dense:
+            torch.testing.assert_close(dense[k], ref_dense[k], rtol=0, atol=1e-5, msg=k)
+        torch.testing.assert_close(weight, ref_weight, rtol=0, atol=1e-5)

@@ -82,6 +82,10 @@ class BagLayout:
     widths: tuple[int, ...]  # each multi-hot field's padded width, in order
     pooling: tuple[str, ...]  # each multi-hot field's pooling (sum / mean)
     backend: str = "torch"  # the pooling: torch ops (the reference) or the Triton kernels
+    # fixed shapes (:meth:`_filled`): the table is handed every slot, a padding slot standing
+    # in for a row its sample already holds, and the pooling masks it out; nothing the step
+    # does then depends on a bag's length on the host (a whole-step CUDA graph can hold it)
+    fixed: bool = False
     # the last batches :meth:`table_ids` flattened (at most TOLD_DEPTH) and their table ids:
     # a lookup of such a batch hands the table that same tensor, which a table told of it
     # ahead recognises by identity (``--sync async``'s reads sent ahead: the next batch told
@@ -137,9 +141,28 @@ class BagLayout:
 
     def _flat(self, ids: torch.Tensor) -> torch.Tensor:
         batch = self._checked(ids)
+        if self.fixed:
+            return self._filled(batch).reshape(-1, 1)
         f = self.num_single
         bags = batch[:, f:]
         return torch.cat([batch[:, :f].reshape(-1), bags[bags != PAD_ID]]).unsqueeze(1)
+
+    def _filled(self, batch: torch.Tensor) -> torch.Tensor:
+        """``batch [B, F + W]`` with every padding slot holding a row its sample holds
+        already: the bag's own values in turn (a bag's values come first), an empty bag's
+        slots the sample's first single-hot id (row 0 without one). The table then fetches no
+        extra row and sums zeros into these rows' gradients (the pooling masks the slots out:
+        exact values; only their occurrence counts grow)."""
+        f, out, col = self.num_single, batch.clone(), self.num_single
+        fallback = batch[:, :1] if f else torch.zeros_like(batch[:, :1])
+        for w in self.widths:
+            bag = batch[:, col : col + w]
+            n = (bag != PAD_ID).sum(1, keepdim=True)
+            turn = torch.arange(w, device=batch.device) % n.clamp(min=1)
+            filled = torch.where(n > 0, bag.gather(1, turn), fallback.expand_as(bag))
+            out[:, col : col + w] = torch.where(bag != PAD_ID, bag, filled)
+            col += w
+        return out
 
     def _take(self, ids: torch.Tensor) -> torch.Tensor:
         """The table ids of ``ids``: those :meth:`table_ids` gave for this very tensor
@@ -161,6 +184,8 @@ class BagLayout:
         rows = table(flat)  # [B * F + E, 1, D]: one table step
         d = rows.shape[-1]
         rows = rows.reshape(flat.shape[0], d)
+        if self.fixed:
+            return self._pool_fixed(rows.reshape(b, self.width, d), present)
         if self.backend == "triton":
             ends, mean = _constants(self.widths, self.pooling, ids.device)
             off = segment_offsets(present, ends)
@@ -173,3 +198,17 @@ class BagLayout:
         seg = (torch.arange(b, device=ids.device).unsqueeze(1) * k + col_field)[present]
         pooled = pool(rows[b * f :], seg, b * k, mean.repeat(b))
         return torch.cat([rows[: b * f].reshape(b, f, d), pooled.reshape(b, k, d)], dim=1)
+
+    def _pool_fixed(self, rows: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """``[B, F + K, D]`` from every slot's row ``rows [B, F + W, D]``: each bag field's
+        slots summed under the ``present`` mask (``[B, W]``), divided by the bag's length
+        under ``mean`` (an empty bag: zeros). Fixed shapes only."""
+        f, parts, col = self.num_single, [rows[:, : self.num_single]], 0
+        for w, mode in zip(self.widths, self.pooling, strict=True):
+            keep = present[:, col : col + w].unsqueeze(2)
+            s = (rows[:, f + col : f + col + w] * keep.to(rows.dtype)).sum(1, keepdim=True)
+            if mode == "mean":
+                s = s / keep.sum(1, keepdim=True).clamp(min=1).to(s.dtype)
+            parts.append(s)
+            col += w
+        return torch.cat(parts, dim=1)

@@ -53,14 +53,15 @@ def graph_support(
         return "several ranks: every step's exchange sizes cross to the host"
     if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
         return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"
-    if getattr(step.model, "bags", None) is not None:
+    bags = getattr(step.model, "bags", None)
+    if bags is not None and not bags.fixed:
         # The pooled lookup (hetgmp.models.pooling.BagLayout.lookup) takes the padding slots
         # out of the bags with a boolean mask: the table then looks up a batch-dependent
         # number of ids, whose size only the host learns (a sync), and a CUDA graph replays
-        # fixed shapes. Untested on a GPU so far (issue 34), so not attempted: handing the
-        # table every padded slot (pads on a dummy row, zero gradient) would make it
-        # capturable at the price of looking up the padding too. The dense part's graph
-        # (graphed_head) takes the pooled [B, F + K, D] input: fixed shapes.
+        # fixed shapes. Its fixed-shape form (BagLayout.fixed: every slot handed to the table,
+        # padding standing in for the sample's own rows; hetgmp.train.multi_hot.FIXED_SHAPE,
+        # off until run on a GPU, issue 34) has no such read. The dense part's graph
+        # (graphed_head) takes the pooled [B, F + K, D] input: fixed shapes either way.
         return "multi-hot bags: the pooled lookup's size depends on the batch (read on the host)"
     return None
 

@@ -60,6 +60,8 @@ def multi_graph_support(step: TrainStep, cfg: Any) -> str | None:
     engine = engine_of(emb)
     if engine is None or engine.kind != "collective" or emb.exchange != "padded":
         return "several ranks need the padded exchange (--exchange, --replies, --sync)"
+    if getattr(step.model, "bags", None) is not None:  # (several CUDA ranks refuse them first)
+        return "multi-hot bags: the next batch is planned from its padded ids (issue 34)"
     return None
 
 

@@ -41,6 +41,12 @@ ISSUE = "issue 34"
 # bench/gpu/multi_hot_bag.py measured 2.06x / 3.60x a plain nn.EmbeddingBag WDL at batch 8192 /
 # 65536 (bench/results/gpu/multi_hot_bag). Off: the CPU-only refusal, a diagnosis.
 GPU_ONE_RANK = True
+# The pooled lookup in fixed shapes (BagLayout.fixed: the table is handed every bag slot, a
+# padding slot standing in for a row its sample holds, masked out by the pooling): what a
+# whole-step CUDA graph of several ranks needs. Exact (bound 0 equals one process on CPU,
+# tests/test_train_multi_hot_dist.py); off until measured on GPUs, where the compact lookup
+# and its fused kernels are the measured path.
+FIXED_SHAPE = False
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
@@ -115,6 +121,7 @@ def bag_layout(cfg: Any, ds: Dataset, device: torch.device | None = None) -> Bag
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
         backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
+        fixed=FIXED_SHAPE,
     )
 
 
