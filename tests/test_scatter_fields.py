@@ -29,7 +29,7 @@ CASES = textwrap.dedent(
         R._scatter_add_fields = lambda *a: calls.append(1) or plain(*a)
         R.FIELD_RUNS_INTERPRETED = True  # (off in the interpreter's training tests: slow)
         try:
-            for b, f, d, rows in ((300, 5, 16, 40), (37, 3, 200, 9), (128, 26, 8, 3000)):
+            for b, f, d, rows in ((150, 4, 16, 40), (37, 3, 72, 9)):
                 # hot rows: u^4-distributed ids, many repeats of a few rows in every field
                 idx = (torch.rand(b, f, generator=g) ** 4 * rows).long()
                 idx[torch.rand(b, f, generator=g) < 0.1] = -1  # padding: skipped
@@ -46,7 +46,7 @@ CASES = textwrap.dedent(
                         backend="triton", fields=f,
                     )
                     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-4)
-            assert len(calls) == 6, calls  # (every case took the per-field kernel)
+            assert len(calls) == 4, calls  # (every case took the per-field kernel)
         finally:
             R._scatter_add_fields, R.FIELD_RUNS_INTERPRETED = plain, interpreted
         print("ok")
