@@ -66,6 +66,18 @@ SCRIPT = textwrap.dedent(
         hot = torch.tensor([5, 5 + 2**21, 5 + 2 * 2**21, 9, 9 + 2**22])
         ids = hot[torch.randint(0, 5, (40, 3), generator=g)]
         compare(ref, tri, ids, "hash collisions")
+        # leaders marked by field (prep.MARK_BY_FIELD): programs of 8 samples of one field,
+        # the last one partial; hot rows, ids out of range, hash-colliding rows
+        prep.MARK_BY_FIELD, prep.MARK_SAMPLES = True, 8
+        ref, tri = planners(97, 2, g)
+        for b, f in ((1, 1), (12, 7), (45, 3)):
+            ids = (torch.rand(b, f, generator=g) ** 4 * 97).long()
+            if b > 40:
+                ids[5, 0], ids[-1, -1] = -3, 99
+            assert bool(compare(ref, tri, ids, ("field", b, f)).bad) == (b > 40)
+        ref, tri = planners(big, 2, g)
+        compare(ref, tri, hot[torch.randint(0, 5, (40, 3), generator=g)], "field collisions")
+        prep.MARK_BY_FIELD = False
         prep.AGGREGATE, prep.BLOCK = False, 1024
         for world in (1, 2, 3, 4):
             ref, tri = planners(97, world, g)

@@ -21,7 +21,8 @@
 # peer-to-peer chunks of K KiB over NVLink and at least C channels, "aheadnoprio" / "aheadhigh":
 # reading ahead without priorities / with its exchange at the highest, "nofield": early with the
 # rows' gradient summed by one atomic per occurrence (kernels.rows.FIELD_RUNS off), "earlyzero":
-# early with the gradient buffer zeroed during the forward (padded.exchange.EARLY_ZERO); reading
+# early with the gradient buffer zeroed during the forward (padded.exchange.EARLY_ZERO),
+# "markfield": early with the plan's leaders marked by field (kernels.prep.MARK_BY_FIELD); reading
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
@@ -65,6 +66,8 @@ switches() {  # variant -> module switches
     nvl*) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
     earlyzero) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.exchange.EARLY_ZERO=1 ;;
+    markfield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
     nofield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;

@@ -54,7 +54,8 @@ def _triton() -> Any:
         scatter_fields=k.scatter_add_fields_kernel,
         take_local=k.take_local_kernel, mark_local=k.mark_local_kernel, put=k.put_rows_kernel,
         adagrad=k.adagrad_rows_kernel, prep_mark=p.prep_mark_kernel, prep_key=p.prep_key_kernel,
-        prep_scan=p.prep_scan_kernel, prep_place=p.prep_place_kernel, prep_inv=p.prep_inv_kernel,
+        prep_mark_fields=p.prep_mark_fields_kernel, prep_scan=p.prep_scan_kernel,
+        prep_place=p.prep_place_kernel, prep_inv=p.prep_inv_kernel,
         compiled=compiled,  # compiled kernels, not the interpreter's: launch()'s fast path
         hooks=hooks,  # triton.knobs.runtime: launch_enter_hook / launch_exit_hook (profilers)
     )  # fmt: skip

@@ -28,6 +28,11 @@ SCAN_TILE = 4096  # histogram entries per step of the one-program scan
 # runs the in-program sorts slowly: its checks take this path unless they ask, see
 # tests/test_prep_kernels.py; the interpreter is only ever chosen by that variable).
 AGGREGATE = not interpreted()
+# A [B, F] batch's leaders marked by field (prep_triton.prep_mark_fields_kernel: 64 samples of
+# one field per program, a 64-entry sort) instead of by blocks of 1024 consecutive ids (a
+# 1024-entry sort). The same plan. Off until measured on GPUs (read_ahead_ab.sh "markfield").
+MARK_BY_FIELD = False
+MARK_SAMPLES = 64
 INT32_MAX = 2**31 - 1
 
 
@@ -49,7 +54,7 @@ def new_min_map(num_rows: int, device: torch.device) -> torch.Tensor:
 
 def _launch_plan(
     k: Any, flat: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor,
-    min_map: torch.Tensor, out: PlanArrays, world: int,
+    min_map: torch.Tensor, out: PlanArrays, world: int, fields: int | None = None,
 ) -> None:  # fmt: skip
     """The five launches (see :mod:`.prep_triton`) into ``out``."""
     triton = k.triton
@@ -65,10 +70,17 @@ def _launch_plan(
     b = {"BLOCK": BLOCK}
     grid = (progs,)
     agg = {"AGG": AGGREGATE, **b}
-    launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), agg)
+    by_field = bool(MARK_BY_FIELD and fields and n and n % fields == 0)
+    if by_field:
+        assert fields is not None
+        fgrid = (triton.cdiv(n // fields, MARK_SAMPLES), fields)
+        launch(k.prep_mark_fields, fgrid, (flat, min_map, cnt_pos, n // fields, num_rows),
+               {"F": fields, "BS": MARK_SAMPLES, "LB": MARK_SAMPLES.bit_length() - 1})  # fmt: skip
+    else:
+        launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), agg)
     launch(k.prep_key, grid,
-           (flat, min_map, block_of, lead, key, cnt_pos, hist, n, num_rows),
-           {"NKEY": nkey, "KP": kp, **agg})  # fmt: skip
+           (flat, min_map, block_of, lead, key, cnt_pos, hist, bad_p, n, num_rows),
+           {"NKEY": nkey, "KP": kp, **agg, **({"BAD": True} if by_field else {})})  # fmt: skip
     launch(k.prep_scan, (1,),
            (hist, off, start, out.blocks, bad_p, out.bad.view(torch.uint8), progs),
            {"NKEY": nkey, "KP": kp, "CH": max(1, SCAN_TILE // kp)})  # fmt: skip
@@ -104,8 +116,9 @@ def prepare_triton(
         inv=torch.empty(n, dtype=torch.int32, device=dev),
         blocks=torch.empty(3 * world, dtype=torch.int64, device=dev),
     )
+    fields = int(ids.shape[-1]) if ids.dim() == 2 else None
     with on_device(flat):
-        _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world)
+        _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world, fields)
     return out
 
 
