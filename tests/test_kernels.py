@@ -9,12 +9,11 @@ comparisons run compiled on a GPU when one is present (marker ``gpu``)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from hetgmp.embedding.kernels import resolve, scatter_add_rows, scatter_add_rows_reference
 
@@ -225,14 +224,9 @@ CASES = textwrap.dedent(
 
 
 def test_triton_kernel_matches_reference_in_interpreter(tmp_path) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = tmp_path / "kernel_checks.py"  # a file: spawned ranks re-import it
     main = "\nif __name__ == '__main__':\n    check('cpu')\n    check_take('cpu')\n    check_trial()\n    check_runtime()\n    check_world2()\n"
-    script.write_text(CASES + main)
-    p = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=400
-    )
-    assert p.returncode == 0 and p.stdout.split() == ["ok"] * 4, p.stdout + p.stderr
+    out = run_interpreted(tmp_path / "kernel_checks.py", CASES + main, timeout=400)
+    assert out == ["ok"] * 4
 
 
 @pytest.mark.gpu

@@ -9,14 +9,12 @@ imported: a subprocess). The GPU run of the same lookup in training is
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from hetgmp.models.pooling import BagLayout
 from hetgmp.models.pooling_fused import pool_fields_reference, resolve_pooling, segment_offsets
@@ -118,13 +116,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_fused_pooling_matches_reference_in_interpreter(tmp_path: Path) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = tmp_path / "pool_check.py"
-    script.write_text(SCRIPT)
-    p = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert p.returncode == 0 and p.stdout.split() == ["ok", "8"], p.stdout + p.stderr
+    assert run_interpreted(tmp_path / "pool_check.py", SCRIPT) == ["ok", "8"]
 
 
 def test_segment_offsets_and_reference() -> None:

@@ -8,13 +8,11 @@ before triton is imported: a subprocess). The GPU run of the same comparison at 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from hetgmp.embedding.batch import BatchPlanner
 
@@ -106,13 +104,7 @@ SCRIPT = textwrap.dedent(
 def test_fused_prep_matches_reference_in_interpreter(tmp_path) -> None:
     """World sizes 1..4, hot rows, ids out of range, one-field batches, empty batches, empty
     blocks, sizes off the tile size, several programs and scan steps."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = tmp_path / "prep_check.py"
-    script.write_text(SCRIPT)
-    p = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stdout + p.stderr
+    assert run_interpreted(tmp_path / "prep_check.py", SCRIPT) == ["ok"]
 
 
 def _oracle(ids: list[int], block_of: list[int], slot_of: list[int], w: int) -> dict:

@@ -6,13 +6,11 @@ past one column tile with a masked tail, bf16 gradients, and ``alpha``."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -55,13 +53,8 @@ CASES = textwrap.dedent(
 
 
 def test_field_runs_match_reference_in_interpreter(tmp_path) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    script = tmp_path / "field_checks.py"
-    script.write_text(CASES + "\nif __name__ == '__main__':\n    check('cpu')\n")
-    p = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stdout + p.stderr
+    main = "\nif __name__ == '__main__':\n    check('cpu')\n"
+    assert run_interpreted(tmp_path / "field_checks.py", CASES + main) == ["ok"]
 
 
 @pytest.mark.gpu

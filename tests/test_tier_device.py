@@ -7,14 +7,12 @@ gathers that skip padding, write-backs) matches its torch path in Triton's inter
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from hetgmp.embedding import tier_device, tier_setup
 from hetgmp.embedding.errors import EmbeddingInputError
@@ -126,13 +124,8 @@ CASES = textwrap.dedent(
 
 
 def test_triton_path_matches_torch_in_interpreter(tmp_path: Path) -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(Path(__file__).parents[1]))
-    script = tmp_path / "tier_device_checks.py"
-    script.write_text(CASES + "\nif __name__ == '__main__':\n    check()\n")
-    p = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=200
-    )
-    assert p.returncode == 0 and p.stdout.split() == ["ok"], p.stdout + p.stderr
+    main = "\nif __name__ == '__main__':\n    check()\n"
+    assert run_interpreted(tmp_path / "tier_device_checks.py", CASES + main) == ["ok"]
 
 
 @pytest.mark.gpu

@@ -1,0 +1,27 @@
+"""Run a script in Triton's interpreter (``TRITON_INTERPRET=1`` must be set before triton is
+imported, so: a subprocess) and hand back what it printed, for the kernel tests that compare
+a Triton kernel with its torch reference on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_interpreted(script: Path, text: str, *args: str, timeout: int = 300) -> list[str]:
+    """Write ``text`` to ``script`` (a file: spawned ranks re-import it), run it with ``args``
+    in the interpreter (the repository importable, ``tests`` too), assert it exited 0, and
+    return its output's words."""
+    script.write_text(text)
+    paths = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=paths)
+    p = subprocess.run(
+        [sys.executable, str(script), *args], env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout.split()
