@@ -75,6 +75,7 @@ SCRIPT = textwrap.dedent(
             assert bool(compare(ref, tri, ids, ("field", b, f)).bad) == (b > 40)
         ref, tri = planners(big, 2, g)
         compare(ref, tri, hot[torch.randint(0, 5, (40, 3), generator=g)], "field collisions")
+        assert tri.cnt_map is not None and not tri.cnt_map.any()  # (zero between calls)
         prep.MARK_BY_FIELD = False
         prep.AGGREGATE, prep.BLOCK = False, 1024
         for world in (1, 2, 3, 4):

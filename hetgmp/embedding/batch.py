@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from hetgmp.embedding.kernels import prep as prep_kernels
 from hetgmp.embedding.kernels.prep import new_min_map, prepare_triton
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,6 +129,7 @@ class BatchPlanner:
         self._size_cache: dict[tuple[str, int], torch.Tensor] = {}
         self.pos_map32: torch.Tensor | None = None  # row -> leader occurrence (leaders())
         self.min_map: torch.Tensor | None = None  # the Triton plan's leader map (INT32_MAX)
+        self.cnt_map: torch.Tensor | None = None  # (prep.MARK_BY_FIELD: row counts, zero)
 
     def prepare(self, ids: torch.Tensor) -> Prep:
         """Unique ids in block order (see :class:`Prep`); fixed-size ops only, no host sync."""
@@ -139,7 +141,9 @@ class BatchPlanner:
         """:meth:`prepare` in the fused kernels."""
         if self.min_map is None:  # (like pos_map32: made at a first, eager call, not in a
             self.min_map = new_min_map(self.num_rows, self.device)  # graph's memory pool)
-        a = prepare_triton(ids, self.slot_of, self.block_of, self.min_map, self.world)
+        if prep_kernels.MARK_BY_FIELD and self.cnt_map is None:  # (its rows' counts)
+            self.cnt_map = torch.zeros(self.num_rows, dtype=torch.int32, device=self.device)
+        a = prepare_triton(ids, self.slot_of, self.block_of, self.min_map, self.world, self.cnt_map)
         return Prep(ids=ids, bad=a.bad, u=a.u, cnt=a.cnt, slot=a.slot, inv=a.inv,
                     blocks=a.blocks, source=ids)  # fmt: skip
 

@@ -55,8 +55,10 @@ def new_min_map(num_rows: int, device: torch.device) -> torch.Tensor:
 def _launch_plan(
     k: Any, flat: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor,
     min_map: torch.Tensor, out: PlanArrays, world: int, fields: int | None = None,
+    cnt_map: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
-    """The five launches (see :mod:`.prep_triton`) into ``out``."""
+    """The five launches (see :mod:`.prep_triton`) into ``out`` (marked by field where
+    :data:`MARK_BY_FIELD` is on, the batch is ``[B, fields]`` and a ``cnt_map`` is given)."""
     triton = k.triton
     n, num_rows, nkey = flat.numel(), slot_of.numel(), 3 * world
     kp = triton.next_power_of_2(nkey + 1)
@@ -70,33 +72,37 @@ def _launch_plan(
     b = {"BLOCK": BLOCK}
     grid = (progs,)
     agg = {"AGG": AGGREGATE, **b}
-    by_field = bool(MARK_BY_FIELD and fields and n and n % fields == 0)
+    by_field = bool(MARK_BY_FIELD and fields and n and n % fields == 0 and cnt_map is not None)
+    cmap = cnt_map if cnt_map is not None else min_map  # (a stand-in the kernels never read)
     if by_field:
         assert fields is not None
         fgrid = (triton.cdiv(n // fields, MARK_SAMPLES), fields)
-        launch(k.prep_mark_fields, fgrid, (flat, min_map, cnt_pos, n // fields, num_rows),
+        launch(k.prep_mark_fields, fgrid, (flat, min_map, cmap, cnt_pos, n // fields, num_rows),
                {"F": fields, "BS": MARK_SAMPLES, "LB": MARK_SAMPLES.bit_length() - 1})  # fmt: skip
     else:
         launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), agg)
+    field = {"BY_FIELD": True} if by_field else {}
     launch(k.prep_key, grid,
-           (flat, min_map, block_of, lead, key, cnt_pos, hist, bad_p, n, num_rows),
-           {"NKEY": nkey, "KP": kp, **agg, **({"BAD": True} if by_field else {})})  # fmt: skip
+           (flat, min_map, block_of, lead, key, cnt_pos, hist, bad_p, cmap, n, num_rows),
+           {"NKEY": nkey, "KP": kp, **agg, **field})  # fmt: skip
     launch(k.prep_scan, (1,),
            (hist, off, start, out.blocks, bad_p, out.bad.view(torch.uint8), progs),
            {"NKEY": nkey, "KP": kp, "CH": max(1, SCAN_TILE // kp)})  # fmt: skip
     launch(k.prep_place, grid,
-           (flat, key, cnt_pos, off, start, slot_of, min_map, out.u, out.cnt, out.slot, pos, n,
-            num_rows), {"NKEY": nkey, "KP": kp, **b})  # fmt: skip
+           (flat, key, cnt_pos, off, start, slot_of, min_map, out.u, out.cnt, out.slot, pos, cmap,
+            n, num_rows), {"NKEY": nkey, "KP": kp, **b, **field})  # fmt: skip
     launch(k.prep_inv, grid, (lead, pos, out.inv, n), b)
 
 
 def prepare_triton(
     ids: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor, min_map: torch.Tensor,
-    world: int,
+    world: int, cnt_map: torch.Tensor | None = None,
 ) -> PlanArrays:  # fmt: skip
     """The batch plan of ``ids`` (any shape, int64; see ``batch.Prep``) for the maps
     ``slot_of`` / ``block_of`` (``[num_rows]`` int32, values of ``block_of`` in ``[0, 3w)``),
-    with the leader map ``min_map`` (:func:`new_min_map`; left as it was found)."""
+    with the leader map ``min_map`` (:func:`new_min_map`; left as it was found) and, for
+    :data:`MARK_BY_FIELD`, the rows' count map ``cnt_map`` (``[num_rows]`` int32, zero: left
+    so)."""
     if slot_of.dtype != torch.int32 or block_of.dtype != torch.int32:
         raise ValueError(
             f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}"
@@ -118,7 +124,7 @@ def prepare_triton(
     )
     fields = int(ids.shape[-1]) if ids.dim() == 2 else None
     with on_device(flat):
-        _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world, fields)
+        _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world, fields, cnt_map)
     return out
 
 

@@ -80,15 +80,18 @@ def prep_mark_kernel(
 
 @triton.jit(do_not_specialize=["b_rows"])
 def prep_mark_fields_kernel(
-    ids_ptr, min_ptr, cnt_pos_ptr, b_rows, num_rows, F: tl.constexpr, BS: tl.constexpr,
-    LB: tl.constexpr,
+    ids_ptr, min_ptr, cnt_map_ptr, cnt_pos_ptr, b_rows, num_rows, F: tl.constexpr,
+    BS: tl.constexpr, LB: tl.constexpr,
 ):  # fmt: skip
     # prep_mark over a [B, F] batch by field (prep.MARK_BY_FIELD): a program takes BS samples of
     # one field, sorts them by (row, sample) in 64 bits and adds one atomic_min per run, the
     # run's first sample being the row's first occurrence in the program (a field's hot rows
     # recur across samples; rows of different fields rarely meet). A 64-entry sort instead of
     # prep_mark's 1024-entry one (prep_mark: 62 us of a 2-GPU step at batch 8192 on an H100,
-    # one GPU's leader marking 20). The bad-id flag is left to prep_key (its BAD).
+    # one GPU's leader marking 20). Each run's length is added to the row's count in
+    # ``cnt_map`` (zero between calls: prep_place clears the leaders' rows), so prep_key reads
+    # a leader's count instead of sorting its program's leaders again; the bad-id flag is left
+    # to prep_key too (its BAD).
     lane = tl.arange(0, BS)
     b = tl.program_id(0) * BS + lane
     m = b < b_rows
@@ -100,6 +103,11 @@ def prep_mark_fields_kernel(
     start = live & ((lane == 0) | (row != tl.gather(row, tl.maximum(lane - 1, 0), 0)))
     first = ((tl.program_id(0) * BS + (key & (BS - 1))) * F + tl.program_id(1)).to(tl.int32)
     tl.atomic_min(min_ptr + tl.where(start, row, 0), first, mask=start, sem="relaxed")
+    seg = tl.cumsum(start.to(tl.int32), 0) - 1
+    # (padding lanes, sorted last, counted in bin BS - 1: with any padding there are fewer
+    # than BS - 1 runs, so no run's bin)
+    runs = tl.gather(tl.histogram(tl.where(live, seg, BS - 1), BS), seg, 0)
+    tl.atomic_add(cnt_map_ptr + tl.where(start, row, 0), runs, mask=start, sem="relaxed")
     tl.store(cnt_pos_ptr + occ, tl.zeros([BS], dtype=tl.int64), mask=m)
 
 
@@ -119,15 +127,15 @@ def _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n"])
 def prep_key_kernel(
-    ids_ptr, min_ptr, block_ptr, lead_ptr, key_ptr, cnt_pos_ptr, hist_ptr, bad_p_ptr, n,
-    num_rows, NKEY: tl.constexpr, KP: tl.constexpr, AGG: tl.constexpr, BLOCK: tl.constexpr,
-    BAD: tl.constexpr = False,
+    ids_ptr, min_ptr, block_ptr, lead_ptr, key_ptr, cnt_pos_ptr, hist_ptr, bad_p_ptr, cnt_map_ptr,
+    n, num_rows, NKEY: tl.constexpr, KP: tl.constexpr, AGG: tl.constexpr, BLOCK: tl.constexpr,
+    BY_FIELD: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     x, c = _clamped(ids_ptr, offs, m, num_rows)
-    if BAD:  # (prep_mark_fields_kernel leaves the program's bad-id flag to this kernel)
+    if BY_FIELD:  # (prep_mark_fields_kernel leaves the program's bad-id flag to this kernel)
         tl.store(bad_p_ptr + pid, tl.max(((x != c) & m).to(tl.int32), axis=0))
     lead = tl.load(min_ptr + c, mask=m, other=0)
     tl.store(lead_ptr + offs, lead, mask=m)
@@ -135,7 +143,10 @@ def prep_key_kernel(
     b = tl.load(block_ptr + c, mask=is_lead, other=0)
     key = tl.where(is_lead, b, NKEY)
     tl.store(key_ptr + offs, key, mask=m)
-    if AGG:
+    if BY_FIELD:  # (the rows' counts, summed by prep_mark_fields_kernel)
+        cnt = tl.load(cnt_map_ptr + c, mask=is_lead, other=0)
+        tl.store(cnt_pos_ptr + offs, cnt.to(tl.int64), mask=is_lead)
+    elif AGG:
         _count_at_leaders(cnt_pos_ptr, lead, m, BLOCK)
     else:
         tl.atomic_add(cnt_pos_ptr + lead, tl.full([BLOCK], 1, tl.int64), mask=m, sem="relaxed")
@@ -184,8 +195,8 @@ def _rank_in_program(key, BLOCK: tl.constexpr, NK: tl.constexpr):
 @triton.jit(do_not_specialize=["n"])
 def prep_place_kernel(
     ids_ptr, key_ptr, cnt_pos_ptr, off_ptr, start_ptr, slot_of_ptr, min_ptr, u_ptr, cnt_ptr,
-    slot_ptr, pos_ptr, n, num_rows, NKEY: tl.constexpr, KP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    slot_ptr, pos_ptr, cnt_map_ptr, n, num_rows, NKEY: tl.constexpr, KP: tl.constexpr,
+    BLOCK: tl.constexpr, BY_FIELD: tl.constexpr = False,
 ):  # fmt: skip
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -202,6 +213,8 @@ def prep_place_kernel(
     tl.store(pos_ptr + offs, dest, mask=m)
     # (no kernel reads min_map after prep_key_kernel: put the leaders' entries back)
     tl.store(min_ptr + c, tl.full([BLOCK], INT32_MAX, tl.int32), mask=m & (key < NKEY))
+    if BY_FIELD:  # (and the rows' counts: zero between calls)
+        tl.store(cnt_map_ptr + c, tl.zeros([BLOCK], dtype=tl.int32), mask=m & (key < NKEY))
 
 
 @triton.jit(do_not_specialize=["n"])
