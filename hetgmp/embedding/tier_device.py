@@ -21,12 +21,19 @@ Switched on by :data:`hetgmp.embedding.tier_setup.DEVICE_TIER` (off until measur
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.kernels import put_rows, take_rows
 from hetgmp.embedding.optim import SparseOptimizer
-from hetgmp.embedding.tier_host import CacheBudgetError, TierCounters, hottest_first
+from hetgmp.embedding.tier_host import (
+    CacheBudgetError,
+    TierCounters,
+    hottest_first,
+    unpin_in_place,
+)
 from hetgmp.embedding.tier_misses import miss_slots
 from hetgmp.embedding.uva import device_view, register_mapped
 
@@ -54,9 +61,13 @@ class DeviceTier:
         self.row_bytes = 4 * (d + self.state_width)
         self.host_weight, self.host_state = weight, state.reshape(-1, 1)[:, :1]
         if device.type == "cuda":
+            locked = []
             for t in (weight, state):
-                if t.numel() and not t.is_pinned() and not register_mapped(t):
-                    raise RuntimeError("the host rows could not be page-locked for the GPU")
+                if t.numel() and not t.is_pinned():
+                    if not register_mapped(t):
+                        raise RuntimeError("the host rows could not be page-locked for the GPU")
+                    locked.append(t.data_ptr())
+            weakref.finalize(self, unpin_in_place, locked)  # (unlocked when the tier goes)
         self._host_w = device_view(weight, device)
         self._host_s = device_view(self.host_state, device) if self.state_width else None
         self.row_of = hottest_first(counts, n)[:budget].to(device)  # cache slot -> row
