@@ -12,11 +12,13 @@
 #
 # Runs: device (default flags: CUDA graphs), device-nographs (what the graphs are worth: the
 # tier runs without them), tier-0.25/0.10/0.05 (--rows-on host --cache-budget F
-# --no-cuda-graphs), big. Output in ${OUT:-bench/results}/gpu/host_tier: <run>.json (the CLI's
+# --no-cuda-graphs), with TIERS containing "device" also dtier-F (the same with the tier
+# decided on the device: hetgmp.embedding.tier_setup.DEVICE_TIER through bench/gpu/switches.py),
+# big. Output in ${OUT:-bench/results}/gpu/host_tier: <run>.json (the CLI's
 # --output), <run>.log, env.txt, summary.md (machine, command, date, the table;
 # bench/gpu/host_tier_report.py). A run that fails is listed with its last log line.
 # Knobs: BATCH (8192), ITERS (150), EMBED_DIM (128), SAMPLES (2.5M), SCALE (1: 33.8M rows),
-# BUDGETS ("0.25 0.10 0.05"), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
+# BUDGETS ("0.25 0.10 0.05"), TIERS ("host"; "host device": both tiers), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
 # RUN_S (timeout per run, 240), WORK (/tmp/hetgmp-host-tier), PYTHON (python3); on CPU also
 # GPU_MEM_BYTES (the memory the big run must exceed, 16 MiB).
 set -uo pipefail
@@ -41,9 +43,11 @@ gen() {  # gen DIR SCALE: the criteo-like generator (same seed, same samples) at
   [ -f "$1/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$1" --num-samples "$SAMPLES" \
     --scale "$2" --workers 16 --overwrite --no-progress > "$RES/generate-$(basename "$1").log" 2>&1
 }
-run() {  # run NAME DATASET [flags...]: one CLI run, its JSON and log in RES
+run() {  # run NAME DATASET [flags...]: one CLI run, its JSON and log in RES (SWITCHES: module
+  # switches for bench/gpu/switches.py, e.g. the device-decided tier)
   local name=$1 ds=$2; shift 2
-  timeout "$RUN_S" $PY examples/hetuctr.py --dataset "$ds" --device "$DEVICE" --model wdl \
+  local pre=(); [ -n "${SWITCHES:-}" ] && pre=(bench/gpu/switches.py $SWITCHES --)
+  timeout "$RUN_S" $PY "${pre[@]}" examples/hetuctr.py --dataset "$ds" --device "$DEVICE" --model wdl \
     --batch_size "$BATCH" --embed_dim "$EMBED_DIM" --iter "$ITERS" --log_every 50 --no-progress \
     --output "$RES/$name.json" "$@" > "$RES/$name.log" 2>&1
   log "$name: exit $? ($*)"
@@ -63,7 +67,10 @@ log "data $DS ready"
 run device "$DS"
 [ "$DEVICE" = cuda ] && run device-nographs "$DS" --no-cuda-graphs
 for f in "${BUDGETS[@]}"; do
-  run "tier-$f" "$DS" --rows-on host --cache-budget "$f" --no-cuda-graphs
+  [[ " ${TIERS:-host} " == *" host "* ]] && run "tier-$f" "$DS" --rows-on host --cache-budget "$f" \
+    --no-cuda-graphs
+  [[ " ${TIERS:-host} " == *" device "* ]] && SWITCHES=hetgmp.embedding.tier_setup.DEVICE_TIER=1 \
+    run "dtier-$f" "$DS" --rows-on host --cache-budget "$f" --no-cuda-graphs
 done
 
 if [ "$BIG" = 1 ]; then

@@ -4,7 +4,8 @@ memory with a device cache (issue 33), from the runs' ``--output`` JSON files.
 
     python bench/gpu/host_tier_report.py RES_DIR --command "..."   # writes RES_DIR/summary.md
 
-A run is ``RES_DIR/<name>.json`` (``device``, ``device-nographs``, ``tier-<budget>``, ``big``)
+A run is ``RES_DIR/<name>.json`` (``device``, ``device-nographs``, ``tier-<budget>``,
+``dtier-<budget>`` (the tier decided on the device), ``big``)
 with its log ``<name>.log``; ``env.txt`` holds the machine's lines (GPU, memory, the big run's
 scale). A run that left no JSON is listed with the last line of its log.
 """
@@ -24,7 +25,10 @@ ORDER = ("device", "device-nographs")  # then tier-* by descending budget, then 
 def load(res: Path) -> list[tuple[str, dict[str, Any] | None]]:
     """The runs' records in report order (None: no JSON)."""
     names = {p.stem for p in res.glob("*.log")} | {p.stem for p in res.glob("*.json")}
-    tiers = sorted((n for n in names if n.startswith("tier-")), key=lambda n: -float(n[5:]))
+    tiers = sorted(
+        (n for n in names if n.startswith(("tier-", "dtier-"))),
+        key=lambda n: (-float(n.split("-", 1)[1]), n.startswith("d")),
+    )  # (by descending budget; at one budget the device-decided tier after the host's)
     order = [n for n in ORDER if n in names] + tiers + (["big"] if "big" in names else [])
     out = []
     for name in order:
