@@ -25,13 +25,22 @@
 # "markfield": early with the plan's leaders marked by field (kernels.prep.MARK_BY_FIELD); reading
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
-# BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M), SCALE (1: 33.8M rows), WORK
+# BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
+# the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
+# 4 x 65536),
+# SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column), BOUND0
 # (1; 0: no --bound 0 runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY=${PYTHON:-python3}; ITERS=${ITERS:-150}; SAMPLES=${SAMPLES:-3300000}
+PY=${PYTHON:-python3}; ITERS=${ITERS:-150}
+if [ -z "${SAMPLES:-}" ]; then  # (the 90 % training split holds 20 steps of the largest run)
+  big=0; for g in ${GPUS:-2}; do for b in ${BATCHES:-8192 65536}; do
+    [ $((g * b)) -gt $big ] && big=$((g * b)); done; done
+  SAMPLES=$(( (big * 20 * 10 / 9 + 99999) / 100000 * 100000 ))
+  [ "$SAMPLES" -lt 3300000 ] && SAMPLES=3300000
+fi
 SCALE=${SCALE:-1}; DEVICE=${DEVICE:-cuda}; BATCHES=${BATCHES:-"8192 65536"}; OLD=${OLD:-}
 WORK=${WORK:-/tmp/hetgmp-ab}; RES="${OUT:-bench/results}/gpu/read_ahead_ab"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
