@@ -8,15 +8,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(script: Path, text: str, *args: str, timeout: int = 300) -> list[str]:
-    """Write ``text`` to ``script`` (a file: spawned ranks re-import it), run it with ``args``
-    in the interpreter (the repository importable, ``tests`` too), assert it exited 0, and
-    return its output's words."""
-    script.write_text(text)
+def run_interpreted(
+    script: Path, text: str, *args: str, calls: tuple[str, ...] = (), timeout: int = 300
+) -> list[str]:
+    """Write ``text`` to ``script`` (a file: spawned ranks re-import it), followed by a main
+    block making the ``calls`` (e.g. ``"check('cpu')"``), run it with ``args`` in the
+    interpreter (the repository importable, ``tests`` too), assert it exited 0, and return its
+    output's words."""
+    main = "".join(f"\n    {c}" for c in calls)
+    script.write_text(text + (f"\nif __name__ == '__main__':{main}\n" if calls else ""))
     paths = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=paths)
     p = subprocess.run(
@@ -25,3 +30,10 @@ def run_interpreted(script: Path, text: str, *args: str, timeout: int = 300) -> 
     )  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout.split()
+
+
+def compiled(text: str) -> dict[str, Any]:
+    """The namespace of ``text`` run in this process: the same cases, compiled (GPU tests)."""
+    ns: dict[str, Any] = {}
+    exec(text, ns)  # noqa: S102 - the test module's own cases
+    return ns

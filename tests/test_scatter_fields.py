@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 import torch
-from interpreted import run_interpreted
+from interpreted import compiled, run_interpreted
 
 pytest.importorskip("triton")
 
@@ -53,13 +53,10 @@ CASES = textwrap.dedent(
 
 
 def test_field_runs_match_reference_in_interpreter(tmp_path) -> None:
-    main = "\nif __name__ == '__main__':\n    check('cpu')\n"
-    assert run_interpreted(tmp_path / "field_checks.py", CASES + main) == ["ok"]
+    assert run_interpreted(tmp_path / "field_checks.py", CASES, calls=("check('cpu')",)) == ["ok"]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_field_runs_match_reference_on_gpu() -> None:
-    ns: dict = {}
-    exec(CASES, ns)  # noqa: S102 - the same cases, compiled
-    ns["check"]("cuda")
+    compiled(CASES)["check"]("cuda")

@@ -124,8 +124,7 @@ CASES = textwrap.dedent(
 
 
 def test_triton_path_matches_torch_in_interpreter(tmp_path: Path) -> None:
-    main = "\nif __name__ == '__main__':\n    check()\n"
-    assert run_interpreted(tmp_path / "tier_device_checks.py", CASES + main) == ["ok"]
+    assert run_interpreted(tmp_path / "tier_device_checks.py", CASES, calls=("check()",)) == ["ok"]
 
 
 @pytest.mark.gpu

@@ -163,7 +163,7 @@ def scatter_add_rows(
         src = src.to(torch.float32)
     src = src.contiguous()
     idx = idx.contiguous()
-    runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not interpreted())
+    runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not _INTERPRETED)
     if runs and fields and n % fields == 0:
         return _scatter_add_fields(k, table, idx, src, float(alpha), fields)
     block_r, block_d = row_tiles(triton, d)
@@ -182,6 +182,7 @@ FIELD_SAMPLES = 64
 # program and doubled the training tests' time; tests/test_scatter_fields.py turns it on and
 # checks the kernel against the reference, and the GPU checks train with it.
 FIELD_RUNS_INTERPRETED = False
+_INTERPRETED = interpreted()  # (read once: the variable is set before triton is imported)
 
 
 def _scatter_add_fields(
