@@ -80,24 +80,44 @@ def test_lookup_gathers_misses_and_grows() -> None:
     assert tier.slots == 3 + 20 and torch.equal(tier.cache_weight[slots], weight[big])
     c = tier.counters
     assert (c.hits, c.misses, c.written_back, c.batches) == (1 + 3, 2 + 7, 2, 2)
-    with pytest.raises(EmbeddingInputError, match="outside"):
-        tier.lookup(torch.tensor([[3, 10]]))
+    bad = tier.lookup(torch.tensor([[3, 10], [-1, 3]]))  # no device read: refused slots
+    assert bad.tolist() == [[1, tier.slots], [tier.slots, 1]]
 
 
-def test_cached_rows_follow_drifting_access(monkeypatch) -> None:
-    monkeypatch.setattr(tier_device, "ADAPT_EVERY", 4)
-    tier, weight = _tier()
-    before = weight.clone()
-    for _ in range(4):  # rows 0, 2 and 5 turn hot; 1, 3 and 6 (cached) cool
-        tier.lookup(torch.tensor([[0, 2, 5, 6], [0, 2, 5, 9]]))
-        tier.cache_weight[: tier.budget] += 1.0  # (the cached rows' updates, not yet on host)
+def test_captured_lookup_leaves_the_host_part_to_before_replay(monkeypatch) -> None:
+    monkeypatch.setattr(tier_device, "ADAPT_EVERY", 2)
+    tier, _ = _tier()
+    ids = torch.tensor([[0, 2], [0, 9]])
+    for _ in range(2):
+        tier.lookup(ids)
         tier.updated()
-    tier.lookup(torch.tensor([[4]]))  # the re-pick, before this batch's misses
-    assert sorted(tier.row_of.tolist()) == [0, 2, 5] and tier.adapted == 3
-    assert torch.equal(tier.slot_of[tier.row_of], torch.arange(3, dtype=torch.int32))
-    assert torch.equal(tier.cache_weight[:3], weight[tier.row_of])  # loaded from host memory
-    w, _ = tier.rows()
-    assert torch.equal(w[[1, 3, 6]], before[[1, 3, 6]] + 4.0)  # leaving rows written back
+    tier.lookup_captured(ids)  # (what a capture records: no count, no re-pick)
+    assert tier.counters.batches == 2 and tier.adapted == 0
+    tier.before_replay()  # the replay's host part: the re-pick was due
+    assert tier.counters.batches == 3 and sorted(tier.row_of.tolist()) == [0, 2, 9]
+    with pytest.raises(RuntimeError, match="exceeds"):
+        tier.lookup_captured(torch.zeros(2, 3, dtype=torch.int64))  # (growing would move it)
+
+
+def test_a_bad_id_is_refused_by_the_step_naming_it(monkeypatch) -> None:
+    """The tier reads nothing back for a range check (a CUDA graph holds it): the step's range
+    flag refuses the batch, naming the id, and the table trains on as the device table."""
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.embedding import DistributedEmbedding
+
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", True)
+    g = torch.Generator().manual_seed(1)
+    kw = dict(optimizer="adagrad", lr=0.05, cuda_graphs=False)
+    ref = DistributedEmbedding(50, 4, DistEnv.single(), **kw)
+    emb = DistributedEmbedding(50, 4, DistEnv.single(), rows_on="host", cache_budget=0.2, **kw)
+    for t in range(4):
+        ids = torch.randint(0, 50, (6, 3), generator=g)
+        for m in (ref, emb):
+            m(ids).pow(2).sum().backward()
+        if t == 1:
+            with pytest.raises(EmbeddingInputError, match="id 57 is outside"):
+                emb(torch.tensor([[3, 57, 4]]))
+    assert torch.equal(emb(ids), ref(ids))
 
 
 CASES = textwrap.dedent(
@@ -129,13 +149,20 @@ def test_triton_path_matches_torch_in_interpreter(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_trains_as_the_device_table_on_gpu(skewed: Path, tmp_path: Path, monkeypatch) -> None:
-    # (the GPU sums a row's gradient with atomics: equal to float rounding, not bit for bit)
-    gpu = dict(device="cuda", cuda_graphs=False)
+@pytest.mark.parametrize("graphs", [False, True])
+def test_trains_as_the_device_table_on_gpu(
+    skewed: Path, tmp_path: Path, monkeypatch, graphs: bool
+) -> None:
+    # (the GPU sums a row's gradient with atomics: equal to float rounding, not bit for bit;
+    # with graphs the tier's lookup and write-back replay inside the step's graph, and the
+    # cached rows are re-picked between replays)
+    gpu = dict(device="cuda", cuda_graphs=graphs)
     dev, _ = run(skewed, checkpoint_dir=tmp_path / "dev", **gpu)
     monkeypatch.setattr(tier_setup, "DEVICE_TIER", True)
+    monkeypatch.setattr(tier_device, "ADAPT_EVERY", 7)
     res, _ = run(skewed, rows_on="host", cache_budget=0.15, checkpoint_dir=tmp_path / "tier",
                  **gpu)  # fmt: skip
+    assert (res.get("graph_replays", 0) > 0) == graphs == (dev.get("graph_replays", 0) > 0)
     assert abs(res["val_loss"] - dev["val_loss"]) < 1e-5
     for a, b in zip(_rows(tmp_path / "dev"), _rows(tmp_path / "tier"), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

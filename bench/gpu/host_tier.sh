@@ -12,8 +12,9 @@
 #
 # Runs: device (default flags: CUDA graphs), device-nographs (what the graphs are worth: the
 # tier runs without them), tier-0.25/0.10/0.05 (--rows-on host --cache-budget F
-# --no-cuda-graphs), with TIERS containing "device" also dtier-F (the same with the tier
-# decided on the device: hetgmp.embedding.tier_setup.DEVICE_TIER through bench/gpu/switches.py),
+# --no-cuda-graphs), with TIERS containing "device" also dtier-F (the tier decided on the
+# device, hetgmp.embedding.tier_setup.DEVICE_TIER through bench/gpu/switches.py: default flags,
+# its step one CUDA graph),
 # big. Output in ${OUT:-bench/results}/gpu/host_tier: <run>.json (the CLI's
 # --output), <run>.log, env.txt, summary.md (machine, command, date, the table;
 # bench/gpu/host_tier_report.py). A run that fails is listed with its last log line.
@@ -70,7 +71,7 @@ for f in "${BUDGETS[@]}"; do
   [[ " ${TIERS:-host} " == *" host "* ]] && run "tier-$f" "$DS" --rows-on host --cache-budget "$f" \
     --no-cuda-graphs
   [[ " ${TIERS:-host} " == *" device "* ]] && SWITCHES=hetgmp.embedding.tier_setup.DEVICE_TIER=1 \
-    run "dtier-$f" "$DS" --rows-on host --cache-budget "$f" --no-cuda-graphs
+    run "dtier-$f" "$DS" --rows-on host --cache-budget "$f"
 done
 
 if [ "$BIG" = 1 ]; then

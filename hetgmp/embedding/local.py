@@ -86,9 +86,9 @@ class LocalStep:
             self.drain_bad_checks(wait=op == OP_FLUSH)
         if error:
             raise EmbeddingInputError(f"rank {ctx.env.rank}: {error}")
-        n = ids.numel()
+        n, orig = ids.numel(), ids
         if self.tier is not None and n:
-            ids = self._resident(ids)
+            ids = self._resident(ids)  # (cache slots: the range flag names the ids, ``orig``)
         counts = ctx.counters.local_counts
         pos_map = self._pos_map
         if n:
@@ -98,7 +98,7 @@ class LocalStep:
             slots = mark_local(
                 ids, pos_map, self._bad_flag, counts[0], self._map_rows, backend=ctx.kernels
             )
-            self._check(ids)
+            self._check(orig)
         else:
             slots = ids
             counts[0].zero_()
@@ -126,8 +126,8 @@ class LocalStep:
         assert tier is not None
         self.apply_pending()
         tier.release()  # (an evaluation's rows, never updated)
-        try:
-            slots = tier.lookup(ids)
+        try:  # (while a graph captures: the device tier's lookup without its host part)
+            slots = tier.lookup_captured(ids) if self.capturing else tier.lookup(ids)
         except EmbeddingInputError as e:
             raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {e}") from None
         # (the device tier's working table grows with the largest batch: .tier_device)
@@ -188,6 +188,17 @@ class LocalStep:
                 )
             return
         self._note_flag(self._bad_flag, ids)
+
+    def before_replay(self) -> None:
+        """A replayed step graph is about to run: the host tier's part of its lookup."""
+        if self.tier is not None:
+            self.tier.before_replay()
+
+    def layout(self) -> tuple[int, int]:
+        """What a captured step graph holds of this step's tensors: the rows' address and the
+        slots' range (a device tier's working table grows with a larger batch: a graph holding
+        the old one is captured again)."""
+        return self.weight.data_ptr(), self._map_rows
 
     def replayed(self, ids: Ids) -> None:
         """After a replayed step graph: count the step (host counters) and queue its range

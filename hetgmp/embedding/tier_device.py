@@ -25,7 +25,6 @@ import weakref
 
 import torch
 
-from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.kernels import put_rows, take_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_host import (
@@ -106,25 +105,51 @@ class DeviceTier:
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The working slots of ``ids`` (int, any shape, on the device), the missed rows
-        gathered into their entries (raises :class:`EmbeddingInputError` for ids outside
-        ``[0, N)``; on CUDA that check reads the device: a sync, until the step's own range
-        flag takes it over)."""
-        flat = ids.reshape(-1).to(self.device, torch.int64)
-        if flat.numel() and bool(((flat < 0) | (flat >= self.num_rows)).any()):
-            raise EmbeddingInputError(
-                f"ids outside [0, {self.num_rows}): min {int(flat.min())}, max {int(flat.max())}"
+        gathered into their entries. An id outside ``[0, N)`` reads no row: its slot is
+        :attr:`slots` (past the working table), which the step's own range check reports
+        (naming the batch), so nothing here reads the device."""
+        self.tick()
+        return self._slots(ids)
+
+    def lookup_captured(self, ids: torch.Tensor) -> torch.Tensor:
+        """:meth:`lookup` while a CUDA graph captures the step: the host's part of a lookup
+        (:meth:`tick`) runs before each replay instead (:meth:`before_replay`)."""
+        if ids.numel() > self._entries:  # (growing would move the tensors the graph holds)
+            raise RuntimeError(
+                f"a captured lookup of {ids.numel()} ids exceeds the {self._entries} miss entries"
             )
-        self._grow(flat.numel())
+        return self._slots(ids)
+
+    def tick(self) -> None:
+        """The host's part of a lookup, before it: the cached rows re-picked every
+        :data:`ADAPT_EVERY` lookups, and the lookup counted."""
         if self._batches and self._batches % ADAPT_EVERY == 0:
             self.adapt()
-        self._seen.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        self._batches += 1
+
+    def before_replay(self) -> None:
+        """A replayed step's lookup is about to run (:meth:`tick`)."""
+        self.tick()
+
+    @property
+    def graph_ready(self) -> bool:
+        """Whether a CUDA graph can hold the lookup and write-back: the Triton row kernels
+        skip the padding entries themselves (torch's path lists them: a host sync)."""
+        return self.kernels == "triton"
+
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(self.device, torch.int64)
+        self._grow(flat.numel())
+        bad = (flat < 0) | (flat >= self.num_rows)
+        # (a bad id stands for row N - 1 until its error stops the job: its slot is refused)
+        flat = flat.clamp(0, self.num_rows - 1)
+        self._seen.index_add_(0, flat, (~bad).to(torch.int32))
         plan = miss_slots(flat, self.slot_of, self._pos, self.budget, self._entries)
         self._count_hits(flat, plan.slots)
         self._dev[1] += plan.misses
-        self._batches += 1
         self._rows = plan.rows
         self._move(plan.rows, to_host=False)
-        return plan.slots.view(ids.shape)
+        return torch.where(bad, self.slots, plan.slots).view(ids.shape)
 
     def adapt(self) -> None:
         """Re-pick the cached rows: the hottest by occurrences since the last re-pick (a row

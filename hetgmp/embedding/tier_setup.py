@@ -41,7 +41,7 @@ def check_rows_on(
             f"(this table: --sync {sync}, --exchange {exchange}); pass --sync collective "
             "--exchange exact (or auto)"
         )
-    if device.type == "cuda" and cuda_graphs:
+    if device.type == "cuda" and cuda_graphs and (world > 1 or not DEVICE_TIER):
         raise ValueError(
             "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
             "on the host); pass --no-cuda-graphs with it"

@@ -156,6 +156,15 @@ class TieredRows:
         self._resident_now(ids.reshape(-1).to("cpu", torch.int64))
         return self._device_slots(ids)
 
+    # (a CUDA graph cannot hold this tier's lookup: residency is decided on the host)
+    graph_ready = False
+
+    def lookup_captured(self, ids: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the host-decided tier cannot run inside a CUDA graph")
+
+    def before_replay(self) -> None:
+        raise RuntimeError("the host-decided tier cannot run inside a CUDA graph")
+
     def expect(self, ids: torch.Tensor) -> None:
         """(A step's prefetch) the batch of ``ids`` comes next: its rows are made resident
         at the end of the current step's lookup (:meth:`stage_next`), and :meth:`lookup` of

@@ -17,7 +17,9 @@ caller's running sums.
 
 Where it applies (:func:`graph_support`): CUDA, one rank (with several ranks each step's
 exchange sizes cross to the host), a dense optimizer that torch can capture (fused Adam or
-SGD) and no multi-hot bags (their lookup's size is the batch's; the dense part's graph then).
+SGD), no multi-hot bags (their lookup's size is the batch's; the dense part's graph then) and
+with ``--rows-on host`` only the tier decided on the device (its lookup gathers the missed rows
+inside the graph; the cached rows are re-picked between replays, :meth:`LocalStep.before_replay`).
 Steps of another shape (the last partial batch), the warm-up steps before the capture and
 profiled steps (``--profile-steps`` splits the step with synchronizing marks) run eagerly with
 the same arithmetic. Out-of-range ids are clamped in the graph as in the eager step and reported
@@ -49,8 +51,12 @@ def graph_support(
     if env.device.type != "cuda":
         return f"device {env.device.type}"
     engine = engine_of(step.model.embedding)
-    if engine is None or engine.local_step() is None:
+    local = None if engine is None else engine.local_step()
+    if local is None:
         return "several ranks: every step's exchange sizes cross to the host"
+    tier = local.tier
+    if tier is not None and not tier.graph_ready:
+        return "--rows-on host: the tier's lookup needs the Triton kernels (or --no-cuda-graphs)"
     if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
         return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"
     bags = getattr(step.model, "bags", None)
@@ -89,6 +95,7 @@ class GraphedStep:
         self.source: ResidentSource | None = None  # (pending batches: where the graph gathers)
         self.pos: torch.Tensor | None = None  # (and its positions input)
         self.out: torch.Tensor | None = None
+        self.layout: tuple[int, int] | None = None  # (LocalStep.layout() at the capture)
         self.replays = 0
         self.timer = ReplayTimer(time_replays)
 
@@ -116,10 +123,13 @@ class GraphedStep:
             if key == self.key:
                 self.warmup -= 1
             return self.step(batch, global_batch, marks)  # (it gathers a pending batch)
+        if self.graph is not None and self.one.layout() != self.layout:
+            self.graph = None  # (the rows it holds moved: a device tier grew; captured again)
         if self.graph is None:
             self._capture(batch, global_batch)
         assert self.graph is not None and self.out is not None
         self._load(batch)
+        self.one.before_replay()
         # (not the replay right after capture)
         self.timer.replay(self.graph.replay, timed=self.replays > 0)
         self.one.replayed(batch.sparse if isinstance(batch, DeviceBatch) else _ids(batch))
@@ -160,7 +170,7 @@ class GraphedStep:
                 self.out = self.step(inputs, global_batch)
         finally:
             self.one.capturing = False
-        self.graph = graph
+        self.graph, self.layout = graph, self.one.layout()
 
 
 def _ids(batch: PendingBatch) -> Callable[[], torch.Tensor]:
