@@ -19,7 +19,8 @@
 # --output), <run>.log, env.txt, summary.md (machine, command, date, the table;
 # bench/gpu/host_tier_report.py). A run that fails is listed with its last log line.
 # Knobs: BATCH (8192), ITERS (150), EMBED_DIM (128), SAMPLES (2.5M), SCALE (1: 33.8M rows),
-# BUDGETS ("0.25 0.10 0.05"), TIERS ("host"; "host device": both tiers), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
+# BUDGETS ("0.25 0.10 0.05"), TIERS ("host"; "host device": both tiers; with "device" the big
+# run takes the device-decided tier), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
 # RUN_S (timeout per run, 240), WORK (/tmp/hetgmp-host-tier), PYTHON (python3); on CPU also
 # GPU_MEM_BYTES (the memory the big run must exceed, 16 MiB).
 set -uo pipefail
@@ -96,7 +97,12 @@ PY
   log "big run: scale $BIG_SCALE (${NOTE//_/ })"
   BIG_DS=$WORK/ds-s$BIG_SCALE-n$SAMPLES
   if gen "$BIG_DS" "$BIG_SCALE"; then
-    run big "$BIG_DS" --rows-on host --cache-budget "$BIG_BUDGET" --no-cuda-graphs
+    if [[ " ${TIERS:-host} " == *" device "* ]]; then  # (the device-decided tier, graphs on)
+      SWITCHES=hetgmp.embedding.tier_setup.DEVICE_TIER=1 run big "$BIG_DS" --rows-on host \
+        --cache-budget "$BIG_BUDGET"
+    else
+      run big "$BIG_DS" --rows-on host --cache-budget "$BIG_BUDGET" --no-cuda-graphs
+    fi
   else
     log "FAILED: generating $BIG_DS"; echo "generation failed" > "$RES/big.log"
   fi
