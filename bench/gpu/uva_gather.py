@@ -62,13 +62,19 @@ def measure(host: torch.Tensor, k: int, iters: int) -> dict[str, float]:
         torch.index_select(host, 0, idx_host, out=staging)
         out.copy_(staging, non_blocking=True)
 
-    res = {
-        "zero-copy take": timed(lambda: take_rows(view, idx, out=out, backend="triton"), iters),
-        "zero-copy index_select": timed(lambda: torch.index_select(view, 0, idx, out=out), iters),
-        "batched copy": timed(batched, iters),
-        "zero-copy put": timed(lambda: put_rows(view, idx, src, backend="triton"), iters),
-    }
-    assert torch.equal(out, host.index_select(0, idx_host).to(dev))  # (the last batched copy)
+    expect = host.index_select(0, idx_host).to(dev)
+    res = {"zero-copy take": timed(lambda: take_rows(view, idx, out=out, backend="triton"), iters)}
+    assert torch.equal(out, expect)
+    out.zero_()
+    res["zero-copy index_select"] = timed(lambda: torch.index_select(view, 0, idx, out=out), iters)
+    assert torch.equal(out, expect)
+    out.zero_()
+    res["batched copy"] = timed(batched, iters)
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect)
+    res["zero-copy put"] = timed(lambda: put_rows(view, idx, src, backend="triton"), iters)
+    torch.cuda.synchronize()
+    assert torch.equal(host.index_select(0, idx_host), src.cpu())  # (written in place)
     return res
 
 

@@ -245,9 +245,8 @@ def take_rows(
     block_r, block_d = row_tiles(triton, d)
     idx = idx.contiguous()
     with on_device(table):
-        consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d}
-        if skip_negative:
-            consts["SKIP"] = True
+        # (every constexpr, defaults too: the fast launch path checks the full signature)
+        consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SKIP": skip_negative}
         launch(kernel, (triton.cdiv(n, block_r),), (table, idx, out, n), consts)
     return out
 

@@ -36,9 +36,9 @@ from hetgmp.embedding.padded.presync_step import count_replay
 SUM_GRAD_ASIDE = True
 # With it, the gradient buffer zeroed on that side stream during the forward (zero_grad_early)
 # instead of right before the sum, on the exchange's chain after backward (a fill of the
-# buffer's capacity: ~16 us at batch 8192 on 2 H100s, 2026-11-26). Off until measured on GPUs
-# (bench/gpu/read_ahead_ab.sh, variant "earlyzero"); only captured steps take it.
-EARLY_ZERO = False
+# buffer's capacity: ~16 us at batch 8192 on 2 H100s). Only captured steps take it. On since
+# measured with MARK_BY_FIELD (2026-11-26, bench/results/gpu/zero_mark/: 1.53x -> 1.56x).
+EARLY_ZERO = True
 
 
 def _capturing(device: torch.device) -> bool:
