@@ -43,7 +43,7 @@ def row(name: str, rec: dict[str, Any] | None, base: float | None, res: Path) ->
         log = res / f"{name}.log"
         lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
         why = (lines[-1] if lines else "no log")[:120].replace("|", "/")
-        return f"| {name} | failed: {why} |" + " |" * 9
+        return f"| {name} | failed: {why} |" + " |" * 10
     t = rec.get("host_tier") or {}
     rows = t.get("table_rows") or rec.get("memory", {}).get("stored_rows_max", 0)
     budget = f"{t['cache_rows'] / t['table_rows']:.0%}" if t else "all"
@@ -55,9 +55,10 @@ def row(name: str, rec: dict[str, Any] | None, base: float | None, res: Path) ->
     host = f"{t['host_bytes'] / 2**20:,.1f}" if t else "0"
     auc = rec.get("val_auc")
     auc_s = f"{auc:.4f}" if isinstance(auc, float) else "-"
+    graph = str(rec.get("step_graph", "-"))[:48].replace("|", "/")
     return (
         f"| {name} | {int(rows):,} | {budget} | {speed:,.0f} | {ratio} | {hit} | {h2d} | "
-        f"{d2h} | {host} | {auc_s} | {rec.get('step', '-')} |"
+        f"{d2h} | {host} | {auc_s} | {rec.get('step', '-')} | {graph} |"
     )
 
 
@@ -82,8 +83,8 @@ def report(res: Path, command: str) -> str:
         "memory (env above), against the `device` run's smaller table of the same distribution",
         "",
         "| run | table rows | cache | samples/s | x device | hit rate | H2D KiB/step | "
-        "D2H KiB/step | host MiB | val AUC | steps |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "D2H KiB/step | host MiB | val AUC | steps | step graph |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(row(n, r, base, res) for n, r in runs),
     ]
     return "\n".join(lines) + "\n"

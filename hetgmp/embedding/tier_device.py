@@ -33,7 +33,7 @@ from hetgmp.embedding.tier_host import (
     hottest_first,
     unpin_in_place,
 )
-from hetgmp.embedding.tier_misses import miss_slots
+from hetgmp.embedding.tier_misses import miss_slots, miss_slots_fused
 from hetgmp.embedding.uva import device_view, register_mapped
 
 # Lookups between re-picks of the cached rows (each a sort of the table's counts and a host
@@ -97,6 +97,7 @@ class DeviceTier:
         if entries <= self._entries:
             return
         c, d = self.budget, self.dim
+        self._miss_rows = torch.full((entries,), -1, dtype=torch.int64, device=self.device)
         w = torch.zeros(c + entries, d, device=self.device)
         s = torch.zeros(c + entries if self.state_width else 0, device=self.device)
         w[:c] = self.cache_weight[:c]
@@ -140,16 +141,24 @@ class DeviceTier:
     def _slots(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(self.device, torch.int64)
         self._grow(flat.numel())
-        bad = (flat < 0) | (flat >= self.num_rows)
-        # (a bad id stands for row N - 1 until its error stops the job: its slot is refused)
-        flat = flat.clamp(0, self.num_rows - 1)
-        self._seen.index_add_(0, flat, (~bad).to(torch.int32))
-        plan = miss_slots(flat, self.slot_of, self._pos, self.budget, self._entries)
-        self._count_hits(flat, plan.slots)
+        if self.kernels == "triton":  # (three kernels; bad ids refused inside)
+            plan = miss_slots_fused(
+                flat, self.slot_of, self._pos, self.budget, self._entries, seen=self._seen,
+                hits=self._dev[0:1], rows=self._miss_rows,
+            )  # fmt: skip
+            slots = plan.slots
+        else:
+            bad = (flat < 0) | (flat >= self.num_rows)
+            # (a bad id stands for row N - 1 until its error stops the job: its slot is refused)
+            flat = flat.clamp(0, self.num_rows - 1)
+            self._seen.index_add_(0, flat, (~bad).to(torch.int32))
+            plan = miss_slots(flat, self.slot_of, self._pos, self.budget, self._entries)
+            self._count_hits(flat, plan.slots)
+            slots = torch.where(bad, self.slots, plan.slots)
         self._dev[1] += plan.misses
         self._rows = plan.rows
         self._move(plan.rows, to_host=False)
-        return torch.where(bad, self.slots, plan.slots).view(ids.shape)
+        return slots.view(ids.shape)
 
     def adapt(self) -> None:
         """Re-pick the cached rows: the hottest by occurrences since the last re-pick (a row

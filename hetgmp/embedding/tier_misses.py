@@ -59,3 +59,37 @@ def miss_slots(
     rows.index_copy_(0, torch.where(fits, entry, torch.full_like(entry, capacity)), flat)
     count = entry[-1] + 1 if n else torch.zeros((), dtype=torch.int64, device=ids.device)
     return MissPlan(slots.view(ids.shape), rows[:capacity], count)
+
+
+def miss_slots_fused(
+    ids: torch.Tensor, slot_of: torch.Tensor, pos: torch.Tensor, cache_rows: int,
+    capacity: int, *, seen: torch.Tensor, hits: torch.Tensor, rows: torch.Tensor,
+) -> MissPlan:  # fmt: skip
+    """:func:`miss_slots` in three Triton kernels (:mod:`.tier_triton`), for ``ids`` ``[n]``
+    int64 (any values: an id outside ``[0, N)`` gets slot ``C + M``, past the working table,
+    and is neither counted nor gathered); also adds each valid occurrence to ``seen [N]``
+    int32 and the batch's distinct cached rows to ``hits`` (``[1]`` int64). ``rows``
+    (``[capacity]`` int64, kept by the caller) is refilled. Missed rows take entries in the
+    order the kernels' programs reserve them (the reference's order differs; the rows each
+    slot holds do not)."""
+    from hetgmp.embedding.kernels.launcher import launch
+    from hetgmp.embedding.tier_triton import (
+        tier_lead_kernel,
+        tier_mark_kernel,
+        tier_slots_kernel,
+    )
+
+    n, num_rows = ids.numel(), slot_of.numel()
+    if n > capacity or rows.numel() != capacity:
+        raise ValueError(f"{n} ids need {n} miss entries; there are {capacity} ({rows.numel()})")
+    rows.fill_(-1)
+    count = torch.zeros(1, dtype=torch.int64, device=ids.device)
+    slots = torch.empty(n, dtype=torch.int64, device=ids.device)
+    if n:
+        grid, c = (-(-n // 1024),), {"BLOCK": 1024}
+        launch(tier_mark_kernel, grid, (ids, pos, seen, n, num_rows), c)
+        launch(tier_lead_kernel, grid, (ids, slot_of, pos, rows, count, hits, n, num_rows,
+                                        capacity), c)  # fmt: skip
+        launch(tier_slots_kernel, grid, (ids, slot_of, pos, slots, n, num_rows, cache_rows,
+                                         capacity), c)  # fmt: skip
+    return MissPlan(slots, rows, count[0])
