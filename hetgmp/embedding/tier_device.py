@@ -81,6 +81,7 @@ class DeviceTier:
         self._grow(1)
         self.reload()
         self._rows: torch.Tensor | None = None  # the last lookup's missed rows (-1: none)
+        self._misses = torch.zeros((), dtype=torch.int64, device=device)  # (their count)
         self._dev = torch.zeros(3, dtype=torch.int64, device=device)  # hits, misses, written
         self._batches = 0
         self._seen = torch.zeros(n, dtype=torch.int32, device=device)  # occurrences since adapt
@@ -156,7 +157,7 @@ class DeviceTier:
             self._count_hits(flat, plan.slots)
             slots = torch.where(bad, self.slots, plan.slots)
         self._dev[1] += plan.misses
-        self._rows = plan.rows
+        self._rows, self._misses = plan.rows, plan.misses
         self._move(plan.rows, to_host=False)
         return slots.view(ids.shape)
 
@@ -210,7 +211,7 @@ class DeviceTier:
         """The step's update was applied: the miss entries written back to host memory."""
         if self._rows is not None:
             self._move(self._rows, to_host=True)
-            self._dev[2] += (self._rows >= 0).sum()
+            self._dev[2] += self._misses  # (the rows listed: one per miss entry in use)
             self._rows = None
 
     def release(self) -> None:
