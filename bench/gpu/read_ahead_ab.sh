@@ -140,11 +140,14 @@ for name in names:
         base[key] = speed
     ref = base.get(key) or 0.0
     bps = d.get("embedding_train", {}).get("bytes_per_sample", 0)
-    # (between epoch starts: the median TRAIN interval after the first, whose epoch checks and
-    # graph captures make the run's mean noisy)
-    tl = [float(x.split(" speed ")[1].split()[0]) for x in
-          (res / f"{name}.log").read_text().splitlines() if x.startswith("TRAIN ")]
-    steady = statistics.median(tl[1:]) if len(tl) > 1 else 0.0
+    # (between epoch starts: the median TRAIN interval after the first that holds no epoch
+    # start -- its epoch is the previous interval's -- since the epoch checks and graph
+    # captures make the run's mean noisy, and with short epochs many intervals hold one)
+    lines = [x for x in (res / f"{name}.log").read_text().splitlines() if x.startswith("TRAIN ")]
+    ep = [x.rsplit(" epoch ", 1)[-1].split()[0] if " epoch " in x else "" for x in lines]
+    tl = [float(x.split(" speed ")[1].split()[0]) for x in lines]
+    clean = [v for i, v in enumerate(tl) if i > 0 and ep[i] == ep[i - 1]] or tl[1:]
+    steady = statistics.median(clean) if clean else 0.0
     if "w1" in name:
         base[key + ("steady",)] = steady
     sref = base.get(key + ("steady",)) or 0.0
