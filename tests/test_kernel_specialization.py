@@ -30,14 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Runtime (non-constexpr, non-pointer) arguments of the launched kernels, by what they are.
 # Change with the batch (sizes, counts, programs over the batch): never specialized.
-BATCH = {"n", "u", "o", "P", "B", "rows_per_group", "b_rows"}
+BATCH = {"n", "u", "o", "e0", "P", "B", "rows_per_group", "b_rows"}
 # Fixed for a run (a table's counts, capacities that are multiples of 256, payload strides and
-# offsets, tensor strides and widths, settings; F, K: a multi-hot model's single-hot and bag
+# offsets, tensor strides and widths, settings; the device tier's cache rows and miss entries;
+# F, K: a multi-hot model's single-hot and bag
 # fields): specialized, aligned address arithmetic.
 FIXED = {
     "num_rows", "n_own", "n_mir", "trash", "bound", "rank", "room_p", "q", "p", "s1", "s2",
     "s1h", "q2", "g0", "Ka", "Kb", "stride_a", "stride_b", "stride_ga", "stride_gb", "stride_w",
-    "n_params", "F", "K",
+    "n_params", "F", "K", "cache_rows", "capacity",
 }  # fmt: skip
 FLOATS = {"alpha", "lr", "eps", "neg_lr", "b1", "b2"}  # (Triton never specializes floats)
 # A full batch of the user's command (8192 x 26 ids), partial ones, a tiny one.

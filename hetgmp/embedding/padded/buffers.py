@@ -202,11 +202,14 @@ class StaticExchange:
         staged here (slot: trash where unused) and merged with the pushes in ``answer``."""
         self.own_slot = torch.full((o,), emb.trash_slot, **i64)
         self.own_cnt = torch.zeros(o, **i64)
-        self.own_grad = torch.zeros(o, d, device=emb.device)
+        # the leaders' gradient sums (zero between steps past the own rows); its first o rows
+        # are the staged own rows' gradient itself: an own row leads its row's entries, so its
+        # sum starts in place and only pushes are added to it (.kernels.merged_owner_update_fused)
+        self.own_gsum = torch.zeros(o + wp, d, device=emb.device)
+        self.own_grad = self.own_gsum[:o]
         self.pos_map = torch.zeros(emb.trash_slot + 1, **i64)  # slot -> leader entry
         self.ar_own = torch.arange(o + wp, **i64)
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
-        self.own_gsum = torch.zeros(o + wp, d, device=emb.device)  # (zero between steps)
         # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
         self.own_entries = torch.zeros(4, o + wp, **i64)
 

@@ -246,20 +246,23 @@ def finish(st: Any) -> None:
 
 
 def merged_owner_update_fused(st: Any) -> None:
-    """:func:`.reference.merged_owner_update` in four launches (:mod:`.owner_triton`): every
+    """:func:`.reference.merged_owner_update` in five launches (:mod:`.owner_triton`): every
     valid entry (a staged own row, a received push) finds its row's leader entry through the
-    slot -> entry map; the gradients and counts are added at the leaders (``st.own_gsum`` and
-    the count row of ``st.own_entries``, both zero between steps: what reads them zeroes
+    slot -> entry map (an own row leads its row: its slots launch goes last); the counts are
+    added at the leaders (the count row of ``st.own_entries``), and the pushes' gradients too
+    (``st.own_gsum``, whose first rows are the staged own gradient: an own row's sum starts in
+    place, with no pass over the own rows; past them zero between steps: what reads them zeroes
     them); one Adagrad launch updates the leaders' rows and state; versions move by the rows'
     counts. Padding entries are skipped, so no atomics pile up on a dummy row."""
     k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
     slots, cnts, lead, csum = st.own_entries
     n = slots.numel()
-    k.slots[_grid(n, 1024)](
-        st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of, slots,
-        cnts, st.pos_map, n, o, p, st.s1 // 2, 2 * q, e.num_rows, e.trash_slot,
-        COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024,
-    )  # fmt: skip
+    for e0, e1 in ((o, n), (0, o)):  # (pushes, then own rows: an own row leads its row)
+        k.slots[_grid(e1 - e0, 1024)](
+            st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of,
+            slots, cnts, st.pos_map, e0, e1, o, p, st.s1 // 2, 2 * q, e.num_rows,
+            e.trash_slot, COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024,
+        )  # fmt: skip
     br, bd = _tiles(st.d)
     k.sum[_grid(n, br)](
         slots, cnts, st.pos_map, lead, csum, st.own_grad, st.recv1, st.own_gsum, n, o, p,

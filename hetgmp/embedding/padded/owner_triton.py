@@ -5,9 +5,12 @@ step, 2026-11-26). Reference: :func:`.reference.merged_owner_update`.
 
 * ``owner_slots_kernel``: each entry's slot (a push's through ``slot_of``; the trash slot for
   padding: an unused own entry, a push past its peer's count), its count, and the slot ->
-  entry map written by every valid entry (any one wins: that entry is the row's leader).
-* ``owner_sum_kernel``: each valid entry reads its leader back and adds its gradient row and
-  its count at the leader (``gsum``, ``csum``: zero between steps); padding writes ``-1``.
+  entry map written by every valid entry (launched over the pushes, then over the own rows:
+  an own row's entry leads its row, else any one push does).
+* ``owner_sum_kernel``: each valid entry reads its leader back and adds its count at the
+  leader (``csum``: zero between steps) and, a push, its gradient row (``gsum``: its first ``o``
+  rows are the staged own rows' gradient, which an own row's leader sum starts from; zero
+  between steps past them); padding writes ``-1``.
 * ``owner_version_kernel`` (after the Adagrad launch over the leaders): each leader moves its
   row's version by the row's count and zeroes that count.
 """
@@ -35,13 +38,15 @@ def _entry(e, o, p, s1h, q2):
     return push, j, i, j.to(tl.int64) * s1h + q2 + i
 
 
-@triton.jit(do_not_specialize=["n", "o"])
+@triton.jit(do_not_specialize=["e0", "n", "o"])
 def owner_slots_kernel(
     own_slot_ptr, own_cnt_ptr, r64_ptr, sz_ptr, slot_of_ptr, slots_ptr, cnts_ptr, pos_ptr,
-    n, o, p, s1h, q2, num_rows, trash, COLS: tl.constexpr, NP: tl.constexpr,
+    e0, n, o, p, s1h, q2, num_rows, trash, COLS: tl.constexpr, NP: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # (entries [e0, n): launched for the pushes first, then for the own rows, whose writes to
+    # the slot -> entry map then win: an own row leads its row)
+    e = e0 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < n
     push, j, i, off = _entry(e, o, p, s1h, q2)
     own = m & ~push
@@ -78,14 +83,19 @@ def owner_sum_kernel(
     # a row's gradient: the own entry's staged row, or the push's row inside its peer's payload
     src = tl.where(push, j.to(tl.int64) * s1 + g0 + (k - j * p).to(tl.int64) * D, 0)
     own_off = tl.where(push, 0, e.to(tl.int64) * D)
+    # an own row's gradient is its leader's sum already (gsum's first o rows are the staged own
+    # gradient); only an own row led by another entry (never, with the launch order of
+    # owner_slots_kernel) would move its gradient there
+    moved = valid & ~push & (lead != e)
     dst = lead.to(tl.int64) * D
     for d0 in tl.static_range(0, D, BD):
         c = d0 + tl.arange(0, BD)
         cm = valid[:, None] & (c < D)[None, :]
         gp = tl.load(recv_ptr + src[:, None] + c[None, :], mask=cm & push[:, None], other=0.0)
-        go = tl.load(own_grad_ptr + own_off[:, None] + c[None, :], mask=cm & ~push[:, None],
+        go = tl.load(own_grad_ptr + own_off[:, None] + c[None, :], mask=cm & moved[:, None],
                      other=0.0)  # fmt: skip
-        tl.atomic_add(gsum_ptr + dst[:, None] + c[None, :], gp + go, mask=cm, sem="relaxed")
+        tl.atomic_add(gsum_ptr + dst[:, None] + c[None, :], gp + go,
+                      mask=cm & (push | moved)[:, None], sem="relaxed")  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["n"])
