@@ -67,7 +67,8 @@ def run(root: Path, **kw: object) -> tuple[dict, str]:
         dense_optimizer="adam",
     )
     out = io.StringIO()
-    res = train(validate(TrainConfig(**{**base, **kw})), DistEnv.single(), stream=out)
+    env = DistEnv.single(device=torch.device(str(kw.get("device", "cpu"))))
+    res = train(validate(TrainConfig(**{**base, **kw})), env, stream=out)
     return res, out.getvalue()
 
 
