@@ -12,8 +12,15 @@ import torch
 from test_tiered_rows import N, batches
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.embedding import DistributedEmbedding
+from hetgmp.embedding import DistributedEmbedding, tier_setup
 from hetgmp.embedding.tier_ahead import DEPTH, AheadQueue
+
+
+@pytest.fixture(autouse=True)
+def _host_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are the host-decided tier's (:mod:`hetgmp.embedding.tiered`: several ranks'
+    owned rows use it; one rank takes the device-decided one by default)."""
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", False)
 
 
 def _table(**kw: object) -> DistributedEmbedding:

@@ -56,6 +56,25 @@ def test_trains_as_the_device_table(
     assert (t["evictions"] > 0) == (adapt_every < 20)  # (re-picks replaced cached rows)
 
 
+def test_counters_log_lines_and_memory_plan(skewed: Path, tmp_path: Path) -> None:
+    """Through the trainer (the default one-rank tier): the results' tier counters, the TRAIN
+    lines' tier fields, the setup phases, and the memory plan counting the miss entries
+    reserved for the largest batch (16 samples x 3 ids) before training."""
+    res, text = run(skewed, rows_on="host", cache_budget=0.15, output=tmp_path / "r.json")
+    t = json.loads((tmp_path / "r.json").read_text())["host_tier"]
+    row_bytes = 4 * (4 + 1)  # dim 4 + Adagrad's state
+    assert t["steps"] == 20 and t["cache_rows"] == 150 and t["table_rows"] == 1000
+    assert t["hit_rate"] == t["hits"] / (t["hits"] + t["misses"]) and 0 < t["hit_rate"] < 1
+    assert t["bytes_h2d_per_step"] == t["misses"] * row_bytes / 20 == t["bytes_d2h_per_step"]
+    assert t["written_back"] == t["misses"] and t["host_bytes"] == 1000 * row_bytes
+    lines = text.splitlines()
+    assert [ln.split()[3] for ln in lines if ln.startswith("host tier setup: ")][1:] == [
+        "init", "host", "cache"]  # fmt: skip
+    assert "(15.0 %), " in text and "(rows, 48 miss entries, state, slot maps)" in text
+    train = [ln for ln in lines if ln.startswith("TRAIN ")]
+    assert len(train) == 2 and all("tier_hit " in ln and "tier_h2d_per_step " in ln for ln in train)
+
+
 def _tier(budget: int = 3, kernels: str = "torch") -> tuple[DeviceTier, torch.Tensor]:
     weight = torch.arange(40.0).reshape(10, 4)
     opt = SparseOptimizer("adagrad", lr=0.1, kernels=kernels)

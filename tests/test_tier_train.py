@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from hetgmp.comm.env import DistEnv
 from hetgmp.config import validate
 from hetgmp.data.format import make_fields, write_dataset
+from hetgmp.embedding import tier_setup
 from hetgmp.serve.artifact import ROWS
 from hetgmp.serve.export import export_checkpoint
 from hetgmp.train.checkpoint import open_checkpoint
@@ -72,7 +73,11 @@ def run(root: Path, **kw: object) -> tuple[dict, str]:
     return res, out.getvalue()
 
 
-def test_tier_counters_in_results_log_and_memory_plan(skewed: Path, tmp_path: Path) -> None:
+def test_tier_counters_in_results_log_and_memory_plan(
+    skewed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (the host-decided tier's counters: read ahead, evictions; several ranks use it)
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", False)
     base, _ = run(skewed)
     res, text = run(skewed, rows_on="host", cache_budget=0.15, output=tmp_path / "r.json")
     # the ahead path (every batch told a step early) trains exactly as the device table

@@ -7,9 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hetgmp.embedding import tier_setup
 from hetgmp.embedding.errors import EmbeddingInputError
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tiered import CacheBudgetError, TieredRows, budget_rows
+
+
+@pytest.fixture(autouse=True)
+def _host_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are the host-decided tier's (:mod:`hetgmp.embedding.tiered`: several ranks'
+    owned rows use it; one rank takes the device-decided one by default)."""
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", False)
+
 
 N, D = 2000, 8
 CPU = torch.device("cpu")

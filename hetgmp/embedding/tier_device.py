@@ -29,6 +29,7 @@ from hetgmp.embedding.kernels import put_rows, take_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_host import (
     CacheBudgetError,
+    SetupClock,
     TierCounters,
     hottest_first,
     unpin_in_place,
@@ -50,8 +51,10 @@ class DeviceTier:
     def __init__(
         self, weight: torch.Tensor, state: torch.Tensor, *, device: torch.device, budget: int,
         opt: SparseOptimizer, counts: torch.Tensor | None = None, kernels: str = "torch",
+        clock: SetupClock | None = None,
     ) -> None:  # fmt: skip
         n, d = weight.shape
+        clock = clock if clock is not None else SetupClock()
         if not 1 <= budget <= n:
             raise CacheBudgetError(f"cache budget must be 1..{n} rows (the table), got {budget}")
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
@@ -59,14 +62,8 @@ class DeviceTier:
         self.state_width = 1 if state.numel() else 0
         self.row_bytes = 4 * (d + self.state_width)
         self.host_weight, self.host_state = weight, state.reshape(-1, 1)[:, :1]
-        if device.type == "cuda":
-            locked = []
-            for t in (weight, state):
-                if t.numel() and not t.is_pinned():
-                    if not register_mapped(t):
-                        raise RuntimeError("the host rows could not be page-locked for the GPU")
-                    locked.append(t.data_ptr())
-            weakref.finalize(self, unpin_in_place, locked)  # (unlocked when the tier goes)
+        with clock.phase("pin" if device.type == "cuda" else "host", bytes=n * self.row_bytes):
+            self._pin(weight, state)
         self._host_w = device_view(weight, device)
         self._host_s = device_view(self.host_state, device) if self.state_width else None
         self.row_of = hottest_first(counts, n)[:budget].to(device)  # cache slot -> row
@@ -79,7 +76,8 @@ class DeviceTier:
         self.cache_weight = torch.zeros(budget, d, device=device)  # (then the entries: _grow)
         self.cache_state = torch.zeros(budget * self.state_width, device=device)
         self._grow(1)
-        self.reload()
+        with clock.phase("cache", rows=budget, bytes=budget * self.row_bytes):
+            self.reload()
         self._rows: torch.Tensor | None = None  # the last lookup's missed rows (-1: none)
         self._misses = torch.zeros((), dtype=torch.int64, device=device)  # (their count)
         self._dev = torch.zeros(3, dtype=torch.int64, device=device)  # hits, misses, written
@@ -87,11 +85,30 @@ class DeviceTier:
         self._seen = torch.zeros(n, dtype=torch.int32, device=device)  # occurrences since adapt
         self.adapted = 0  # rows that entered the cache at a re-pick
 
+    def _pin(self, weight: torch.Tensor, state: torch.Tensor) -> None:
+        """(CUDA) page-lock the host rows in place, mapped for the GPU, unlocked when the tier
+        goes (adopted rows: no second copy of the table)."""
+        if self.device.type != "cuda":
+            return
+        locked = []
+        for t in (weight, state):
+            if t.numel() and not t.is_pinned():
+                if not register_mapped(t):
+                    raise RuntimeError("the host rows could not be page-locked for the GPU")
+                locked.append(t.data_ptr())
+        weakref.finalize(self, unpin_in_place, locked)
+
     @property
     def slots(self) -> int:
         """Rows of the working table (the step's slots range over them): the cached rows
         (``budget``), then the miss entries."""
         return self.budget + self._entries
+
+    def reserve(self, occurrences: int) -> None:
+        """Room for batches of up to ``occurrences`` ids now (the run's largest batch, before
+        training: the memory plan then shows the miss entries, and no later batch grows the
+        working table, which would capture the step's graph again)."""
+        self._grow(occurrences)
 
     def _grow(self, entries: int) -> None:
         """A working table with ``entries`` miss entries (the cached rows kept)."""
@@ -269,10 +286,12 @@ class DeviceTier:
             self.cache_state[slots] = state.reshape(-1)
 
     def memory(self) -> dict[str, int]:
-        """Bytes: ``device`` (the working table, the slot map and scratch) and ``host``."""
-        dev = self.cache_weight.nbytes + self.cache_state.nbytes
+        """Bytes: ``device`` (the working table: cached rows and ``entries`` miss entries, their
+        state, the slot map and scratch) and ``host``."""
+        dev = self.cache_weight.nbytes + self.cache_state.nbytes + self._miss_rows.nbytes
         dev += self.slot_of.nbytes + self._pos.nbytes + self.row_of.nbytes + self._seen.nbytes
-        return {"device": dev, "host": self.host_weight.nbytes + self.host_state.nbytes}
+        host = self.host_weight.nbytes + self.host_state.nbytes
+        return {"device": dev, "host": host, "entries": self._entries}
 
 
 def _put_valid(host: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, kernels: str) -> None:

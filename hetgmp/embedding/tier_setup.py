@@ -19,9 +19,11 @@ from hetgmp.embedding.tier_owned import OwnedTier
 from hetgmp.embedding.tiered import TieredRows, budget_rows, hottest_first
 
 ROWS_ON = ("device", "host")
-# One rank's host tier decided on the device (.tier_device: no host work per step) instead of
-# on the host (.tiered). Off until measured on a GPU (docs/host_tier_plan.md).
-DEVICE_TIER = False
+# One rank's host tier decided on the device (.tier_device: no host work per step, the step one
+# CUDA graph) instead of on the host (.tiered, still that of several ranks' owned rows). On
+# since measured on an H100 (2026-11-26, bench/results/gpu/host_tier_graph/): a 10 % cache at
+# 0.90x / 0.92x the all-on-GPU step (batch 8192 / 65536), the host-decided tier 0.14x.
+DEVICE_TIER = True
 
 
 def check_rows_on(
@@ -119,7 +121,7 @@ def tier_rows_of(
         return DeviceTier(
             store.weight, store.opt_state, device=device, opt=opt, kernels=opt.kernels,
             budget=budget_rows(store.num_rows, cache_budget),
-            counts=None if counts is None else torch.as_tensor(counts),
+            counts=None if counts is None else torch.as_tensor(counts), clock=clock,
         )  # fmt: skip
     tier = TieredRows(
         store.weight, store.opt_state, device=device, opt=opt, counts=counts, adopt=True,

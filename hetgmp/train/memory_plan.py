@@ -38,8 +38,12 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def rank_memory(emb: Any, samples: int, sample_bytes: int, device: torch.device) -> dict[str, Any]:
-    """This rank's line of the plan (rows, bytes) for a :class:`DistributedEmbedding`."""
+def rank_memory(
+    emb: Any, samples: int, sample_bytes: int, device: torch.device, batch_ids: int = 0
+) -> dict[str, Any]:
+    """This rank's line of the plan (rows, bytes) for a :class:`DistributedEmbedding`; a
+    device-decided host tier first reserves its miss entries for ``batch_ids`` (the run's
+    largest batch's table ids), so that the plan counts them."""
     own, mir, state = 0, 0, 0
     rows_b = 0
     if isinstance(emb, DistributedEmbedding):
@@ -55,6 +59,9 @@ def rank_memory(emb: Any, samples: int, sample_bytes: int, device: torch.device)
     }  # fmt: skip
     tier = getattr(emb, "tier", None)
     if tier is not None:  # (the device holds the cache; host memory the rows)
+        reserve = getattr(tier, "reserve", None)
+        if reserve is not None and batch_ids:
+            reserve(batch_ids)
         mem = tier.memory()
         out["state_bytes"] = tier.cache_state.nbytes
         out["rows_bytes"] = mem["device"] - out["state_bytes"]
@@ -78,19 +85,26 @@ def plan_lines(ranks: list[dict[str, Any]]) -> list[str]:
     for i, r in enumerate(ranks):
         t = r.get("tier")
         if t is not None:
+            what = "rows, state, slot map"
+            if t.get("entries"):  # (the device-decided tier: each batch's misses on the device)
+                what = f"rows, {t['entries']:,} miss entries, state, slot maps"
             lines.append(
                 f"  rank {i} host tier: device cache {t['cache_rows']:,} of {t['rows']:,} rows "
                 f"({100 * t['cache_rows'] / t['rows']:.1f} %), {t['device'] / MIB:.1f} MiB on "
-                f"{r['device']} (rows, state, slot map); host memory {t['host'] / MIB:.1f} MiB "
+                f"{r['device']} ({what}); host memory {t['host'] / MIB:.1f} MiB "
                 "(every row and its state)"
             )
     return lines
 
 
-def memory_plan(env: DistEnv, emb: Any, split: Any, indices: np.ndarray) -> list[str]:
-    """The plan's lines (collective: every rank calls; rank 0 prints them)."""
+def memory_plan(
+    env: DistEnv, emb: Any, split: Any, indices: np.ndarray, batch: int = 0
+) -> list[str]:
+    """The plan's lines (collective: every rank calls; rank 0 prints them); ``batch``: the
+    run's largest batch in samples (training or evaluation)."""
     row = split.sparse.itemsize * split.sparse.shape[1] + split.labels.itemsize
     if split.dense is not None:
         row += split.dense.itemsize * split.dense.shape[1]
-    mine = rank_memory(emb, int(len(indices)), int(row), env.device)
+    ids = batch * int(split.sparse.shape[1])  # (the table's ids per batch, at most)
+    mine = rank_memory(emb, int(len(indices)), int(row), env.device, ids)
     return plan_lines(all_gather_object(env, mine))

@@ -349,8 +349,9 @@ def train(
             )
         trainer = build_trainer(cfg, env, log, embedding_factory)
         for line in memory_plan(
-            env, trainer.model.embedding, trainer.dataset.train, trainer.indices
-        ):
+            env, trainer.model.embedding, trainer.dataset.train, trainer.indices,
+            max(cfg.batch_size, cfg.eval_batch_size),
+        ):  # fmt: skip
             log.info(line)
         maybe_resume(cfg, env, trainer, log)
         results = trainer.fit()
