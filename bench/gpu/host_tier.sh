@@ -19,7 +19,7 @@
 # --output), <run>.log, env.txt, summary.md (machine, command, date, the table;
 # bench/gpu/host_tier_report.py). A run that fails is listed with its last log line.
 # Knobs: BATCH (8192), ITERS (150), EMBED_DIM (128), SAMPLES (2.5M), SCALE (1: 33.8M rows),
-# BUDGETS ("0.25 0.10 0.05"), TIERS ("host"; "host device": both tiers; with "device" the big
+# BUDGETS ("0.25 0.10 0.05"; "": none), NOGRAPHS (1; 0: no device-nographs run), TIERS ("host"; "host device": both tiers; with "device" the big
 # run takes the device-decided tier), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
 # RUN_S (timeout per run, 240), WORK (/tmp/hetgmp-host-tier), PYTHON (python3); on CPU also
 # GPU_MEM_BYTES (the memory the big run must exceed, 16 MiB).
@@ -31,7 +31,7 @@ if [ "$DEVICE" = cpu ]; then  # (smoke: every step, tiny)
   : "${GPU_MEM_BYTES:=16777216}" "${RUN_S:=120}"
 fi
 BATCH=${BATCH:-8192}; ITERS=${ITERS:-150}; EMBED_DIM=${EMBED_DIM:-128}
-SAMPLES=${SAMPLES:-2500000}; SCALE=${SCALE:-1}; BUDGETS=(${BUDGETS:-0.25 0.10 0.05})
+SAMPLES=${SAMPLES:-2500000}; SCALE=${SCALE:-1}; BUDGETS=(${BUDGETS-0.25 0.10 0.05})
 FACTOR=${FACTOR:-1.2}; BIG=${BIG:-1}; BIG_BUDGET=${BIG_BUDGET:-0.10}; RUN_S=${RUN_S:-240}
 WORK=${WORK:-/tmp/hetgmp-host-tier}; RES="${OUT:-bench/results}/gpu/host_tier"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -67,7 +67,7 @@ else:
 PY
 log "data $DS ready"
 run device "$DS"
-[ "$DEVICE" = cuda ] && run device-nographs "$DS" --no-cuda-graphs
+[ "$DEVICE" = cuda ] && [ "${NOGRAPHS:-1}" = 1 ] && run device-nographs "$DS" --no-cuda-graphs
 for f in "${BUDGETS[@]}"; do
   [[ " ${TIERS:-host} " == *" host "* ]] && run "tier-$f" "$DS" --rows-on host --cache-budget "$f" \
     --no-cuda-graphs
