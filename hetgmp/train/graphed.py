@@ -20,6 +20,7 @@ exchange sizes cross to the host), a dense optimizer that torch can capture (fus
 SGD), no multi-hot bags (their lookup's size is the batch's; the dense part's graph then) and
 with ``--rows-on host`` only the tier decided on the device (its lookup gathers the missed rows
 inside the graph; the cached rows are re-picked between replays, :meth:`LocalStep.before_replay`).
+:func:`multi_graph_support` says the same for a rank of several (:mod:`.graphed_multi`).
 Steps of another shape (the last partial batch), the warm-up steps before the capture and
 profiled steps (``--profile-steps`` splits the step with synchronizing marks) run eagerly with
 the same arithmetic. Out-of-range ids are clamped in the graph as in the eager step and reported
@@ -29,6 +30,7 @@ from a device flag a few steps later, naming the batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -69,6 +71,28 @@ def graph_support(
         # off until run on a GPU, issue 34) has no such read. The dense part's graph
         # (graphed_head) takes the pooled [B, F + K, D] input: fixed shapes either way.
         return "multi-hot bags: the pooled lookup's size depends on the batch (read on the host)"
+    return None
+
+
+def multi_graph_support(step: TrainStep, cfg: Any) -> str | None:
+    """None when a rank of several can replay its whole step as one CUDA graph
+    (:mod:`.graphed_multi`), else why not (for the log; the data source is checked when it
+    opens)."""
+    env, emb = step.env, step.model.embedding
+    if not cfg.cuda_graphs:
+        return "--no-cuda-graphs"
+    if env.device.type != "cuda":
+        return f"device {env.device.type}"
+    if cfg.dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
+        return f"--dense-optimizer {cfg.dense_optimizer}: torch cannot capture it"
+    if cfg.dense_sync_every != 1:
+        return "--dense-sync-every != 1"
+    engine = engine_of(emb)
+    if engine is None or engine.kind != "collective" or emb.exchange != "padded":
+        return "several ranks need the padded exchange (--exchange, --replies, --sync)"
+    bags = getattr(step.model, "bags", None)
+    if bags is not None and not bags.fixed:  # (the compact lookup's size is the batch's)
+        return "multi-hot bags need the fixed-shape lookup (hetgmp.train.multi_hot.FIXED_SHAPE)"
     return None
 
 

@@ -32,37 +32,15 @@ import torch
 
 from hetgmp.comm.env import DistEnv, purpose_env
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
-from hetgmp.embedding import engine_of
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
 from hetgmp.train.accounting import global_batch_sizes
-from hetgmp.train.graphed import GRAPH_DENSE_OPTIMIZERS
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
-
-
-def multi_graph_support(step: TrainStep, cfg: Any) -> str | None:
-    """None when a rank of several can replay its whole step as one CUDA graph, else why not
-    (for the log; the data source is checked when it opens)."""
-    env, emb = step.env, step.model.embedding
-    if not cfg.cuda_graphs:
-        return "--no-cuda-graphs"
-    if env.device.type != "cuda":
-        return f"device {env.device.type}"
-    if cfg.dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
-        return f"--dense-optimizer {cfg.dense_optimizer}: torch cannot capture it"
-    if cfg.dense_sync_every != 1:
-        return "--dense-sync-every != 1"
-    engine = engine_of(emb)
-    if engine is None or engine.kind != "collective" or emb.exchange != "padded":
-        return "several ranks need the padded exchange (--exchange, --replies, --sync)"
-    if getattr(step.model, "bags", None) is not None:  # (several CUDA ranks refuse them first)
-        return "multi-hot bags: the next batch is planned from its padded ids (issue 34)"
-    return None
 
 
 @dataclasses.dataclass(eq=False)
@@ -114,8 +92,17 @@ class MultiRankGraphedStep:
             bool(counts) and read_ahead.ENABLED and whole.ctx.bound >= 1
             and batch_size <= read_ahead.AUTO_MAX_BATCH
         )  # fmt: skip
+        # multi-hot bags (their fixed-shape lookup): the table is handed every slot of a
+        # sample's [F + W] ids as an [N, 1] batch, made inside the step from its ids; a plan
+        # made ahead is matched by the ids tensor it was made from, so bags plan in the step
+        bags = getattr(step.model, "bags", None)
+        self.bag_width: int | None = None if bags is None else int(bags.width)
+        if bags is not None:
+            self.reads_ahead = False
         # planning ahead: exact, at any bound (the next batch's plan only)
-        self.plans_ahead = bool(counts) and (read_ahead.PLAN_AHEAD or self.reads_ahead)
+        self.plans_ahead = (
+            bool(counts) and bags is None and (read_ahead.PLAN_AHEAD or self.reads_ahead)
+        )
         # and the next batch's exchange right after backward (exact, at any bound)
         self.early = self.plans_ahead and read_ahead.EXCHANGE_EARLY and not self.reads_ahead
         self.ahead.values, self.ahead.early = self.reads_ahead, self.early
@@ -293,6 +280,9 @@ class MultiRankGraphedStep:
         return purpose_env(env, "dense")
 
     def _shape(self, batch: PendingBatch) -> tuple[int, int]:
+        """The shape of the ids the table is handed for ``batch`` (its preparation ring's)."""
+        if self.bag_width is not None:
+            return (len(batch) * self.bag_width, 1)
         return (len(batch), int(batch.source.sparse.shape[1]))
 
     def _slot(

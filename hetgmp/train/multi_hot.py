@@ -47,18 +47,24 @@ GPU_ONE_RANK = True
 # tests/test_train_multi_hot_dist.py); off until measured on GPUs, where the compact lookup
 # and its fused kernels are the measured path.
 FIXED_SHAPE = False
+# Several CUDA ranks train multi-hot data when on: the bags in fixed shapes (forced there) and
+# the multi-rank whole step as one CUDA graph (hetgmp.train.graphed_multi; the batch planned
+# inside the step). Its flow on gloo ranks equals the eager padded path's
+# (tests/test_whole_step_bags.py); off until run on GPUs (tests/gpu_whole_step_bags_check.py).
+GPU_RANKS = False
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
     """What of this run multi-hot training does not do yet (empty: it runs): only its device
     now (``cfg`` is kept for what a later refusal may name)."""
     why = []
-    one_gpu = GPU_ONE_RANK and env.device.type == "cuda" and env.world_size == 1
-    if env.device.type != "cpu" and not one_gpu:
-        if GPU_ONE_RANK and env.device.type == "cuda":
+    if env.device.type == "cuda":
+        if not GPU_ONE_RANK:
+            why.append("device cuda (CPU only so far: --device cpu)")
+        elif env.world_size > 1 and not GPU_RANKS:
             why.append(f"{env.world_size} CUDA ranks (one GPU only so far)")
-        else:
-            why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
+    elif env.device.type != "cpu":
+        why.append(f"device {env.device.type} (CPU only so far: --device cpu)")
     return why
 
 
@@ -105,10 +111,13 @@ def prepare(cfg: Any, env: Any, ds: Dataset, *, api: bool = False) -> Dataset:
     return PaddedBags(ds, bag_widths(ds))
 
 
-def bag_layout(cfg: Any, ds: Dataset, device: torch.device | None = None) -> BagLayout | None:
+def bag_layout(
+    cfg: Any, ds: Dataset, device: torch.device | None = None, world: int = 1
+) -> BagLayout | None:
     """The model's pooled lookup for ``ds`` (None without multi-hot fields); ``ds`` must come
     from :func:`prepare` (``hetgmp train`` and ``hetgmp.build_model`` pass theirs through it).
-    ``device``: where it runs, for its pooling backend (``--kernels``; None: torch's)."""
+    ``device``: where it runs, for its pooling backend (``--kernels``; None: torch's);
+    ``world``: its ranks (several CUDA ranks take the fixed shapes: their step is one graph)."""
     if not ds.meta.multi_hot:
         return None
     if not isinstance(ds, PaddedBags):
@@ -121,7 +130,7 @@ def bag_layout(cfg: Any, ds: Dataset, device: torch.device | None = None) -> Bag
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
         backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
-        fixed=FIXED_SHAPE,
+        fixed=FIXED_SHAPE or (device is not None and device.type == "cuda" and world > 1),
     )
 
 

@@ -224,7 +224,7 @@ def build_ctr_model(
 
     if log is not None and isinstance(emb, DistributedEmbedding):
         _log_embedding(log, cfg, env, emb)
-    bags = bag_layout(cfg, ds, env.device)  # (multi-hot fields: pooled rows, one field each)
+    bags = bag_layout(cfg, ds, env.device, env.world_size)  # (multi-hot: pooled rows)
     model = build_model(
         cfg.model,
         emb,

@@ -43,9 +43,9 @@ from hetgmp.train.async_loop import run_async
 from hetgmp.train.checkpoint import LoadedCheckpoint, Position
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.evaluate import EvalResult, evaluate
-from hetgmp.train.graphed import GraphedStep, graph_support
+from hetgmp.train.graphed import GraphedStep, graph_support, multi_graph_support
 from hetgmp.train.graphed_head import WARMUP_STEPS, GraphedHead, head_graph_support
-from hetgmp.train.graphed_multi import MultiRankGraphedStep, multi_graph_support
+from hetgmp.train.graphed_multi import MultiRankGraphedStep
 from hetgmp.train.lookahead import read_ahead
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
