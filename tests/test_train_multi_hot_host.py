@@ -20,6 +20,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.config import validate
 from hetgmp.data.format import make_fields, write_dataset
+from hetgmp.embedding import tier_setup
 from hetgmp.embedding.tier_ahead import AheadQueue
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.run import train
@@ -74,9 +75,11 @@ def _same_checkpoints(a: Path, b: Path) -> None:
 def test_one_rank_host_rows_equal_device_and_read_ahead_is_taken(
     bags: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """20 steps, a 20 % cache (280 rows: a batch's distinct rows and the next one's fit
-    beside each other, the table does not): the same checkpoint and val loss as the device
-    table; every lookup but the first takes a batch staged a step ahead."""
+    """The host-decided tier (several ranks use it): 20 steps, a 20 % cache (280 rows: a
+    batch's distinct rows and the next one's fit beside each other, the table does not): the
+    same checkpoint and val loss as the device table; every lookup but the first takes a batch
+    staged a step ahead."""
+    monkeypatch.setattr(tier_setup, "DEVICE_TIER", False)
     dev = train(_cfg(bags, checkpoint_dir=tmp_path / "dev"), DistEnv.single())
     taken = {"staged": 0}
     take = AheadQueue.take
@@ -97,6 +100,19 @@ def test_one_rank_host_rows_equal_device_and_read_ahead_is_taken(
     # the read-ahead: staged ahead and taken by the step (a padded batch is never staged, a
     # tensor other than the one the lookup hands the table never taken)
     assert t["ahead"] >= 15 and taken["staged"] == t["ahead"], (t, taken)
+
+
+def test_one_rank_device_tier_equals_device(bags: Path, tmp_path: Path) -> None:
+    """The one-rank default, the tier decided on the device: the bags' table ids (padding
+    taken out) looked up through its working table give the same checkpoint and val loss as
+    the device table, with real misses written back."""
+    dev = train(_cfg(bags, checkpoint_dir=tmp_path / "dev"), DistEnv.single())
+    host_cfg = _cfg(bags, checkpoint_dir=tmp_path / "host", rows_on="host", cache_budget=0.2)
+    host = train(host_cfg, DistEnv.single())
+    assert host["val_loss"] == dev["val_loss"] and host["val_auc"] == dev["val_auc"]
+    _same_checkpoints(tmp_path / "dev", tmp_path / "host")
+    t = host["host_tier"]
+    assert t["steps"] == 20 and t["misses"] > 0 and t["hits"] > 0 and t["written_back"] > 0
 
 
 def _train_each(env: DistEnv, cfgs: list[TrainConfig]) -> list[dict]:
