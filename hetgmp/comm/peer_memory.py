@@ -1,0 +1,153 @@
+"""Buffers every rank of one host allocates and every other rank reads and writes in place:
+the transport of the exchange over peer memory planned in ``docs/scaling_plan.md`` (issue 30).
+
+Why: on the 2-GPU step the exchange's chain after backward (pack, two NCCL all-to-alls, answer,
+finish) costs ~170 us that one GPU does not spend; on 2 H100s our row kernels gather from and
+atomically add into a peer's memory at local speed, and a device barrier costs 5 us inside a
+CUDA graph (``bench/results/gpu/p2p_probe/``). With the peers' rows mapped, a reader can gather
+a remote row itself and a pusher write its gradient at the owner, with a barrier between the
+phases instead of packing and all-to-alls.
+
+Two backends, one contract (:class:`PeerMemory`):
+
+* CUDA: ``torch.distributed._symmetric_memory`` (an allocation every rank of the NCCL group
+  makes, mapped into every other rank's address space over NVLink); the barrier is its device
+  barrier, so it can be captured in a CUDA graph.
+* CPU: a POSIX shared-memory file per rank (``/dev/shm``), mapped by every rank; the barrier is
+  the group's (gloo). The files are unlinked once every rank has mapped them: nothing is left
+  behind, even by a job that dies later. CPU ranks run the same algorithms as GPUs with it, so
+  tests check them with real processes.
+
+A buffer is a flat byte allocation per rank, carved into named, typed views (256-byte aligned).
+Only ranks of one host take part (:func:`why_not` says why not otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetgmp.comm.env import DistEnv
+
+ALIGN = 256
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def _host_key() -> int:
+    """This host's name as a 56-bit number (compared across ranks without pickling)."""
+    return int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:7], "little")
+
+
+def _gathered(env: DistEnv, value: int) -> list[int]:
+    """Every rank's ``value`` (int64), in rank order, through one all-reduce."""
+    t = torch.zeros(env.world_size, dtype=torch.int64, device=env.device)
+    t[env.rank] = value
+    dist.all_reduce(t, group=env.group)
+    return [int(v) for v in t.tolist()]
+
+
+def why_not(env: DistEnv) -> str | None:
+    """(Collective) None when the ranks of ``env`` can share peer memory, else why not: a
+    single process, a backend other than gloo (CPU) or NCCL (CUDA), ranks on several hosts, or
+    CUDA devices without peer access to each other."""
+    if env.group is None or env.world_size < 2:
+        return "a single process"
+    if (env.device.type, env.backend) not in (("cpu", "gloo"), ("cuda", "nccl")):
+        return (
+            f"backend {env.backend} on {env.device.type} (peer memory: gloo on CPU, NCCL on CUDA)"
+        )
+    hosts = _gathered(env, _host_key())
+    if len(set(hosts)) > 1:
+        return f"ranks on {len(set(hosts))} hosts (peer memory is one host's)"
+    if env.device.type == "cuda":
+        devs = _gathered(env, env.device.index if env.device.index is not None else 0)
+        me = devs[env.rank]
+        bad = [d for d in devs if d != me and not torch.cuda.can_device_access_peer(me, d)]
+        if bad:
+            return f"cuda:{me} has no peer access to cuda:{bad[0]}"
+    return None
+
+
+def _offsets(layout: Layout) -> tuple[dict[str, int], int]:
+    """Each buffer's byte offset (aligned) and the total bytes."""
+    off, total = {}, 0
+    for name, (shape, dtype) in layout.items():
+        total = -(-total // ALIGN) * ALIGN
+        off[name] = total
+        n = 1
+        for s in shape:
+            n *= int(s)
+        total += n * torch.empty((), dtype=dtype).element_size()
+    return off, max(total, 1)
+
+
+class PeerMemory:
+    """The buffers of ``layout`` (name -> (shape, dtype)) on every rank of ``env``, each rank
+    seeing every other's (collective: every rank constructs it with the same layout, zeroed).
+    :meth:`mine` and :meth:`peer` are typed views; :meth:`barrier`: every rank's writes before
+    it (to any rank's buffers) are visible to every rank after it."""
+
+    def __init__(self, env: DistEnv, layout: Layout) -> None:
+        why = why_not(env)
+        if why is not None:
+            raise RuntimeError(f"peer memory needs the ranks of one host: {why}")
+        self.env, self.layout = env, dict(layout)
+        self._off, self.nbytes = _offsets(self.layout)
+        self._symm: Any = None
+        if env.device.type == "cuda":
+            self._flat = self._cuda_buffers()
+        else:
+            self._flat = self._shm_buffers()
+
+    def _cuda_buffers(self) -> list[torch.Tensor]:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buf = symm_mem.empty(self.nbytes, dtype=torch.uint8, device=self.env.device)
+        buf.zero_()
+        self._symm = symm_mem.rendezvous(buf, self.env.group)
+        get = self._symm.get_buffer
+        return [buf if r == self.env.rank else get(r, (self.nbytes,), torch.uint8)
+                for r in range(self.env.world_size)]  # fmt: skip
+
+    def _shm_buffers(self) -> list[torch.Tensor]:
+        env = self.env
+        tag = _gathered(env, int.from_bytes(os.urandom(7), "little") if env.rank == 0 else 0)[0]
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = [os.path.join(base, f"hetgmp-peer-{tag:x}-{r}") for r in range(env.world_size)]
+        mine = torch.from_file(path[env.rank], shared=True, size=self.nbytes, dtype=torch.uint8)
+        mine.zero_()
+        dist.barrier(group=env.group)  # (every file made)
+        flat = [mine if r == env.rank else
+                torch.from_file(p, shared=True, size=self.nbytes, dtype=torch.uint8)
+                for r, p in enumerate(path)]  # fmt: skip
+        dist.barrier(group=env.group)  # (every file mapped everywhere: the names can go)
+        os.unlink(path[env.rank])
+        return flat
+
+    def view(self, name: str, rank: int) -> torch.Tensor:
+        """Buffer ``name`` of ``rank`` (this rank's or a peer's), typed and shaped."""
+        shape, dtype = self.layout[name]
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        raw = self._flat[rank][self._off[name] : self._off[name] + size]
+        return raw.view(dtype).view(shape)
+
+    def mine(self, name: str) -> torch.Tensor:
+        return self.view(name, self.env.rank)
+
+    def peer(self, name: str, rank: int) -> torch.Tensor:
+        return self.view(name, rank)
+
+    def barrier(self, channel: int = 0) -> None:
+        """Every rank's writes so far, to any rank's buffers, visible to every rank after it
+        (CUDA: the device barrier, on the current stream, capturable once a barrier ran
+        eagerly; CPU: the group's barrier)."""
+        if self._symm is not None:
+            self._symm.barrier(channel=channel)
+        else:
+            dist.barrier(group=self.env.group)
