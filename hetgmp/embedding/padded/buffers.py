@@ -58,6 +58,7 @@ from hetgmp.embedding.padded import presync_step
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
+from hetgmp.embedding.padded.peer_payloads import peer_payloads
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.comm.env import DistEnv
@@ -191,9 +192,14 @@ class StaticExchange:
         }
         assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
         self.send1 = torch.zeros(w, self.s1, device=dev)
-        self.recv1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
-        self.recv2 = torch.zeros(w, self.s2, device=dev)
+        # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads)
+        self.peer = peer_payloads(self.comm, self.s1, self.s2)
+        if self.peer is not None:
+            self.recv1, self.recv2 = self.peer.recv1, self.peer.recv2
+        else:
+            self.recv1 = torch.zeros(w, self.s1, device=dev)
+            self.recv2 = torch.zeros(w, self.s2, device=dev)
         self.ar_p_push = torch.arange(p, dtype=torch.int64, device=dev)  # push slots per peer
 
     def _own_buffers(self, emb: RowStore, o: int, wp: int, d: int, i64: dict[str, Any]) -> None:
@@ -301,9 +307,15 @@ class StaticExchange:
     def _step(self, segment: Callable[[str, Callable[[], None]], Any]) -> None:
         seg = self.seg
         segment("pack", lambda: seg.pack(self))
-        exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
+        if self.peer is not None:  # (copies into the peers' buffers, a barrier)
+            self.peer.exchange(self.send1, "recv1")
+        else:
+            exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
         segment("answer", lambda: seg.answer(self))
-        exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
+        if self.peer is not None:
+            self.peer.exchange(self.send2, "recv2")
+        else:
+            exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         segment("finish", lambda: seg.finish(self))
 
     def presync(
