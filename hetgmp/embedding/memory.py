@@ -71,6 +71,6 @@ def check_fits(
         f"`python partition/partition.py -n {gpus} -o part.npz --data DATASET`, then "
         f"`mpirun -np {gpus} python examples/hetuctr.py --partition part.npz ...` (about "
         f"{share / gib:.1f} GiB of rows per GPU); or, on one GPU, the rows in host memory with "
-        f"the hottest cached on it: --rows-on host --cache-budget 0.1 --no-cuda-graphs; or a "
+        f"the hottest cached on it: --rows-on host --cache-budget 0.1; or a "
         f"smaller --embed_dim"
     )

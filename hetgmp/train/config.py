@@ -110,8 +110,9 @@ class TrainConfig:
     rows_on: str = option(
         "device", choices=("device", "host"), flags=["--rows-on"],
         help="where a rank's (owned) rows and optimizer state live: on the device, or in (pinned) "
-        "host memory with a device cache of --cache-budget of them, each batch's rows fetched "
-        "before it trains (several ranks: the exact exchange; CUDA: --no-cuda-graphs so far)",
+        "host memory with a device cache of --cache-budget of them, each batch's missed rows "
+        "read in by the GPU as it trains (one rank: inside the step's CUDA graph; several "
+        "ranks: the exact exchange and, on CUDA, --no-cuda-graphs so far)",
     )  # fmt: skip
     cache_budget: float = option(
         0.25, check=lambda v: 0.0 < v <= 1.0, check_msg="must lie in (0, 1]",
