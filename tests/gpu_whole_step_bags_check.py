@@ -5,7 +5,7 @@ Run by ``tests/test_whole_step_bags.py`` (GPU, 2 GPUs) as ``python -m torch.dist
 --standalone --nproc_per_node 2 tests/gpu_whole_step_bags_check.py DIR``: a generated set with
 two multi-hot fields (rank 0 makes it), trained with ``multi_hot.GPU_RANKS`` on (the bags in
 fixed shapes, the step one CUDA graph, NCCL inside it) and eagerly (``--no-cuda-graphs``), for
-Adagrad at bound 0 and SGD at bound 100; every rank compares its rows, optimizer state and
+Adagrad at bound 0 and SGD at bound 100 (``gpu_whole_step_check.run``: it asserts which ran); every rank compares its rows, optimizer state and
 dense layers and the row counters, and rank 0 prints ``WHOLE STEP BAGS CHECK OK``.
 """
 
@@ -19,57 +19,20 @@ import torch
 
 from hetgmp.comm.collectives import barrier
 from hetgmp.comm.launch import init_distributed, shutdown
-from hetgmp.config import validate
 from hetgmp.data.generate import generate_criteo_like
 from hetgmp.train import multi_hot
-from hetgmp.train.config import TrainConfig
-from hetgmp.train.graphed_multi import MultiRankGraphedStep
-from hetgmp.train.run import build_trainer, distributed_embedding
-from hetgmp.train.runlog import RunLog
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_whole_step_check import run  # noqa: E402
 
-def run(env: Any, root: Path, graphs: bool, **kw: Any) -> dict:
-    cfg = validate(
-        TrainConfig(
-            dataset=str(root),
-            batch_size=512,
-            embed_dim=16,
-            progress=False,
-            epochs=1,
-            data_on_device="on",
-            store_rate=0.2,
-            val=False,
-            log_every=100,
-            warmup_steps=1,
-            cuda_graphs=graphs,
-            dense_optimizer="sgd",
-            dense_lr=0.05,
-            device="cuda",
-            model="wdl",
-            pooling="sum,mean",
-            exchange="padded",
-            replies="all",
-            **kw,
-        )  # fmt: skip
-    )
-    tr = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
-    assert isinstance(tr.run_step, MultiRankGraphedStep) == graphs, tr.graph_note
-    assert tr.model.bags is not None and tr.model.bags.fixed
-    res = tr.fit()
-    sd = tr.model.embedding.state_dict()
-    order = torch.argsort(sd["ids"])
-    out = {"weight": sd["weight"][order], "opt": sd["opt_state"], "res": res}
-    if out["opt"].numel():
-        out["opt"] = out["opt"][order]
-    out["dense"] = {k: v.clone() for k, v in tr.model.dense_state_dict().items()}
-    out["replays"] = getattr(tr.run_step, "replays", 0)
-    return out
+# (the model pools the bags; several CUDA ranks take them in fixed shapes: GPU_RANKS)
+BAGS = dict(model="wdl", pooling="sum,mean", exchange="padded", replies="all")
 
 
 def compare(env: Any, root: Path) -> None:
     multi_hot.GPU_RANKS = True
     for opt, bound in (("adagrad", 0), ("sgd", 100)):
-        kw = dict(optimizer=opt, bound=bound, lr=0.05 if opt == "adagrad" else 5.0)
+        kw = dict(optimizer=opt, bound=bound, lr=0.05 if opt == "adagrad" else 5.0, **BAGS)
         g, e = run(env, root, True, **kw), run(env, root, False, **kw)
         assert g["replays"] > 10, g["replays"]
         # GPU atomics add in any order: hot rows differ in the last bits

@@ -29,13 +29,19 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["n"])
-def tier_mark_kernel(ids_ptr, pos_ptr, seen_ptr, n, num_rows, BLOCK: tl.constexpr):
+@triton.jit
+def _occurrences(ids_ptr, n, num_rows, BLOCK: tl.constexpr):
+    # (a program's occurrences: index, in range, valid id, its row clamped into the table)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     raw = tl.load(ids_ptr + i, mask=m, other=0)
     ok = m & (raw >= 0) & (raw < num_rows)
-    row = tl.minimum(tl.maximum(raw, 0), num_rows - 1)
+    return i, m, ok, tl.minimum(tl.maximum(raw, 0), num_rows - 1)
+
+
+@triton.jit(do_not_specialize=["n"])
+def tier_mark_kernel(ids_ptr, pos_ptr, seen_ptr, n, num_rows, BLOCK: tl.constexpr):
+    i, m, ok, row = _occurrences(ids_ptr, n, num_rows, BLOCK)
     tl.atomic_add(seen_ptr + row, tl.full([BLOCK], 1, tl.int32), mask=ok, sem="relaxed")
     tl.store(pos_ptr + row, i.to(tl.int32), mask=ok)
 
@@ -45,11 +51,7 @@ def tier_lead_kernel(
     ids_ptr, slot_of_ptr, pos_ptr, rows_ptr, count_ptr, dev_ptr, n, num_rows, capacity,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    raw = tl.load(ids_ptr + i, mask=m, other=0)
-    ok = m & (raw >= 0) & (raw < num_rows)
-    row = tl.minimum(tl.maximum(raw, 0), num_rows - 1)
+    i, m, ok, row = _occurrences(ids_ptr, n, num_rows, BLOCK)
     lead = ok & (tl.load(pos_ptr + row, mask=ok, other=-1) == i)
     cached = tl.load(slot_of_ptr + row, mask=ok, other=-1) >= 0
     miss = lead & ~cached
@@ -67,11 +69,7 @@ def tier_slots_kernel(
     ids_ptr, slot_of_ptr, pos_ptr, slots_ptr, n, num_rows, cache_rows, capacity,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    raw = tl.load(ids_ptr + i, mask=m, other=0)
-    ok = m & (raw >= 0) & (raw < num_rows)
-    row = tl.minimum(tl.maximum(raw, 0), num_rows - 1)
+    i, m, ok, row = _occurrences(ids_ptr, n, num_rows, BLOCK)
     c = tl.load(slot_of_ptr + row, mask=ok, other=-1).to(tl.int64)
     entry = -2 - tl.load(pos_ptr + row, mask=ok & (c < 0), other=-2).to(tl.int64)
     refused = cache_rows + capacity  # (past the working table)
