@@ -24,7 +24,9 @@
 # early with the gradient buffer zeroed during the forward (padded.exchange.EARLY_ZERO),
 # "markfield": early with the plan's leaders marked by field (kernels.prep.MARK_BY_FIELD),
 # "zeromark": both, "peer": early with the two payload all-to-alls as copies into the peers'
-# buffers (symmetric memory) and a device barrier (padded.peer_payloads.PEER_PAYLOADS); reading
+# buffers (symmetric memory) and a device barrier (padded.peer_payloads.PEER_PAYLOADS),
+# "fromtable": early with the lookup reading the rows stored here from the table, finish_values
+# writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
@@ -79,6 +81,8 @@ switches() {  # variant -> module switches
       hetgmp.embedding.padded.exchange.EARLY_ZERO=1 ;;
     markfield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
+    fromtable) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
     peer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
     zeromark) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \

@@ -20,8 +20,8 @@ import torch
 from hetgmp.embedding.batch import Batch, Occurrences
 from hetgmp.embedding.collective.stepper import Stepper
 from hetgmp.embedding.context import OP_FORWARD
-from hetgmp.embedding.kernels import take_rows
 from hetgmp.embedding.local import LocalStep, autocast_rows_dtype
+from hetgmp.embedding.padded.take import take_values
 
 
 class _LocalLookup(torch.autograd.Function):
@@ -56,9 +56,8 @@ class _PaddedLookup(torch.autograd.Function):
         if stepper.padded is not None and stepper.padded.whole:
             stepper.padded.zero_grad_early(batch)  # (EARLY_ZERO: off the chain after backward)
         dtype = autocast_rows_dtype(values.device)
-        return take_rows(values, batch.inv, backend=stepper.ctx.kernels, out_dtype=dtype).view(
-            shape
-        )
+        k = stepper.ctx.kernels
+        return take_values(batch.static, values, batch.inv, backend=k, out_dtype=dtype).view(shape)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:

@@ -26,6 +26,7 @@ from hetgmp.embedding.padded.ahead import Primed, ReadAhead
 from hetgmp.embedding.padded.buffers import StaticExchange
 from hetgmp.embedding.padded.exchange import PaddedExchange
 from hetgmp.embedding.padded.fields import Capacity
+from hetgmp.embedding.padded.local_now import refresh_stored
 from hetgmp.embedding.padded.whole import WholeStep
 
 
@@ -197,6 +198,9 @@ class PlannedEngine:
         self, values: torch.Tensor, batch: Any, shape: tuple[int, int], grad: bool
     ) -> torch.Tensor:
         """The exact transport's ``[B, F, D]`` output (its gradient captured by a hook)."""
+        st = getattr(batch, "static", None)
+        if st is not None and st.from_table:  # (a padded step's stored rows: from the table)
+            refresh_stored(st, batch.prep, values)
         if grad:
             leaf = values.requires_grad_()
             stepper = self.stepper

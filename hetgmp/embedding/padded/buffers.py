@@ -54,7 +54,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.padded import kernels as fused_segments
-from hetgmp.embedding.padded import presync_step
+from hetgmp.embedding.padded import presync_step, take
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
@@ -114,6 +114,9 @@ class StaticExchange:
         self._payload_buffers(w, q, p, d, dev)
         # outputs
         self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
+        # (.take: the stored rows read from the table by the lookup; their slots, -1 others)
+        self.from_table = take.TAKE_FROM_TABLE  # (read now: a switch set before the run)
+        self.src = torch.full((u + 1,), -1, **i64)
         self.rows_step = torch.zeros(5, **i64)
         self.deferred = torch.zeros((), **i64)
         # the mirrors' due mask's running count (pack), made by the counts phase when it ran

@@ -98,6 +98,8 @@ class SegmentBuffers(Protocol):
     spread_wq_m: torch.Tensor
     # outputs
     values: torch.Tensor
+    from_table: bool  # (.take: the stored rows' slots in src instead of their values)
+    src: torch.Tensor
     grad: torch.Tensor  # the last batch's gradient summed per row (its ring slot's)
     rows_step: torch.Tensor
     deferred: torch.Tensor

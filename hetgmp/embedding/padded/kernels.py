@@ -238,9 +238,10 @@ def finish(st: Any) -> None:
     r = st.recv2
     k.finish_values[_grid(cap.u, br)](
         st.sz_mine, st.blocks, st.slot, r, r.view(torch.int32), r.view(torch.int64),
-        e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.rows_step,
-        st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w),
-        COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
+        e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.src,
+        st.rows_step, st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w,
+        B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
+        FROM_TABLE=st.from_table,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.kernels.rows_triton import _copy_rows
 from hetgmp.embedding.padded.due_triton import pack_rows, scan_due
 from hetgmp.embedding.padded.rule_triton import beyond_bound, within_bound
 
@@ -173,11 +174,14 @@ def answer_queries_kernel(
 @triton.jit(do_not_specialize=["u"])
 def finish_values_kernel(
     sz_ptr, blocks_ptr, slot_ptr, recv_ptr, recv32_ptr, recv64_ptr, w_ptr, ver_ptr,
-    dacc_ptr, state_ptr, values_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
+    dacc_ptr, state_ptr, values_ptr, src_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
     W: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
+    FROM_TABLE: tl.constexpr = False,
 ):  # fmt: skip
-    # (SW 1: a refreshed mirror takes the owner's optimizer state too)
+    # (SW 1: a refreshed mirror takes the owner's optimizer state too; FROM_TABLE: the values
+    # of rows stored here are not written, their slot is, in src (-1: a row not stored here,
+    # its value written): the lookup reads them from the table, .take)
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     ends, starts, t = _block_starts(blocks_ptr, W, B3)
@@ -210,9 +214,13 @@ def finish_values_kernel(
     if pid == 0:
         tl.store(rows_ptr + 3, tl.load(deferred_ptr))
         tl.store(rows_ptr + 4, k0 * 0)
+    keep, put = stored, live  # (rows whose stored value is read; rows whose value is written)
+    if FROM_TABLE:
+        tl.store(src_ptr + i, tl.where(stored, s, -1), mask=i < u)
+        keep, put = fresh & ~fresh, rem
     _finish_rows(
         recv_ptr, w_ptr, dacc_ptr, values_ptr, o + q + e.to(tl.int64) * D, s, i, n_own, fresh,
-        rem, stored, live, D, BD,
+        rem, keep, put, D, BD,
     )  # fmt: skip
 
 
@@ -241,3 +249,18 @@ def _finish_rows(
         )
         out = tl.where(fresh[:, None], new, tl.where(rem[:, None], rv, old))
         tl.store(values_ptr + v_off[:, None] + c[None, :], out, mask=live[:, None] & cm)
+
+
+@triton.jit(do_not_specialize=["n"])
+def take_values_kernel(
+    w_ptr, src_ptr, values_ptr, inv_ptr, out_ptr, n, D: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # out[o] = the table's row src[inv[o]] when stored here (>= 0), else values[inv[o]]
+    # (.take: finish_values wrote only the rows not stored here)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < n
+    i = tl.load(inv_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    s = tl.load(src_ptr + i, mask=rmask, other=-1)
+    _copy_rows(w_ptr, out_ptr, tl.maximum(s, 0), rows, rmask & (s >= 0), D, BLOCK_D)
+    _copy_rows(values_ptr, out_ptr, i, rows, rmask & (s < 0), D, BLOCK_D)

@@ -307,8 +307,11 @@ def finish(st: SegmentBuffers) -> None:
         put_rows(e.opt_state_full.view(-1, 1), rs, r_state, backend=st.kernels)
     # values: owned + mirror rows from storage, rows not stored here from the reply
     n_om = st.sz_mine[0, _NOWN] + st.sz_mine[:, _NQM].sum()
-    src = torch.where(st.ar_u < n_om, st.slot[:u], e.trash_slot)
-    take_rows(e.weight_full, src, out=st.values[:u], backend=st.kernels)
+    if st.from_table:  # (the stored rows' slots instead of their values: .take)
+        st.src[:u].copy_(torch.where(st.ar_u < n_om, st.slot[:u], -1))
+    else:
+        src = torch.where(st.ar_u < n_om, st.slot[:u], e.trash_slot)
+        take_rows(e.weight_full, src, out=st.values[:u], backend=st.kernels)
     tv = torch.where(is_r, ipos, st.skip_u).reshape(-1)
     put_rows(st.values, tv, r_vals.reshape(-1, d), backend=st.kernels)
     torch.stack(

@@ -1,0 +1,125 @@
+"""The padded lookup reading the rows stored here straight from the table
+(:mod:`hetgmp.embedding.padded.take`, ``TAKE_FROM_TABLE``): its kernel equals the torch
+reference in Triton's interpreter (a mutant that reads the wrong source fails), and on gloo
+ranks the whole-step flow and the eager padded path train exactly as with every value written
+by ``finish_values`` (torch segments, and the fused Triton segments in the interpreter)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from interpreted import run_interpreted
+from test_whole_step_multi import _assert_runs_equal, _by_id, _cfg, _plan, _rank
+
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.embedding.padded.take import take_values_reference
+
+
+def test_reference_reads_the_table_for_stored_rows_else_values() -> None:
+    table = torch.arange(40.0).view(10, 4)
+    values = -torch.arange(20.0).view(5, 4)
+    src = torch.tensor([3, -1, 7, -1, 0])  # distinct rows 0, 2, 4 stored at slots 3, 7, 0
+    inv = torch.tensor([0, 1, 1, 4, 2, 3])
+    got = take_values_reference(table, src, values, inv)
+    want = torch.stack([table[3], values[1], values[1], table[0], table[7], values[3]])
+    assert torch.equal(got, want)
+
+
+CASES = textwrap.dedent(
+    """
+    import importlib.util, tempfile, types
+    from pathlib import Path
+    import torch
+    import hetgmp.embedding.padded.kernels_triton as kt
+    from hetgmp.embedding.padded import take
+    from hetgmp.embedding.padded.take import take_values, take_values_reference
+
+    def check():
+        g = torch.Generator().manual_seed(0)
+        table = torch.randn(300, 24, generator=g)
+        values = torch.randn(90, 24, generator=g)
+        src = torch.randint(-1, 300, (90,), generator=g)
+        src[::3] = -1
+        src[1] = 0  # (slot 0: a stored row too)
+        inv = torch.randint(0, 90, (1000,), generator=g)
+        st = types.SimpleNamespace(from_table=True, src=src,
+                                   store=types.SimpleNamespace(weight_full=table))
+        got = take_values(st, values, inv, backend="triton")
+        bf = take_values(st, values, inv, backend="triton", out_dtype=torch.bfloat16)
+        want = take_values_reference(table, src, values, inv)
+        # (bf16 within one step: the interpreter may truncate, not round)
+        close = torch.allclose(bf.float(), want, rtol=2**-7, atol=0)
+        return torch.equal(got, want) and bf.dtype == torch.bfloat16 and close
+
+    def mutant(old, new):
+        src = Path(kt.__file__).read_text()
+        assert old in src
+        path = Path(tempfile.mkdtemp()) / "kt_mutant.py"
+        path.write_text(src.replace(old, new))
+        spec = importlib.util.spec_from_file_location("kt_mutant", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        real, take._kernel = take._kernel, lambda: mod.take_values_kernel
+        try:
+            return check()
+        finally:
+            take._kernel = real
+
+    print("real", check())
+    print("slot0", mutant("rmask & (s >= 0), D, BLOCK_D)", "rmask & (s > 0), D, BLOCK_D)"))
+    """
+)
+
+
+def test_kernel_matches_reference_in_interpreter(tmp_path: Path) -> None:
+    out = run_interpreted(tmp_path / "take_checks.py", CASES)
+    assert out == ["real", "True", "slot0", "False"]
+
+
+def _rank_take(env, cfg, whole: bool, on: bool) -> dict:  # type: ignore[no-untyped-def]
+    from hetgmp.embedding.padded import take
+
+    take.TAKE_FROM_TABLE = on  # (in the spawned ranks)
+    out = _rank(env, cfg, whole, None)
+    out["from_table"] = on
+    return out
+
+
+@pytest.mark.parametrize(("whole", "optimizer", "bound"), [(True, "adagrad", 3), (False, "sgd", 0)])
+def test_stored_rows_from_the_table_train_as_from_values(
+    tiny_dataset, tmp_path, whole: bool, optimizer: str, bound: int
+) -> None:
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound)
+    off = spawn_ranks(_rank_take, 2, cfg, whole, False, timeout_s=180)
+    on = spawn_ranks(_rank_take, 2, cfg, whole, True, timeout_s=180)
+    _assert_runs_equal(off, on)
+    ww = _by_id(on[0])[0]
+    assert (ww - ww.mean()).abs().max() > 0  # (the rows moved: not vacuous)
+
+
+def _interpreted_take(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """The whole-step flow with the fused Triton segments in Triton's interpreter, without and
+    with the table read by the lookup (set before triton's first import: a fresh
+    interpreter, ``start_method="spawn"``)."""
+    import os
+    import sys
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    assert "triton" not in sys.modules
+    from hetgmp.embedding.kernels import launcher, prep
+
+    launcher.interpreted.cache_clear()
+    prep.AGGREGATE = False
+    return _rank_take(env, cfg, True, False), _rank_take(env, cfg, True, True)
+
+
+def test_fused_finish_and_take_from_the_table_in_interpreter(tiny_dataset, tmp_path) -> None:
+    pytest.importorskip("triton")
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
+    runs = spawn_ranks(_interpreted_take, 2, cfg, timeout_s=240, start_method="spawn")
+    _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
