@@ -37,3 +37,21 @@ def compiled(text: str) -> dict[str, Any]:
     ns: dict[str, Any] = {}
     exec(text, ns)  # noqa: S102 - the test module's own cases
     return ns
+
+
+def mutated_module(module: Any, old: str, new: str) -> Any:
+    """A copy of ``module`` (a kernel module) with ``old`` replaced by ``new`` in its source,
+    loaded from a file of its own (Triton's ``jit`` reads a kernel's source from its file):
+    a mutant the kernel tests must fail on."""
+    import importlib.util
+    import tempfile
+
+    src = Path(module.__file__).read_text()
+    assert old in src, old
+    path = Path(tempfile.mkdtemp()) / f"{module.__name__.rsplit('.', 1)[-1]}_mutant.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location(f"{module.__name__}_mutant", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

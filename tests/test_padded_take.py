@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from interpreted import run_interpreted
-from test_whole_step_multi import _assert_runs_equal, _by_id, _cfg, _plan, _rank
+from test_whole_step_multi import _assert_runs_equal, _cfg, _plan, _rank, _switched_runs_equal
 
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding.padded.take import take_values_reference
@@ -30,9 +30,9 @@ def test_reference_reads_the_table_for_stored_rows_else_values() -> None:
 
 CASES = textwrap.dedent(
     """
-    import importlib.util, tempfile, types
-    from pathlib import Path
+    import types
     import torch
+    from interpreted import mutated_module
     import hetgmp.embedding.padded.kernels_triton as kt
     from hetgmp.embedding.padded import take
     from hetgmp.embedding.padded.take import take_values, take_values_reference
@@ -55,13 +55,7 @@ CASES = textwrap.dedent(
         return torch.equal(got, want) and bf.dtype == torch.bfloat16 and close
 
     def mutant(old, new):
-        src = Path(kt.__file__).read_text()
-        assert old in src
-        path = Path(tempfile.mkdtemp()) / "kt_mutant.py"
-        path.write_text(src.replace(old, new))
-        spec = importlib.util.spec_from_file_location("kt_mutant", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = mutated_module(kt, old, new)
         real, take._kernel = take._kernel, lambda: mod.take_values_kernel
         try:
             return check()
@@ -92,13 +86,8 @@ def _rank_take(env, cfg, whole: bool, on: bool) -> dict:  # type: ignore[no-unty
 def test_stored_rows_from_the_table_train_as_from_values(
     tiny_dataset, tmp_path, whole: bool, optimizer: str, bound: int
 ) -> None:
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound)
-    off = spawn_ranks(_rank_take, 2, cfg, whole, False, timeout_s=180)
-    on = spawn_ranks(_rank_take, 2, cfg, whole, True, timeout_s=180)
-    _assert_runs_equal(off, on)
-    ww = _by_id(on[0])[0]
-    assert (ww - ww.mean()).abs().max() > 0  # (the rows moved: not vacuous)
+    _switched_runs_equal(tiny_dataset, tmp_path, _rank_take, whole, optimizer=optimizer,
+                         bound=bound)  # fmt: skip
 
 
 def _interpreted_take(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]

@@ -7,9 +7,7 @@ with the receive buffers in peer memory. (On 2 GPUs: variant ``peer`` of
 from __future__ import annotations
 
 import pytest
-from test_whole_step_multi import _assert_runs_equal, _by_id, _cfg, _plan, _rank
-
-from hetgmp.comm.spawn import spawn_ranks
+from test_whole_step_multi import _rank, _switched_runs_equal
 
 
 def _rank_peer(env, cfg, whole: bool, peer: bool) -> dict:  # type: ignore[no-untyped-def]
@@ -33,11 +31,7 @@ def _rank_peer(env, cfg, whole: bool, peer: bool) -> dict:  # type: ignore[no-un
 def test_payloads_over_peer_memory_train_as_over_all_to_alls(
     tiny_dataset, tmp_path, whole: bool, optimizer: str, bound: int
 ) -> None:
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=bound)
-    a2a = spawn_ranks(_rank_peer, 2, cfg, whole, False, timeout_s=180)
-    peer = spawn_ranks(_rank_peer, 2, cfg, whole, True, timeout_s=180)
-    _assert_runs_equal(a2a, peer)
+    a2a, peer = _switched_runs_equal(
+        tiny_dataset, tmp_path, _rank_peer, whole, optimizer=optimizer, bound=bound
+    )
     assert a2a[0]["peer_exchanges"] == 0 and peer[0]["peer_exchanges"] >= 20  # (2 a step)
-    ww = _by_id(peer[0])[0]
-    assert (ww - ww.mean()).abs().max() > 0  # (the rows moved: not vacuous)

@@ -15,9 +15,9 @@ from interpreted import run_interpreted
 
 CASES = textwrap.dedent(
     """
-    import importlib.util, sys, tempfile
-    from pathlib import Path
+    import sys
     import torch
+    from interpreted import mutated_module
     import hetgmp.embedding.tier_triton as tt
     from hetgmp.embedding.tier_misses import miss_slots_fused
 
@@ -63,14 +63,7 @@ CASES = textwrap.dedent(
         return ok
 
     def mutant(old, new):
-        src = Path(tt.__file__).read_text()
-        assert old in src
-        path = Path(tempfile.mkdtemp()) / "tier_triton_mutant.py"
-        path.write_text(src.replace(old, new))
-        spec = importlib.util.spec_from_file_location("hetgmp.embedding.tier_triton", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sys.modules["hetgmp.embedding.tier_triton"] = mod
+        sys.modules["hetgmp.embedding.tier_triton"] = mutated_module(tt, old, new)
         try:
             return check()
         finally:

@@ -110,6 +110,25 @@ def _assert_runs_equal(eager: list[dict], whole: list[dict], *, counters: bool =
             assert got[k] == want[k], (k, got, want)
 
 
+def _switched_runs_equal(
+    ds,
+    tmp_path: Path,
+    rank_fn,
+    whole: bool,
+    **kw,  # type: ignore[no-untyped-def]
+) -> tuple[list[dict], list[dict]]:
+    """Two 2-rank runs of ``rank_fn(env, cfg, whole, on)`` (a switch off, then on) on a random
+    plan: their rows, state, dense layers and counters equal, and the rows moved (not
+    vacuous). Returns both runs."""
+    cfg = _cfg(ds.root, _plan(ds, 2, tmp_path / "part.npz"), **kw)
+    off = spawn_ranks(rank_fn, 2, cfg, whole, False, timeout_s=180)
+    on = spawn_ranks(rank_fn, 2, cfg, whole, True, timeout_s=180)
+    _assert_runs_equal(off, on)
+    ww = _by_id(on[0])[0]
+    assert (ww - ww.mean()).abs().max() > 0
+    return off, on
+
+
 @pytest.mark.parametrize(
     ("optimizer", "bound", "max_q", "evals"),
     [("adagrad", 0, None, 0), ("sgd", 3, None, 0), ("adagrad", 3, 20, 0), ("adagrad", 3, None, 5)],

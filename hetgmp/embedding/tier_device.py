@@ -28,9 +28,9 @@ import torch
 from hetgmp.embedding.kernels import put_rows, take_rows
 from hetgmp.embedding.optim import SparseOptimizer
 from hetgmp.embedding.tier_host import (
-    CacheBudgetError,
     SetupClock,
     TierCounters,
+    check_budget,
     hottest_first,
     unpin_in_place,
 )
@@ -55,8 +55,7 @@ class DeviceTier:
     ) -> None:  # fmt: skip
         n, d = weight.shape
         clock = clock if clock is not None else SetupClock()
-        if not 1 <= budget <= n:
-            raise CacheBudgetError(f"cache budget must be 1..{n} rows (the table), got {budget}")
+        check_budget(budget, n)
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
         self.device, self.kernels = device, kernels
         self.state_width = 1 if state.numel() else 0

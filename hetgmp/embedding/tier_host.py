@@ -107,6 +107,12 @@ class SetupClock:
             self.note(f"host tier setup: {name}{kv} elapsed_s {dt:.2f}")
 
 
+def check_budget(budget: int, num_rows: int) -> None:
+    """Refuse a cache of ``budget`` rows that is not 1..``num_rows`` (the table)."""
+    if not 1 <= budget <= num_rows:
+        raise CacheBudgetError(f"cache budget must be 1..{num_rows} rows (the table), got {budget}")
+
+
 def budget_rows(num_rows: int, fraction: float) -> int:
     """Cache rows of a budget given as a fraction ``(0, 1]`` of the table (rounded up)."""
     if not 0.0 < fraction <= 1.0:

@@ -46,6 +46,7 @@ from hetgmp.embedding.tier_host import (
     SetupClock,
     TierCounters,
     budget_rows,
+    check_budget,
     distinct_sorted,
     host_tensor,
     hottest_first,
@@ -78,8 +79,7 @@ class TieredRows:
     ) -> None:  # fmt: skip
         n, d = weight.shape
         clock = clock if clock is not None else SetupClock()
-        if not 1 <= budget <= n:
-            raise CacheBudgetError(f"cache budget must be 1..{n} rows (the table), got {budget}")
+        check_budget(budget, n)
         if state.numel() not in (0, n):
             raise ValueError(f"optimizer state of {state.numel()} rows for a table of {n}")
         self.num_rows, self.dim, self.budget, self.opt = n, d, budget, opt
