@@ -41,23 +41,13 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu.cuda_timing import timed as _timed  # noqa: E402
 from hetgmp.embedding.kernels import scatter_add_rows, take_rows  # noqa: E402
 
 
 def timed(fn: Callable[[], object], iters: int) -> float:
-    """Mean microseconds per call (CUDA events around ``iters`` calls, after warm-up); every
-    rank runs the same calls (collectives and barriers pair up)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return 1e3 * start.elapsed_time(end) / iters
+    """Mean microseconds per call, every rank lined up first (collectives pair up)."""
+    return _timed(fn, iters, before=dist.barrier)
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], None]:

@@ -30,22 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu.cuda_timing import timed  # noqa: E402
 from hetgmp.embedding.kernels import put_rows, take_rows  # noqa: E402
 from hetgmp.embedding.uva import device_view  # noqa: E402
-
-
-def timed(fn, iters: int) -> float:  # type: ignore[no-untyped-def]
-    """Mean microseconds per call of ``fn`` (CUDA events around ``iters`` calls)."""
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return 1e3 * start.elapsed_time(end) / iters
 
 
 def measure(host: torch.Tensor, k: int, iters: int) -> dict[str, float]:
