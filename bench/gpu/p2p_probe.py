@@ -41,7 +41,7 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu.cuda_timing import timed as _timed  # noqa: E402
+from bench.gpu.timing import timed as _timed  # noqa: E402
 from hetgmp.embedding.kernels import scatter_add_rows, take_rows  # noqa: E402
 
 

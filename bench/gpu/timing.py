@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -172,3 +173,21 @@ def machine_info(device: torch.device) -> dict[str, Any]:
     else:
         info["gpu"] = None
     return info
+
+
+def timed(fn: Callable[[], object], iters: int, before: Callable[[], None] | None = None) -> float:
+    """Mean microseconds per call of ``fn``: CUDA events around ``iters`` calls, after three
+    warm-up calls and a device sync (``before``: also run then, e.g. a barrier that lines the
+    ranks up)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    if before is not None:
+        before()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return 1e3 * start.elapsed_time(end) / iters

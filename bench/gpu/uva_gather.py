@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu.cuda_timing import timed  # noqa: E402
+from bench.gpu.timing import timed  # noqa: E402
 from hetgmp.embedding.kernels import put_rows, take_rows  # noqa: E402
 from hetgmp.embedding.uva import device_view  # noqa: E402
 
