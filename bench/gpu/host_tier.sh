@@ -19,7 +19,8 @@
 # --output), <run>.log, env.txt, summary.md (machine, command, date, the table;
 # bench/gpu/host_tier_report.py). A run that fails is listed with its last log line.
 # Knobs: BATCH (8192), ITERS (150), EMBED_DIM (128), SAMPLES (2.5M), SCALE (1: 33.8M rows),
-# BUDGETS ("0.25 0.10 0.05"; "": none), NOGRAPHS (1; 0: no device-nographs run), TIERS ("host"; "host device": both tiers; with "device" the big
+# BUDGETS ("0.25 0.10 0.05"; "": none), NOGRAPHS (1; 0: no device-nographs run), BIG_REF (0; 1:
+# also the big set all on the devices of 2 GPUs at bound 0, the AUC reference), TIERS ("host"; "host device": both tiers; with "device" the big
 # run takes the device-decided tier), FACTOR (1.2), BIG (1; 0: no big run), BIG_BUDGET (0.10),
 # RUN_S (timeout per run, 240), WORK (/tmp/hetgmp-host-tier), PYTHON (python3); on CPU also
 # GPU_MEM_BYTES (the memory the big run must exceed, 16 MiB).
@@ -51,6 +52,16 @@ run() {  # run NAME DATASET [flags...]: one CLI run, its JSON and log in RES (SW
   local pre=(); [ -n "${SWITCHES:-}" ] && pre=(bench/gpu/switches.py $SWITCHES --)
   timeout "$RUN_S" $PY "${pre[@]}" examples/hetuctr.py --dataset "$ds" --device "$DEVICE" --model wdl \
     --batch_size "$BATCH" --embed_dim "$EMBED_DIM" --iter "$ITERS" --log_every 50 --no-progress \
+    --output "$RES/$name.json" "$@" > "$RES/$name.log" 2>&1
+  log "$name: exit $? ($*)"
+}
+
+run2() {  # run2 NAME DATASET [flags...]: the same on 2 ranks under torchrun (2 GPUs; on CPU 2
+  # gloo ranks), hash placement of rows (no --partition), the later flags winning
+  local name=$1 ds=$2; shift 2
+  timeout "$RUN_S" $PY -m torch.distributed.run --standalone --nproc_per_node 2 \
+    examples/hetuctr.py --dataset "$ds" --device "$DEVICE" --model wdl --batch_size "$BATCH" \
+    --embed_dim "$EMBED_DIM" --iter "$ITERS" --log_every 50 --no-progress \
     --output "$RES/$name.json" "$@" > "$RES/$name.log" 2>&1
   log "$name: exit $? ($*)"
 }
@@ -103,6 +114,9 @@ PY
     else
       run big "$BIG_DS" --rows-on host --cache-budget "$BIG_BUDGET" --no-cuda-graphs
     fi
+    # (BIG_REF=1: the same big set all on the devices of 2 GPUs, bound 0, the same global
+    # batch and steps: the AUC the tier must match on one data set)
+    [ "${BIG_REF:-0}" = 1 ] && run2 big-2dev "$BIG_DS" --batch_size $((BATCH / 2)) --bound 0
   else
     log "FAILED: generating $BIG_DS"; echo "generation failed" > "$RES/big.log"
   fi

@@ -29,7 +29,8 @@ def load(res: Path) -> list[tuple[str, dict[str, Any] | None]]:
         (n for n in names if n.startswith(("tier-", "dtier-"))),
         key=lambda n: (-float(n.split("-", 1)[1]), n.startswith("d")),
     )  # (by descending budget; at one budget the device-decided tier after the host's)
-    order = [n for n in ORDER if n in names] + tiers + (["big"] if "big" in names else [])
+    order = [n for n in ORDER if n in names] + tiers
+    order += [n for n in ("big", "big-2dev") if n in names]
     out = []
     for name in order:
         p = res / f"{name}.json"
@@ -80,7 +81,9 @@ def report(res: Path, command: str) -> str:
         "device run's (CUDA graphs on; the tier runs without, `device-nographs` shows that "
         "part); H2D / D2H: KiB per training step between host memory and the cache; host MiB: "
         "rows + optimizer state in host memory; `big`: rows + state >= the factor x the GPU's "
-        "memory (env above), against the `device` run's smaller table of the same distribution",
+        "memory (env above), against the `device` run's smaller table of the same distribution; "
+        "`big-2dev`: the big set all on the devices of 2 GPUs at bound 0 (the same global batch "
+        "and steps: the AUC the tier must match on one data set; its `x device` compares 2 GPUs)",
         "",
         "| run | table rows | cache | samples/s | x device | hit rate | H2D KiB/step | "
         "D2H KiB/step | host MiB | val AUC | steps | step graph |",
