@@ -16,7 +16,9 @@ cached now winning ties) replace them (:meth:`DeviceTier.adapt`: leaving rows wr
 entering ones loaded; counted), so residency follows drifting access. ``M``: the largest batch
 seen (its occurrences: no batch can have more distinct misses); the working table grows when
 a larger batch comes (its buffers replaced: the step reads them from the tier every call).
-Switched on by :data:`hetgmp.embedding.tier_setup.DEVICE_TIER` (off until measured on GPUs).
+One rank's default (:data:`hetgmp.embedding.tier_setup.DEVICE_TIER`; several ranks keep the
+host-decided tier). No host read per step: the one-rank step's CUDA graph holds the lookup and
+the write-back (:meth:`DeviceTier.lookup_captured`, :meth:`DeviceTier.before_replay`).
 """
 
 from __future__ import annotations
