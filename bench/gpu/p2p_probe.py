@@ -17,7 +17,8 @@ a device barrier between the phases. This measures the pieces, on rows of ``--di
 * ``barrier``: the symmetric memory's device barrier (eager and inside a CUDA graph);
 * ``nccl all_to_all``: ``all_to_all_single`` of ``k`` rows to each peer;
 * the round trip inside one CUDA graph: pushes by remote add, barrier, reads by remote take,
-  barrier; against two captured all-to-alls of the same payloads.
+  barrier; the same rows copied whole into the peer's buffer twice with a barrier after each
+  (``padded.peer_payloads``); against two captured all-to-alls of the same payloads.
 
 Every result is checked (the rows read are the peer's, the adds arrive: listed under the
 table). Writes a markdown table (rank 0). The environment must leave NVLink multicast off (``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
@@ -102,7 +103,18 @@ def probe(k: int, rows: int, dim: int, iters: int, symm: Any, table: torch.Tenso
         dist.all_to_all_single(recv, send)
         dist.all_to_all_single(send, recv)
 
+    # (what padded.peer_payloads does: each payload copied whole into the peer's buffer)
+    dst = pinbox[:k]
+    block = send[:k]
+
+    def copy_round() -> None:
+        dst.copy_(block, non_blocking=True)
+        symm.barrier(channel=0)
+        dst.copy_(block, non_blocking=True)
+        symm.barrier(channel=1)
+
     res["graph: add, barrier, take, barrier"] = timed(graphed(p2p_round), iters)
+    res["graph: copy, barrier, copy, barrier"] = timed(graphed(copy_round), iters)
     res["graph: 2 all_to_all"] = timed(graphed(nccl_round), iters)
     res["graph: barrier"] = timed(graphed(lambda: symm.barrier(channel=0)), iters)
     return res
