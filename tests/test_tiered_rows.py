@@ -223,3 +223,12 @@ def test_a_cache_too_large_for_the_device_is_refused_before_allocating() -> None
     check_cache_fits(100_000_000, 128, 0.10, 1, CPU, free=10 * gib)
     with pytest.raises(TableMemoryError, match=r"--cache-budget 0.5: .*take --cache-budget 0\.1"):
         check_cache_fits(100_000_000, 128, 0.5, 1, CPU, free=10 * gib)
+    # the device-decided tier's maps (12 bytes a row): less room left for the cache
+    import re
+
+    said = {}
+    for mb in (8, 12):
+        with pytest.raises(TableMemoryError) as err:
+            check_cache_fits(100_000_000, 128, 0.5, 1, CPU, free=10 * gib, map_bytes=mb)
+        said[mb] = float(re.findall(r"take --cache-budget ([0-9.]+)", str(err.value))[0])
+    assert said[12] < said[8]

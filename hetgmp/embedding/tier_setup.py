@@ -66,7 +66,8 @@ def tiered_store(
                               seed=seed, init_scale=init_scale)  # fmt: skip
     clock = clock if clock is not None else SetupClock()
     if world == 1:
-        check_cache_fits(num_rows, dim, cache_budget, opt.state_width, device)  # (before init)
+        check_cache_fits(num_rows, dim, cache_budget, opt.state_width, device,
+                         map_bytes=12 if DEVICE_TIER else 8)  # (before init)  # fmt: skip
         with clock.phase("init", rows=num_rows, bytes=num_rows * 4 * (dim + opt.state_width)):
             store = RowStore(num_rows, dim, device=torch.device("cpu"), init_on=device, **kw)
         tier = tier_rows_of(store, opt, device, cache_budget, counts, clock=clock)
@@ -116,7 +117,8 @@ def tier_rows_of(
     around them). On CUDA the rows are page-locked in place (no second copy of them)."""
     if store.world != 1:
         raise ValueError("a host tier holds the rows of a one-rank table")
-    check_cache_fits(store.num_rows, store.dim, cache_budget, opt.state_width, device)
+    check_cache_fits(store.num_rows, store.dim, cache_budget, opt.state_width, device,
+                     map_bytes=12 if DEVICE_TIER else 8)  # fmt: skip
     if DEVICE_TIER:  # (the store's rows are the tier's host rows, adopted)
         return DeviceTier(
             store.weight, store.opt_state, device=device, opt=opt, kernels=opt.kernels,
@@ -134,21 +136,22 @@ def tier_rows_of(
 
 def check_cache_fits(
     num_rows: int, dim: int, cache_budget: float, state_width: int, device: torch.device,
-    free: int | None = None,
+    free: int | None = None, map_bytes: int = 8,
 ) -> None:  # fmt: skip
     """Refuse a device cache that cannot fit ``device`` (CUDA; ``free``: its free bytes,
     default asked of CUDA) before anything is allocated: the cache's rows and state and the
-    device slot map (8 bytes a row of the table)."""
+    device maps, ``map_bytes`` a row of the table (the host-decided tier's slot map: 8; the
+    device-decided one's slot map, scratch map and access counts: 12)."""
     if device.type != "cuda" and free is None:
         return
     if free is None:
         free = int(torch.cuda.mem_get_info(device)[0])
     rows = budget_rows(num_rows, cache_budget)
-    need = rows * 4 * (dim + state_width) + num_rows * 8
+    need = rows * 4 * (dim + state_width) + num_rows * map_bytes
     usable = max(0, int(free * SLACK) - RESERVE)
     if need > usable:
         gib = 2**30
-        fits = max(0.0, (usable - num_rows * 8) / (4 * (dim + state_width)) / num_rows)
+        fits = max(0.0, (usable - num_rows * map_bytes) / (4 * (dim + state_width)) / num_rows)
         raise TableMemoryError(
             f"--cache-budget {cache_budget}: a device cache of {rows:,} of {num_rows:,} rows "
             f"needs {need / gib:.1f} GiB on {device}, which has {free / gib:.1f} GiB free "
