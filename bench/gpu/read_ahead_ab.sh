@@ -34,6 +34,7 @@
 # 4 x 65536),
 # SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
+# MULTI_HOT (e.g. "2:20": multi-hot fields too, several CUDA ranks taking them in fixed shapes),
 # LOG_EVERY (25: TRAIN intervals, whose median after the first is the "steady" column), BOUND0
 # (1; 0: no --bound 0 runs).
 set -uo pipefail
@@ -51,12 +52,16 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 BASEPATH=${PYTHONPATH:-}
 mkdir -p "$RES" "$WORK"
-DS=$WORK/ds-$SAMPLES-s$SCALE; GPUS=${GPUS:-2}
+# (MULTI_HOT, e.g. "2:20": that many multi-hot fields of that mean length beside the 26
+# single-hot ones; several CUDA ranks then train them in fixed shapes, train/multi_hot.GPU_RANKS)
+MH=${MULTI_HOT:-}; MH_TAG=${MH:+-m${MH/:/x}}
+DS=$WORK/ds-$SAMPLES-s$SCALE$MH_TAG; GPUS=${GPUS:-2}
 export PYTHONPATH=$PWD${BASEPATH:+:$BASEPATH}
 [ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
-  --scale "$SCALE" --workers 16 --overwrite --no-progress > "$RES/generate.log" 2>&1 || exit 1
+  --scale "$SCALE" ${MH:+--multi-hot "$MH"} --workers 16 --overwrite --no-progress \
+  > "$RES/generate.log" 2>&1 || exit 1
 METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
-plan() { echo "$WORK/part$1-$SAMPLES-s$SCALE.npz"; }  # (a plan per GPU count)
+plan() { echo "$WORK/part$1-$SAMPLES-s$SCALE$MH_TAG.npz"; }  # (a plan per GPU count)
 for g in $GPUS; do
   [ -f "$(plan "$g")" ] || $PY -m hetgmp partition -n "$g" --data "$DS" -o "$(plan "$g")" \
     --method $METHOD --rounds 2 --batch-size 8192 --no-progress > "$RES/partition$g.log" 2>&1 || exit 1
@@ -102,6 +107,7 @@ nccl_env() {  # variant -> NCCL settings (nvlK_C: peer-to-peer chunks of K KiB o
 run() {  # name tree gpus batch variant [more flags]
   local name=$1 tree=$2 g=$3 b=$4 v=$5; shift 5
   local sw=($(switches "$v")) dir=$PWD
+  [ -n "$MH" ] && sw+=(hetgmp.train.multi_hot.GPU_RANKS=1)
   # (an older tree has no such switch: one it has, at its default)
   [ "$tree" = new ] || { dir=$tree; sw=(hetgmp.embedding.padded.whole.TIGHT_PUSHES=1); }
   (cd "$dir" && env $(nccl_env "$v") PYTHONPATH=$dir${BASEPATH:+:$BASEPATH} timeout 170 $PY -m torch.distributed.run \
