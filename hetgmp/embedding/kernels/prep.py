@@ -31,8 +31,10 @@ AGGREGATE = not interpreted()
 # A [B, F] batch's leaders marked by field (prep_triton.prep_mark_fields_kernel: 64 samples of
 # one field per program, a 64-entry sort) instead of by blocks of 1024 consecutive ids (a
 # 1024-entry sort). The same plan. On since measured with EARLY_ZERO on 2 H100s (2026-11-26,
-# bench/results/gpu/zero_mark/): the user's command 1.53x -> 1.56x one GPU at batch 8192.
-MARK_BY_FIELD = True
+# bench/results/gpu/zero_mark/): the user's command 1.53x -> 1.56x one GPU at batch 8192. Off in
+# Triton's interpreter, as AGGREGATE: its many small sorts doubled the padded training tests'
+# time there (26 s vs 13 s); tests/test_prep_kernels.py turns it on and checks it.
+MARK_BY_FIELD = not interpreted()
 MARK_SAMPLES = 64
 INT32_MAX = 2**31 - 1
 
