@@ -5,7 +5,9 @@ With bags in fixed shapes (``multi_hot.FIXED_SHAPE``: every bag slot handed to t
 ``[N, 1]`` batch, padding standing in for the sample's own rows) the whole-step flow must train
 exactly like the eager padded path (itself equal to one process at bound 0:
 ``tests/test_train_multi_hot_dist.py``): rows, optimizer state, dense layers and row counters,
-with the steps replayed, not eager. The compact lookup (its size the batch's) is refused."""
+with the steps replayed, the next batch planned ahead from its table ids and every primed plan
+taken (the batch's ids pinned to the plan's; unpinned, they would all be dropped). The compact
+lookup (its size the batch's) is refused."""
 
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ def test_whole_step_flow_with_fixed_bags_trains_as_the_eager_path(
     _assert_runs_equal(eager, whole)
     w0 = whole[0]
     assert w0["replays"] >= 4 and w0["routed"] == 0, w0  # (replayed, none sent to exact)
-    assert w0["planned"] == 0  # (bags plan inside the step)
+    # (the next batch planned from its table ids and exchanged right after backward, every
+    # primed plan taken: the batch's ids pinned to the plan's)
+    assert w0["planned"] >= 2 and w0["early"] > w0["planned"] and w0["dropped"] == 0, w0
     ww = _by_id(w0)[0]
     assert (ww - ww.mean()).abs().max() > 0  # (the rows moved: not vacuous)
 

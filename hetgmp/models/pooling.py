@@ -93,6 +93,11 @@ class BagLayout:
     _told: list[tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
         default_factory=list, init=False, compare=False, repr=False
     )
+    # fixed batch buffers and the fixed buffers holding their table ids (:meth:`pin`: a
+    # multi-rank whole step's ring slots, whose plans were made ahead from those table ids)
+    _pinned: dict[int, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if len(self.pooling) != len(self.widths):
@@ -164,10 +169,24 @@ class BagLayout:
             col += w
         return out
 
+    def flat_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The ``[N, 1]`` table ids of the batch ``ids``, made now (nothing told)."""
+        return self._flat(ids)
+
+    def pin(self, ids: torch.Tensor, flat: torch.Tensor) -> None:
+        """From now on a lookup of the buffer ``ids`` hands the table the buffer ``flat``
+        (whose contents the caller keeps equal to ``ids``'s table ids: a multi-rank whole
+        step's ring slot, planned ahead)."""
+        self._pinned[id(ids)] = (ids, flat)
+
     def _take(self, ids: torch.Tensor) -> torch.Tensor:
-        """The table ids of ``ids``: those :meth:`table_ids` gave for this very tensor
-        (forgotten then, with the batches told before it), else made now and not kept (an
-        evaluation's batch between steps leaves the told ones)."""
+        """The table ids of ``ids``: a pinned buffer's (:meth:`pin`), or those
+        :meth:`table_ids` gave for this very tensor (forgotten then, with the batches told
+        before it), else made now and not kept (an evaluation's batch between steps leaves
+        the told ones)."""
+        pinned = self._pinned.get(id(ids))
+        if pinned is not None and pinned[0] is ids:
+            return pinned[1]
         for i, (told, flat) in enumerate(self._told):
             if told is ids:
                 del self._told[: i + 1]

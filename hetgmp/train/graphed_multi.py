@@ -93,22 +93,19 @@ class MultiRankGraphedStep:
             and batch_size <= read_ahead.AUTO_MAX_BATCH
         )  # fmt: skip
         # multi-hot bags (their fixed-shape lookup): the table is handed every slot of a
-        # sample's [F + W] ids as an [N, 1] batch, made inside the step from its ids; a plan
-        # made ahead is matched by the ids tensor it was made from, so bags plan in the step
-        bags = getattr(step.model, "bags", None)
-        self.bag_width: int | None = None if bags is None else int(bags.width)
-        if bags is not None:
-            self.reads_ahead = False
+        # sample's [F + W] ids as an [N, 1] batch; the next batch planned from those table ids
+        # (.inputs pins the batch's ids to the plan's); no reading ahead
+        self.bags = getattr(step.model, "bags", None)
+        self.bag_width: int | None = None if self.bags is None else int(self.bags.width)
+        self.reads_ahead = self.reads_ahead and self.bags is None
         # planning ahead: exact, at any bound (the next batch's plan only)
-        self.plans_ahead = (
-            bool(counts) and bags is None and (read_ahead.PLAN_AHEAD or self.reads_ahead)
-        )
+        self.plans_ahead = bool(counts) and (read_ahead.PLAN_AHEAD or self.reads_ahead)
         # and the next batch's exchange right after backward (exact, at any bound)
         self.early = self.plans_ahead and read_ahead.EXCHANGE_EARLY and not self.reads_ahead
         self.ahead.values, self.ahead.early = self.reads_ahead, self.early
         self.dense_comm = self._dense_comm() if self.reads_ahead or self.early else comm
         # the next batch's dense features and labels, gathered under its early exchange
-        self.inputs = InputsAhead(SLOTS)
+        self.inputs = InputsAhead(SLOTS, self.bags)
         self._stream: torch.cuda.Stream | None = None  # (the capture stream: _capture)
         self._primed_for: tuple[int, int] | None = None  # (positions' address, epoch)
         self.replays_ahead = 0  # replays of a graph that read its rows one step ahead
@@ -197,7 +194,7 @@ class MultiRankGraphedStep:
         b = batch.gather(self._exact_ids(batch)) if isinstance(batch, PendingBatch) else batch
         if nxt is None:
             return self.step(b, global_batch, marks)
-        self.ahead.next_ids = lambda: nxt.source.gather_ids(nxt.pos)
+        self.ahead.next_ids = lambda: self._table_ids(nxt.source.gather_ids(nxt.pos))
         try:
             out = self.step(b, global_batch, marks, after_backward=self._after_backward(nxt))
             if self.reads_ahead:
@@ -258,7 +255,14 @@ class MultiRankGraphedStep:
         p, last = self.ahead.primed, batch.source.last_slot
         if p is None or not p.exact or last is None:
             return None
-        return p.prep.ids if self._primed_for == (batch.pos.data_ptr(), last.epoch) else None
+        if self._primed_for != (batch.pos.data_ptr(), last.epoch):
+            return None
+        if self.bags is not None and not self.inputs.has(p.prep.ring):
+            return None
+        return self.inputs.batch_ids(p.prep.ring, p.prep.ids)
+
+    def _table_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.bags is None else self.bags.flat_ids(ids)
 
     def _still_primed(self, p: Primed, grads: Any) -> bool:
         """Whether nothing changed the table since ``p`` was primed: the pending gradient is
@@ -328,7 +332,7 @@ class MultiRankGraphedStep:
             bucket, ahead = self.step.bucket, self.ahead
             env, bucket.env = bucket.env, comm  # (the dense all-reduce: see the class)
             if pos_next is not None:
-                ahead.next_ids = lambda: source.gather_ids(pos_next)
+                ahead.next_ids = lambda: self._table_ids(source.gather_ids(pos_next))
             try:
                 with self.whole.capturing():
                     b = self.inputs.take(exact_primed(self.ahead, self.early), source, pos, ids)

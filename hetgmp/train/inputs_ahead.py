@@ -32,11 +32,16 @@ def exact_primed(ahead: Any, early: bool) -> Any:
 
 
 class InputsAhead:
-    """Fixed buffers for a next batch's dense features and labels, per ring slot."""
+    """Fixed buffers for a next batch's dense features and labels, per ring slot; with
+    multi-hot ``bags`` (a :class:`~hetgmp.models.pooling.BagLayout`) its ids too, pinned to
+    the plan's table ids (the ring slot's buffer) so that its lookup hands the table that very
+    tensor: the plan made ahead is matched by it."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, bags: Any = None) -> None:
         self.slots = slots  # (the preparation ring's: buffers for all of them at once)
+        self.bags = bags
         self._bufs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._ids: dict[int, torch.Tensor] = {}  # (bags: each slot's batch ids)
 
     def fill_next(self, primed: Any, source: ResidentSource, pos: torch.Tensor) -> None:
         """After a step that exchanged the next batch early (``primed``, a
@@ -51,8 +56,17 @@ class InputsAhead:
         """A step's batch: from the buffers the last step filled when the step takes rows it
         exchanged early (``primed``, and ``ids`` its plan's), else gathered now."""
         if ids is not None and primed is not None and self.has(primed.prep.ring):
-            return self.batch(primed.prep.ring, ids)
-        return source.gather(pos, ids)
+            return self.batch(primed.prep.ring, self.batch_ids(primed.prep.ring, ids))
+        return source.gather(pos, ids if self.bags is None else None)
+
+    def batch_ids(self, slot: int, table_ids: torch.Tensor) -> torch.Tensor:
+        """The ids of ring slot ``slot``'s batch whose plan holds ``table_ids``: those very
+        ids, or with bags the slot's ids buffer, pinned to them."""
+        if self.bags is None:
+            return table_ids
+        ids = self._ids[slot]
+        self.bags.pin(ids, table_ids)
+        return ids
 
     def fill(self, source: ResidentSource, pos: torch.Tensor, slot: int) -> None:
         """Gather the samples at positions ``pos`` into ring slot ``slot``'s buffers (every
@@ -63,6 +77,8 @@ class InputsAhead:
             assert source.dense is not None
             torch.index_select(source.dense, 0, pos, out=dense)
         torch.index_select(source.labels, 0, pos, out=labels)
+        if self.bags is not None:
+            torch.index_select(source.sparse, 0, pos, out=self._ids[slot])
 
     def batch(self, slot: int, ids: torch.Tensor) -> DeviceBatch:
         """The batch of ring slot ``slot`` (filled by the step that primed it) with ``ids``."""
@@ -86,4 +102,6 @@ class InputsAhead:
             if source.dense is not None:
                 dense = source.dense.new_empty((n, *source.dense.shape[1:]))
             self._bufs[s] = (dense, source.labels.new_empty((n, *source.labels.shape[1:])))
+            if self.bags is not None:
+                self._ids[s] = source.sparse.new_empty((n, *source.sparse.shape[1:]))
         return self._bufs[slot]

@@ -48,8 +48,8 @@ GPU_ONE_RANK = True
 # and its fused kernels are the measured path.
 FIXED_SHAPE = False
 # Several CUDA ranks train multi-hot data when on: the bags in fixed shapes (forced there) and
-# the multi-rank whole step as one CUDA graph (hetgmp.train.graphed_multi; the batch planned
-# inside the step). Its flow on gloo ranks equals the eager padded path's
+# the multi-rank whole step as one CUDA graph (hetgmp.train.graphed_multi; the next batch
+# planned ahead from its table ids). Its flow on gloo ranks equals the eager padded path's
 # (tests/test_whole_step_bags.py); off until run on GPUs (tests/gpu_whole_step_bags_check.py).
 GPU_RANKS = False
 
