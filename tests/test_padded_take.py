@@ -32,6 +32,7 @@ CASES = textwrap.dedent(
     """
     import types
     import torch
+    import triton
     from interpreted import mutated_module
     import hetgmp.embedding.padded.kernels_triton as kt
     from hetgmp.embedding.padded import take
@@ -56,7 +57,7 @@ CASES = textwrap.dedent(
 
     def mutant(old, new):
         mod = mutated_module(kt, old, new)
-        real, take._kernel = take._kernel, lambda: mod.take_values_kernel
+        real, take._kernel = take._kernel, lambda: (triton, mod.take_values_kernel)
         try:
             return check()
         finally:

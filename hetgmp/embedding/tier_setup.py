@@ -67,7 +67,7 @@ def tiered_store(
     clock = clock if clock is not None else SetupClock()
     if world == 1:
         check_cache_fits(num_rows, dim, cache_budget, opt.state_width, device,
-                         map_bytes=12 if DEVICE_TIER else 8)  # (before init)  # fmt: skip
+                         map_bytes=_map_bytes())  # (before init)  # fmt: skip
         with clock.phase("init", rows=num_rows, bytes=num_rows * 4 * (dim + opt.state_width)):
             store = RowStore(num_rows, dim, device=torch.device("cpu"), init_on=device, **kw)
         tier = tier_rows_of(store, opt, device, cache_budget, counts, clock=clock)
@@ -118,7 +118,7 @@ def tier_rows_of(
     if store.world != 1:
         raise ValueError("a host tier holds the rows of a one-rank table")
     check_cache_fits(store.num_rows, store.dim, cache_budget, opt.state_width, device,
-                     map_bytes=12 if DEVICE_TIER else 8)  # fmt: skip
+                     map_bytes=_map_bytes())  # fmt: skip
     if DEVICE_TIER:  # (the store's rows are the tier's host rows, adopted)
         return DeviceTier(
             store.weight, store.opt_state, device=device, opt=opt, kernels=opt.kernels,
@@ -132,6 +132,12 @@ def tier_rows_of(
     store.weight = store.weight_full = tier.host_weight
     store.opt_state = store.opt_state_full = tier.host_state
     return tier
+
+
+def _map_bytes() -> int:
+    """Device bytes a one-rank tier spends per row of the table beside its cache (see
+    :func:`check_cache_fits`)."""
+    return 12 if DEVICE_TIER else 8
 
 
 def check_cache_fits(

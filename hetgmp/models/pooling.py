@@ -176,7 +176,9 @@ class BagLayout:
     def pin(self, ids: torch.Tensor, flat: torch.Tensor) -> None:
         """From now on a lookup of the buffer ``ids`` hands the table the buffer ``flat``
         (whose contents the caller keeps equal to ``ids``'s table ids: a multi-rank whole
-        step's ring slot, planned ahead)."""
+        step's ring slot, planned ahead); a buffer pinned to ``flat`` before is unpinned (at
+        most one per table-ids buffer: the pins do not pile up)."""
+        self._pinned = {k: v for k, v in self._pinned.items() if v[1] is not flat}
         self._pinned[id(ids)] = (ids, flat)
 
     def _take(self, ids: torch.Tensor) -> torch.Tensor:

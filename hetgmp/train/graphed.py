@@ -61,8 +61,7 @@ def graph_support(
         return "--rows-on host: the tier's lookup needs the Triton kernels (or --no-cuda-graphs)"
     if dense_optimizer not in GRAPH_DENSE_OPTIMIZERS:
         return f"--dense-optimizer {dense_optimizer}: torch cannot capture it"
-    bags = getattr(step.model, "bags", None)
-    if bags is not None and not bags.fixed:
+    if not _fixed_bags_only(step):
         # The pooled lookup (hetgmp.models.pooling.BagLayout.lookup) takes the padding slots
         # out of the bags with a boolean mask: the table then looks up a batch-dependent
         # number of ids, whose size only the host learns (a sync), and a CUDA graph replays
@@ -90,10 +89,15 @@ def multi_graph_support(step: TrainStep, cfg: Any) -> str | None:
     engine = engine_of(emb)
     if engine is None or engine.kind != "collective" or emb.exchange != "padded":
         return "several ranks need the padded exchange (--exchange, --replies, --sync)"
-    bags = getattr(step.model, "bags", None)
-    if bags is not None and not bags.fixed:  # (the compact lookup's size is the batch's)
+    if not _fixed_bags_only(step):  # (the compact lookup's size is the batch's)
         return "multi-hot bags need the fixed-shape lookup (hetgmp.train.multi_hot.FIXED_SHAPE)"
     return None
+
+
+def _fixed_bags_only(step: TrainStep) -> bool:
+    """Whether the model has no multi-hot bags, or takes them in fixed shapes."""
+    bags = getattr(step.model, "bags", None)
+    return bags is None or bool(bags.fixed)
 
 
 class GraphedStep:

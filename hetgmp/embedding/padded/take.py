@@ -53,16 +53,18 @@ def take_values(
         return take_values_reference(table, src, values, inv).to(dtype)
     n, d = inv.numel(), table.shape[1]
     out = torch.empty(n, d, dtype=dtype, device=values.device)
-    triton = importlib.import_module("triton")
+    triton, kernel = _kernel()
     block_r, block_d = row_tiles(triton, d)
     with on_device(table):
         launch(
-            _kernel(), (max(1, triton.cdiv(n, block_r)),), (table, src, values, inv, out, n),
+            kernel, (max(1, triton.cdiv(n, block_r)),), (table, src, values, inv, out, n),
             {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d},
         )  # fmt: skip
     return out
 
 
 @functools.lru_cache(maxsize=1)
-def _kernel() -> Any:
-    return importlib.import_module("hetgmp.embedding.padded.kernels_triton").take_values_kernel
+def _kernel() -> tuple[Any, Any]:
+    """``(triton, take_values_kernel)``, imported once (Triton only where it runs)."""
+    kt = importlib.import_module("hetgmp.embedding.padded.kernels_triton")
+    return importlib.import_module("triton"), kt.take_values_kernel
