@@ -178,7 +178,8 @@ class BagLayout:
         (whose contents the caller keeps equal to ``ids``'s table ids: a multi-rank whole
         step's ring slot, planned ahead); a buffer pinned to ``flat`` before is unpinned (at
         most one per table-ids buffer: the pins do not pile up)."""
-        self._pinned = {k: v for k, v in self._pinned.items() if v[1] is not flat}
+        for key in [k for k, v in self._pinned.items() if v[1] is flat]:
+            del self._pinned[key]
         self._pinned[id(ids)] = (ids, flat)
 
     def _take(self, ids: torch.Tensor) -> torch.Tensor:
