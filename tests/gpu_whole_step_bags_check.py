@@ -29,17 +29,35 @@ from gpu_whole_step_check import run  # noqa: E402
 BAGS = dict(model="wdl", pooling="sum,mean", exchange="padded", replies="all")
 
 
+def _gap(a: dict, b: dict) -> float:
+    """The largest difference of two runs' rows."""
+    return float((a["weight"] - b["weight"]).abs().max())
+
+
 def compare(env: Any, root: Path) -> None:
+    """GPU atomics add in any order, and bags sum many occurrences per row: two eager runs
+    differ too. So the captured run must be as close to an eager one as two eager runs are to
+    each other (and within the absolute tolerance where they agree); the run with planning
+    ahead off is printed too, to tell a plan-ahead race from noise."""
+    from hetgmp.embedding.padded import ahead
+
     multi_hot.GPU_RANKS = True
     for opt, bound in (("adagrad", 0), ("sgd", 100)):
         kw = dict(optimizer=opt, bound=bound, lr=0.05 if opt == "adagrad" else 5.0, **BAGS)
-        g, e = run(env, root, True, **kw), run(env, root, False, **kw)
+        g, e, e2 = (run(env, root, graphs, **kw) for graphs in (True, False, False))
+        ahead.PLAN_AHEAD = False
+        g0 = run(env, root, True, **kw)
+        ahead.PLAN_AHEAD = True
+        noise = _gap(e, e2)
+        print(f"rank {env.rank} {opt} bound {bound}: |graph - eager| {_gap(g, e):.3g}, "
+              f"|eager - eager| {noise:.3g}, |graph (no plan ahead) - eager| {_gap(g0, e):.3g}",
+              flush=True)  # fmt: skip
         assert g["replays"] > 10, g["replays"]
-        # GPU atomics add in any order: hot rows differ in the last bits
-        torch.testing.assert_close(g["weight"], e["weight"], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(g["opt"], e["opt"], rtol=1e-4, atol=1e-6)
+        tol = max(1e-5, 4 * noise)
+        torch.testing.assert_close(g["weight"], e["weight"], rtol=1e-4, atol=tol)
+        torch.testing.assert_close(g["opt"], e["opt"], rtol=1e-4, atol=max(1e-6, 4 * noise))
         for k in e["dense"]:
-            torch.testing.assert_close(g["dense"][k], e["dense"][k], rtol=1e-3, atol=1e-5)
+            torch.testing.assert_close(g["dense"][k], e["dense"][k], rtol=1e-3, atol=tol)
         cg, ce = g["res"]["embedding_counters"], e["res"]["embedding_counters"]
         for k in ("rows_owned", "rows_mirror_fresh", "rows_remote", "pushes_sent"):
             assert cg[k] == ce[k], (opt, bound, k, cg[k], ce[k])

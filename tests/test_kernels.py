@@ -361,6 +361,28 @@ def test_launch_uses_normal_path_with_hooks_or_unusable_kernels(monkeypatch) -> 
     assert [e[0] for e in interp.log] == ["normal"] * 4 and not K2._launch_cache
 
 
+def test_launch_fills_in_a_defaulted_trailing_constexpr(monkeypatch) -> None:
+    """A launch that leaves out a trailing constexpr with a default (prep_key's BY_FIELD
+    when not marking by field) still takes the fast path, the default passed in its place."""
+    import inspect
+
+    K, _ = _fake_triton(monkeypatch)
+    monkeypatch.setattr(K, "_defaults", {})
+    kern = _FakeKernel()
+    kern.arg_names = ["t", "n", "BLOCK", "FLAG"]
+
+    def sig(t, n, BLOCK, FLAG=False):  # noqa: N803 - the kernel's parameter names
+        pass
+
+    kern.signature = inspect.signature(sig)
+    t = torch.zeros(4)
+    for _ in range(3):
+        K.launch(kern, (1,), (t, 3), {"BLOCK": 4})
+    assert [e[0] for e in kern.log] == ["normal", "normal", "fast"]
+    assert kern.log[0][3] == {"BLOCK": 4, "FLAG": False}
+    assert kern.log[2][1][-2:] == (4, False)
+
+
 def test_adagrad_consume_zeroes_exactly_the_rows_it_used() -> None:
     from hetgmp.embedding.kernels.adagrad import adagrad_rows, adagrad_rows_reference
 

@@ -35,3 +35,48 @@ def test_payloads_over_peer_memory_train_as_over_all_to_alls(
         tiny_dataset, tmp_path, _rank_peer, whole, optimizer=optimizer, bound=bound
     )
     assert a2a[0]["peer_exchanges"] == 0 and peer[0]["peer_exchanges"] >= 20  # (2 a step)
+
+
+def _interpreted_peer(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """The whole-step flow with the fused Triton segments in Triton's interpreter, with the
+    all-to-alls and with pack and answer writing straight into the peers' receive rows (set
+    before triton's first import: a fresh interpreter, ``start_method="spawn"``)."""
+    import os
+    import sys
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    assert "triton" not in sys.modules
+    from hetgmp.embedding.kernels import launcher, prep
+    from hetgmp.embedding.padded import peer_payloads
+
+    launcher.interpreted.cache_clear()
+    prep.AGGREGATE = False
+    direct = []
+    init = peer_payloads.PeerPayloads.__init__
+
+    def seen(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
+        init(self, *a, **kw)
+        direct.append(self.direct)
+
+    peer_payloads.PeerPayloads.__init__ = seen  # type: ignore[method-assign]
+    off, on = _rank_peer(env, cfg, True, False), _rank_peer(env, cfg, True, True)
+    on["direct"] = direct
+    return off, on
+
+
+def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
+    tiny_dataset, tmp_path
+) -> None:
+    """Pack and answer's kernels given the peers' row addresses (``.payload_triton``) train
+    exactly as the all-to-alls: every entry lands in the peer's row it reads."""
+    pytest.importorskip("triton")
+    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+
+    from hetgmp.comm.spawn import spawn_ranks
+
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
+    runs = spawn_ranks(_interpreted_peer, 2, cfg, timeout_s=240, start_method="spawn")
+    _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
+    on = runs[0][1]
+    assert on["direct"] and all(on["direct"]) and on["peer_exchanges"] >= 12  # (2 a step)

@@ -23,8 +23,9 @@
 # rows' gradient summed by one atomic per occurrence (kernels.rows.FIELD_RUNS off), "earlyzero":
 # early with the gradient buffer zeroed during the forward (padded.exchange.EARLY_ZERO),
 # "markfield": early with the plan's leaders marked by field (kernels.prep.MARK_BY_FIELD),
-# "zeromark": both, "peer": early with the two payload all-to-alls as copies into the peers'
-# buffers (symmetric memory) and a device barrier (padded.peer_payloads.PEER_PAYLOADS),
+# "zeromark": both, "peer": early with the two payloads written by pack and answer straight
+# into the peers' buffers (symmetric memory), a device barrier for each all-to-all
+# (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable,
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -90,6 +91,9 @@ switches() {  # variant -> module switches
       hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
     peer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
+    peerfrom) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 \
+      hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
     zeromark) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.exchange.EARLY_ZERO=1 hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
     nofield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \

@@ -197,7 +197,7 @@ class StaticExchange:
         self.send1 = torch.zeros(w, self.s1, device=dev)
         self.send2 = torch.zeros(w, self.s2, device=dev)
         # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads)
-        self.peer = peer_payloads(self.comm, self.s1, self.s2)
+        self.peer = peer_payloads(self.comm, self.s1, self.s2, direct=self.fused)
         if self.peer is not None:
             self.recv1, self.recv2 = self.peer.recv1, self.peer.recv2
         else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from hetgmp.embedding.padded.payload_triton import as64, payload_row
 from hetgmp.embedding.padded.rule_triton import is_due
 
 
@@ -43,27 +44,29 @@ def due_rank(i, due, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr):
 @triton.jit
 def pack_rows(
     i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
-    send64_ptr, n_own, q, p, s1, D: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
+    n_own, q, p, s1, D: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
+    PEER: tl.constexpr,
 ):  # fmt: skip
     # due mirrors i (owner j, payload rank) into exchange 1's payload: id, pending count and
     # accumulated gradient after owner j's rows not stored here; pending and both accumulators
     # cleared (EXACT: the optimizer's local step equals the owner's (SGD), so a pushed mirror's
     # version moves with the push; else it turns stale and is refetched)
     pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
-    h = j * (s1 // 2)  # the row's start in int64 units
-    tl.store(send64_ptr + h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
-    tl.store(send64_ptr + h + 2 * q + p + pos, pend, mask=due)
+    row = payload_row(send_ptr, j, due, s1, PEER)  # (PEER: in owner j's receive buffer)
+    h = as64(row)
+    tl.store(h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
+    tl.store(h + 2 * q + p + pos, pend, mask=due)
     if EXACT:
         tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
     tl.store(pend_ptr + i, pend * 0, mask=due)
     g_off = i.to(tl.int64) * D
-    dst = j * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
+    dst = 4 * q + 4 * p + pos.to(tl.int64) * D
     for d0 in tl.static_range(0, D, BD):
         c = d0 + tl.arange(0, BD)
         mm = due[:, None] & (c < D)[None, :]
         ga = gacc_ptr + g_off[:, None] + c[None, :]
         g = tl.load(ga, mask=mm, other=0.0)
-        tl.store(send_ptr + dst[:, None] + c[None, :], g, mask=mm)
+        tl.store(row[:, None] + dst[:, None] + c[None, :], g, mask=mm)
         tl.store(ga, g * 0.0, mask=mm)
         tl.store(dacc_ptr + g_off[:, None] + c[None, :], g * 0.0, mask=mm)
 
@@ -96,8 +99,8 @@ def due_list_kernel(
 @triton.jit
 def pack_due_list_kernel(
     list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
-    send64_ptr, n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, EXACT: tl.constexpr,
+    n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+    BD: tl.constexpr, EXACT: tl.constexpr, PEER: tl.constexpr,
 ):  # fmt: skip
     # entries t of the list: owner j = t // p, rank t - j p (pack_due_kernel's, per mirror)
     t = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -109,5 +112,5 @@ def pack_due_list_kernel(
     pend = tl.load(pend_ptr + i, mask=due, other=0)
     pack_rows(
         i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
-        send_ptr, send64_ptr, n_own, q, p, s1, D, BD, EXACT,
+        send_ptr, n_own, q, p, s1, D, BD, EXACT, PEER,
     )  # fmt: skip

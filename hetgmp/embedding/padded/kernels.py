@@ -47,6 +47,7 @@ import torch
 from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
+from hetgmp.embedding.padded.peer_payloads import payload_target
 from hetgmp.embedding.padded.reference import (
     merged_owner_update,
 )
@@ -187,24 +188,24 @@ def pack(st: Any) -> None:
         due_prefix(st)
     st.due_ready = False
     listed, st.due_listed = st.due_listed, False
-    s64 = st.send1.view(torch.int64)
+    send, peer = payload_target(st, 1)  # (peer: straight into the owners' receive buffers)
     if e.n_mir and listed:  # (only the listed due mirrors: .due_triton)
         k.pack_due_list[_grid(st.w * cap.p, br)](
             st.due_list, e.pending, st.pr_n, st.ndue, e.stored_ids, e.version_full, e.grad_acc,
-            e.delta_acc, st.send1, s64, e.n_own, cap.q, cap.p, st.s1, W=st.w, D=st.d, BR=br,
-            BD=bd, EXACT=st.opt.exact_mirror,
+            e.delta_acc, send, e.n_own, cap.q, cap.p, st.s1, W=st.w, D=st.d, BR=br,
+            BD=bd, EXACT=st.opt.exact_mirror, PEER=peer,
         )  # fmt: skip
     elif e.n_mir:
         k.pack_due[_grid(e.n_mir, br)](
             e.pending, st.due_csum, e.mir_owner, e.mir_start, st.pr_n, st.ndue, e.stored_ids,
-            e.version_full, e.grad_acc, e.delta_acc, st.send1, s64, st.deferred, e.n_mir,
+            e.version_full, e.grad_acc, e.delta_acc, send, st.deferred, e.n_mir,
             e.n_own, int(st.bound), cap.q, cap.p, st.s1, D=st.d, BR=br, BD=bd,
-            EXACT=st.opt.exact_mirror,
+            EXACT=st.opt.exact_mirror, PEER=peer,
         )  # fmt: skip
     k.pack_queries[_grid(st.w * cap.q, br)](
         st.sz_mine, st.blocks, st.u_ids, st.slot, e.version_full, st.pr_n, st.pr_ids,
-        st.pr_cnt, st.pr_grad, st.send1, s64, st.rows_step, cap.q, cap.p, st.s1,
-        W=st.w, WP=_p2(st.w), B3=_p2(3 * st.w), D=st.d, BR=br, BD=bd, **_COLS,
+        st.pr_cnt, st.pr_grad, send, st.rows_step, cap.q, cap.p, st.s1,
+        W=st.w, WP=_p2(st.w), B3=_p2(3 * st.w), D=st.d, BR=br, BD=bd, **_COLS, PEER=peer,
     )  # fmt: skip
 
 
@@ -223,10 +224,11 @@ def answer(st: Any) -> None:
             cap.q, cap.p, st.s1, -float(st.lr), W=st.w, COLS=sizes.COLS, NP=sizes.NP, D=st.d,
             BR=br, BD=bd,
         )  # fmt: skip
+    send, peer = payload_target(st, 2)
     k.answer_queries[_grid(st.w * cap.q, br)](
-        st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, _own(st)[3], st.send2,
-        st.send2.view(torch.int32), st.send2.view(torch.int64), e.num_rows, cap.q, st.s1,
-        st.s2, W=st.w, D=st.d, BR=br, BD=bd, SW=st.sw, **_COLS,
+        st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, _own(st)[3], send,
+        e.num_rows, cap.q, st.s1, st.s2, W=st.w, D=st.d, BR=br, BD=bd, SW=st.sw, **_COLS,
+        PEER=peer,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from hetgmp.embedding.kernels.rows_triton import _copy_rows
 from hetgmp.embedding.padded.due_triton import pack_rows, scan_due
+from hetgmp.embedding.padded.payload_triton import as32, as64, payload_row
 from hetgmp.embedding.padded.rule_triton import beyond_bound, within_bound
 
 # The batch's distinct rows (u) change with the batch: do_not_specialize. Triton otherwise
@@ -54,8 +55,9 @@ def _rows(src_ptr, dst_ptr, src_off, dst_off, rmask, D: tl.constexpr, BD: tl.con
 @triton.jit
 def pack_due_kernel(
     pend_ptr, csum_ptr, owner_ptr, mstart_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr,
-    dacc_ptr, send_ptr, send64_ptr, deferred_ptr, n_mir, n_own, bound, q, p, s1,
+    dacc_ptr, send_ptr, deferred_ptr, n_mir, n_own, bound, q, p, s1,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
+    PEER: tl.constexpr,
 ):  # fmt: skip
     # every mirror scanned (the due list's kernels, .due_triton, when the counts phase ran early)
     i, pend, j, rank, due = scan_due(
@@ -63,18 +65,19 @@ def pack_due_kernel(
     )
     pack_rows(
         i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
-        send_ptr, send64_ptr, n_own, q, p, s1, D, BD, EXACT,
+        send_ptr, n_own, q, p, s1, D, BD, EXACT, PEER,
     )  # fmt: skip
 
 
 @triton.jit
 def pack_queries_kernel(
     sz_ptr, blocks_ptr, u_ids_ptr, slot_ptr, ver_ptr, pr_n_ptr, pr_ids_ptr, pr_cnt_ptr,
-    pr_grad_ptr, send_ptr, send64_ptr, rows_ptr, q, p, s1,
+    pr_grad_ptr, send_ptr, rows_ptr, q, p, s1,
     W: tl.constexpr, WP: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr,
     NQM: tl.constexpr, NQR: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr,
+    BD: tl.constexpr, PEER: tl.constexpr,
 ):  # fmt: skip
+    # (PEER: send_ptr is the table of the peers' receive rows, .payload_triton)
     pid = tl.program_id(0)
     if pid == 0:
         r = tl.arange(0, 4)
@@ -90,10 +93,10 @@ def pack_queries_kernel(
     is_q = sm & (e < nq)
     ipos = tl.where(is_m, _pick(starts, t, W + j) + e, _pick(starts, t, 2 * W + j) + e - nqm)
     ipos = tl.where(is_q, ipos, 0)
-    h = j.to(tl.int64) * (s1 // 2)
-    tl.store(send64_ptr + h + e, tl.load(u_ids_ptr + ipos, mask=is_q), mask=is_q)
+    h = as64(payload_row(send_ptr, j, is_q, s1, PEER))
+    tl.store(h + e, tl.load(u_ids_ptr + ipos, mask=is_q), mask=is_q)
     ms = tl.load(slot_ptr + ipos, mask=is_m, other=0)
-    tl.store(send64_ptr + h + q + e, tl.load(ver_ptr + ms, mask=is_m), mask=is_m)
+    tl.store(h + q + e, tl.load(ver_ptr + ms, mask=is_m), mask=is_m)
     # the last batch's rows not stored here (pr_*, contiguous per owner) -> push slots
     jw = tl.arange(0, WP)
     prn = tl.load(pr_n_ptr + jw, mask=jw < W, other=0)
@@ -102,12 +105,13 @@ def pack_queries_kernel(
     pv = sm & (s < tl.sum(prn, 0))
     jp = tl.where(pv, jp, 0)
     pos = s - (_pick(pends, jw, jp) - _pick(prn, jw, jp))
-    hp = jp.to(tl.int64) * (s1 // 2)
-    tl.store(send64_ptr + hp + 2 * q + pos, tl.load(pr_ids_ptr + s, mask=pv), mask=pv)
-    tl.store(send64_ptr + hp + 2 * q + p + pos, tl.load(pr_cnt_ptr + s, mask=pv), mask=pv)
+    rp = payload_row(send_ptr, jp, pv, s1, PEER)
+    hp = as64(rp)
+    tl.store(hp + 2 * q + pos, tl.load(pr_ids_ptr + s, mask=pv), mask=pv)
+    tl.store(hp + 2 * q + p + pos, tl.load(pr_cnt_ptr + s, mask=pv), mask=pv)
     src = s.to(tl.int64) * D
-    dst = jp.to(tl.int64) * s1 + 4 * q + 4 * p + pos.to(tl.int64) * D
-    _rows(pr_grad_ptr, send_ptr, src, dst, pv, D, BD)
+    dst = 4 * q + 4 * p + pos.to(tl.int64) * D
+    _rows(pr_grad_ptr, rp[:, None], src, dst, pv, D, BD)
 
 
 @triton.jit
@@ -140,12 +144,12 @@ def answer_pushes_kernel(
 
 @triton.jit
 def answer_queries_kernel(
-    sz_ptr, recv64_ptr, slot_of_ptr, w_ptr, ver_ptr, state_ptr, send_ptr, send32_ptr,
-    send64_ptr, num_rows, q, s1, s2,
+    sz_ptr, recv64_ptr, slot_of_ptr, w_ptr, ver_ptr, state_ptr, send_ptr, num_rows, q, s1, s2,
     W: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr,
-    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
+    D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr, PEER: tl.constexpr,
 ):  # fmt: skip
-    # (SW 1: the row's optimizer state too, after the versions)
+    # (SW 1: the row's optimizer state too, after the versions; PEER: send_ptr is the table of
+    # the queriers' receive rows, .payload_triton)
     k = tl.program_id(0) * BR + tl.arange(0, BR)
     km = k < W * q
     j = k // q
@@ -162,13 +166,13 @@ def answer_queries_kernel(
     ok = v & (slot >= 0)
     ver = tl.load(ver_ptr + slot, mask=ok, other=0)
     lag = tl.minimum(tl.maximum(ver - rver, -(2**31 - 1)), 2**31 - 1).to(tl.int32)
-    o = j.to(tl.int64) * s2
-    tl.store(send32_ptr + o + e, lag, mask=v)
-    tl.store(send64_ptr + (o + q + q * D) // 2 + e, ver, mask=v)
+    o = payload_row(send_ptr, j, v, s2, PEER)
+    tl.store(as32(o) + e, lag, mask=v)
+    tl.store(as64(o) + (q + q * D) // 2 + e, ver, mask=v)
     if SW:
         sv = tl.load(state_ptr + slot, mask=ok, other=0.0)
-        tl.store(send_ptr + o + 3 * q + q * D + e, sv, mask=v)
-    _rows(w_ptr, send_ptr, slot * D, o + q + e.to(tl.int64) * D, ok, D, BD)
+        tl.store(o + 3 * q + q * D + e, sv, mask=v)
+    _rows(w_ptr, o[:, None], slot * D, q + e.to(tl.int64) * D, ok, D, BD)
 
 
 @triton.jit(do_not_specialize=["u"])

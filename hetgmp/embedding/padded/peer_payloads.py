@@ -13,11 +13,19 @@ after passing the current step's second barrier, which that peer reaches only on
 has read ``recv1`` (stream order); and a peer's ``recv2`` again only after the next step's
 first barrier, which the peer reaches only once its finish has read ``recv2``.
 
+With the fused (Triton) segments the payloads are not copied at all: pack and answer write each
+entry straight into the peer's receive row (:mod:`.payload_triton`, given the table of the
+peers' row addresses, :attr:`PeerPayloads.rows1` / ``rows2``), and the exchange is the barrier.
+On 2 H100s the copies lost to NCCL (1.54x against 1.59x, ``bench/results/gpu/peer_direct/``);
+kernels reach a peer's memory at local speed (``p2p_probe/``).
+
 Switched on by :data:`PEER_PAYLOADS` (off until measured on GPUs: ``read_ahead_ab.sh``
 variant ``peer``); where the ranks cannot share peer memory the NCCL all-to-alls stay.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -28,30 +36,51 @@ PEER_PAYLOADS = False
 
 
 class PeerPayloads:
-    """``recv1 [w, s1]`` and ``recv2 [w, s2]`` (float32) in peer memory, and the copies that
-    replace the all-to-alls into them (collective to construct)."""
+    """``recv1 [w, s1]`` and ``recv2 [w, s2]`` (float32) in peer memory, and the transport
+    that replaces the all-to-alls into them (collective to construct). ``direct``: the
+    segments write into the peers' rows themselves (the fused kernels); else the send buffers
+    are copied there."""
 
-    def __init__(self, comm: DistEnv, s1: int, s2: int) -> None:
+    def __init__(self, comm: DistEnv, s1: int, s2: int, *, direct: bool = False) -> None:
         w = comm.world_size
         f32 = torch.float32
-        self.rank, self.world = comm.rank, w
+        self.rank, self.world, self.direct = comm.rank, w, direct
         self.pm = PeerMemory(comm, {"recv1": ((w, s1), f32), "recv2": ((w, s2), f32)})
         self.recv1, self.recv2 = self.pm.mine("recv1"), self.pm.mine("recv2")
+        # where this rank's row lives in each peer's receive buffers (row ``rank`` of peer j's)
+        self.rows1, self.rows2 = (self._row_table(name) for name in ("recv1", "recv2"))
+
+    def _row_table(self, name: str) -> torch.Tensor:
+        ptrs = [self.pm.peer(name, j)[self.rank].data_ptr() for j in range(self.world)]
+        if any(a % 16 for a in ptrs):  # (the kernels' vector stores assume it)
+            raise RuntimeError(f"peer payload rows not 16-byte aligned: {ptrs}")
+        return torch.tensor(ptrs, dtype=torch.int64, device=self.recv1.device)
 
     def exchange(self, send: torch.Tensor, name: str) -> None:
-        """Row ``j`` of ``send`` into row ``rank`` of rank ``j``'s buffer ``name``, then the
-        barrier (its own channel per buffer: a captured step replays both)."""
-        for j in range(self.world):
-            self.pm.peer(name, j)[self.rank].copy_(send[j], non_blocking=True)
+        """Row ``j`` of ``send`` into row ``rank`` of rank ``j``'s buffer ``name`` (unless the
+        segment wrote there directly), then the barrier (its own channel per buffer: a
+        captured step replays both)."""
+        if not self.direct:
+            for j in range(self.world):
+                self.pm.peer(name, j)[self.rank].copy_(send[j], non_blocking=True)
         self.pm.barrier(channel=0 if name == "recv1" else 1)
 
 
-def peer_payloads(comm: DistEnv, s1: int, s2: int) -> PeerPayloads | None:
+def peer_payloads(comm: DistEnv, s1: int, s2: int, *, direct: bool) -> PeerPayloads | None:
     """(Collective) the peer-memory transport for payloads of ``s1`` / ``s2`` floats per peer,
     when :data:`PEER_PAYLOADS` is on and the ranks of ``comm`` can share peer memory; else
-    None (the NCCL all-to-alls)."""
+    None (the NCCL all-to-alls). ``direct``: the fused segments write into the peers' rows."""
     if not PEER_PAYLOADS or comm.group is None or comm.world_size < 2:
         return None
     if why_not(comm) is not None:
         return None
-    return PeerPayloads(comm, s1, s2)
+    return PeerPayloads(comm, s1, s2, direct=direct)
+
+
+def payload_target(st: Any, which: int) -> tuple[torch.Tensor, bool]:
+    """What a fused segment writes payload ``which`` (1: pack's, 2: answer's) into: the peers'
+    row table (and True) when it writes there directly, else the send buffer (and False)."""
+    peer = st.peer
+    if peer is not None and peer.direct:
+        return (peer.rows1 if which == 1 else peer.rows2), True
+    return (st.send1 if which == 1 else st.send2), False
