@@ -13,7 +13,7 @@ from test_whole_step_multi import _rank, _switched_runs_equal
 def _rank_peer(env, cfg, whole: bool, peer: bool) -> dict:  # type: ignore[no-untyped-def]
     from hetgmp.embedding.padded import peer_payloads
 
-    peer_payloads.PEER_PAYLOADS = peer  # (in the spawned ranks)
+    peer_payloads.PEER_PAYLOADS = peer_payloads.ON_CPU = peer  # (in the spawned ranks)
     calls = {"n": 0}
     exchange = peer_payloads.PeerPayloads.exchange
 

@@ -19,8 +19,10 @@ peers' row addresses, :attr:`PeerPayloads.rows1` / ``rows2``), and the exchange 
 On 2 H100s the copies lost to NCCL (1.54x against 1.59x, ``bench/results/gpu/peer_direct/``);
 kernels reach a peer's memory at local speed (``p2p_probe/``).
 
-Switched on by :data:`PEER_PAYLOADS` (off until measured on GPUs: ``read_ahead_ab.sh``
-variant ``peer``); where the ranks cannot share peer memory the NCCL all-to-alls stay.
+Switched by :data:`PEER_PAYLOADS` (on for CUDA ranks: ``read_ahead_ab.sh`` variant ``peer``
+against ``early``); where the ranks cannot share peer memory the NCCL all-to-alls stay. Gloo
+ranks take it only with :data:`ON_CPU` (the tests: ``/dev/shm`` is small in containers, and on
+CPU the all-to-alls cost little).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ import torch
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.peer_memory import PeerMemory, why_not
 
-PEER_PAYLOADS = False
+# On since 2026-11-27: 2x H200, the user's command at batch 8192, 1.60x -> 1.65x one GPU's
+# samples/s (bench/results/gpu/peer_direct/); tests/gpu_whole_step_check.py passed with it.
+PEER_PAYLOADS = True
+ON_CPU = False
 
 
 class PeerPayloads:
@@ -71,6 +76,8 @@ def peer_payloads(comm: DistEnv, s1: int, s2: int, *, direct: bool) -> PeerPaylo
     when :data:`PEER_PAYLOADS` is on and the ranks of ``comm`` can share peer memory; else
     None (the NCCL all-to-alls). ``direct``: the fused segments write into the peers' rows."""
     if not PEER_PAYLOADS or comm.group is None or comm.world_size < 2:
+        return None
+    if comm.device.type != "cuda" and not ON_CPU:
         return None
     if why_not(comm) is not None:
         return None
