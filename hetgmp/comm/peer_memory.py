@@ -37,6 +37,11 @@ from hetgmp.comm.env import DistEnv
 
 ALIGN = 256
 Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+# CUDA allocations of dropped PeerMemory objects, kept while a CUDA graph was being captured:
+# freeing symmetric memory then aborts the process ("operation not permitted when stream is
+# capturing", 2 H100s, 2026-11-27: a trainer's exchange collected by Python's cycle collector
+# while the next one captured). Released by the next PeerMemory made (never during a capture).
+_retired: list[Any] = []
 
 
 def _host_key() -> int:
@@ -74,6 +79,10 @@ def why_not(env: DistEnv) -> str | None:
     return None
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _offsets(layout: Layout) -> tuple[dict[str, int], int]:
     """Each buffer's byte offset (aligned) and the total bytes."""
     off, total = {}, 0
@@ -100,6 +109,9 @@ class PeerMemory:
         self.env, self.layout = env, dict(layout)
         self._off, self.nbytes = _offsets(self.layout)
         self._symm: Any = None
+        self._flat: list[torch.Tensor] = []
+        if not _capturing():
+            _retired.clear()
         if env.device.type == "cuda":
             self._flat = self._cuda_buffers()
         else:
@@ -129,6 +141,11 @@ class PeerMemory:
         dist.barrier(group=env.group)  # (every file mapped everywhere: the names can go)
         os.unlink(path[env.rank])
         return flat
+
+    def __del__(self) -> None:
+        # (the allocations outlive a capture in progress: see _retired)
+        if getattr(self, "_symm", None) is not None and _capturing():
+            _retired.append((self._flat, self._symm))
 
     def view(self, name: str, rank: int) -> torch.Tensor:
         """Buffer ``name`` of ``rank`` (this rank's or a peer's), typed and shaped."""
