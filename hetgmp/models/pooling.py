@@ -69,6 +69,19 @@ def _constants(
     return ends, torch.tensor([p == "mean" for p in pooling], device=device)
 
 
+def _fixed_rows(table: nn.Module, flat: torch.Tensor) -> torch.Tensor:
+    """The table's rows for the fixed-shape pooling, in float32 even under CUDA autocast: the
+    table's lookup otherwise hands them over in bf16 (``autocast_rows_dtype``), and a bag's
+    values summed in bf16 lost precision and depended on the path: the captured multi-rank
+    step and the eager one differed by 4e-4 in the rows after 2 epochs under autocast, 7e-8
+    without (2 H100s, 2026-11-27). The pooled rows still meet the model's first layer in
+    autocast's dtype."""
+    if flat.device.type != "cuda" or not torch.is_autocast_enabled("cuda"):
+        return table(flat)
+    with torch.autocast("cuda", enabled=False):
+        return table(flat)
+
+
 # batches whose table ids a layout keeps for their lookup (the one about to be trained and
 # the next, as the host tier's queue: hetgmp.embedding.tier_ahead.DEPTH)
 TOLD_DEPTH = 2
@@ -203,7 +216,10 @@ class BagLayout:
         ids = self._checked(ids)
         b, f, k = ids.shape[0], self.num_single, len(self.widths)
         present = ids[:, f:] != PAD_ID
-        rows = table(flat)  # [B * F + E, 1, D]: one table step
+        if self.fixed:  # (rows in float32 under autocast: see _fixed_rows)
+            rows = _fixed_rows(table, flat)
+        else:
+            rows = table(flat)  # [B * F + E, 1, D]: one table step
         d = rows.shape[-1]
         rows = rows.reshape(flat.shape[0], d)
         if self.fixed:
