@@ -94,7 +94,7 @@ def test_api_fit_equals_cli_two_gloo_ranks(tmp_path: Path) -> None:
     _check_equal(res[0], tmp_path, ds)
 
 
-def test_bad_pooling_and_gpu_are_refused_clearly(tmp_path: Path) -> None:
+def test_bad_pooling_and_gpu_are_refused_clearly(tmp_path: Path, monkeypatch) -> None:
     ds = _data(tmp_path / "d")
     env = DistEnv.single("cpu")
     count = r"pooling='sum,mean,sum': 3 modes for the 2 multi-hot fields of .*d \(h1, h2\); give"
@@ -107,7 +107,11 @@ def test_bad_pooling_and_gpu_are_refused_clearly(tmp_path: Path) -> None:
     for bad in (3, (), ("sum", 1)):
         with pytest.raises(TypeError, match="pooling: expected a mode"):
             hetgmp.build_model(ds, env, embed_dim=4, pooling=bad)
-    # several GPUs: refused before anything is built, with the message `hetgmp train` gives
+    # several GPUs with their switch off: refused before anything is built, with the message
+    # `hetgmp train` gives
+    from hetgmp.train import multi_hot
+
+    monkeypatch.setattr(multi_hot, "GPU_RANKS", False)
     gpus = DistEnv(device=torch.device("cuda"), world_size=2)
     with pytest.raises(DatasetError) as api_err:
         hetgmp.build_model(ds, gpus, embed_dim=4)

@@ -213,6 +213,9 @@ def test_runs_not_supported_yet_are_refused_by_name(
     # two do not (named); off, any GPU is refused
     assert multi_hot.GPU_ONE_RANK and multi_hot.unsupported(cfg, gpu) == []
     two = DistEnv(device=torch.device("cuda"), world_size=2)
+    # several CUDA ranks (fixed-shape bags, on since their GPU check passed); off: refused
+    assert multi_hot.GPU_RANKS and multi_hot.unsupported(cfg, two) == []
+    monkeypatch.setattr(multi_hot, "GPU_RANKS", False)
     assert multi_hot.unsupported(cfg, two) == ["2 CUDA ranks (one GPU only so far)"]
     with pytest.raises(ValueError, match=r"issue 34\); this run has 2 CUDA ranks"):
         prepare(cfg, two, open_dataset(ds.root))

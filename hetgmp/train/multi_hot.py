@@ -12,8 +12,9 @@ loop of unequal steps sends the next batch's reads ahead with
 :meth:`~hetgmp.models.ctr.CTRModel.table_ids`, the tensor the lookup then hands the table).
 ``--rows-on host`` likewise: the host tier is handed those ids, and the trainer's read-ahead
 (:mod:`hetgmp.train.lookahead`) tells it each next batch's as that same tensor, so their rows
-are made resident a step ahead. Several GPUs are refused here, naming issue 34, before anything
-is built; with :data:`GPU_ONE_RANK` on, one CUDA rank trains
+are made resident a step ahead. Several CUDA ranks train them with :data:`GPU_RANKS` (the bags
+in fixed shapes, the multi-rank whole step; off: refused here, naming issue 34, before anything
+is built); with :data:`GPU_ONE_RANK` on, one CUDA rank trains
 (the pooling on the fused Triton kernels with ``--kernels auto|triton``,
 :mod:`hetgmp.models.pooling_fused`; the step's dense part replayed as a CUDA graph, the whole
 step not: :func:`hetgmp.train.graphed.graph_support` says why). The Python API
@@ -50,8 +51,10 @@ FIXED_SHAPE = False
 # Several CUDA ranks train multi-hot data when on: the bags in fixed shapes (forced there) and
 # the multi-rank whole step as one CUDA graph (hetgmp.train.graphed_multi; the next batch
 # planned ahead from its table ids). Its flow on gloo ranks equals the eager padded path's
-# (tests/test_whole_step_bags.py); off until run on GPUs (tests/gpu_whole_step_bags_check.py).
-GPU_RANKS = False
+# (tests/test_whole_step_bags.py); on since tests/gpu_whole_step_bags_check.py passed on 2 H100s
+# (2026-11-27, the bags pooled from float32 rows under autocast): 2 GPUs 1.42x one at batch
+# 8192 with 2 bags of mean length 20 (bench/results/gpu/multi_hot_2gpu/).
+GPU_RANKS = True
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
