@@ -5,7 +5,7 @@ memory is refused with the reason. (CUDA: ``tests/gpu_peer_memory_check.py`` on 
 
 from __future__ import annotations
 
-import glob
+import os
 
 import pytest
 import torch
@@ -33,7 +33,7 @@ def _exchange(env: DistEnv) -> dict:
     pm.barrier()
     return {"seen": seen, "inbox": pm.mine("inbox")[:, :, 0].clone(),
             "count": pm.mine("count").tolist(), "dtype": str(pm.mine("count").dtype),
-            "files": glob.glob("/dev/shm/hetgmp-peer-*")}  # fmt: skip
+            "files": [f for f in pm.paths if os.path.exists(f)]}  # fmt: skip
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -62,3 +62,36 @@ def test_peer_memory_on_two_gpus(tmp_path) -> None:  # type: ignore[no-untyped-d
     from test_whole_step_multi import _torchrun_check
 
     _torchrun_check("gpu_peer_memory_check.py", tmp_path, "PEER MEMORY CHECK OK")
+
+
+def _one_rank_fails(env: DistEnv) -> dict:
+    """Rank 1 cannot make its shared-memory file: every rank is told (none waits for it), and
+    the padded exchange then takes the all-to-alls on every rank."""
+    import hetgmp.comm.peer_memory as pm_mod
+    from hetgmp.embedding.padded import peer_payloads
+
+    real, made = torch.from_file, []
+
+    def broken(*a, **kw):  # type: ignore[no-untyped-def]
+        if env.rank == 1:
+            raise RuntimeError("No space left on device")
+        made.append(a[0])
+        return real(*a, **kw)
+
+    torch.from_file = broken  # type: ignore[assignment]
+    try:
+        with pytest.raises(pm_mod.PeerMemoryUnavailable, match=r"on rank\(s\) \[1\]") as err:
+            PeerMemory(env, LAYOUT)
+        peer_payloads.PEER_PAYLOADS = peer_payloads.ON_CPU = True
+        with pytest.warns(UserWarning, match="take NCCL's all-to-alls"):
+            got = peer_payloads.peer_payloads(env, 512, 512, direct=False)
+    finally:
+        torch.from_file = real  # type: ignore[assignment]
+    return {"msg": str(err.value), "peer": got is None,
+            "files": [f for f in made if os.path.exists(f)]}  # fmt: skip
+
+
+def test_a_rank_that_cannot_allocate_fails_every_rank_alike() -> None:
+    outs = spawn_ranks(_one_rank_fails, 2, timeout_s=60)
+    assert all(o["peer"] for o in outs) and outs[0]["files"] == []  # (rank 0's file removed)
+    assert "No space left on device" in outs[1]["msg"] and "rank(s) [1]" in outs[0]["msg"]

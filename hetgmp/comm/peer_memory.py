@@ -79,6 +79,10 @@ def why_not(env: DistEnv) -> str | None:
     return None
 
 
+class PeerMemoryUnavailable(RuntimeError):
+    """Raised on every rank alike when some rank cannot allocate its peer memory."""
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -110,6 +114,7 @@ class PeerMemory:
         self._off, self.nbytes = _offsets(self.layout)
         self._symm: Any = None
         self._flat: list[torch.Tensor] = []
+        self.paths: list[str] = []  # (CPU ranks: the shared-memory files, unlinked once mapped)
         if not _capturing():
             _retired.clear()
         if env.device.type == "cuda":
@@ -120,7 +125,16 @@ class PeerMemory:
     def _cuda_buffers(self) -> list[torch.Tensor]:
         import torch.distributed._symmetric_memory as symm_mem
 
-        buf = symm_mem.empty(self.nbytes, dtype=torch.uint8, device=self.env.device)
+        try:  # (every rank learns whether every rank could allocate before the rendezvous,
+            # which would otherwise wait forever for a rank that failed)
+            buf: torch.Tensor | None = symm_mem.empty(
+                self.nbytes, dtype=torch.uint8, device=self.env.device
+            )
+            why = ""
+        except (RuntimeError, ValueError) as e:
+            buf, why = None, f"{type(e).__name__}: {e}"
+        self._agree(buf is not None, why, "symmetric memory could not be allocated")
+        assert buf is not None
         buf.zero_()
         self._symm = symm_mem.rendezvous(buf, self.env.group)
         get = self._symm.get_buffer
@@ -132,7 +146,21 @@ class PeerMemory:
         tag = _gathered(env, int.from_bytes(os.urandom(7), "little") if env.rank == 0 else 0)[0]
         base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         path = [os.path.join(base, f"hetgmp-peer-{tag:x}-{r}") for r in range(env.world_size)]
-        mine = torch.from_file(path[env.rank], shared=True, size=self.nbytes, dtype=torch.uint8)
+        self.paths = path  # (gone once mapped: the tests check)
+        try:  # (/dev/shm is small in containers: every rank learns of a rank that failed)
+            mine: torch.Tensor | None = torch.from_file(
+                path[env.rank], shared=True, size=self.nbytes, dtype=torch.uint8
+            )
+            why = ""
+        except (RuntimeError, OSError) as e:
+            mine, why = None, f"{type(e).__name__}: {e}"
+        try:
+            self._agree(mine is not None, why, "shared-memory files could not be made")
+        except PeerMemoryUnavailable:
+            if mine is not None:  # (nothing left behind)
+                os.unlink(path[env.rank])
+            raise
+        assert mine is not None
         mine.zero_()
         dist.barrier(group=env.group)  # (every file made)
         flat = [mine if r == env.rank else
@@ -141,6 +169,14 @@ class PeerMemory:
         dist.barrier(group=env.group)  # (every file mapped everywhere: the names can go)
         os.unlink(path[env.rank])
         return flat
+
+    def _agree(self, ok: bool, why: str, what: str) -> None:
+        """(Collective) raise :class:`PeerMemoryUnavailable` on every rank if some rank's
+        allocation failed (``ok`` False here, ``why`` its error)."""
+        failed = _gathered(self.env, int(not ok))
+        if any(failed):
+            ranks = [r for r, f in enumerate(failed) if f]
+            raise PeerMemoryUnavailable(f"{what} on rank(s) {ranks}" + (f" ({why})" if why else ""))
 
     def __del__(self) -> None:
         # (the allocations outlive a capture in progress: see _retired)

@@ -27,12 +27,13 @@ CPU the all-to-alls cost little).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.comm.peer_memory import PeerMemory, why_not
+from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryUnavailable, why_not
 
 # On since 2026-11-27: 2x H200, the user's command at batch 8192, 1.60x -> 1.65x one GPU's
 # samples/s (bench/results/gpu/peer_direct/); tests/gpu_whole_step_check.py passed with it.
@@ -81,7 +82,11 @@ def peer_payloads(comm: DistEnv, s1: int, s2: int, *, direct: bool) -> PeerPaylo
         return None
     if why_not(comm) is not None:
         return None
-    return PeerPayloads(comm, s1, s2, direct=direct)
+    try:
+        return PeerPayloads(comm, s1, s2, direct=direct)
+    except PeerMemoryUnavailable as e:  # (raised on every rank alike: all take NCCL)
+        warnings.warn(f"padded exchange: the payloads take NCCL's all-to-alls: {e}", stacklevel=2)
+        return None
 
 
 def payload_target(st: Any, which: int) -> tuple[torch.Tensor, bool]:
