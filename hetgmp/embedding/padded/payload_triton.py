@@ -21,7 +21,7 @@ def payload_row(send_ptr, j, m, stride, PEER: tl.constexpr):
     # the peers' receive buffers (16-byte aligned: checked where the table is made)
     if PEER:
         a = tl.load(send_ptr + j, mask=m, other=0)
-        return tl.multiple_of(a.to(tl.pointer_type(tl.float32)), 4)
+        return tl.multiple_of(a.to(tl.pointer_type(tl.float32)), 16)
     else:
         return send_ptr + j.to(tl.int64) * stride
 
