@@ -194,10 +194,12 @@ class StaticExchange:
             "values": o * 4 * (d + self.sw) * q,
         }
         assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
-        self.send1 = torch.zeros(w, self.s1, device=dev)
-        self.send2 = torch.zeros(w, self.s2, device=dev)
-        # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads)
+        # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads;
+        # the fused segments then write there directly and need no send buffers)
         self.peer = peer_payloads(self.comm, self.s1, self.s2, direct=self.fused)
+        ws = 0 if self.peer is not None and self.peer.direct else w
+        self.send1 = torch.zeros(ws, self.s1, device=dev)
+        self.send2 = torch.zeros(ws, self.s2, device=dev)
         if self.peer is not None:
             self.recv1, self.recv2 = self.peer.recv1, self.peer.recv2
         else:
