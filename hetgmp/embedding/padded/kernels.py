@@ -268,7 +268,7 @@ def merged_owner_update_fused(st: Any) -> None:
         )  # fmt: skip
     br, bd = _tiles(st.d)
     k.sum[_grid(n, br)](
-        slots, cnts, st.pos_map, lead, csum, st.own_grad, st.recv1, st.own_gsum, n, o, p,
+        slots, cnts, st.pos_map, lead, csum, st.recv1, st.own_gsum, n, o, p,
         st.s1, 4 * q + 4 * p, e.trash_slot, D=st.d, BR=br, BD=bd,
     )  # fmt: skip
     adagrad_rows(

@@ -66,10 +66,11 @@ def owner_slots_kernel(
 
 @triton.jit(do_not_specialize=["n", "o"])
 def owner_sum_kernel(
-    slots_ptr, cnts_ptr, pos_ptr, lead_ptr, csum_ptr, own_grad_ptr, recv_ptr, gsum_ptr, n, o,
-    p, s1, g0, trash, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    slots_ptr, cnts_ptr, pos_ptr, lead_ptr, csum_ptr, recv_ptr, gsum_ptr, n, o, p, s1, g0,
+    trash, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    e = tl.program_id(0) * BR + tl.arange(0, BR)
+    pid = tl.program_id(0)
+    e = pid * BR + tl.arange(0, BR)
     m = e < n
     slot = tl.load(slots_ptr + e, mask=m, other=trash)
     valid = m & (slot != trash)
@@ -77,25 +78,21 @@ def owner_sum_kernel(
     tl.store(lead_ptr + e, tl.where(valid, lead, -1), mask=m)
     cnt = tl.load(cnts_ptr + e, mask=valid, other=0)
     tl.atomic_add(csum_ptr + lead, cnt, mask=valid, sem="relaxed")
-    push = e >= o
-    k = tl.where(push, e - o, 0)
-    j = k // p
-    # a row's gradient: the own entry's staged row, or the push's row inside its peer's payload
-    src = tl.where(push, j.to(tl.int64) * s1 + g0 + (k - j * p).to(tl.int64) * D, 0)
-    own_off = tl.where(push, 0, e.to(tl.int64) * D)
-    # an own row's gradient is its leader's sum already (gsum's first o rows are the staged own
-    # gradient); only an own row led by another entry (never, with the launch order of
-    # owner_slots_kernel) would move its gradient there
-    moved = valid & ~push & (lead != e)
-    dst = lead.to(tl.int64) * D
-    for d0 in tl.static_range(0, D, BD):
-        c = d0 + tl.arange(0, BD)
-        cm = valid[:, None] & (c < D)[None, :]
-        gp = tl.load(recv_ptr + src[:, None] + c[None, :], mask=cm & push[:, None], other=0.0)
-        go = tl.load(own_grad_ptr + own_off[:, None] + c[None, :], mask=cm & moved[:, None],
-                     other=0.0)  # fmt: skip
-        tl.atomic_add(gsum_ptr + dst[:, None] + c[None, :], gp + go,
-                      mask=cm & (push | moved)[:, None], sem="relaxed")  # fmt: skip
+    # an own row leads its row (owner_slots_kernel's launch order; the own rows' slots are
+    # distinct), so its gradient is its leader's sum already (gsum's first o rows are the
+    # staged own gradient): only pushes add rows, and a program of own rows only is done
+    if pid * BR + BR > o:
+        push = valid & (e >= o)
+        k = tl.where(push, e - o, 0)
+        j = k // p
+        # a push's row inside its peer's payload
+        src = j.to(tl.int64) * s1 + g0 + (k - j * p).to(tl.int64) * D
+        dst = lead.to(tl.int64) * D
+        for d0 in tl.static_range(0, D, BD):
+            c = d0 + tl.arange(0, BD)
+            cm = push[:, None] & (c < D)[None, :]
+            g = tl.load(recv_ptr + src[:, None] + c[None, :], mask=cm, other=0.0)
+            tl.atomic_add(gsum_ptr + dst[:, None] + c[None, :], g, mask=cm, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["n"])
