@@ -25,7 +25,9 @@
 # "markfield": early with the plan's leaders marked by field (kernels.prep.MARK_BY_FIELD),
 # "zeromark": both, "peer": early with the two payloads written by pack and answer straight
 # into the peers' buffers (symmetric memory), a device barrier for each all-to-all
-# (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable,
+# (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable, "narrow": early with
+# the exchange waiting only for the backward up to the embedding's gradient
+# (padded.exchange.NARROW_WAIT),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -91,6 +93,8 @@ switches() {  # variant -> module switches
       hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
     peer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
+    narrow) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 ;;
     peerfrom) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 \
       hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;

@@ -39,6 +39,13 @@ SUM_GRAD_ASIDE = True
 # buffer's capacity: ~16 us at batch 8192 on 2 H100s). Only captured steps take it. On since
 # measured with MARK_BY_FIELD (2026-11-26, bench/results/gpu/zero_mark/: 1.53x -> 1.56x).
 EARLY_ZERO = True
+# The exchange made early (on_side, right after backward) waits only for what the gradient's
+# sum waited for when it forked on the same side stream (the main stream up to the embedding's
+# backward, the last layer of the backward that the exchange reads from), not for the rest of
+# the backward queued since (the dense layers' last element-wise ops: the chain's first 13 us
+# at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/). Off
+# until tests/gpu_whole_step_check.py passes with it and read_ahead_ab.sh's "narrow" measures it.
+NARROW_WAIT = False
 
 
 def _capturing(device: torch.device) -> bool:
@@ -303,7 +310,9 @@ class PaddedExchange:
             return
         if self._side is None:
             self._side = priority_stream(dev, "exchange")
-        self._side.wait_stream(torch.cuda.current_stream(dev))
+        # (a non-empty _held: the sum forked on the side stream in this capture, NARROW_WAIT)
+        if not (NARROW_WAIT and self._held):
+            self._side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(self._side):
             fn()
         if self._held is None:
