@@ -27,7 +27,8 @@
 # into the peers' buffers (symmetric memory), a device barrier for each all-to-all
 # (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable, "narrow": early with
 # the exchange waiting only for the backward up to the embedding's gradient
-# (padded.exchange.NARROW_WAIT),
+# (padded.exchange.NARROW_WAIT), "ownearly": early with the own rows' entries of the owner's
+# update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both,
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -95,6 +96,10 @@ switches() {  # variant -> module switches
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
     narrow) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.exchange.NARROW_WAIT=1 ;;
+    ownearly) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
+    chain) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
     peerfrom) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 \
       hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;

@@ -386,6 +386,8 @@ class StaticExchange:
             self.own_slot[:k].copy_(old.own_slot)
             self.own_cnt[:k].copy_(old.own_cnt)
             self.own_grad[:k].copy_(old.own_grad)
+            if self.fused and fused_segments.OWN_SLOTS_EARLY:  # (their entries, made again)
+                fused_segments.own_entries_early(self)
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
         self._graphs.run(key, fn, capturable=capturable)

@@ -58,6 +58,13 @@ from hetgmp.embedding.padded.reference import (
 # On by default since measured on 2 H100s (bench/results/gpu/whole_step/README.md, 2026-11-26):
 # the user's command on 2 GPUs 10.50M -> 12.04M samples/s, AUC equal.
 FUSED_OWNER_UPDATE = True
+# The own rows' entries of the merged update (their slots, counts and the slot -> leader map)
+# written in the counts phase, which runs during the forward, instead of on the exchange's
+# chain after backward (owner_slots' own launch: 9 us of the 2-GPU chain at batch 8192 on 2
+# H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/); the pushes' launch then
+# leaves the rows an own entry leads. Exact (tests/test_padded_kernels.py); off until
+# measured (read_ahead_ab.sh variant ownearly).
+OWN_SLOTS_EARLY = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,6 +111,29 @@ def presync_counts(st: Any, prev: Any, cur: Any) -> None:
     ``st.ndue`` zeroed for :func:`count_due`; ``prev``'s block bounds kept for
     :func:`presync_values`."""
     _presync_apply(st, prev, cur, counts=True)
+    own_entries_early(st)
+
+
+def own_entries_early(st: Any) -> None:
+    """(:data:`OWN_SLOTS_EARLY`) the staged own rows' entries of the merged update now."""
+    if _own_early(st):
+        _owner_slots(st, 0, st.cap.o)
+
+
+def _own_early(st: Any) -> bool:
+    return bool(st.sw and FUSED_OWNER_UPDATE and OWN_SLOTS_EARLY)
+
+
+def _owner_slots(st: Any, e0: int, e1: int, *, keep_own: bool = False) -> None:
+    """The merged update's entries ``[e0, e1)``: slots, counts and the slot -> leader map
+    (:func:`merged_owner_update_fused`)."""
+    e, q, p = st.store, st.cap.q, st.cap.p
+    slots, cnts = st.own_entries[0], st.own_entries[1]
+    _owner_ns().slots[_grid(e1 - e0, 1024)](
+        st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of,
+        slots, cnts, st.pos_map, e0, e1, st.cap.o, p, st.s1 // 2, 2 * q, e.num_rows,
+        e.trash_slot, COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024, KEEP_OWN=keep_own,
+    )  # fmt: skip
 
 
 def presync_values(st: Any, prev: Any) -> None:
@@ -260,12 +290,11 @@ def merged_owner_update_fused(st: Any) -> None:
     k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
     slots, cnts, lead, csum = st.own_entries
     n = slots.numel()
-    for e0, e1 in ((o, n), (0, o)):  # (pushes, then own rows: an own row leads its row)
-        k.slots[_grid(e1 - e0, 1024)](
-            st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of,
-            slots, cnts, st.pos_map, e0, e1, o, p, st.s1 // 2, 2 * q, e.num_rows,
-            e.trash_slot, COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024,
-        )  # fmt: skip
+    if _own_early(st):  # (the own rows' entries came with the counts phase)
+        _owner_slots(st, o, n, keep_own=True)
+    else:  # (pushes, then own rows: an own row leads its row)
+        _owner_slots(st, o, n)
+        _owner_slots(st, 0, o)
     br, bd = _tiles(st.d)
     k.sum[_grid(n, br)](
         slots, cnts, st.pos_map, lead, csum, st.recv1, st.own_gsum, n, o, p,

@@ -42,10 +42,13 @@ def _entry(e, o, p, s1h, q2):
 def owner_slots_kernel(
     own_slot_ptr, own_cnt_ptr, r64_ptr, sz_ptr, slot_of_ptr, slots_ptr, cnts_ptr, pos_ptr,
     e0, n, o, p, s1h, q2, num_rows, trash, COLS: tl.constexpr, NP: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, KEEP_OWN: tl.constexpr = False,
 ):  # fmt: skip
     # (entries [e0, n): launched for the pushes first, then for the own rows, whose writes to
-    # the slot -> entry map then win: an own row leads its row)
+    # the slot -> entry map then win: an own row leads its row. KEEP_OWN: the own rows' launch
+    # ran first (in the counts phase, off the exchange's chain), so a push leaves a slot that
+    # an own entry of this step leads: the map's entry c < o with this step's slots[c] == slot;
+    # any other entry there is an earlier step's)
     e = e0 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < n
     push, j, i, off = _entry(e, o, p, s1h, q2)
@@ -61,7 +64,13 @@ def owner_slots_kernel(
     oc = tl.load(own_cnt_ptr + e, mask=own, other=0)
     tl.store(slots_ptr + e, slot, mask=m)
     tl.store(cnts_ptr + e, tl.where(own, oc, pc), mask=m)
-    tl.store(pos_ptr + slot, e.to(tl.int64), mask=m & (slot != trash))
+    live = m & (slot != trash)
+    if KEEP_OWN:
+        cur = tl.load(pos_ptr + slot, mask=live, other=-1)
+        mine = live & (cur >= 0) & (cur < o)
+        led = mine & (tl.load(slots_ptr + cur, mask=mine, other=-1) == slot)
+        live = live & ~led
+    tl.store(pos_ptr + slot, e.to(tl.int64), mask=live)
 
 
 @triton.jit(do_not_specialize=["n", "o"])

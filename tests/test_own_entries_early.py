@@ -1,0 +1,53 @@
+"""The merged owner update with its own rows' entries written in the counts phase
+(``padded.kernels.OWN_SLOTS_EARLY``, off until measured): on spawned gloo ranks with the fused
+Triton segments in Triton's interpreter, the whole-step flow trains exactly as with every entry
+written after the exchange (rows, state, dense layers, counters); row-wise Adagrad, so own rows
+and pushes meet in one update per row."""
+
+from __future__ import annotations
+
+import pytest
+from test_whole_step_multi import _assert_runs_equal, _cfg, _plan, _rank
+
+from hetgmp.comm.spawn import spawn_ranks
+
+
+def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """Both runs in one fresh interpreter (``start_method="spawn"``: TRITON_INTERPRET is read
+    at triton's first import)."""
+    import os
+    import sys
+
+    os.environ["TRITON_INTERPRET"] = "1"
+    assert "triton" not in sys.modules
+    from hetgmp.embedding.kernels import launcher, prep
+    from hetgmp.embedding.padded import kernels
+
+    launcher.interpreted.cache_clear()
+    prep.AGGREGATE = False
+    calls = {"early": 0}
+    real = kernels.own_entries_early
+
+    def counted(st) -> None:  # type: ignore[no-untyped-def]
+        calls["early"] += int(kernels._own_early(st))
+        real(st)
+
+    kernels.own_entries_early = counted  # type: ignore[assignment]
+    kernels.OWN_SLOTS_EARLY = False
+    late = _rank(env, cfg, True, None)
+    kernels.OWN_SLOTS_EARLY = True
+    early = _rank(env, cfg, True, None)
+    early["early_calls"] = calls["early"]
+    return late, early
+
+
+def test_own_entries_written_in_the_counts_phase_train_as_after_the_exchange(
+    tiny_dataset, tmp_path
+) -> None:
+    pytest.importorskip("triton")
+    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
+    runs = spawn_ranks(_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
+    _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
+    assert all(r[1]["early_calls"] >= 5 for r in runs)  # (the early launch ran each step)
+    assert all(r[1]["res"]["embedding_counters"]["pushes_sent"] > 0 for r in runs)
