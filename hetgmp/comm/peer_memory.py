@@ -71,11 +71,25 @@ def why_not(env: DistEnv) -> str | None:
     if len(set(hosts)) > 1:
         return f"ranks on {len(set(hosts))} hosts (peer memory is one host's)"
     if env.device.type == "cuda":
-        devs = _gathered(env, env.device.index if env.device.index is not None else 0)
-        me = devs[env.rank]
-        bad = [d for d in devs if d != me and not torch.cuda.can_device_access_peer(me, d)]
-        if bad:
-            return f"cuda:{me} has no peer access to cuda:{bad[0]}"
+        return _cuda_why_not(env)
+    return None
+
+
+def _cuda_why_not(env: DistEnv) -> str | None:
+    """(Collective) why the CUDA devices of ``env``'s ranks cannot map each other's memory."""
+    index = env.device.index if env.device.index is not None else torch.cuda.current_device()
+    devs = _gathered(env, index)
+    uuid = str(torch.cuda.get_device_properties(index).uuid).encode()
+    gpus = _gathered(env, int.from_bytes(hashlib.sha256(uuid).digest()[:7], "little"))
+    seen: dict[int, int] = {}
+    for d, g in zip(devs, gpus, strict=True):
+        if seen.setdefault(d, g) != g:  # (one index, two GPUs: each rank sees its own only)
+            return (f"the ranks see different GPUs as cuda:{d} (a CUDA_VISIBLE_DEVICES per "
+                    "rank): peer access cannot be checked")  # fmt: skip
+    me = devs[env.rank]
+    bad = [d for d in devs if d != me and not torch.cuda.can_device_access_peer(me, d)]
+    if bad:
+        return f"cuda:{me} has no peer access to cuda:{bad[0]}"
     return None
 
 
