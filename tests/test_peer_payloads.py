@@ -35,6 +35,9 @@ def test_payloads_over_peer_memory_train_as_over_all_to_alls(
         tiny_dataset, tmp_path, _rank_peer, whole, optimizer=optimizer, bound=bound
     )
     assert a2a[0]["peer_exchanges"] == 0 and peer[0]["peer_exchanges"] >= 20  # (2 a step)
+    if whole:  # (the results say how the payloads travelled)
+        assert a2a[0]["res"]["exchange_payloads"] == "all-to-alls"
+        assert peer[0]["res"]["exchange_payloads"].startswith("copied into the peers' memory")
 
 
 def _interpreted_peer(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
@@ -80,3 +83,4 @@ def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
     on = runs[0][1]
     assert on["direct"] and all(on["direct"]) and on["peer_exchanges"] >= 12  # (2 a step)
+    assert on["res"]["exchange_payloads"].startswith("written by the exchange's kernels")

@@ -111,6 +111,10 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     out["graph_replays_exchanged_early"] = getattr(run, "replays_early", 0)
     # (epoch starts whose exchange capacities grew: buffers rebuilt, graphs captured again)
     out["capacity_growths"] = getattr(run, "growths", 0)
+    # (how the padded exchange's payloads travelled: peer memory or all-to-alls, and why)
+    whole = getattr(run, "whole", None)
+    st = whole.padded.static if whole is not None else None
+    out["exchange_payloads"] = st.payload_note if st is not None else None
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)
     return out
 

@@ -196,7 +196,7 @@ class StaticExchange:
         assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
         # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads;
         # the fused segments then write there directly and need no send buffers)
-        self.peer = peer_payloads(self.comm, self.s1, self.s2, direct=self.fused)
+        self.peer, self.payload_note = peer_payloads(self.comm, self.s1, self.s2, direct=self.fused)
         ws = 0 if self.peer is not None and self.peer.direct else w
         self.send1 = torch.zeros(ws, self.s1, device=dev)
         self.send2 = torch.zeros(ws, self.s2, device=dev)

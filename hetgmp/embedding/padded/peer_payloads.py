@@ -72,21 +72,27 @@ class PeerPayloads:
         self.pm.barrier(channel=0 if name == "recv1" else 1)
 
 
-def peer_payloads(comm: DistEnv, s1: int, s2: int, *, direct: bool) -> PeerPayloads | None:
+def peer_payloads(
+    comm: DistEnv, s1: int, s2: int, *, direct: bool
+) -> tuple[PeerPayloads | None, str]:
     """(Collective) the peer-memory transport for payloads of ``s1`` / ``s2`` floats per peer,
-    when :data:`PEER_PAYLOADS` is on and the ranks of ``comm`` can share peer memory; else
-    None (the NCCL all-to-alls). ``direct``: the fused segments write into the peers' rows."""
+    when :data:`PEER_PAYLOADS` is on and the ranks of ``comm`` can share peer memory, else
+    None (the NCCL all-to-alls); and what the log says of it. ``direct``: the fused segments
+    write into the peers' rows."""
     if not PEER_PAYLOADS or comm.group is None or comm.world_size < 2:
-        return None
+        return None, "all-to-alls"
     if comm.device.type != "cuda" and not ON_CPU:
-        return None
-    if why_not(comm) is not None:
-        return None
+        return None, "all-to-alls"
+    why = why_not(comm)
+    if why is not None:
+        return None, f"all-to-alls (no peer memory: {why})"
     try:
-        return PeerPayloads(comm, s1, s2, direct=direct)
+        peer = PeerPayloads(comm, s1, s2, direct=direct)
     except PeerMemoryUnavailable as e:  # (raised on every rank alike: all take NCCL)
         warnings.warn(f"padded exchange: the payloads take NCCL's all-to-alls: {e}", stacklevel=2)
-        return None
+        return None, f"all-to-alls (no peer memory: {e})"
+    how = "written by the exchange's kernels" if direct else "copied"
+    return peer, f"{how} into the peers' memory, a device barrier per exchange"
 
 
 def payload_target(st: Any, which: int) -> tuple[torch.Tensor, bool]:

@@ -105,6 +105,7 @@ class WholeStep:
         # sample-level updates: docs/scaling_plan.md), and whether the log said so
         self.epoch_hot = 0
         self._hot_said = False
+        self._payloads_said = False  # (how the payloads travel: said once)
         self._deferred_seen = 0  # (the capacity-deferred push count at the last epoch start)
 
     # ---------------------------------------------------------------- capacities
@@ -204,6 +205,10 @@ class WholeStep:
         a slow epoch start), and once, above bound 0, how many rows one step's batch holds
         more than ``--bound`` times."""
         new, out = self.padded.frozen, []
+        st = self.padded.static
+        if st is not None and not self._payloads_said:
+            self._payloads_said = True
+            out.append(f"exchange payloads: {st.payload_note}")
         if old is not None and new != old:
             out.append(f"exchange capacities grew at an epoch start ({old} -> {new}): buffers "
                        "rebuilt, graphs captured again")  # fmt: skip
