@@ -399,3 +399,8 @@ def test_adagrad_consume_zeroes_exactly_the_rows_it_used() -> None:
     assert not used[[0, 1, 3]].any() and torch.equal(used[[2, 4]], grad[[2, 4]])
     with pytest.raises(ValueError, match="float32 contiguous"):
         adagrad_rows(weight, state, idx, grad.t().contiguous().t(), 0.1, 1e-7, consume=True)
+    # versions: each leader's row moves by its entry's count, which is zeroed; others untouched
+    ver, cnt = torch.zeros(10, dtype=torch.int64), torch.tensor([4, 2, 9, 1, 9])
+    adagrad_rows(weight, state, idx, grad.clone(), 0.1, 1e-7, lead=lead, versions=(ver, cnt))
+    assert ver.tolist() == [0, 0, 0, 4, 0, 2, 0, 1, 0, 0]
+    assert cnt.tolist() == [0, 0, 9, 0, 9]

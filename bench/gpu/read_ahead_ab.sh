@@ -28,7 +28,8 @@
 # (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable, "narrow": early with
 # the exchange waiting only for the backward up to the embedding's gradient
 # (padded.exchange.NARROW_WAIT), "ownearly": early with the own rows' entries of the owner's
-# update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both,
+# update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both and the
+# versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -99,7 +100,8 @@ switches() {  # variant -> module switches
     ownearly) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
     chain) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
+      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 \
+      hetgmp.embedding.padded.kernels.VERSIONS_IN_UPDATE=1 ;;
     peerfrom) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 \
       hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;

@@ -18,13 +18,22 @@ import torch
 from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device, row_tiles
 from hetgmp.embedding.ops import index_add_rows
 
+Versions = tuple[torch.Tensor, torch.Tensor]  # (a table's versions [R], counts [n]) int64
+
 
 def adagrad_rows_reference(
     weight: torch.Tensor, state: torch.Tensor, idx: torch.Tensor, grad: torch.Tensor,
     lr: float, eps: float, *, keep: torch.Tensor | None = None, lead: torch.Tensor | None = None,
+    versions: Versions | None = None,
 ) -> None:  # fmt: skip
     """:func:`adagrad_rows` in torch ops."""
     sel = _selected(idx, keep, lead)
+    if versions is not None:  # (the selected rows' versions move by their counts, zeroed)
+        ver, cnt = versions
+        pick = sel if sel is not None else torch.ones_like(idx, dtype=torch.bool)
+        pick = pick & (idx >= 0)
+        ver.index_add_(0, idx[pick], cnt[pick])
+        cnt[pick] = 0
     if sel is not None:
         idx, grad = idx[sel], grad[sel]
     if idx.numel() == 0:
@@ -37,18 +46,22 @@ def adagrad_rows_reference(
 def adagrad_rows(
     weight: torch.Tensor, state: torch.Tensor, idx: torch.Tensor, grad: torch.Tensor,
     lr: float, eps: float, *, keep: torch.Tensor | None = None, lead: torch.Tensor | None = None,
-    backend: str = "torch", consume: bool = False,
+    backend: str = "torch", consume: bool = False, versions: Versions | None = None,
 ) -> None:  # fmt: skip
     """Row-wise Adagrad on rows ``idx`` (see the module docstring); ``weight [R, D]`` and
     ``state [R]`` float32 contiguous, ``grad [n, D]`` (or ``[..., D]`` of ``n`` rows).
     ``consume``: the selected rows of ``grad`` (float32, contiguous) are zeroed once used, so a
-    caller that adds only into selected rows keeps a zero buffer without refilling it."""
+    caller that adds only into selected rows keeps a zero buffer without refilling it.
+    ``versions`` ``(ver [R], cnt [n])`` int64: each selected row's version also moves by its
+    entry's count, which is then zeroed (the owner's merged update: one launch fewer)."""
     idx = idx.reshape(-1)
     if consume and (grad.dtype != torch.float32 or not grad.is_contiguous()):
         raise ValueError("adagrad_rows(consume=True) needs a float32 contiguous gradient")
     if backend == "torch" or idx.numel() == 0:
         flat = grad.reshape(-1, grad.shape[-1])
-        adagrad_rows_reference(weight, state, idx, flat, lr, eps, keep=keep, lead=lead)
+        adagrad_rows_reference(
+            weight, state, idx, flat, lr, eps, keep=keep, lead=lead, versions=versions
+        )
         if consume:
             sel = _selected(idx, keep, lead)
             flat[sel if sel is not None else slice(None)] = 0
@@ -63,11 +76,14 @@ def adagrad_rows(
         sel = sel.to(torch.int8)
     block_r, block_d = row_tiles(k.triton, d)
     block_r = max(1, block_r // 2)  # (two passes over the row: fewer rows per program)
+    ver, cnt = versions if versions is not None else (idx, idx)  # (stand-ins, never read)
     with on_device(weight):
         launch(
             k.adagrad, (k.triton.cdiv(n, block_r),),
-            (weight, state, idx.contiguous(), grad, sel.contiguous(), n, float(lr), float(eps)),
-            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SEL": mode, "CONSUME": consume},
+            (weight, state, idx.contiguous(), grad, sel.contiguous(), ver, cnt, n, float(lr),
+             float(eps)),
+            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SEL": mode, "CONSUME": consume,
+             "VERSIONS": versions is not None},
         )  # fmt: skip
 
 

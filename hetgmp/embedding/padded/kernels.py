@@ -65,6 +65,10 @@ FUSED_OWNER_UPDATE = True
 # leaves the rows an own entry leads. Exact (tests/test_padded_kernels.py); off until
 # measured (read_ahead_ab.sh variant ownearly).
 OWN_SLOTS_EARLY = False
+# The rows' versions moved by the merged update's Adagrad launch itself (adagrad_rows'
+# versions) instead of owner_version_kernel after it (6 us of that chain). Exact; off until
+# measured (read_ahead_ab.sh variant chain, with the two switches above).
+VERSIONS_IN_UPDATE = False
 
 
 @functools.lru_cache(maxsize=1)
@@ -300,11 +304,13 @@ def merged_owner_update_fused(st: Any) -> None:
         slots, cnts, st.pos_map, lead, csum, st.recv1, st.own_gsum, n, o, p,
         st.s1, 4 * q + 4 * p, e.trash_slot, D=st.d, BR=br, BD=bd,
     )  # fmt: skip
+    folded = (e.version_full, csum) if VERSIONS_IN_UPDATE else None
     adagrad_rows(
         e.weight_full, e.opt_state_full, slots, st.own_gsum, st.lr, st.opt.eps, lead=lead,
-        backend="triton", consume=True,
+        backend="triton", consume=True, versions=folded,
     )  # fmt: skip
-    k.version[_grid(n, 1024)](slots, lead, csum, e.version_full, n, BLOCK=1024)
+    if folded is None:
+        k.version[_grid(n, 1024)](slots, lead, csum, e.version_full, n, BLOCK=1024)
 
 
 @functools.lru_cache(maxsize=1)
