@@ -42,9 +42,7 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     return late, early, folded
 
 
-def test_owner_update_switches_train_exactly_as_without_them(
-    tiny_dataset, tmp_path
-) -> None:
+def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_path) -> None:
     pytest.importorskip("triton")
     plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
     cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
