@@ -14,8 +14,9 @@ from hetgmp.embedding.padded.whole import WholeStep
 def _fake(bound: int) -> SimpleNamespace:
     store = SimpleNamespace(num_rows=10, block_of=torch.zeros(10, dtype=torch.int64))
     return SimpleNamespace(
-        ctx=SimpleNamespace(store=store, bound=bound), padded=SimpleNamespace(frozen="cap"),
-        epoch_hot=0, _hot_said=False,
+        ctx=SimpleNamespace(store=store, bound=bound),
+        padded=SimpleNamespace(frozen="cap", static=None), epoch_hot=0, _hot_said=False,
+        _payloads_said=False,
     )  # fmt: skip
 
 
@@ -40,3 +41,15 @@ def test_the_log_says_it_once_above_bound_0() -> None:
     strict.epoch_hot = 5
     grown = WholeStep.epoch_notes(strict, "old cap")
     assert len(grown) == 1 and grown[0].startswith("exchange capacities grew")
+
+
+def test_the_log_says_once_how_the_payloads_travel() -> None:
+    """Once the exchange's buffers exist (after the first epoch start, at the latest the
+    second), the log says once how its payloads travel (peer memory or the all-to-alls)."""
+    fake = _fake(bound=0)
+    assert WholeStep.epoch_notes(fake, "cap") == []  # (no buffers yet)
+    fake.padded.static = SimpleNamespace(payload_note="all-to-alls (no peer memory: why)")
+    assert WholeStep.epoch_notes(fake, "cap") == [
+        "exchange payloads: all-to-alls (no peer memory: why)"
+    ]
+    assert WholeStep.epoch_notes(fake, "cap") == []  # (once)
