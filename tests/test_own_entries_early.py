@@ -34,12 +34,10 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
 
     kernels.own_entries_early = counted  # type: ignore[assignment]
     late = _rank(env, cfg, True, None)
-    kernels.OWN_SLOTS_EARLY = True
+    kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = True
     early = _rank(env, cfg, True, None)
     early["early_calls"] = calls["early"]
-    kernels.OWN_SLOTS_EARLY, kernels.VERSIONS_IN_UPDATE = False, True
-    folded = _rank(env, cfg, True, None)
-    return late, early, folded
+    return late, early
 
 
 def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_path) -> None:
@@ -48,6 +46,5 @@ def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_p
     cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
     runs = spawn_ranks(_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
-    _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])
     assert all(r[1]["early_calls"] >= 5 for r in runs)  # (the early launch ran each step)
     assert all(r[1]["res"]["embedding_counters"]["pushes_sent"] > 0 for r in runs)
