@@ -48,10 +48,32 @@ def main() -> int:
         assert float(inbox[q].sum()) == 4.0 * idx.numel() * 128, q
     pm.barrier()
     torch.cuda.synchronize()
+    dropped_during_capture(env)
     shutdown(env)
     if r == 0:
         print("PEER MEMORY CHECK OK", flush=True)
     return 0
+
+
+def dropped_during_capture(env) -> None:  # type: ignore[no-untyped-def]
+    """A PeerMemory dropped while a CUDA graph captures (a trainer's exchange collected by
+    Python's cycle collector during the next one's capture) must not free its memory then:
+    that aborted the process ("operation not permitted when stream is capturing")."""
+    import gc
+
+    old = PeerMemory(env, LAYOUT)
+    x = torch.zeros(8, device=env.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+        del old
+        gc.collect()
+    graph.replay()
+    torch.cuda.synchronize()
+    new = PeerMemory(env, LAYOUT)  # (frees what the capture kept)
+    new.barrier()
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 8.0
 
 
 if __name__ == "__main__":
