@@ -62,7 +62,7 @@ FUSED_OWNER_UPDATE = True
 # written in the counts phase, which runs during the forward, instead of on the exchange's
 # chain after backward (owner_slots' own launch: 9 us of the 2-GPU chain at batch 8192 on 2
 # H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/); the pushes' launch then
-# leaves the rows an own entry leads. Exact (tests/test_padded_kernels.py); off until
+# leaves the rows an own entry leads. Exact (tests/test_own_entries_early.py); off until
 # measured (read_ahead_ab.sh variant ownearly).
 OWN_SLOTS_EARLY = False
 # The rows' versions moved by the merged update's Adagrad launch itself (adagrad_rows'
