@@ -64,14 +64,17 @@ def _interpreted_peer(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped
     peer_payloads.PeerPayloads.__init__ = seen  # type: ignore[method-assign]
     off, on = _rank_peer(env, cfg, True, False), _rank_peer(env, cfg, True, True)
     on["direct"] = direct
-    return off, on
+    peer_payloads.PULL_REPLIES = True  # (the replies read from the owners' send buffers)
+    pulled = _rank_peer(env, cfg, True, True)
+    return off, on, pulled
 
 
 def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
     tiny_dataset, tmp_path
 ) -> None:
     """Pack and answer's kernels given the peers' row addresses (``.payload_triton``) train
-    exactly as the all-to-alls: every entry lands in the peer's row it reads."""
+    exactly as the all-to-alls: every entry lands in the peer's row it reads; so do the
+    replies pulled by finish from the owners' send buffers (``PULL_REPLIES``)."""
     pytest.importorskip("triton")
     from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
 
@@ -81,6 +84,8 @@ def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
     cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
     runs = spawn_ranks(_interpreted_peer, 2, cfg, timeout_s=240, start_method="spawn")
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
+    _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])
+    assert "the replies read from the owners'" in runs[0][2]["res"]["exchange_payloads"]
     on = runs[0][1]
     assert on["direct"] and all(on["direct"]) and on["peer_exchanges"] >= 12  # (2 a step)
     assert on["res"]["exchange_payloads"].startswith("written by the exchange's kernels")

@@ -29,7 +29,9 @@
 # the exchange waiting only for the backward up to the embedding's gradient
 # (padded.exchange.NARROW_WAIT), "ownearly": early with the own rows' entries of the owner's
 # update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both and the
-# versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE),
+# versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE), "pull":
+# early with the replies read by finish from the owners' memory instead of written into the
+# querier's (padded.peer_payloads.PULL_REPLIES),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -98,6 +100,8 @@ switches() {  # variant -> module switches
       hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
     narrow) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.exchange.NARROW_WAIT=1 ;;
+    pull) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
+      hetgmp.embedding.padded.peer_payloads.PULL_REPLIES=1 ;;
     ownearly) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
       hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
     chain) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \

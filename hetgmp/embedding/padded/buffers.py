@@ -200,8 +200,9 @@ class StaticExchange:
         ws = 0 if self.peer is not None and self.peer.direct else w
         self.send1 = torch.zeros(ws, self.s1, device=dev)
         self.send2 = torch.zeros(ws, self.s2, device=dev)
-        if self.peer is not None:
+        if self.peer is not None:  # (pulled replies: send2 in peer memory, read there)
             self.recv1, self.recv2 = self.peer.recv1, self.peer.recv2
+            self.send2 = self.peer.send2 if self.peer.pull else self.send2
         else:
             self.recv1 = torch.zeros(w, self.s1, device=dev)
             self.recv2 = torch.zeros(w, self.s2, device=dev)

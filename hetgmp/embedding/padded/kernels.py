@@ -47,7 +47,7 @@ import torch
 from hetgmp.embedding import protocol, sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
-from hetgmp.embedding.padded.peer_payloads import payload_target
+from hetgmp.embedding.padded.peer_payloads import payload_target, reply_source
 from hetgmp.embedding.padded.reference import (
     merged_owner_update,
 )
@@ -271,13 +271,12 @@ def finish(st: Any) -> None:
     the step's row counters into ``st.rows_step`` (and the owner's total)."""
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
-    r = st.recv2
+    r, peer = reply_source(st)  # (peer: the owners' send buffers, through a row table)
     k.finish_values[_grid(cap.u, br)](
-        st.sz_mine, st.blocks, st.slot, r, r.view(torch.int32), r.view(torch.int64),
-        e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.src,
+        st.sz_mine, st.blocks, st.slot, r, e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.src,
         st.rows_step, st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w,
         B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
-        FROM_TABLE=st.from_table,
+        FROM_TABLE=st.from_table, PEER=peer,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)
 

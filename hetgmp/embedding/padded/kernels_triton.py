@@ -177,15 +177,16 @@ def answer_queries_kernel(
 
 @triton.jit(do_not_specialize=["u"])
 def finish_values_kernel(
-    sz_ptr, blocks_ptr, slot_ptr, recv_ptr, recv32_ptr, recv64_ptr, w_ptr, ver_ptr,
-    dacc_ptr, state_ptr, values_ptr, src_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
+    sz_ptr, blocks_ptr, slot_ptr, recv_ptr, w_ptr, ver_ptr, dacc_ptr, state_ptr, values_ptr,
+    src_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
     W: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
-    FROM_TABLE: tl.constexpr = False,
+    FROM_TABLE: tl.constexpr = False, PEER: tl.constexpr = False,
 ):  # fmt: skip
     # (SW 1: a refreshed mirror takes the owner's optimizer state too; FROM_TABLE: the values
     # of rows stored here are not written, their slot is, in src (-1: a row not stored here,
-    # its value written): the lookup reads them from the table, .take)
+    # its value written): the lookup reads them from the table, .take; PEER: recv_ptr is the
+    # table of this rank's reply rows in the owners' send buffers, read there: pulled)
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     ends, starts, t = _block_starts(blocks_ptr, W, B3)
@@ -200,14 +201,14 @@ def finish_values_kernel(
     j = tl.where(mir, seg - W, tl.where(rem, seg - 2 * W, 0))
     nqm = tl.load(sz_ptr + j * COLS + NQM, mask=rem, other=0)
     e = tl.where(rem, e0 + nqm, e0)  # position among the queries to owner j
-    o = j.to(tl.int64) * s2
-    lag = tl.load(recv32_ptr + o + e, mask=mir, other=0).to(tl.int64)
+    o = payload_row(recv_ptr, j, mir | rem, s2, PEER)  # (owner j's reply row)
+    lag = tl.load(as32(o) + e, mask=mir, other=0).to(tl.int64)
     fresh = mir & beyond_bound(lag, bound)
     s = tl.load(slot_ptr + i, mask=stored, other=0).to(tl.int64)
-    rver = tl.load(recv64_ptr + (o + q + q * D) // 2 + e, mask=fresh, other=0)
+    rver = tl.load(as64(o) + (q + q * D) // 2 + e, mask=fresh, other=0)
     tl.store(ver_ptr + s, rver, mask=fresh)
     if SW:
-        rstate = tl.load(recv_ptr + o + 3 * q + q * D + e, mask=fresh, other=0.0)
+        rstate = tl.load(o + 3 * q + q * D + e, mask=fresh, other=0.0)
         tl.store(state_ptr + s, rstate, mask=fresh)
     k0 = tl.sum((mir & (lag == 0)).to(tl.int64), 0)
     k1 = tl.sum((mir & (lag > 0) & within_bound(lag, bound)).to(tl.int64), 0)
@@ -223,7 +224,7 @@ def finish_values_kernel(
         tl.store(src_ptr + i, tl.where(stored, s, -1), mask=i < u)
         keep, put = fresh & ~fresh, rem
     _finish_rows(
-        recv_ptr, w_ptr, dacc_ptr, values_ptr, o + q + e.to(tl.int64) * D, s, i, n_own, fresh,
+        o[:, None], w_ptr, dacc_ptr, values_ptr, q + e.to(tl.int64) * D, s, i, n_own, fresh,
         rem, keep, put, D, BD,
     )  # fmt: skip
 

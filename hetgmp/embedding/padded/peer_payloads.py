@@ -39,6 +39,13 @@ from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryUnavailable, why_not
 # samples/s (bench/results/gpu/peer_direct/); tests/gpu_whole_step_check.py passed with it.
 PEER_PAYLOADS = True
 ON_CPU = False
+# The replies pulled instead of pushed (direct payloads only): answer writes them into its own
+# send buffer in peer memory and the querier's finish reads its row there, after the barrier.
+# Why try: answer_queries took 20 us with its row writes crossing NVLink, 10 with local writes
+# (bench/results/gpu/scaling_diagnosis/timeline_8192_peer/), and remote reads ran at local
+# speed in p2p_probe/. Exact (tests/test_peer_payloads.py); off until measured
+# (read_ahead_ab.sh variant pull).
+PULL_REPLIES = False
 
 
 class PeerPayloads:
@@ -47,14 +54,20 @@ class PeerPayloads:
     segments write into the peers' rows themselves (the fused kernels); else the send buffers
     are copied there."""
 
-    def __init__(self, comm: DistEnv, s1: int, s2: int, *, direct: bool = False) -> None:
+    def __init__(
+        self, comm: DistEnv, s1: int, s2: int, *, direct: bool = False, pull: bool = False
+    ) -> None:
         w = comm.world_size
         f32 = torch.float32
         self.rank, self.world, self.direct = comm.rank, w, direct
-        self.pm = PeerMemory(comm, {"recv1": ((w, s1), f32), "recv2": ((w, s2), f32)})
-        self.recv1, self.recv2 = self.pm.mine("recv1"), self.pm.mine("recv2")
-        # where this rank's row lives in each peer's receive buffers (row ``rank`` of peer j's)
-        self.rows1, self.rows2 = (self._row_table(name) for name in ("recv1", "recv2"))
+        self.pull = pull and direct  # (replies pulled: .PULL_REPLIES)
+        reply = "send2" if self.pull else "recv2"
+        self.pm = PeerMemory(comm, {"recv1": ((w, s1), f32), reply: ((w, s2), f32)})
+        self.recv1 = self.pm.mine("recv1")
+        # where this rank's row lives in each peer's receive buffers (row ``rank`` of peer j's);
+        # pulled replies: this rank's own send buffer, and its row in each peer's
+        self.rows1, self.rows2 = (self._row_table(name) for name in ("recv1", reply))
+        self.recv2 = self.send2 = self.pm.mine(reply)
 
     def _row_table(self, name: str) -> torch.Tensor:
         ptrs = [self.pm.peer(name, j)[self.rank].data_ptr() for j in range(self.world)]
@@ -87,18 +100,28 @@ def peer_payloads(
     if why is not None:
         return None, f"all-to-alls (no peer memory: {why})"
     try:
-        peer = PeerPayloads(comm, s1, s2, direct=direct)
+        peer = PeerPayloads(comm, s1, s2, direct=direct, pull=PULL_REPLIES)
     except PeerMemoryUnavailable as e:  # (raised on every rank alike: all take NCCL)
         warnings.warn(f"padded exchange: the payloads take NCCL's all-to-alls: {e}", stacklevel=2)
         return None, f"all-to-alls (no peer memory: {e})"
     how = "written by the exchange's kernels" if direct else "copied"
-    return peer, f"{how} into the peers' memory, a device barrier per exchange"
+    pulled = ", the replies read from the owners'" if peer.pull else ""
+    return peer, f"{how} into the peers' memory{pulled}, a device barrier per exchange"
 
 
 def payload_target(st: Any, which: int) -> tuple[torch.Tensor, bool]:
     """What a fused segment writes payload ``which`` (1: pack's, 2: answer's) into: the peers'
     row table (and True) when it writes there directly, else the send buffer (and False)."""
     peer = st.peer
-    if peer is not None and peer.direct:
+    if peer is not None and peer.direct and not (which == 2 and peer.pull):
         return (peer.rows1 if which == 1 else peer.rows2), True
     return (st.send1 if which == 1 else st.send2), False
+
+
+def reply_source(st: Any) -> tuple[torch.Tensor, bool]:
+    """Where finish reads the replies: the table of this rank's rows in the owners' send
+    buffers (and True) when they are pulled, else the receive buffer (and False)."""
+    peer = st.peer
+    if peer is not None and peer.pull:
+        return peer.rows2, True
+    return st.recv2, False
