@@ -1,8 +1,9 @@
 """The merged owner update's switches (off until measured): its own rows' entries written in the
 counts phase (``padded.kernels.OWN_SLOTS_EARLY``) and the versions moved by its Adagrad launch
 (``VERSIONS_IN_UPDATE``). On spawned gloo ranks with the fused Triton segments in Triton's
-interpreter, the whole-step flow trains exactly as with both off (rows, state, dense layers,
-counters); row-wise Adagrad, so own rows and pushes meet in one update per row."""
+interpreter, the whole-step flow and the eager padded path (whose inputs the host stages at
+times, and then the update writes every entry) train exactly as with both off (rows, state,
+dense layers, counters); row-wise Adagrad, so own rows and pushes meet in one update per row."""
 
 from __future__ import annotations
 
@@ -33,11 +34,12 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
         real(st)
 
     kernels.own_entries_early = counted  # type: ignore[assignment]
-    late = _rank(env, cfg, True, None)
+    late = _rank(env, cfg, False, None)  # (the eager padded path: equal to the whole-step flow)
     kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = True
     early = _rank(env, cfg, True, None)
     early["early_calls"] = calls["early"]
-    return late, early
+    eager = _rank(env, cfg, False, None)  # (its inputs staged by the host at times: load())
+    return late, early, eager
 
 
 def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_path) -> None:
@@ -46,5 +48,6 @@ def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_p
     cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
     runs = spawn_ranks(_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
+    _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])
     assert all(r[1]["early_calls"] >= 5 for r in runs)  # (the early launch ran each step)
     assert all(r[1]["res"]["embedding_counters"]["pushes_sent"] > 0 for r in runs)

@@ -224,6 +224,7 @@ class StaticExchange:
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
         # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
         self.own_entries = torch.zeros(4, o + wp, **i64)
+        self.own_early = False  # (their own-row part written with the staging: OWN_SLOTS_EARLY)
 
     # ------------------------------------------------------------------ ring slots
     def bind(self, prev: int, cur: int) -> None:
@@ -292,6 +293,7 @@ class StaticExchange:
         self.pr_n.copy_(per_owner)
 
     def _load_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+        self.own_early = False  # (staged by the host: the update writes every entry)
         self.own_slot.fill_(self.store.trash_slot)
         self.own_cnt.zero_()
         if own is not None and own[0].numel():
@@ -303,7 +305,8 @@ class StaticExchange:
     def run(self) -> torch.Tensor:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
-        cur = self.bound_slots[1]  # (graphs per ring slot: each reads its slot's tables)
+        # (graphs per ring slot: each reads its slot's tables; and per owner-update form)
+        cur = (self.bound_slots[1], self.own_early)
         if self.comm_in_graphs:  # one graph, the exchanges inside
             self._segment(("step", cur), lambda: self._step(lambda _key, fn: fn()))
         else:  # a graph per segment, the exchanges between them

@@ -119,8 +119,10 @@ def presync_counts(st: Any, prev: Any, cur: Any) -> None:
 
 
 def own_entries_early(st: Any) -> None:
-    """(:data:`OWN_SLOTS_EARLY`) the staged own rows' entries of the merged update now."""
-    if _own_early(st):
+    """(:data:`OWN_SLOTS_EARLY`) the staged own rows' entries of the merged update now (the
+    update then writes the pushes' only; a staging from the host, ``load``, clears the mark)."""
+    st.own_early = _own_early(st)
+    if st.own_early:
         _owner_slots(st, 0, st.cap.o)
 
 
@@ -293,7 +295,7 @@ def merged_owner_update_fused(st: Any) -> None:
     k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
     slots, cnts, lead, csum = st.own_entries
     n = slots.numel()
-    if _own_early(st):  # (the own rows' entries came with the counts phase)
+    if st.own_early:  # (the own rows' entries came with the counts phase)
         _owner_slots(st, o, n, keep_own=True)
     else:  # (pushes, then own rows: an own row leads its row)
         _owner_slots(st, o, n)
