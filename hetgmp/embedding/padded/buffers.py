@@ -135,6 +135,7 @@ class StaticExchange:
         self._graphs = GraphCache(graphs, limit=48)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
+        self.own_early = False  # (the merged update's own entries written with the staging)
         if not self.fused:
             torch_segments.reference_buffers(self, emb, w, q, p, u, d, i64)
         if self.sw:
@@ -224,7 +225,6 @@ class StaticExchange:
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
         # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
         self.own_entries = torch.zeros(4, o + wp, **i64)
-        self.own_early = False  # (their own-row part written with the staging: OWN_SLOTS_EARLY)
 
     # ------------------------------------------------------------------ ring slots
     def bind(self, prev: int, cur: int) -> None:
