@@ -76,44 +76,30 @@ for g in $GPUS; do
 done
 card() { echo --partition "$(plan "$1")" --store_rate 0.01 --bound "${2:-100}"; }
 switches() {  # variant -> module switches
-  local m=hetgmp.embedding.padded.ahead
+  local m=hetgmp.embedding.padded.ahead p=hetgmp.embedding.padded
+  local early="$m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0"  # (the default pipelining)
   case $1 in
     strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;;
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
-    early) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
-    noprio) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 $m.PRIORITIES=0 ;;
-    nodefer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.models.deferred_wgrad.ENABLED=0 ;;
-    nolist) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.presync_step.DUE_LIST=0 ;;
+    early|nvl*) echo $early ;;
+    noprio) echo $early $m.PRIORITIES=0 ;;
+    nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
+    nolist) echo $early $p.presync_step.DUE_LIST=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;;
     aheadnoprio) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.PRIORITIES=0 ;;
     aheadhigh) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.AHEAD_HIGH=1 ;;
-    nvl*) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 ;;
-    earlyzero) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.EARLY_ZERO=1 ;;
-    markfield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
-    fromtable) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
-    peer) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 ;;
-    narrow) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 ;;
-    pull) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.peer_payloads.PULL_REPLIES=1 ;;
-    ownearly) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 ;;
-    chain) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.NARROW_WAIT=1 hetgmp.embedding.padded.kernels.OWN_SLOTS_EARLY=1 \
-      hetgmp.embedding.padded.kernels.VERSIONS_IN_UPDATE=1 ;;
-    peerfrom) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.peer_payloads.PEER_PAYLOADS=1 \
-      hetgmp.embedding.padded.take.TAKE_FROM_TABLE=1 ;;
-    zeromark) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.padded.exchange.EARLY_ZERO=1 hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
-    nofield) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=1 $m.ENABLED=0 \
-      hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;
+    earlyzero) echo $early $p.exchange.EARLY_ZERO=1 ;;
+    markfield) echo $early hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
+    fromtable) echo $early $p.take.TAKE_FROM_TABLE=1 ;;
+    peer) echo $early $p.peer_payloads.PEER_PAYLOADS=1 ;;
+    narrow) echo $early $p.exchange.NARROW_WAIT=1 ;;
+    pull) echo $early $p.peer_payloads.PULL_REPLIES=1 ;;
+    ownearly) echo $early $p.kernels.OWN_SLOTS_EARLY=1 ;;
+    chain) echo $early $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 \
+      $p.kernels.VERSIONS_IN_UPDATE=1 ;;
+    peerfrom) echo $early $p.peer_payloads.PEER_PAYLOADS=1 $p.take.TAKE_FROM_TABLE=1 ;;
+    zeromark) echo $early $p.exchange.EARLY_ZERO=1 hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
+    nofield) echo $early hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
