@@ -50,7 +50,9 @@ def test_ranks_read_and_write_each_others_buffers(world: int) -> None:
 
 def test_what_cannot_share_peer_memory_is_refused() -> None:
     assert why_not(DistEnv.single()) == "a single process"
-    with pytest.raises(RuntimeError, match="one host: a single process"):
+    from hetgmp.comm.peer_memory import PeerMemoryRefused
+
+    with pytest.raises(PeerMemoryRefused, match="one host: a single process"):
         PeerMemory(DistEnv.single(), LAYOUT)
 
 

@@ -94,7 +94,12 @@ def _cuda_why_not(env: DistEnv) -> str | None:
 
 
 class PeerMemoryUnavailable(RuntimeError):
-    """Raised on every rank alike when some rank cannot allocate its peer memory."""
+    """Raised on every rank alike when the ranks cannot share peer memory or some rank cannot
+    allocate its part."""
+
+
+class PeerMemoryRefused(PeerMemoryUnavailable):
+    """The ranks cannot share peer memory at all (:func:`why_not`: no allocation tried)."""
 
 
 def _capturing() -> bool:
@@ -122,8 +127,8 @@ class PeerMemory:
 
     def __init__(self, env: DistEnv, layout: Layout) -> None:
         why = why_not(env)
-        if why is not None:
-            raise RuntimeError(f"peer memory needs the ranks of one host: {why}")
+        if why is not None:  # (on every rank alike: why_not is collective)
+            raise PeerMemoryRefused(f"peer memory needs the ranks of one host: {why}")
         self.env, self.layout = env, dict(layout)
         self._off, self.nbytes = _offsets(self.layout)
         self._symm: Any = None

@@ -180,7 +180,7 @@ def _with_defaults(kernel: Any, nargs: int, consts: dict[str, Any]) -> dict[str,
     """``consts`` completed with the defaults of the kernel's trailing constexprs it leaves
     out: the fast path passes every parameter in order (a kernel launched without a defaulted
     flag was refused by it, and ran at ~3x the host time)."""
-    names = list(getattr(kernel, "arg_names", ()))
+    names = getattr(kernel, "arg_names", ())  # (every launch: no copy, the common case)
     if len(names) <= nargs + len(consts):
         return consts
     missing = _defaults.get(id(kernel))

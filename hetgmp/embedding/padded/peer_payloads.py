@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from hetgmp.comm.env import DistEnv
-from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryUnavailable, why_not
+from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryRefused, PeerMemoryUnavailable
 
 # On since 2026-11-27: 2x H200, the user's command at batch 8192, 1.60x -> 1.65x one GPU's
 # samples/s (bench/results/gpu/peer_direct/); tests/gpu_whole_step_check.py passed with it.
@@ -96,12 +96,11 @@ def peer_payloads(
         return None, "all-to-alls"
     if comm.device.type != "cuda" and not ON_CPU:
         return None, "all-to-alls"
-    why = why_not(comm)
-    if why is not None:
-        return None, f"all-to-alls (no peer memory: {why})"
     try:
         peer = PeerPayloads(comm, s1, s2, direct=direct, pull=PULL_REPLIES)
-    except PeerMemoryUnavailable as e:  # (raised on every rank alike: all take NCCL)
+    except PeerMemoryRefused as e:  # (no peer memory here: the all-to-alls, as expected)
+        return None, f"all-to-alls (no peer memory: {e})"
+    except PeerMemoryUnavailable as e:  # (an allocation failed, on every rank alike)
         warnings.warn(f"padded exchange: the payloads take NCCL's all-to-alls: {e}", stacklevel=2)
         return None, f"all-to-alls (no peer memory: {e})"
     how = "written by the exchange's kernels" if direct else "copied"
