@@ -8,24 +8,15 @@ dense layers, counters); row-wise Adagrad, so own rows and pushes meet in one up
 from __future__ import annotations
 
 import pytest
-from test_whole_step_multi import _assert_runs_equal, _cfg, _plan, _rank
-
-from hetgmp.comm.spawn import spawn_ranks
+from test_whole_step_multi import _assert_runs_equal, _rank, interpreted_runs, interpreter_now
 
 
 def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """Both runs in one fresh interpreter (``start_method="spawn"``: TRITON_INTERPRET is read
     at triton's first import)."""
-    import os
-    import sys
-
-    os.environ["TRITON_INTERPRET"] = "1"
-    assert "triton" not in sys.modules
-    from hetgmp.embedding.kernels import launcher, prep
+    interpreter_now()
     from hetgmp.embedding.padded import kernels
 
-    launcher.interpreted.cache_clear()
-    prep.AGGREGATE = False
     calls = {"early": 0}
     real = kernels.own_entries_early
 
@@ -44,9 +35,7 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
 
 def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_path) -> None:
     pytest.importorskip("triton")
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
-    runs = spawn_ranks(_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
+    runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted)
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
     _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])
     assert all(r[1]["early_calls"] >= 5 for r in runs)  # (the early launch ran each step)

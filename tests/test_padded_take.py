@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from interpreted import run_interpreted
-from test_whole_step_multi import _assert_runs_equal, _cfg, _plan, _rank, _switched_runs_equal
+from test_whole_step_multi import (
+    _assert_runs_equal,
+    _rank,
+    _switched_runs_equal,
+    interpreted_runs,
+    interpreter_now,
+)
 
-from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.embedding.padded.take import take_values_reference
 
 
@@ -93,17 +98,8 @@ def test_stored_rows_from_the_table_train_as_from_values(
 
 def _interpreted_take(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """The whole-step flow with the fused Triton segments in Triton's interpreter, without and
-    with the table read by the lookup (set before triton's first import: a fresh
-    interpreter, ``start_method="spawn"``)."""
-    import os
-    import sys
-
-    os.environ["TRITON_INTERPRET"] = "1"
-    assert "triton" not in sys.modules
-    from hetgmp.embedding.kernels import launcher, prep
-
-    launcher.interpreted.cache_clear()
-    prep.AGGREGATE = False
+    with the table read by the lookup."""
+    interpreter_now()
     return _rank_take(env, cfg, True, False), _rank_take(env, cfg, True, True)
 
 
@@ -112,7 +108,5 @@ def _interpreted_take(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped
 @pytest.mark.slow
 def test_fused_finish_and_take_from_the_table_in_interpreter(tiny_dataset, tmp_path) -> None:
     pytest.importorskip("triton")
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1)
-    runs = spawn_ranks(_interpreted_take, 2, cfg, timeout_s=240, start_method="spawn")
+    runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted_take)
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])

@@ -42,18 +42,12 @@ def test_payloads_over_peer_memory_train_as_over_all_to_alls(
 
 def _interpreted_peer(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """The whole-step flow with the fused Triton segments in Triton's interpreter, with the
-    all-to-alls and with pack and answer writing straight into the peers' receive rows (set
-    before triton's first import: a fresh interpreter, ``start_method="spawn"``)."""
-    import os
-    import sys
+    all-to-alls and with pack and answer writing straight into the peers' receive rows."""
+    from test_whole_step_multi import interpreter_now
 
-    os.environ["TRITON_INTERPRET"] = "1"
-    assert "triton" not in sys.modules
-    from hetgmp.embedding.kernels import launcher, prep
+    interpreter_now()
     from hetgmp.embedding.padded import peer_payloads
 
-    launcher.interpreted.cache_clear()
-    prep.AGGREGATE = False
     direct = []
     init = peer_payloads.PeerPayloads.__init__
 
@@ -76,14 +70,9 @@ def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
     exactly as the all-to-alls: every entry lands in the peer's row it reads; so do the
     replies pulled by finish from the owners' send buffers (``PULL_REPLIES``)."""
     pytest.importorskip("triton")
-    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+    from test_whole_step_multi import _assert_runs_equal, interpreted_runs
 
-    from hetgmp.comm.spawn import spawn_ranks
-
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer="adagrad", bound=3, kernels="triton", epochs=1,
-               iter=6)  # fmt: skip
-    runs = spawn_ranks(_interpreted_peer, 2, cfg, timeout_s=240, start_method="spawn")
+    runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted_peer, iter=6)
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
     _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])
     assert "the replies read from the owners'" in runs[0][2]["res"]["exchange_payloads"]

@@ -182,10 +182,9 @@ def test_rows_exchanged_early_are_dropped_when_an_evaluation_changed_the_table(
     _assert_runs_equal(eager, whole, counters=False)
 
 
-def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
-    """:func:`_rank`'s eager run, then its whole-step run, with Triton's kernels in its
-    interpreter (set here, before triton's first import: a fresh interpreter,
-    ``start_method="spawn"``)."""
+def interpreter_now() -> None:
+    """(In a rank started fresh, ``start_method="spawn"``) Triton's kernels in its interpreter
+    from here: set before triton's first import, which reads the switch."""
     import os
     import sys
 
@@ -196,6 +195,22 @@ def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
     launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
     prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
     assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
+
+
+def interpreted_runs(ds, tmp_path: Path, rank_fn, **kw) -> list:  # type: ignore[no-untyped-def]
+    """``rank_fn(env, cfg)`` on 2 fresh gloo ranks (it calls :func:`interpreter_now` first),
+    with the fused Triton segments, one epoch of a random plan; ``kw``: config overrides
+    (default Adagrad at bound 3). Returns each rank's result."""
+    plan = _plan(ds, 2, tmp_path / "part.npz")
+    cfg = _cfg(ds.root, plan, **{"optimizer": "adagrad", "bound": 3, "kernels": "triton",
+                                 "epochs": 1, **kw})  # fmt: skip
+    return spawn_ranks(rank_fn, 2, cfg, timeout_s=240, start_method="spawn")
+
+
+def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
+    """:func:`_rank`'s eager run, then its whole-step run, with Triton's kernels in its
+    interpreter."""
+    interpreter_now()
     return _rank(env, cfg, False, None), _rank(env, cfg, True, None)
 
 
@@ -208,9 +223,7 @@ def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
     (hetgmp.embedding.padded.presync_step): rows, state, dense layers and counters equal the
     eager padded path's, which runs every pre-sync part in order."""
     pytest.importorskip("triton")
-    plan = _plan(tiny_dataset, 2, tmp_path / "part.npz")
-    cfg = _cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3, kernels="triton", epochs=1)
-    runs = spawn_ranks(_runs_interpreted, 2, cfg, timeout_s=240, start_method="spawn")
+    runs = interpreted_runs(tiny_dataset, tmp_path, _runs_interpreted, optimizer=optimizer)
     eager, whole = [r[0] for r in runs], [r[1] for r in runs]
     _assert_runs_equal(eager, whole)
     assert whole[0]["counted_early"] >= 2 and whole[0]["early"] >= 2, whole[0]
