@@ -31,7 +31,10 @@
 # update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both and the
 # versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE), "pull":
 # early with the replies read by finish from the owners' memory instead of written into the
-# querier's (padded.peer_payloads.PULL_REPLIES),
+# querier's (padded.peer_payloads.PULL_REPLIES), "dar": early with the dense gradients summed
+# in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
+# pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
+# all-reduce ran as NCCL's LL protocol),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -81,7 +84,11 @@ switches() {  # variant -> module switches
   case $1 in
     strict) echo $m.PLAN_AHEAD=0 $m.ENABLED=0 ;;
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
-    early|nvl*) echo $early ;;
+    early|nvl*|ll128|simple) echo $early ;;
+    dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
+    pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
+    alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
+      $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 $p.kernels.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $m.PRIORITIES=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $early $p.presync_step.DUE_LIST=0 ;;
@@ -108,6 +115,8 @@ nccl_env() {  # variant -> NCCL settings (nvlK_C: peer-to-peer chunks of K KiB o
   case $1 in
     nvl*) local k=${1#nvl}; k=${k%%_*}; local c=${1##*_}; [ "$c" = "$1" ] && c=1
       echo NCCL_P2P_NVL_CHUNKSIZE=$((k * 1024)) NCCL_MIN_P2P_NCHANNELS=$c ;;
+    ll128) echo NCCL_PROTO=LL128 ;;
+    simple) echo NCCL_PROTO=Simple ;;
   esac
 }
 run() {  # name tree gpus batch variant [more flags]

@@ -13,6 +13,7 @@ from torch import nn
 
 from hetgmp.comm.collectives import all_reduce_sum
 from hetgmp.comm.env import DistEnv
+from hetgmp.comm.peer_allreduce import peer_all_reduce
 
 
 def sum_dense_grads(env: DistEnv, params: list[nn.Parameter]) -> None:
@@ -61,7 +62,13 @@ class GradBucket:
             raise ValueError(f"dense parameters of several dtypes cannot share a bucket: {dtypes}")
         device = params[0].device if params else env.device
         dtype = params[0].dtype if params else torch.float32
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+        numel = sum(p.numel() for p in params)
+        # (collective: every rank builds its bucket together)
+        self.peer, self.how = peer_all_reduce(env, numel, dtype)
+        if self.peer is not None:
+            self.flat = self.peer.flat
+        else:
+            self.flat = torch.zeros(numel, dtype=dtype, device=device)
         offset = 0
         for p in params:
             n = p.numel()
@@ -70,7 +77,9 @@ class GradBucket:
 
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
-        if self.env.world_size > 1 and self.flat.numel():
+        if self.peer is not None:  # (its own group: the env a captured step swaps in is not)
+            self.peer.all_reduce()
+        elif self.env.world_size > 1 and self.flat.numel():
             all_reduce_sum(self.env, self.flat)
 
     def zero_(self) -> None:
