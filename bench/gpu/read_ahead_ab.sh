@@ -34,7 +34,8 @@
 # querier's (padded.peer_payloads.PULL_REPLIES), "dar": early with the dense gradients summed
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
-# all-reduce ran as NCCL's LL protocol),
+# all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out
+# (diagnosis only, wrong values: bench/gpu/ablations.py),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
@@ -45,7 +46,8 @@
 # SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # MULTI_HOT (e.g. "2:20": multi-hot fields too, several CUDA ranks taking them in fixed shapes),
-# LOG_EVERY (10: TRAIN intervals, whose median among those without an epoch start is the
+# PAIR (1: also two 1-GPU jobs at once, one per GPU, each against the lone 1-GPU run: what
+# the machine gives two GPUs that do not talk), LOG_EVERY (10: TRAIN intervals, whose median among those without an epoch start is the
 # "steady" column; none such: "n/a"), BOUND0
 # (1; 0: no --bound 0 runs).
 set -uo pipefail
@@ -86,6 +88,7 @@ switches() {  # variant -> module switches
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
     early|nvl*|ll128|simple) echo $early ;;
     dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
+    abl_*) echo $early ablate:${1#abl_} ;;  # (diagnosis only: bench/gpu/ablations.py)
     pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 $p.kernels.VERSIONS_IN_UPDATE=1 ;;
@@ -140,6 +143,10 @@ for b in ${OLD:+${OLD_BATCHES:-8192}}; do
 done
 for b in $BATCHES; do
   run w1_$b new 1 "$b" early; NAMES+=(w1_$b)
+  if [ "${PAIR:-0}" = 1 ]; then  # (two 1-GPU jobs at once, one per GPU: the machine's share)
+    CUDA_VISIBLE_DEVICES=0 run pair0_$b new 1 "$b" early & CUDA_VISIBLE_DEVICES=1 run pair1_$b new 1 "$b" early &
+    wait; NAMES+=(pair0_$b pair1_$b)
+  fi
   for g in $GPUS; do
     for v in ${VARIANTS:-strict early ahead}; do
       run w${g}${v}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}_$b)

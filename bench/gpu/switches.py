@@ -7,6 +7,7 @@ measured), e.g. under torchrun::
 
 Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is
 an error, not a silent no-op); everything after ``--`` is the script and its arguments.
+``ablate:NAME`` leaves a part of the step out (diagnosis only: :mod:`ablations`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: switches.py MODULE.NAME=0|1 ... -- SCRIPT [ARGS...]")
     cut = argv.index("--")
     for item in argv[:cut]:
+        if item.startswith("ablate:"):  # (diagnosis only: parts of the step left out)
+            from ablations import apply
+
+            apply(item.split(":", 1)[1])
+            continue
         target, _, value = item.partition("=")
         mod_name, _, attr = target.rpartition(".")
         mod = importlib.import_module(mod_name)

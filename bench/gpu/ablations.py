@@ -1,0 +1,60 @@
+"""Diagnosis only: parts of the multi-GPU step left out, to learn what the step's time waits
+for (``switches.py ablate:NAME``). A run with an ablation trains WRONG values: its speed is a
+diagnosis, never a figure, and its AUC means nothing.
+
+Why: on 2 H100s (2026-11-27, ``bench/results/gpu/chain_switches/``) cutting pieces of the
+exchange's chain after backward (13, 9, 6 us of a kernel timeline) and the dense all-reduce's
+42 us (summed in peer memory instead) each left the step where it was, so the timeline's
+critical path is not the step's; leaving whole parts out says which parts the step pays for.
+
+* ``exchange``: the padded exchange's step (pack, both payload exchanges, the owner's update,
+  answers, finish) not run at all;
+* ``replies``: its second half not run (no answers' barrier, no finish);
+* ``sum``: the rows' gradient not summed (the buffer stays as it is);
+* ``dense_ar``: the dense gradients not summed over ranks;
+* ``presync``: the last batch's gradient part of the pre-sync segment (own rows staged,
+  mirrors' local step, pushes' gradients) not run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _no_exchange(st: Any, segment: Any) -> None:
+    return None
+
+
+def _no_replies(st: Any, segment: Any) -> None:
+    from hetgmp.comm.exchange import exchange_fixed
+
+    seg = st.seg
+    segment("pack", lambda: seg.pack(st))
+    if st.peer is not None:
+        st.peer.exchange(st.send1, "recv1")
+    else:
+        exchange_fixed(st.comm, st.send1, st.recv1, "embedding exchange 1 (static)")
+    segment("answer", lambda: seg.answer(st))
+
+
+def apply(name: str) -> None:
+    """Leave part ``name`` out of every step from now on (see the module docstring)."""
+    from hetgmp.embedding.padded import buffers, kernels
+    from hetgmp.train import dense_sync
+
+    if name == "exchange":
+        buffers.StaticExchange._step = _no_exchange  # type: ignore[method-assign]
+    elif name == "replies":
+        buffers.StaticExchange._step = _no_replies  # type: ignore[method-assign]
+    elif name == "sum":
+        buffers.StaticExchange.sum_grad = (  # type: ignore[method-assign]
+            lambda st, inv, g, rows=None, *, slot, fields=None, zero=True: (
+                st.grad_of(slot) if rows is None else st.grad_of(slot)[:rows]
+            )
+        )
+    elif name == "dense_ar":
+        dense_sync.GradBucket.all_reduce = lambda self: None  # type: ignore[method-assign]
+    elif name == "presync":
+        kernels.presync_values = lambda st, prev: None
+    else:
+        raise SystemExit(f"ablations: no ablation {name!r}")
