@@ -56,6 +56,7 @@ def _interpreted_peer(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped
         direct.append(self.direct)
 
     peer_payloads.PeerPayloads.__init__ = seen  # type: ignore[method-assign]
+    peer_payloads.PULL_REPLIES = False  # (the replies written into the queriers' rows)
     off, on = _rank_peer(env, cfg, True, False), _rank_peer(env, cfg, True, True)
     on["direct"] = direct
     peer_payloads.PULL_REPLIES = True  # (the replies read from the owners' send buffers)
@@ -79,3 +80,4 @@ def test_fused_segments_write_straight_into_the_peers_rows_in_interpreter(
     on = runs[0][1]
     assert on["direct"] and all(on["direct"]) and on["peer_exchanges"] >= 10  # (2 a step)
     assert on["res"]["exchange_payloads"].startswith("written by the exchange's kernels")
+    assert "the replies read" not in on["res"]["exchange_payloads"]

@@ -65,6 +65,10 @@ def test_timeline_lists_one_steps_operations_and_sums_them(tmp_path, capsys) -> 
     assert summed[0].split() == ["30.0", "scatter_add_fields_kernel"]
     assert summed[1].split() == ["25.0", "take_rows_kernel"]
     assert "step 3: 100.0 us, 1 GPU operations" in timeline(events, step=3)
+    # (one stream, three kernels: busy 55 us from 10 to 80; the union the same)
+    assert "GPU busy (any stream): 55.0 us" in text, text
+    assert next(ln for ln in lines if ln.strip().startswith("?")).split() == [
+        "?", "3", "55.0", "10.0", "80.0"]  # fmt: skip
     path = tmp_path / "t.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)

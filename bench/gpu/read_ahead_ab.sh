@@ -31,7 +31,7 @@
 # update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both and the
 # versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE), "pull":
 # early with the replies read by finish from the owners' memory instead of written into the
-# querier's (padded.peer_payloads.PULL_REPLIES), "dar": early with the dense gradients summed
+# querier's (padded.peer_payloads.PULL_REPLIES, on by default since: "push" the former), "dar": early with the dense gradients summed
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
 # all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out
@@ -104,6 +104,7 @@ switches() {  # variant -> module switches
     peer) echo $early $p.peer_payloads.PEER_PAYLOADS=1 ;;
     narrow) echo $early $p.exchange.NARROW_WAIT=1 ;;
     pull) echo $early $p.peer_payloads.PULL_REPLIES=1 ;;
+    push) echo $early $p.peer_payloads.PULL_REPLIES=0 ;;
     ownearly) echo $early $p.kernels.OWN_SLOTS_EARLY=1 ;;
     chain) echo $early $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 \
       $p.kernels.VERSIONS_IN_UPDATE=1 ;;

@@ -74,9 +74,32 @@ def timeline(events: list[dict[str, Any]], step: int | None = None) -> str:
         dur = float(e.get("dur", 0))
         per[name] += dur
         lines.append(f"{float(e['ts']) - t0:8.1f} {dur:7.1f}  {e.get('tid', '?')!s:>6}  {name}")
+    lines += ["", *streams(ops, t0)]
     lines += ["", f"{'us':>8}  kernel (summed over the step)"]
     lines += [f"{us:8.1f}  {name}" for name, us in sorted(per.items(), key=lambda x: -x[1])]
     return "\n".join(lines)
+
+
+def streams(ops: list[dict[str, Any]], t0: float) -> list[str]:
+    """Per stream: operations, busy us, first start and last end (us from the step's start);
+    and the GPU's busy time over all streams (the union): how much of the step runs beside
+    what."""
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for e in ops:
+        a = float(e["ts"]) - t0
+        by[str(e.get("tid", "?"))].append((a, a + float(e.get("dur", 0))))
+    out = [f"{'stream':>8} {'ops':>5} {'busy us':>8} {'first':>8} {'last end':>8}"]
+    for tid, iv in sorted(by.items(), key=lambda x: -sum(b - a for a, b in x[1])):
+        busy = sum(b - a for a, b in iv)
+        out.append(f"{tid:>8} {len(iv):5d} {busy:8.1f} {min(a for a, _ in iv):8.1f} "
+                   f"{max(b for _, b in iv):8.1f}")  # fmt: skip
+    union, end = 0.0, float("-inf")
+    for a, b in sorted(x for iv in by.values() for x in iv):
+        if b > end:
+            union += b - max(a, end)
+            end = b
+    out.append(f"GPU busy (any stream): {union:.1f} us")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,11 +41,12 @@ PEER_PAYLOADS = True
 ON_CPU = False
 # The replies pulled instead of pushed (direct payloads only): answer writes them into its own
 # send buffer in peer memory and the querier's finish reads its row there, after the barrier.
-# Why try: answer_queries took 20 us with its row writes crossing NVLink, 10 with local writes
+# Why: answer_queries took 20 us with its row writes crossing NVLink, 10 with local writes
 # (bench/results/gpu/scaling_diagnosis/timeline_8192_peer/), and remote reads ran at local
-# speed in p2p_probe/. Exact (tests/test_peer_payloads.py); off until measured
-# (read_ahead_ab.sh variant pull).
-PULL_REPLIES = False
+# speed in p2p_probe/. Exact (tests/test_peer_payloads.py; tests/gpu_whole_step_check.py
+# passed with it on 2 H100s). On since measured twice on 2 H100s at batch 8192: 1.67x ->
+# 1.70x and 1.66x -> 1.68x one GPU (bench/results/gpu/chain_switches/, dense_allreduce/).
+PULL_REPLIES = True
 
 
 class PeerPayloads:
