@@ -42,6 +42,16 @@ SCRIPT = textwrap.dedent(
             assert x.dtype == y.dtype and x.shape == y.shape, (what, f, x.dtype, y.dtype)
             assert torch.equal(x, y), (what, f, x, y)
         assert bool((tri.min_map == 2**31 - 1).all()), what  # the map's state between calls
+        for p in (ref, tri):  # written into given arrays (a ring slot's): every element
+            n, k = ids.numel(), 3 * p.world
+            out = prep.PlanArrays(
+                bad=torch.ones((), dtype=torch.bool), u=torch.full((n,), -7),
+                cnt=torch.full((n,), -7), slot=torch.full((n,), -7),
+                inv=torch.full((n,), -7, dtype=torch.int32), blocks=torch.full((k,), -7))
+            c = p.prepare(ids, out)
+            for f in FIELDS:
+                assert getattr(c, f) is getattr(out, f), (what, f)
+                assert torch.equal(getattr(c, f), getattr(a, f)), (what, "into", f)
         return a
 
     def main():
@@ -141,3 +151,15 @@ def test_reference_plan_matches_python_oracle() -> None:
         for f in FIELDS:
             t = getattr(got, f)
             assert (t.tolist() if t.dim() else bool(t)) == want[f], (w, f)
+
+
+def test_plan_into_arrays_of_the_wrong_shape_is_refused() -> None:
+    """``prepare_triton(out=...)`` checks the arrays before any kernel runs."""
+    from hetgmp.embedding.kernels.prep import PlanArrays, new_min_map, prepare_triton
+
+    i32 = torch.zeros(10, dtype=torch.int32)
+    out = PlanArrays(bad=torch.zeros((), dtype=torch.bool), u=torch.zeros(6, dtype=torch.int64),
+                     cnt=torch.zeros(6, dtype=torch.int64), slot=torch.zeros(6, dtype=torch.int64),
+                     inv=torch.zeros(5, dtype=torch.int64), blocks=torch.zeros(6, dtype=torch.int64))  # fmt: skip
+    with pytest.raises(ValueError, match="plan output inv"):
+        prepare_triton(torch.zeros(2, 3, dtype=torch.int64), i32, i32, new_min_map(10, torch.device("cpu")), 2, out=out)  # fmt: skip

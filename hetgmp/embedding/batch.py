@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from hetgmp.embedding.kernels import prep as prep_kernels
-from hetgmp.embedding.kernels.prep import new_min_map, prepare_triton
+from hetgmp.embedding.kernels.prep import PlanArrays, new_min_map, prepare_triton
 
 if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.padded.buffers import StaticExchange
@@ -131,19 +131,27 @@ class BatchPlanner:
         self.min_map: torch.Tensor | None = None  # the Triton plan's leader map (INT32_MAX)
         self.cnt_map: torch.Tensor | None = None  # (prep.MARK_BY_FIELD: row counts, zero)
 
-    def prepare(self, ids: torch.Tensor) -> Prep:
-        """Unique ids in block order (see :class:`Prep`); fixed-size ops only, no host sync."""
+    def prepare(self, ids: torch.Tensor, out: PlanArrays | None = None) -> Prep:
+        """Unique ids in block order (see :class:`Prep`); fixed-size ops only, no host sync.
+        ``out``: the arrays to write it into (a preparation ring's fixed buffers)."""
         if self.backend == "triton" and self.num_rows > 0:
-            return self._prepare_triton(ids)
-        return self.prepare_reference(ids)
+            return self._prepare_triton(ids, out)
+        prep = self.prepare_reference(ids)
+        if out is None:
+            return prep
+        for name in PlanArrays._fields:  # (the reference's own arrays, copied)
+            getattr(out, name).copy_(getattr(prep, name))
+        return dataclasses.replace(prep, **out._asdict())
 
-    def _prepare_triton(self, ids: torch.Tensor) -> Prep:
+    def _prepare_triton(self, ids: torch.Tensor, out: PlanArrays | None = None) -> Prep:
         """:meth:`prepare` in the fused kernels."""
         if self.min_map is None:  # (like pos_map32: made at a first, eager call, not in a
             self.min_map = new_min_map(self.num_rows, self.device)  # graph's memory pool)
         if prep_kernels.MARK_BY_FIELD and self.cnt_map is None:  # (its rows' counts)
             self.cnt_map = torch.zeros(self.num_rows, dtype=torch.int32, device=self.device)
-        a = prepare_triton(ids, self.slot_of, self.block_of, self.min_map, self.world, self.cnt_map)
+        a = prepare_triton(
+            ids, self.slot_of, self.block_of, self.min_map, self.world, self.cnt_map, out
+        )
         return Prep(ids=ids, bad=a.bad, u=a.u, cnt=a.cnt, slot=a.slot, inv=a.inv,
                     blocks=a.blocks, source=ids)  # fmt: skip
 

@@ -99,13 +99,14 @@ def _launch_plan(
 
 def prepare_triton(
     ids: torch.Tensor, slot_of: torch.Tensor, block_of: torch.Tensor, min_map: torch.Tensor,
-    world: int, cnt_map: torch.Tensor | None = None,
+    world: int, cnt_map: torch.Tensor | None = None, out: PlanArrays | None = None,
 ) -> PlanArrays:  # fmt: skip
     """The batch plan of ``ids`` (any shape, int64; see ``batch.Prep``) for the maps
     ``slot_of`` / ``block_of`` (``[num_rows]`` int32, values of ``block_of`` in ``[0, 3w)``),
     with the leader map ``min_map`` (:func:`new_min_map`; left as it was found) and, for
     :data:`MARK_BY_FIELD`, the rows' count map ``cnt_map`` (``[num_rows]`` int32, zero: left
-    so)."""
+    so). ``out``: arrays to write the plan into (their shapes and dtypes as made here; every
+    element is written), e.g. a preparation ring's fixed buffers, which then need no copy."""
     if slot_of.dtype != torch.int32 or block_of.dtype != torch.int32:
         raise ValueError(
             f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}"
@@ -117,18 +118,33 @@ def prepare_triton(
     n, dev = flat.numel(), flat.device
     if n >= 2**31 - BLOCK:
         raise ValueError(f"a batch of {n} ids is too large (positions are int32)")
-    out = PlanArrays(
-        bad=torch.empty((), dtype=torch.bool, device=dev),
-        u=torch.empty(n, dtype=torch.int64, device=dev),
-        cnt=torch.empty(n, dtype=torch.int64, device=dev),
-        slot=torch.empty(n, dtype=torch.int64, device=dev),
-        inv=torch.empty(n, dtype=torch.int32, device=dev),
-        blocks=torch.empty(3 * world, dtype=torch.int64, device=dev),
-    )
+    if out is not None:
+        _check_out(out, n, world)
+    else:
+        out = PlanArrays(
+            bad=torch.empty((), dtype=torch.bool, device=dev),
+            u=torch.empty(n, dtype=torch.int64, device=dev),
+            cnt=torch.empty(n, dtype=torch.int64, device=dev),
+            slot=torch.empty(n, dtype=torch.int64, device=dev),
+            inv=torch.empty(n, dtype=torch.int32, device=dev),
+            blocks=torch.empty(3 * world, dtype=torch.int64, device=dev),
+        )
     fields = int(ids.shape[-1]) if ids.dim() == 2 else None
     with on_device(flat):
         _launch_plan(_kernels(), flat, slot_of, block_of, min_map, out, world, fields, cnt_map)
     return out
+
+
+def _check_out(out: PlanArrays, n: int, world: int) -> None:
+    want = {"bad": ((), torch.bool), "u": ((n,), torch.int64), "cnt": ((n,), torch.int64),
+            "slot": ((n,), torch.int64), "inv": ((n,), torch.int32),
+            "blocks": ((3 * world,), torch.int64)}  # fmt: skip
+    for name, (shape, dtype) in want.items():
+        t = getattr(out, name)
+        if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous():
+            raise ValueError(
+                f"plan output {name}: {tuple(t.shape)} {t.dtype}, want {shape} {dtype}"
+            )
 
 
 def trial(device: torch.device) -> bool:

@@ -46,6 +46,11 @@ EARLY_ZERO = True
 # at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/). Off
 # until tests/gpu_whole_step_check.py passes with it and read_ahead_ab.sh's "narrow" measures it.
 NARROW_WAIT = False
+# A whole-step graph's preparation rings: the plan written straight into each ring slot's
+# fixed buffers instead of copied there (six copies, ~12 us of the 2-GPU step's plan stream
+# at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_pull/). Exact
+# (the same kernels, other output buffers).
+WRITE_PLAN_INTO = True
 
 
 def _capturing(device: torch.device) -> bool:
@@ -82,9 +87,10 @@ class PaddedExchange:
         self.ahead = ReadAhead(ctx.store.device)
 
     # ---------------------------------------------------------------- preprocessing
-    def prepare(self, ids: torch.Tensor, plain: Callable[[torch.Tensor], Prep]) -> Prep:
+    def prepare(self, ids: torch.Tensor, plain: Callable[..., Prep]) -> Prep:
         """``plain(ids)`` into a :class:`PrepRing` slot (up to four batch shapes; others are
-        prepared plainly)."""
+        prepared plainly); ``plain(ids, arrays)`` must write the plan into ``arrays`` (a
+        ``PlanArrays``) when :data:`WRITE_PLAN_INTO` is on."""
         if ids.dim() != 2:
             return plain(ids)
         key = tuple(ids.shape)
@@ -92,7 +98,9 @@ class PaddedExchange:
         if ring is None:
             if len(self._rings) >= 4:
                 return plain(ids)
-            ring = PrepRing(key, self.ctx.store.device, plain, graphs=self.graphs)
+            ring = PrepRing(
+                key, self.ctx.store.device, plain, graphs=self.graphs, writes_into=WRITE_PLAN_INTO
+            )
             ring.fixed = self.whole
             self._rings[key] = ring
         prep, slot, static = ring.fill(ids)

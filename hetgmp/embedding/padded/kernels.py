@@ -183,14 +183,17 @@ def count_due(st: Any) -> None:
     )  # (cut to the payload's room by presync_table, as reference.clamp_due)
 
 
-def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor, *, count: bool = False) -> None:
     """The next batch's sizes table into ``st.sz_mine`` (and its block sizes into
     ``st.blocks``), from its blocks, ``st.ndue`` and ``st.pr_n`` (the pushes of this step);
-    ``st.ndue`` cut to the push payload's room first (:func:`.reference.clamp_due`)."""
+    ``st.ndue`` cut to the push payload's room first (:func:`.reference.clamp_due`).
+    ``count``: also the replay counters from the table (:func:`.presync_step.count_replay`)."""
     cut = st.frozen and st.cap.p < st.cap.q  # (growing capacities take every push)
     _ns().presync_table[(1,)](
         st.sz_mine, cur.blocks, st.ndue, st.pr_n, cur.bad, bound_cols.contiguous(),
-        st.rank, st.blocks, st.cap_deferred, st.cap.p if cut else 1 << 62, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS,
+        st.rank, st.blocks, st.cap_deferred, st.cap.p if cut else 1 << 62,
+        st.ctx.counters.replay_dev, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS,
+        **_TABLE_COLS, COUNT=count,
     )  # fmt: skip
 
 

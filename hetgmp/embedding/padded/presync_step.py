@@ -96,15 +96,15 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     kernels only; the call must follow before any other presync of ``st``."""
     assert st.fused and st.counted is None, st.counted
     st.bind(prev.ring, cur.ring)
-    _counts_phase(st, prev, cur, bound_cols)
+    # (captured: its replay counters from the table now, off the exchange's chain, by the
+    # table's kernel itself)
+    _counts_phase(st, prev, cur, bound_cols, count=st.capturing)
+    st.replay_counted = st.capturing
     # (pack's prelude: pending counts and the due pushes per owner are final here)
     fused_segments.due_prefix(st, listed=DUE_LIST)
     st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1
-    if st.capturing:  # (its replay counters from the table now: off the exchange's chain)
-        count_replay(st)
-        st.replay_counted = True
 
 
 def count_replay(st: Any) -> None:
@@ -120,11 +120,13 @@ def _key(prev: Any, cur: Any) -> tuple[Any, ...]:
     return ("presync", tuple(cur.ids.shape), prev.ring, cur.ring)
 
 
-def _counts_phase(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None:
+def _counts_phase(
+    st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor, *, count: bool = False
+) -> None:
     def before() -> None:
         fused_segments.presync_counts(st, prev, cur)
         fused_segments.count_due(st)
-        fused_segments.presync_table(st, cur, bound_cols)
+        fused_segments.presync_table(st, cur, bound_cols, count=count)
         if st.comm_in_graphs:  # the exchange and the copy for the host: graph nodes
             st.sizes_exchange()
 

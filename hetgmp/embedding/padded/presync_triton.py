@@ -174,14 +174,17 @@ def count_due_kernel(
 @triton.jit
 def presync_table_kernel(
     out_ptr, blocks_ptr, ndue_ptr, nqr_ptr, bad_ptr, consts_ptr, rank, blocks_out_ptr,
-    cap_def_ptr, room_p, W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, CP: tl.constexpr,
-    NQM: tl.constexpr, NQR: tl.constexpr, NP: tl.constexpr, NDUE: tl.constexpr,
-    STATUS: tl.constexpr, BOUND: tl.constexpr, SEND_ALL: tl.constexpr, OP: tl.constexpr,
-    NOWN: tl.constexpr, MAXQ: tl.constexpr, MAXP: tl.constexpr, PADDED: tl.constexpr,
+    cap_def_ptr, room_p, count_ptr, W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr,
+    CP: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr, NP: tl.constexpr,
+    NDUE: tl.constexpr, STATUS: tl.constexpr, BOUND: tl.constexpr, SEND_ALL: tl.constexpr,
+    OP: tl.constexpr, NOWN: tl.constexpr, MAXQ: tl.constexpr, MAXP: tl.constexpr,
+    PADDED: tl.constexpr, COUNT: tl.constexpr = False,
 ):  # fmt: skip
     # one program: the sizes table (see hetgmp.embedding.sizes.sizes_table); the due pushes
     # per owner cut to the push payload's room (room_p: its capacity, reference.clamp_due)
-    # and the block sizes copied for the pack kernels
+    # and the block sizes copied for the pack kernels; COUNT: a replayed step's owned rows,
+    # rows not stored here and pushes added to count_ptr[0:3] (presync_step.count_replay's
+    # sums, here instead of four small kernels)
     j = tl.arange(0, WP)
     jm = j < W
     b3 = tl.arange(0, 4 * WP)
@@ -219,6 +222,10 @@ def presync_table_kernel(
     row = tl.where(c[None, :] == MAXP, (z + maxp)[:, None], row)
     row = tl.where(c[None, :] == PADDED, padded[:, None], row)
     tl.store(out_ptr + j[:, None] * COLS + c[None, :], row, mask=jm[:, None] & cm[None, :])
+    if COUNT:
+        tl.store(count_ptr + 0, tl.load(count_ptr + 0) + n_own)
+        tl.store(count_ptr + 1, tl.load(count_ptr + 1) + tl.sum(rem, 0))
+        tl.store(count_ptr + 2, tl.load(count_ptr + 2) + tl.sum(npush, 0))
 
 
 @triton.jit
