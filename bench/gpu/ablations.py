@@ -13,7 +13,10 @@ critical path is not the step's; leaving whole parts out says which parts the st
 * ``sum``: the rows' gradient not summed (the buffer stays as it is);
 * ``dense_ar``: the dense gradients not summed over ranks;
 * ``presync``: the last batch's gradient part of the pre-sync segment (own rows staged,
-  mirrors' local step, pushes' gradients) not run.
+  mirrors' local step, pushes' gradients) not run;
+* ``plan``: the next batch's plan not made once its ring slot holds one (the slot keeps an
+  older batch's plan: valid indices, wrong rows), i.e. the five plan kernels that run beside
+  the forward gone.
 """
 
 from __future__ import annotations
@@ -37,6 +40,21 @@ def _no_replies(st: Any, segment: Any) -> None:
     segment("answer", lambda: seg.answer(st))
 
 
+def _no_plan() -> None:
+    from hetgmp.embedding.padded import graphs
+
+    fill = graphs.PrepRing.fill
+
+    def stale(ring: Any, ids: Any) -> Any:
+        s = ring.next_slot
+        out = ring._out[s]
+        if ring.fixed and out is not None:
+            return out, s, True
+        return fill(ring, ids)
+
+    graphs.PrepRing.fill = stale  # type: ignore[method-assign]
+
+
 def apply(name: str) -> None:
     """Leave part ``name`` out of every step from now on (see the module docstring)."""
     from hetgmp.embedding.padded import buffers, kernels
@@ -56,5 +74,7 @@ def apply(name: str) -> None:
         dense_sync.GradBucket.all_reduce = lambda self: None  # type: ignore[method-assign]
     elif name == "presync":
         kernels.presync_values = lambda st, prev: None
+    elif name == "plan":
+        _no_plan()
     else:
         raise SystemExit(f"ablations: no ablation {name!r}")
