@@ -41,7 +41,16 @@ def barrier(env: DistEnv) -> None:
     """Wait for every rank."""
     if _active(env):
         with guarded(env, "barrier"):
-            dist.barrier(group=env.group)
+            group_barrier(env)
+
+
+def group_barrier(env: DistEnv) -> None:
+    """``dist.barrier`` on ``env``'s group, naming the CUDA device on NCCL (else torch warns
+    once per process that it guesses the device: every user saw that line at a job's end)."""
+    if env.backend == "nccl" and env.device.type == "cuda" and env.device.index is not None:
+        dist.barrier(group=env.group, device_ids=[env.device.index])
+    else:
+        dist.barrier(group=env.group)
 
 
 def all_reduce_sum(env: DistEnv, value: Any) -> Any:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hetgmp.comm.collectives import group_barrier
 from hetgmp.comm.detect import LAUNCHERS, LaunchInfo, detect_launch
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.errors import LaunchError
@@ -285,7 +286,7 @@ def shutdown(env: DistEnv, *, wait_for_peers: bool = False) -> None:
         env.closers.pop()()
     if env.group is not None and dist.is_initialized():
         if wait_for_peers:
-            dist.barrier(group=env.group)
+            group_barrier(env)
         pg = env.group
         env.group = None
         env.groups.clear()  # (destroyed with the default group just below)
