@@ -69,6 +69,13 @@ OWN_SLOTS_EARLY = False
 # versions) instead of owner_version_kernel after it (6 us of that chain). Exact; off until
 # measured (read_ahead_ab.sh variant chain, with the two switches above).
 VERSIONS_IN_UPDATE = False
+# The mirrors due per owner read by the sizes table's kernel from the due mirrors' running count
+# (at each owner group's end: mirrors are grouped by owner) instead of counted by
+# count_due_kernel, a pass over every mirror with an atomic per owner and program (~10 us
+# beside the 2-GPU forward at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/
+# timeline_8192_pull/); the running count, which pack's due list needs anyway, moves before
+# the table and is kept for it. Exact (the same counts).
+DUE_FROM_SCAN = True
 
 
 @functools.lru_cache(maxsize=1)
@@ -174,13 +181,23 @@ def _own(st: Any) -> tuple[torch.Tensor, ...]:
 
 
 def count_due(st: Any) -> None:
-    """``st.ndue[j]`` += the number of mirrors of owner ``j`` with ``pending > bound``."""
+    """``st.ndue[j]`` += the number of mirrors of owner ``j`` with ``pending > bound``; with
+    :data:`DUE_FROM_SCAN` the due mirrors' running count into ``st.due_csum`` instead, which
+    :func:`presync_table` reads at the owner groups' ends (and :func:`due_prefix` may keep)."""
     e = st.store
     if e.n_mir == 0:
+        return
+    if DUE_FROM_SCAN:
+        _due_scan(st)
         return
     _ns().count_due[_grid(e.n_mir, 1024)](
         e.pending, e.mir_owner, st.ndue, e.n_mir, int(st.bound), W=st.w, BLOCK=1024
     )  # (cut to the payload's room by presync_table, as reference.clamp_due)
+
+
+def _due_scan(st: Any) -> None:
+    e = st.store
+    torch.cumsum(protocol.is_due(e.pending, st.bound), 0, out=st.due_csum)
 
 
 def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor, *, count: bool = False) -> None:
@@ -189,28 +206,36 @@ def presync_table(st: Any, cur: Any, bound_cols: torch.Tensor, *, count: bool = 
     ``st.ndue`` cut to the push payload's room first (:func:`.reference.clamp_due`).
     ``count``: also the replay counters from the table (:func:`.presync_step.count_replay`)."""
     cut = st.frozen and st.cap.p < st.cap.q  # (growing capacities take every push)
+    e = st.store
     _ns().presync_table[(1,)](
         st.sz_mine, cur.blocks, st.ndue, st.pr_n, cur.bad, bound_cols.contiguous(),
         st.rank, st.blocks, st.cap_deferred, st.cap.p if cut else 1 << 62,
-        st.ctx.counters.replay_dev, W=st.w, WP=_p2(st.w), CP=_p2(sizes.COLS), **_COLS,
-        **_TABLE_COLS, COUNT=count,
+        st.ctx.counters.replay_dev, st.due_csum, e.mir_start, e.mir_end, W=st.w, WP=_p2(st.w),
+        CP=_p2(sizes.COLS), **_COLS, **_TABLE_COLS, COUNT=count, SCAN=_scans(st),
     )  # fmt: skip
 
 
-def due_prefix(st: Any, *, listed: bool = False) -> None:
+def _scans(st: Any) -> bool:
+    """Whether the due mirrors per owner come from the due scan (:func:`count_due`)."""
+    return bool(DUE_FROM_SCAN and st.store.n_mir)
+
+
+def due_prefix(st: Any, *, listed: bool = False, scanned: bool = False) -> None:
     """What :func:`pack` needs before its kernels: the deferred count zeroed and the running
     count of due mirrors (``pending > bound``) into ``st.due_csum``. The mirrors' pending
     counts change in the counts phase only, so it may run right after that phase (off the
     exchange's chain when that phase runs early: :mod:`.presync_step`). ``listed``: also the
     due mirrors that fit the payload listed in ``st.due_list`` and the deferred ones counted
     (:mod:`.due_triton`; ``st.ndue`` final: after :func:`presync_table`), so that pack copies
-    those only (``st.due_listed``)."""
+    those only (``st.due_listed``). ``scanned``: the counts phase just made the running count
+    (:func:`count_due` with :data:`DUE_FROM_SCAN`): kept."""
     st.deferred.zero_()
     e = st.store
     st.due_listed = listed
     if not e.n_mir:
         return
-    torch.cumsum(protocol.is_due(e.pending, st.bound), 0, out=st.due_csum)
+    if not (scanned and _scans(st)):
+        _due_scan(st)
     if listed:
         _ns().due_list[_grid(e.n_mir, 1024)](
             e.pending, st.due_csum, e.mir_owner, e.mir_start, st.ndue, st.due_list,

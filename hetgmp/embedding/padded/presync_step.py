@@ -101,7 +101,7 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     _counts_phase(st, prev, cur, bound_cols, count=st.capturing)
     st.replay_counted = st.capturing
     # (pack's prelude: pending counts and the due pushes per owner are final here)
-    fused_segments.due_prefix(st, listed=DUE_LIST)
+    fused_segments.due_prefix(st, listed=DUE_LIST, scanned=True)  # (count_due's scan)
     st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1

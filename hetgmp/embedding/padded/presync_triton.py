@@ -174,17 +174,19 @@ def count_due_kernel(
 @triton.jit
 def presync_table_kernel(
     out_ptr, blocks_ptr, ndue_ptr, nqr_ptr, bad_ptr, consts_ptr, rank, blocks_out_ptr,
-    cap_def_ptr, room_p, count_ptr, W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr,
-    CP: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr, NP: tl.constexpr,
-    NDUE: tl.constexpr, STATUS: tl.constexpr, BOUND: tl.constexpr, SEND_ALL: tl.constexpr,
-    OP: tl.constexpr, NOWN: tl.constexpr, MAXQ: tl.constexpr, MAXP: tl.constexpr,
-    PADDED: tl.constexpr, COUNT: tl.constexpr = False,
+    cap_def_ptr, room_p, count_ptr, csum_ptr, mstart_ptr, mend_ptr, W: tl.constexpr,
+    WP: tl.constexpr, COLS: tl.constexpr, CP: tl.constexpr, NQM: tl.constexpr,
+    NQR: tl.constexpr, NP: tl.constexpr, NDUE: tl.constexpr, STATUS: tl.constexpr,
+    BOUND: tl.constexpr, SEND_ALL: tl.constexpr, OP: tl.constexpr, NOWN: tl.constexpr,
+    MAXQ: tl.constexpr, MAXP: tl.constexpr, PADDED: tl.constexpr, COUNT: tl.constexpr = False,
+    SCAN: tl.constexpr = False,
 ):  # fmt: skip
     # one program: the sizes table (see hetgmp.embedding.sizes.sizes_table); the due pushes
     # per owner cut to the push payload's room (room_p: its capacity, reference.clamp_due)
     # and the block sizes copied for the pack kernels; COUNT: a replayed step's owned rows,
     # rows not stored here and pushes added to count_ptr[0:3] (presync_step.count_replay's
-    # sums, here instead of four small kernels)
+    # sums, here instead of four small kernels); SCAN: the due mirrors per owner from their
+    # running count csum at each owner's mirror group [mstart, mend) (kernels.DUE_FROM_SCAN)
     j = tl.arange(0, WP)
     jm = j < W
     b3 = tl.arange(0, 4 * WP)
@@ -193,7 +195,14 @@ def presync_table_kernel(
     mir = tl.load(blocks_ptr + W + j, mask=jm, other=0)
     rem = tl.load(blocks_ptr + 2 * W + j, mask=jm, other=0)
     pr_n = tl.load(nqr_ptr + j, mask=jm, other=0)
-    due = tl.load(ndue_ptr + j, mask=jm, other=0)
+    if SCAN:
+        ms = tl.load(mstart_ptr + j, mask=jm, other=0)
+        me = tl.load(mend_ptr + j, mask=jm, other=0)
+        some = jm & (me > ms)
+        hi = tl.load(csum_ptr + me - 1, mask=some, other=0)
+        due = hi - tl.load(csum_ptr + ms - 1, mask=some & (ms > 0), other=0)
+    else:
+        due = tl.load(ndue_ptr + j, mask=jm, other=0)
     ndue = tl.minimum(due, tl.maximum(room_p - pr_n, 0))
     tl.store(ndue_ptr + j, ndue, mask=jm)
     tl.store(cap_def_ptr, tl.load(cap_def_ptr) + tl.sum(due - ndue, 0))
