@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
+from hetgmp.embedding.padded.epoch_scan import _chunk
 from hetgmp.embedding.padded.whole import WholeStep
 
 
@@ -16,7 +17,7 @@ def _fake(bound: int) -> SimpleNamespace:
     return SimpleNamespace(
         ctx=SimpleNamespace(store=store, bound=bound),
         padded=SimpleNamespace(frozen="cap", static=None), epoch_hot=0, _hot_said=False,
-        _payloads_said=False,
+        _payloads_said=False, _scan_said=False, scan_seconds=0.0, last_scan=0.0,
     )  # fmt: skip
 
 
@@ -24,10 +25,10 @@ def test_rows_over_the_bound_are_counted_per_batch() -> None:
     # batches of 3 samples x 2 fields: batch 0 holds row 1 four times, row 3 twice;
     # batch 1 rows 5, 6 once each and row 7 four times; batch 2 (partial) row 2 twice
     ids = torch.tensor([[1, 1], [1, 3], [1, 3], [5, 7], [7, 6], [7, 7], [2, 2]])
-    got = WholeStep._chunk_maxima(_fake(bound=1), ids, 3, 2)
+    got = _chunk(_fake(bound=1).ctx.store, 1, ids, 3, 2)
     assert got[:, 1].tolist() == [2, 3, 1]  # distinct rows per batch
     assert got[:, 3].tolist() == [2, 1, 1]  # rows held more than once
-    got = WholeStep._chunk_maxima(_fake(bound=3), ids, 3, 2)
+    got = _chunk(_fake(bound=3).ctx.store, 3, ids, 3, 2)
     assert got[:, 3].tolist() == [1, 1, 0]  # more than 3 times: rows 1 and 7
 
 
@@ -41,6 +42,12 @@ def test_the_log_says_it_once_above_bound_0() -> None:
     strict.epoch_hot = 5
     grown = WholeStep.epoch_notes(strict, "old cap")
     assert len(grown) == 1 and grown[0].startswith("exchange capacities grew")
+    scanned = _fake(bound=0)
+    scanned.scan_seconds = scanned.last_scan = 0.0123
+    notes = WholeStep.epoch_notes(scanned, "cap")
+    assert notes == ["epoch-start scan of the batches' rows per peer: 12 ms (each epoch start; "
+                     "results: epoch_scan_s)"]  # fmt: skip
+    assert WholeStep.epoch_notes(scanned, "cap") == []  # (once)
 
 
 def test_the_log_says_once_how_the_payloads_travel() -> None:

@@ -115,6 +115,8 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     whole = getattr(run, "whole", None)
     st = whole.padded.static if whole is not None else None
     out["exchange_payloads"] = st.payload_note if st is not None else None
+    # (the epoch-start scans' seconds: counting each batch's rows per peer, not in the steps)
+    out["epoch_scan_s"] = whole.scan_seconds if whole is not None else None
     # (how the dense gradients were summed: peer memory or the group's all-reduce)
     out["dense_allreduce"] = tr.train_step.bucket.how
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)

@@ -36,6 +36,7 @@ uses them.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -43,11 +44,11 @@ import torch
 import torch.distributed as dist
 
 from hetgmp.comm.collectives import guarded
-from hetgmp.embedding import protocol
 from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.padded import ahead as read_ahead
+from hetgmp.embedding.padded import epoch_scan
 from hetgmp.embedding.padded.buffers import Capacity
 from hetgmp.embedding.padded.local_now import apply_stored
 
@@ -61,7 +62,6 @@ QUANTUM = 256  # capacities are multiples of this (even: the fused kernels' int6
 # (tests/test_padded_kernels.py). On by default since measured on 2 H100s (2026-11-26): 982 ->
 # 586 B/sample, 10.50M -> 11.00M samples/s (12.13M with FUSED_OWNER_UPDATE), AUC equal, no wait.
 TIGHT_PUSHES = True
-KEYS_PER_CHUNK = 1 << 25  # ids sorted at once when counting an epoch's queries
 
 
 def materialize(pb: Batch) -> Batch:
@@ -107,6 +107,9 @@ class WholeStep:
         self._hot_said = False
         self._payloads_said = False  # (how the payloads travel: said once)
         self._deferred_seen = 0  # (the capacity-deferred push count at the last epoch start)
+        self._scan = epoch_scan.EpochScan(self.ctx.store)  # (the epoch-start scan's kernels)
+        self.scan_seconds = self.last_scan = 0.0  # (the epoch-start scans, the host's clock)
+        self._scan_said = False
 
     # ---------------------------------------------------------------- capacities
     def epoch_fits(
@@ -116,6 +119,7 @@ class WholeStep:
         fits the capacities, which grow to the epoch's largest counts (queries up to
         ``max_q``). ``sparse [N, F]``: this rank's samples on the device; ``positions``: the
         epoch's rows of it, batch after batch."""
+        t0 = time.perf_counter()
         local = self.local_maxima(sparse, positions, batch_size)
         glob = torch.zeros(max(steps, 1), 4, dtype=torch.int64, device=self.ctx.store.device)
         k = min(steps, local.shape[0])
@@ -125,6 +129,8 @@ class WholeStep:
             with guarded(env, "epoch query maxima"):
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
         maxq, distinct, remote, hot = glob[:steps].t().tolist() if steps else ([],) * 4
+        self.last_scan = time.perf_counter() - t0  # (tolist waited for the device)
+        self.scan_seconds += self.last_scan
         self.epoch_max, self.epoch_hot = maxq, max(hot, default=0)
         n = batch_size * int(sparse.shape[1])
         self._grow(max(maxq, default=0), max(distinct, default=0), max(remote, default=0), n)
@@ -168,36 +174,13 @@ class WholeStep:
         self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
         """Per batch of ``positions``: ``[largest number of distinct rows this rank queries
-        from one peer (rows owned elsewhere: mirrors and rows not stored here), distinct
-        rows, largest number of rows not stored here of one peer, rows the batch holds more
-        than --bound times]`` (``[batches, 4]``)."""
-        store, w = self.ctx.store, self.ctx.env.world_size
-        n_batches = -(-positions.numel() // batch_size)
-        per = max(1, KEYS_PER_CHUNK // max(1, batch_size * int(sparse.shape[1])))
-        out = [torch.zeros(0, 4, dtype=torch.int64, device=store.device)]
-        for b0 in range(0, n_batches, per):
-            pos = positions[b0 * batch_size : (b0 + per) * batch_size]
-            out.append(self._chunk_maxima(sparse.index_select(0, pos), batch_size, w))
-        return torch.cat(out)
-
-    def _chunk_maxima(self, ids: torch.Tensor, batch_size: int, w: int) -> torch.Tensor:
-        store = self.ctx.store
-        rows = store.num_rows
-        ids = ids.long().clamp_(0, rows - 1)
-        nb = -(-ids.shape[0] // batch_size)
-        which = torch.arange(ids.shape[0], device=ids.device) // batch_size
-        key, occ = torch.unique((which[:, None] * rows + ids).reshape(-1), return_counts=True)
-        block = store.block_of.index_select(0, key % rows).long()
-        # columns: 0..w-1 mirrors of owner j, w..2w-1 rows not stored of owner j, 2w owned
-        col = torch.where(block >= w, block - w, 2 * w)
-        counts = torch.zeros(nb * (2 * w + 1), dtype=torch.int64, device=ids.device)
-        counts.index_add_(0, (key // rows) * (2 * w + 1) + col, torch.ones_like(key))
-        c = counts.view(nb, 2 * w + 1)
-        queries = c[:, :w] + c[:, w : 2 * w]
-        hot = torch.zeros(nb, dtype=torch.int64, device=ids.device)
-        # (a row in ``occ`` samples of the batch: a read one step ahead would lag ``occ``)
-        hot.index_add_(0, key // rows, protocol.beyond_bound(occ, self.ctx.bound).long())
-        return torch.stack([queries.amax(1), c.sum(1), c[:, w : 2 * w].amax(1), hot], dim=1)
+        from one peer, distinct rows, largest number of rows not stored here of one peer,
+        rows the batch holds more than --bound times]`` (``[batches, 4]``, :mod:`.epoch_scan`:
+        by its kernels with the Triton backend, else by the torch reference)."""
+        store, bound = self.ctx.store, self.ctx.bound
+        if epoch_scan.KERNEL and self.ctx.kernels == "triton":
+            return self._scan.maxima(bound, sparse, positions, batch_size)
+        return epoch_scan.epoch_maxima_reference(store, bound, sparse, positions, batch_size)
 
     def epoch_notes(self, old: Capacity | None) -> list[str]:
         """What the log says after :meth:`epoch_fits` (``old``: the capacities before it):
@@ -206,6 +189,10 @@ class WholeStep:
         more than ``--bound`` times."""
         new, out = self.padded.frozen, []
         st = self.padded.static
+        if not self._scan_said and self.scan_seconds:
+            self._scan_said = True
+            out.append(f"epoch-start scan of the batches' rows per peer: {self.last_scan * 1e3:.0f} ms "
+                       "(each epoch start; results: epoch_scan_s)")  # fmt: skip
         if st is not None and not self._payloads_said:
             self._payloads_said = True
             out.append(f"exchange payloads: {st.payload_note}")
