@@ -195,14 +195,7 @@ def presync_table_kernel(
     mir = tl.load(blocks_ptr + W + j, mask=jm, other=0)
     rem = tl.load(blocks_ptr + 2 * W + j, mask=jm, other=0)
     pr_n = tl.load(nqr_ptr + j, mask=jm, other=0)
-    if SCAN:
-        ms = tl.load(mstart_ptr + j, mask=jm, other=0)
-        me = tl.load(mend_ptr + j, mask=jm, other=0)
-        some = jm & (me > ms)
-        hi = tl.load(csum_ptr + me - 1, mask=some, other=0)
-        due = hi - tl.load(csum_ptr + ms - 1, mask=some & (ms > 0), other=0)
-    else:
-        due = tl.load(ndue_ptr + j, mask=jm, other=0)
+    due = _due_per_owner(ndue_ptr, csum_ptr, mstart_ptr, mend_ptr, j, jm, SCAN)
     ndue = tl.minimum(due, tl.maximum(room_p - pr_n, 0))
     tl.store(ndue_ptr + j, ndue, mask=jm)
     tl.store(cap_def_ptr, tl.load(cap_def_ptr) + tl.sum(due - ndue, 0))
@@ -235,6 +228,19 @@ def presync_table_kernel(
         tl.store(count_ptr + 0, tl.load(count_ptr + 0) + n_own)
         tl.store(count_ptr + 1, tl.load(count_ptr + 1) + tl.sum(rem, 0))
         tl.store(count_ptr + 2, tl.load(count_ptr + 2) + tl.sum(npush, 0))
+
+
+@triton.jit
+def _due_per_owner(ndue_ptr, csum_ptr, mstart_ptr, mend_ptr, j, jm, SCAN: tl.constexpr):
+    # the due mirrors of owners j: counted by count_due_kernel into ndue, or (SCAN) their
+    # running count csum at the end of each owner's mirror group [mstart, mend) less its start
+    if SCAN:
+        ms = tl.load(mstart_ptr + j, mask=jm, other=0)
+        me = tl.load(mend_ptr + j, mask=jm, other=0)
+        some = jm & (me > ms)
+        hi = tl.load(csum_ptr + me - 1, mask=some, other=0)
+        return hi - tl.load(csum_ptr + ms - 1, mask=some & (ms > 0), other=0)
+    return tl.load(ndue_ptr + j, mask=jm, other=0)
 
 
 @triton.jit
