@@ -20,6 +20,9 @@ def test_table_bytes_counts_rows_state_mirrors_and_maps() -> None:
     mirrors = 1_001 * (2 * 512 + 8)
     maps = 2_000_000 * 12 + 1_000_000 * 8
     assert got == rows + mirrors + maps
+    # (several ranks: the plan's leader and count maps, the epoch scan's stamps and counts)
+    several = table_bytes(2_000_000, 128, 1_000_000, 1_000, 1, ranks=2)
+    assert several == got + 2_000_000 * 12
 
 
 def test_a_table_that_fits_passes_and_cpu_is_not_checked() -> None:

@@ -37,7 +37,7 @@ def test_two_ranks_print_their_rows(tiny_dataset, tmp_path) -> None:
     assert sum(owned) == num_rows  # every row has one owner
     assert all(m > 0 for m in mirrored)  # --store-rate 0.1 mirrors rows on each rank
     # the rows' bytes are the allocation check's estimate (Adagrad: one state value a row)
-    want = table_bytes(num_rows, 8, owned[0] + mirrored[0], mirrored[0], 1) - (
+    want = table_bytes(num_rows, 8, owned[0] + mirrored[0], mirrored[0], 1, ranks=2) - (
         (owned[0] + mirrored[0]) * 4
     )
     assert rows[0][3] == f"{want / MIB:.1f}"

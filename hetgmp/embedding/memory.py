@@ -19,12 +19,17 @@ class TableMemoryError(ValueError):
     """This rank's rows do not fit its device (the message says what to do)."""
 
 
-def table_bytes(num_rows: int, dim: int, stored: int, mirrors: int, state_width: int) -> int:
+def table_bytes(
+    num_rows: int, dim: int, stored: int, mirrors: int, state_width: int, *, ranks: int = 1
+) -> int:
     """Device bytes of a rank's table: stored rows (values, versions, optimizer state), the
-    mirrors' accumulators and pending counts, and the id -> slot / block maps of every row."""
+    mirrors' accumulators and pending counts, and the id -> slot / block maps of every row
+    (``ranks`` > 1: the batch plan's leader and count maps and the epoch-start scan's row
+    stamps and counts too, ``[num_rows]`` int32 each)."""
     rows = (stored + 1) * (4 * dim + 8 + 4 * state_width)
     mirror_part = (mirrors + 1) * (2 * 4 * dim + 8)
-    maps = num_rows * (4 + 4 + 4) + stored * 8  # (slot, block, a step's position map)
+    per_row = 4 + 4 + 4 if ranks == 1 else 4 + 4 + 4 * 4  # (slot, block, the step's maps)
+    maps = num_rows * per_row + stored * 8
     return rows + mirror_part + maps
 
 
@@ -40,7 +45,7 @@ def gpus_needed(
     for k in range(max(1, at_least), 1 << 16):
         mirrors = math.ceil(num_rows * MIRRORS) if k > 1 else 0
         stored = math.ceil(num_rows / k * BALANCE) + mirrors
-        share = table_bytes(num_rows, dim, stored, mirrors, state_width)
+        share = table_bytes(num_rows, dim, stored, mirrors, state_width, ranks=k)
         if share <= usable:
             return k, share
     return 1 << 16, share  # (the id maps alone exceed the device: no plan helps)
@@ -56,7 +61,7 @@ def check_fits(
         return
     if free is None:
         free, _total = torch.cuda.mem_get_info(device)
-    need = table_bytes(num_rows, dim, stored, mirrors, state_width)
+    need = table_bytes(num_rows, dim, stored, mirrors, state_width, ranks=world)
     usable = max(0, int(free * SLACK) - RESERVE)
     if need <= usable:
         return

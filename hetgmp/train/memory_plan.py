@@ -48,7 +48,7 @@ def rank_memory(
     rows_b = 0
     if isinstance(emb, DistributedEmbedding):
         own, mir, state = emb.n_own, emb.n_mir, emb.opt.state_width
-        total = table_bytes(emb.num_rows, emb.dim, own + mir, mir, state)
+        total = table_bytes(emb.num_rows, emb.dim, own + mir, mir, state, ranks=emb.env.world_size)
         state_b = (own + mir) * 4 * state
         rows_b = total - state_b
     else:
