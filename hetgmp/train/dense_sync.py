@@ -51,10 +51,12 @@ class GradBucket:
     Backward accumulates into the views in place (autograd adds into an existing ``.grad``), so
     the per-step sum over ranks is one in-place all-reduce of the buffer -- no ``torch.cat``, no
     copies back -- and zeroing is one fill. The optimizer must keep the views: zero with
-    :meth:`zero_`, never ``zero_grad(set_to_none=True)``.
+    :meth:`zero_`, never ``zero_grad(set_to_none=True)``. On CUDA ranks of one host the buffer
+    may live in peer memory and be summed there (:mod:`hetgmp.comm.peer_allreduce`, off by
+    default; ``how`` says which way it is summed).
     """
 
-    def __init__(self, env: DistEnv, params: list[nn.Parameter]) -> None:
+    def __init__(self, env: DistEnv, params: list[nn.Parameter], *, summed: bool = True) -> None:
         self.env = env
         self.params = params
         dtypes = {p.dtype for p in params}
@@ -63,8 +65,9 @@ class GradBucket:
         device = params[0].device if params else env.device
         dtype = params[0].dtype if params else torch.float32
         numel = sum(p.numel() for p in params)
-        # (collective: every rank builds its bucket together)
-        self.peer, self.how = peer_all_reduce(env, numel, dtype)
+        # (collective: every rank builds its bucket together; ``summed`` False: never
+        # all-reduced, --dense-sync-every > 1 averages the parameters instead)
+        self.peer, self.how = peer_all_reduce(env, numel if summed else 0, dtype)
         if self.peer is not None:
             self.flat = self.peer.flat
         else:

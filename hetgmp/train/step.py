@@ -52,7 +52,7 @@ class TrainStep:
         flat = env.device.type == "cuda" and optimizer == "adam" and bool(params)
         flat = flat and all(p.dtype == torch.float32 for p in params)
         flat_params = flatten_parameters(params) if flat else None
-        self.bucket = GradBucket(env, params)
+        self.bucket = GradBucket(env, params, summed=sync_every == 1)
         self.optimizer: torch.optim.Optimizer
         if flat_params is not None:
             self.optimizer = FlatAdam(params, flat_params, self.bucket.flat, lr=lr)

@@ -88,7 +88,7 @@ class EpochScan:
         counts = torch.zeros(n_batches, 2 * w + 2, dtype=torch.int64, device=store.device)
         if n_batches == 0:
             return _columns(counts[:, : 2 * w + 1], counts[:, 0], w)
-        stamp, occ = self._arrays()
+        stamp, occ = self._arrays(counts_rows=bound > 0)
         k, f = _ns(), int(sparse.shape[1])
         nb = _ns().triton.next_power_of_2(2 * w + 2)
         block_of, hot = store.block_of, bound > 0  # (bound 0: every distinct row is held > 0)
@@ -112,12 +112,15 @@ class EpochScan:
         per_col = counts[:, : 2 * w + 1]
         return _columns(per_col, counts[:, 2 * w + 1] if hot else per_col.sum(1), w)
 
-    def _arrays(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._stamp is None or self._occ is None:
-            n, dev = self.store.num_rows, self.store.device
+    def _arrays(self, *, counts_rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stamps and (``counts_rows``: above bound 0) the occurrence counts; a stand-in
+        the kernels never touch otherwise."""
+        n, dev = self.store.num_rows, self.store.device
+        if self._stamp is None:
             self._stamp = torch.zeros(n, dtype=torch.int32, device=dev)
+        if counts_rows and self._occ is None:
             self._occ = torch.zeros(n, dtype=torch.int32, device=dev)
-        return self._stamp, self._occ
+        return self._stamp, self._occ if self._occ is not None else self._stamp
 
 
 @functools.lru_cache(maxsize=1)

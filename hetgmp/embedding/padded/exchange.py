@@ -177,6 +177,7 @@ class PaddedExchange:
                 count_replay(st)
             st.replay_counted = False
             return values
+        st.replay_counted = False  # (an eager step counts on the host)
         self._count(s, batch, st)
         return values[: batch.u.numel()]
 

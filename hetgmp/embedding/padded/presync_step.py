@@ -58,6 +58,8 @@ def presync(
     capturable = prev.static and cur.static
     ready = None if st.capturing else st._sizes_ready
     counted, st.counted = st.counted, None
+    if counted is None:  # (no early counts phase: this step's replay counters not added)
+        st.replay_counted = False
     if counted is not None and counted != (prev.ring, cur.ring):
         raise RuntimeError(
             f"the counts phase ran early for ring slots {counted}, not {prev.ring, cur.ring}"

@@ -121,6 +121,10 @@ class WholeStep:
         epoch's rows of it, batch after batch."""
         t0 = time.perf_counter()
         local = self.local_maxima(sparse, positions, batch_size)
+        if local.is_cuda:  # (the scan's own time, not the wait for slower ranks below)
+            torch.cuda.synchronize(local.device)
+        self.last_scan = time.perf_counter() - t0
+        self.scan_seconds += self.last_scan
         glob = torch.zeros(max(steps, 1), 4, dtype=torch.int64, device=self.ctx.store.device)
         k = min(steps, local.shape[0])
         glob[:k] = local[:k]
@@ -129,8 +133,6 @@ class WholeStep:
             with guarded(env, "epoch query maxima"):
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
         maxq, distinct, remote, hot = glob[:steps].t().tolist() if steps else ([],) * 4
-        self.last_scan = time.perf_counter() - t0  # (tolist waited for the device)
-        self.scan_seconds += self.last_scan
         self.epoch_max, self.epoch_hot = maxq, max(hot, default=0)
         n = batch_size * int(sparse.shape[1])
         self._grow(max(maxq, default=0), max(distinct, default=0), max(remote, default=0), n)
