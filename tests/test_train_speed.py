@@ -254,6 +254,7 @@ def test_profile_and_data_wait_are_reported(tiny_dataset, tmp_path, capsys) -> N
     assert all(np.isfinite(v) and v >= 0 for v in res["step_ms"].values())
     assert saved["data_wait_ms"] >= 0 and saved["data_source"] == "thread"
     assert saved["speed"] > 0 and saved["warmup_speed"] > 0 and saved["val_auc"] == res["val_auc"]
+    assert saved["interval_speed"] > 0  # (the steady TRAIN intervals' median)
     text = capsys.readouterr().out
     assert "data: background reader 4 batches ahead" in text  # --prefetch-batches default
     assert "TRAIN 3: loss" in text and " data_wait " in text
@@ -280,3 +281,14 @@ def test_clock_books_segments_to_warmup_and_steady() -> None:
     assert clock.speeds()["data_wait_ms"] == pytest.approx(1.0)
     assert clock.take_interval() == pytest.approx(clock.speeds()["train_seconds"])
     assert clock.take_interval() == 0.0
+
+
+def test_steady_interval_speed_skips_the_first_interval_and_epoch_starts() -> None:
+    """``interval_speed``: the median of the TRAIN intervals after the first whose epoch is
+    the previous one's (an interval holding an epoch start carries its scan and captures)."""
+    clock = TrainClock(torch.device("cpu"), warmup_steps=0)
+    assert clock.steady_interval_speed() is None  # (no interval: no figure)
+    clock.intervals = [(1.0, 0), (10.0, 0), (12.0, 0), (3.0, 1), (11.0, 1)]
+    assert clock.steady_interval_speed() == 11.0
+    clock.intervals = [(5.0, 0), (4.0, 1), (2.0, 2)]  # (every interval holds an epoch start)
+    assert clock.speeds()["interval_speed"] is None

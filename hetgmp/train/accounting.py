@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Iterator
 
@@ -129,6 +130,8 @@ class TrainClock:
         self._t0: float | None = None
         self._samples = 0  # global samples of the running segment
         self._steps = 0  # steps of the running segment
+        # each TRAIN interval's (global samples/s, epoch at its end): steady_interval_speed
+        self.intervals: list[tuple[float, int]] = []
 
     @property
     def in_warmup(self) -> bool:
@@ -182,12 +185,23 @@ class TrainClock:
         out, self.interval_s = self.interval_s, 0.0
         return out
 
+    def steady_interval_speed(self) -> float | None:
+        """The median TRAIN interval's speed among those after the first that hold no epoch
+        start (their epoch is the previous interval's): the step's steady pace, without the
+        warm-up, graph captures and epoch-start scans a short run's ``speed`` carries (how
+        ``bench/gpu/read_ahead_ab.sh`` reads the logs); None when no interval qualifies."""
+        iv = self.intervals
+        clean = [v for i, (v, ep) in enumerate(iv) if i > 0 and ep == iv[i - 1][1] and v > 0]
+        return statistics.median(clean) if clean else None
+
     def speeds(self) -> dict[str, float | None]:
-        """``speed`` / ``warmup_speed`` (global samples per second) and the timed seconds."""
+        """``speed`` / ``warmup_speed`` (global samples per second), the steady intervals'
+        median (``interval_speed``) and the timed seconds."""
         t = self.timing
         steady_steps = max(0, self.steps_run - self.warmup_steps)
         return {
             "speed": t["steady_samples"] / t["steady_s"] if t["steady_s"] > 0 else None,
+            "interval_speed": self.steady_interval_speed(),
             "warmup_speed": t["warmup_samples"] / t["warmup_s"] if t["warmup_s"] > 0 else None,
             "train_seconds": t["warmup_s"] + t["steady_s"],
             "data_wait_ms": 1e3 * self.steady_data_wait_s / steady_steps if steady_steps else None,

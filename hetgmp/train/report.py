@@ -91,8 +91,9 @@ def step_profile(env: DistEnv, profiler: PhaseProfiler) -> dict[str, float] | No
 
 
 def timing_results(tr: TrainerView) -> dict[str, Any]:
-    """``speed``, ``warmup_speed`` (global samples/s), ``data_wait_ms`` (steady steps' mean host
-    wait for a batch, averaged over ranks) and the timed seconds."""
+    """``speed``, ``warmup_speed``, ``interval_speed`` (global samples/s; the last: the steady
+    TRAIN intervals' median, ``TrainClock.steady_interval_speed``), ``data_wait_ms`` (steady
+    steps' mean host wait for a batch, averaged over ranks) and the timed seconds."""
     out: dict[str, Any] = dict(tr.clock.speeds())
     wait = out.pop("data_wait_ms")
     waits = all_gather_object(tr.env, wait)

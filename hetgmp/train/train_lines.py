@@ -56,4 +56,5 @@ def log_train(tr: TrainerView, iv: Interval) -> None:
     }
     fields.update(summarize_counters(delta, iv.global_samples))
     fields["epoch"] = iv.epoch
+    tr.clock.intervals.append((fields["speed"], iv.epoch))
     tr.log.metrics("TRAIN", tr.position.step, fields)
