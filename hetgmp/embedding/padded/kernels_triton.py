@@ -147,16 +147,17 @@ def answer_queries_kernel(
     sz_ptr, recv64_ptr, slot_of_ptr, w_ptr, ver_ptr, state_ptr, send_ptr, num_rows, q, s1, s2,
     W: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr, NQR: tl.constexpr,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr, PEER: tl.constexpr,
+    BOUND: tl.constexpr = 0, STALE_ONLY: tl.constexpr = False,
 ):  # fmt: skip
     # (SW 1: the row's optimizer state too, after the versions; PEER: send_ptr is the table of
-    # the queriers' receive rows, .payload_triton)
+    # the queriers' receive rows, .payload_triton; STALE_ONLY: a mirror query's value written
+    # only beyond the querier's bound (its table's BOUND column), the rows finish_values reads)
     k = tl.program_id(0) * BR + tl.arange(0, BR)
     km = k < W * q
     j = k // q
     e = k - j * q
-    nq = tl.load(sz_ptr + j * COLS + NQM, mask=km, other=0) + tl.load(
-        sz_ptr + j * COLS + NQR, mask=km, other=0
-    )
+    nqm = tl.load(sz_ptr + j * COLS + NQM, mask=km, other=0)
+    nq = nqm + tl.load(sz_ptr + j * COLS + NQR, mask=km, other=0)
     v = km & (e < nq)
     h = j.to(tl.int64) * (s1 // 2)
     rid = tl.load(recv64_ptr + h + e, mask=v, other=0)
@@ -172,7 +173,11 @@ def answer_queries_kernel(
     if SW:
         sv = tl.load(state_ptr + slot, mask=ok, other=0.0)
         tl.store(o + 3 * q + q * D + e, sv, mask=v)
-    _rows(w_ptr, o[:, None], slot * D, q + e.to(tl.int64) * D, ok, D, BD)
+    read = ok
+    if STALE_ONLY:
+        qb = tl.load(sz_ptr + j * COLS + BOUND, mask=v, other=0)
+        read = ok & ((e >= nqm) | beyond_bound(lag.to(tl.int64), qb))
+    _rows(w_ptr, o[:, None], slot * D, q + e.to(tl.int64) * D, read, D, BD)
 
 
 @triton.jit(do_not_specialize=["u"])
