@@ -28,16 +28,22 @@ def _no_exchange(st: Any, segment: Any) -> None:
     return None
 
 
-def _no_replies(st: Any, segment: Any) -> None:
-    from hetgmp.comm.exchange import exchange_fixed
+def _no_replies() -> None:
+    # (the step as it is, less finish and the answers' barrier of the peer-memory payloads,
+    # the default; the all-to-alls' second exchange, where they run, stays)
+    from hetgmp.embedding.padded import buffers, peer_payloads
 
-    seg = st.seg
-    segment("pack", lambda: seg.pack(st))
-    if st.peer is not None:
-        st.peer.exchange(st.send1, "recv1")
-    else:
-        exchange_fixed(st.comm, st.send1, st.recv1, "embedding exchange 1 (static)")
-    segment("answer", lambda: seg.answer(st))
+    step, exchange = buffers.StaticExchange._step, peer_payloads.PeerPayloads.exchange
+
+    def without(st: Any, segment: Any) -> None:
+        step(st, lambda key, fn: None if key == "finish" else segment(key, fn))
+
+    def first_only(peer: Any, send: Any, name: str) -> None:
+        if name != "recv2":
+            exchange(peer, send, name)
+
+    buffers.StaticExchange._step = without  # type: ignore[method-assign]
+    peer_payloads.PeerPayloads.exchange = first_only  # type: ignore[method-assign]
 
 
 def _no_plan() -> None:
@@ -63,7 +69,7 @@ def apply(name: str) -> None:
     if name == "exchange":
         buffers.StaticExchange._step = _no_exchange  # type: ignore[method-assign]
     elif name == "replies":
-        buffers.StaticExchange._step = _no_replies  # type: ignore[method-assign]
+        _no_replies()
     elif name == "sum":
         buffers.StaticExchange.sum_grad = (  # type: ignore[method-assign]
             lambda st, inv, g, rows=None, *, slot, fields=None, zero=True: (
