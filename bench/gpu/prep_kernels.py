@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from bench.gpu.timing import interleaved_seconds, machine_info  # noqa: E402
 from hetgmp.data.generate import CRITEO_CARDINALITIES, CRITEO_ZIPF_EXPONENTS  # noqa: E402
 from hetgmp.embedding.batch import BatchPlanner  # noqa: E402
+from hetgmp.embedding.kernels import prep as prep_kernels  # noqa: E402
 
 FIELDS = ("bad", "u", "cnt", "slot", "inv", "blocks")
 
@@ -110,15 +111,16 @@ def markdown(info: dict, recs: list[dict], cmd: str) -> str:
         "# Batch plan: torch reference vs fused Triton (bench/gpu/prep_kernels.py)", "",
         f"{info.get('gpu') or info['device']}, torch {info['torch']}, {info['date']}; "
         f"command: `{cmd}`", "",
-        "| world | batch x F | n | distinct | torch us | Triton us | torch graph us | "
-        "Triton graph us | graph speed-up | equal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| world | batch x F | mark samples | n | distinct | torch us | Triton us | "
+        "torch graph us | Triton graph us | graph speed-up | equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     nan = float("nan")
     for r in recs:
         tg, kg = r.get("us torch graph", nan), r.get("us triton graph", nan)
         lines.append(
-            f"| {r['world']} | {r['batch']} x 26 | {r['n']:,} | {r['distinct']:,} | "
+            f"| {r['world']} | {r['batch']} x 26 | {r.get('mark_samples', '')} | {r['n']:,} | "
+            f"{r['distinct']:,} | "
             f"{r['us torch']:.0f} | {r['us triton']:.0f} | {tg:.0f} | {kg:.0f} | "
             f"{tg / kg:.2f}x | {'yes' if r['equal'] else 'NO'} |"
         )
@@ -132,17 +134,23 @@ def main() -> int:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--card-scale", type=float, default=1.0, help="1.0 = Criteo Kaggle rows")
+    ap.add_argument("--mark-samples", default=str(prep_kernels.MARK_SAMPLES),
+                    help="samples per program of the leader marking by field (prep.MARK_SAMPLES), "
+                    "comma-separated powers of 2: a sweep")  # fmt: skip
     ap.add_argument(
         "--device", default="cuda", help="cpu: a smoke run (TRITON_INTERPRET=1, small scale)"
     )
     a = ap.parse_args()
     dev = torch.device(a.device)
     cards = np.maximum((np.array(CRITEO_CARDINALITIES) * a.card_scale).astype(np.int64), 1)
-    recs = [
-        measure(w, int(b), cards, a.reps, dev)
-        for w in map(int, a.worlds.split(","))
-        for b in a.batches.split(",")
-    ]
+    recs = []
+    for bs in map(int, a.mark_samples.split(",")):
+        prep_kernels.MARK_SAMPLES = bs
+        recs += [
+            {**measure(w, int(b), cards, a.reps, dev), "mark_samples": bs}
+            for w in map(int, a.worlds.split(","))
+            for b in a.batches.split(",")
+        ]
     info = machine_info(dev)
     text = markdown(info, recs, " ".join(sys.argv))
     print(text)
