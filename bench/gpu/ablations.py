@@ -14,6 +14,8 @@ critical path is not the step's; leaving whole parts out says which parts the st
 * ``dense_ar``: the dense gradients not summed over ranks;
 * ``presync``: the last batch's gradient part of the pre-sync segment (own rows staged,
   mirrors' local step, pushes' gradients) not run;
+* ``due``: no mirror is ever due (the due scan, count and list not run, nothing pushed for
+  want of freshness), i.e. the passes over every mirror each step gone;
 * ``plan``: the next batch's plan not made once its ring slot holds one (the slot keeps an
   older batch's plan: valid indices, wrong rows), i.e. the five plan kernels that run beside
   the forward gone.
@@ -44,6 +46,19 @@ def _no_replies() -> None:
 
     buffers.StaticExchange._step = without  # type: ignore[method-assign]
     peer_payloads.PeerPayloads.exchange = first_only  # type: ignore[method-assign]
+
+
+def _no_due() -> None:
+    from hetgmp.embedding.padded import kernels
+
+    kernels.DUE_FROM_SCAN = False  # (the table reads ndue, which the counts phase zeroed)
+    kernels.count_due = lambda st: None
+
+    def listed_empty(st: Any, *, listed: bool = False, scanned: bool = False) -> None:
+        st.deferred.zero_()
+        st.due_listed = True  # (pack then walks the empty per-owner lists)
+
+    kernels.due_prefix = listed_empty
 
 
 def _no_plan() -> None:
@@ -82,5 +97,7 @@ def apply(name: str) -> None:
         kernels.presync_values = lambda st, prev: None
     elif name == "plan":
         _no_plan()
+    elif name == "due":
+        _no_due()
     else:
         raise SystemExit(f"ablations: no ablation {name!r}")
