@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -128,6 +129,4 @@ def _ns() -> Any:
     import triton
 
     m = importlib.import_module("hetgmp.embedding.padded.epoch_scan_triton")
-    from types import SimpleNamespace
-
     return SimpleNamespace(triton=triton, counts=m.epoch_counts_kernel, clear=m.epoch_clear_kernel)
