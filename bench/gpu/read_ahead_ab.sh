@@ -34,7 +34,7 @@
 # querier's (padded.peer_payloads.PULL_REPLIES, on by default since: "push" the former), "dar": early with the dense gradients summed
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
-# all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out
+# all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B)
 # (diagnosis only, wrong values: bench/gpu/ablations.py),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
@@ -88,7 +88,8 @@ switches() {  # variant -> module switches
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
     early|nvl*|ll128|simple) echo $early ;;
     dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
-    abl_*) echo $early ablate:${1#abl_} ;;  # (diagnosis only: bench/gpu/ablations.py)
+    abl_*) local a parts; IFS=- read -ra parts <<< "${1#abl_}"; echo $early  # (diagnosis
+      for a in "${parts[@]}"; do echo ablate:$a; done ;;  # only: ablations.py; abl_A-B: both)
     pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 $p.kernels.VERSIONS_IN_UPDATE=1 ;;

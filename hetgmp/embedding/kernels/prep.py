@@ -35,7 +35,10 @@ AGGREGATE = not interpreted()
 # Triton's interpreter, as AGGREGATE: its many small sorts doubled the padded training tests'
 # time there (26 s vs 13 s); tests/test_prep_kernels.py turns it on and checks it.
 MARK_BY_FIELD = not interpreted()
-MARK_SAMPLES = 64
+# Samples of one field per program of the marking by field. 128 since swept on 2 H100s
+# (2026-11-27, bench/results/gpu/mark_samples/): the plan alone, CUDA graph, world 2: 35 us at
+# batch 8192 with 64 or 128, 244 -> 207 us at 65536 (256: 36 / 201).
+MARK_SAMPLES = 128
 INT32_MAX = 2**31 - 1
 
 
