@@ -34,7 +34,8 @@
 # querier's (padded.peer_payloads.PULL_REPLIES, on by default since: "push" the former), "dar": early with the dense gradients summed
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
-# all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B)
+# all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B;
+# "V+abl_A": variant V with part A left out)
 # (diagnosis only, wrong values: bench/gpu/ablations.py),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
@@ -88,6 +89,7 @@ switches() {  # variant -> module switches
     planned) echo $m.PLAN_AHEAD=1 $m.EXCHANGE_EARLY=0 $m.ENABLED=0 ;;
     early|nvl*|ll128|simple) echo $early ;;
     dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
+    *+abl_*) switches "${1%%+abl_*}"; switches "abl_${1#*+abl_}" | grep ablate ;;  # (V+abl_X)
     abl_*) local a parts; IFS=- read -ra parts <<< "${1#abl_}"; echo $early  # (diagnosis
       for a in "${parts[@]}"; do echo ablate:$a; done ;;  # only: ablations.py; abl_A-B: both)
     pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
