@@ -35,7 +35,9 @@
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
 # all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B;
-# "V+abl_A": variant V with part A left out)
+# "V+abl_A": variant V with part A left out), "tailold": early with the next batch's gathers
+# and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
+# step.METRICS_BESIDE off)
 # (diagnosis only, wrong values: bench/gpu/ablations.py),
 # "fromtable": early with the lookup reading the rows stored here from the table, finish_values
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
@@ -96,6 +98,7 @@ switches() {  # variant -> module switches
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 $p.kernels.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $m.PRIORITIES=0 ;;
+    tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $early $p.presync_step.DUE_LIST=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;;

@@ -335,11 +335,12 @@ class MultiRankGraphedStep:
                 ahead.next_ids = lambda: self._table_ids(source.gather_ids(pos_next))
             try:
                 with self.whole.capturing():
+                    start = self.inputs.mark_start(self.env.device)
                     b = self.inputs.take(exact_primed(self.ahead, self.early), source, pos, ids)
                     out = self.step(b, global_batch, after_backward=self._after_backward(nxt))
                     if pos_next is not None:
                         self.inputs.fill_next(
-                            exact_primed(self.ahead, self.early), source, pos_next
+                            exact_primed(self.ahead, self.early), source, pos_next, start
                         )
                 if pos_next is not None and self.reads_ahead:  # (after the side stream joined)
                     self.whole.apply_stored_now()

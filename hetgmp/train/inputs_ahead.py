@@ -23,6 +23,14 @@ import torch
 
 from hetgmp.data.device_batches import DeviceBatch, ResidentSource
 
+# The next batch's gathers on a side stream that waits only for the step's start (in a
+# captured step; eagerly they stay in order), not at the end of the step's main stream: there
+# they sat behind the dense Adam on the path the next step waits for, which the exchange's
+# chain and the dense all-reduce + Adam share (2 H100s, batch 8192: leaving both out took the
+# 2-GPU step from 1.73x to 1.93x one GPU, either alone 1.76x / 1.69x, 2026-11-27,
+# bench/results/gpu/ablations_tail/; the gathers were ~20 us of that path's tail).
+FILL_BESIDE = True
+
 
 def exact_primed(ahead: Any, early: bool) -> Any:
     """The primed next batch of ``ahead`` (a :class:`~hetgmp.embedding.padded.ahead.ReadAhead`)
@@ -42,13 +50,37 @@ class InputsAhead:
         self.bags = bags
         self._bufs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._ids: dict[int, torch.Tensor] = {}  # (bags: each slot's batch ids)
+        self._side: torch.cuda.Stream | None = None  # (FILL_BESIDE's stream)
 
-    def fill_next(self, primed: Any, source: ResidentSource, pos: torch.Tensor) -> None:
+    def mark_start(self, device: torch.device) -> torch.cuda.Event | None:
+        """The start of a step being captured (an event on the capture stream) that the next
+        batch's gathers then wait for alone (:data:`FILL_BESIDE`); None eagerly."""
+        if not (FILL_BESIDE and device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        if self._side is None:
+            self._side = torch.cuda.Stream(device)  # (the default priority: the lowest)
+        start = torch.cuda.Event()
+        start.record()
+        return start
+
+    def fill_next(
+        self, primed: Any, source: ResidentSource, pos: torch.Tensor,
+        start: torch.cuda.Event | None = None,
+    ) -> None:  # fmt: skip
         """After a step that exchanged the next batch early (``primed``, a
         :class:`~hetgmp.embedding.padded.ahead.Primed`; None: no such exchange, nothing to
-        do): the next batch's samples at ``pos`` into its ring slot's buffers."""
-        if primed is not None:
+        do): the next batch's samples at ``pos`` into its ring slot's buffers; with ``start``
+        (:meth:`mark_start`) on a side stream after it, joined back (the slot is not the
+        step's own: nothing of the step reads or writes it)."""
+        if primed is None:
+            return
+        if start is None or self._side is None:
             self.fill(source, pos, primed.prep.ring)
+            return
+        self._side.wait_event(start)
+        with torch.cuda.stream(self._side):
+            self.fill(source, pos, primed.prep.ring)
+        torch.cuda.current_stream().wait_stream(self._side)
 
     def take(
         self, primed: Any, source: ResidentSource, pos: torch.Tensor, ids: torch.Tensor | None
