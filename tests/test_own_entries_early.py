@@ -1,4 +1,4 @@
-"""The merged owner update's switches (off until measured): its own rows' entries written in the
+"""The merged owner update's switches (on since measured): its own rows' entries written in the
 counts phase (``padded.kernels.OWN_SLOTS_EARLY``) and the versions moved by its Adagrad launch
 (``VERSIONS_IN_UPDATE``). On spawned gloo ranks with the fused Triton segments in Triton's
 interpreter, the whole-step flow and the eager padded path (whose inputs the host stages at
@@ -25,6 +25,7 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
         real(st)
 
     kernels.own_entries_early = counted  # type: ignore[assignment]
+    kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = False
     late = _rank(env, cfg, False, None)  # (the eager padded path: equal to the whole-step flow)
     kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = True
     early = _rank(env, cfg, True, None)
@@ -33,8 +34,8 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     return late, early, eager
 
 
-# (slow: 27 s in Triton's interpreter, for two switches that are off since measured without gain
-# on 2 H100s, bench/results/gpu/chain_switches/; run with pytest -m slow before turning one on)
+# (slow: 27 s in Triton's interpreter; the other whole-step tests run the switches on, their
+# default since bench/results/gpu/tail_beside/; this one checks them against the path without)
 @pytest.mark.slow
 def test_owner_update_switches_train_exactly_as_without_them(tiny_dataset, tmp_path) -> None:
     pytest.importorskip("triton")

@@ -43,9 +43,11 @@ EARLY_ZERO = True
 # sum waited for when it forked on the same side stream (the main stream up to the embedding's
 # backward, the last layer of the backward that the exchange reads from), not for the rest of
 # the backward queued since (the dense layers' last element-wise ops: the chain's first 13 us
-# at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/). Off
-# until tests/gpu_whole_step_check.py passes with it and read_ahead_ab.sh's "narrow" measures it.
-NARROW_WAIT = False
+# at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/). On with
+# kernels.OWN_SLOTS_EARLY and kernels.VERSIONS_IN_UPDATE since the step's tail left the dense
+# path (2 H100s, 2026-11-27, bench/results/gpu/tail_beside/: 1.70x -> 1.72x one GPU at batch
+# 8192, 1.89x at 65536; before that the dense path hid the cut: chain_switches/).
+NARROW_WAIT = True
 # A whole-step graph's preparation rings: the plan written straight into each ring slot's
 # fixed buffers instead of copied there (six copies, ~12 us of the 2-GPU step's plan stream
 # at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_pull/). Exact

@@ -62,13 +62,13 @@ FUSED_OWNER_UPDATE = True
 # written in the counts phase, which runs during the forward, instead of on the exchange's
 # chain after backward (owner_slots' own launch: 9 us of the 2-GPU chain at batch 8192 on 2
 # H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/); the pushes' launch then
-# leaves the rows an own entry leads. Exact (tests/test_own_entries_early.py); off until
-# measured (read_ahead_ab.sh variant ownearly).
-OWN_SLOTS_EARLY = False
+# leaves the rows an own entry leads. Exact (tests/test_own_entries_early.py); on with
+# VERSIONS_IN_UPDATE and exchange.NARROW_WAIT (that switch's note says where measured).
+OWN_SLOTS_EARLY = True
 # The rows' versions moved by the merged update's Adagrad launch itself (adagrad_rows'
-# versions) instead of owner_version_kernel after it (6 us of that chain). Exact; off until
-# measured (read_ahead_ab.sh variant chain, with the two switches above).
-VERSIONS_IN_UPDATE = False
+# versions) instead of owner_version_kernel after it (6 us of that chain). Exact; on with the
+# switch above (read_ahead_ab.sh variant chain: the three of them).
+VERSIONS_IN_UPDATE = True
 # The mirrors due per owner read by the sizes table's kernel from the due mirrors' running count
 # (at each owner group's end: mirrors are grouped by owner) instead of counted by
 # count_due_kernel, a pass over every mirror with an atomic per owner and program (~10 us
