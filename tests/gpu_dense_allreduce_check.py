@@ -4,7 +4,9 @@ tests/gpu_dense_allreduce_check.py``. Each rank's random gradients summed by the
 equal NCCL's all-reduce of the same values (bit for bit on 2 ranks: a sum of two floats has one
 rounding), eagerly and replayed in a CUDA graph, for an odd length (padding); a
 :class:`GradBucket` with the switch on sums its parameters' gradients there. Rank 0 prints
-``DENSE ALLREDUCE CHECK OK``."""
+``DENSE ALLREDUCE CHECK OK``. Also the gradients summed by Adam itself in peer memory
+(``peer_allreduce.ADAM_PEER``): the parameters equal NCCL's all-reduce followed by the same
+fused Adam, eagerly and in a CUDA graph."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def main() -> int:
         torch.cuda.synchronize()
         check(ar.flat, want[k], exact, f"replay {k}")
     bucket_check(env, exact)
+    adam_peer_check(env, exact)
     shutdown(env)
     if r == 0:
         print(f"DENSE ALLREDUCE CHECK OK ({how}; {w} ranks, bitwise: {exact})", flush=True)
@@ -76,3 +79,51 @@ def bucket_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
+    """Three Adam steps with the gradients summed by the kernel from peer memory (the first
+    eager, the others a CUDA graph's replays: barrier, step, barrier, zero) against NCCL's
+    all-reduce then the same fused Adam on a copy of the parameters."""
+    from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
+
+    peer_allreduce.ADAM_PEER = True
+    dev = env.device
+    torch.manual_seed(5)  # (the same parameters on every rank)
+    mine, ref = (torch.nn.Linear(1000, 990, device=dev) for _ in range(2))
+    ref.load_state_dict(mine.state_dict())
+    pm, pr = list(mine.parameters()), list(ref.parameters())
+    fm, fr = flatten_parameters(pm), flatten_parameters(pr)
+    bucket = GradBucket(env, pm, adam=True)
+    assert bucket.peer_grads is not None, bucket.how
+    grads = torch.zeros_like(fr)
+    opt = FlatAdam(pm, fm, bucket.flat, lr=0.01, peer_grads=bucket.peer_grads)
+    ropt = FlatAdam(pr, fr, grads, lr=0.01)
+    gen = torch.Generator(device=dev).manual_seed(99 + env.rank)
+    values = [torch.randn(fm.numel(), device=dev, generator=gen) for _ in range(3)]
+
+    def step() -> None:
+        bucket.all_reduce()  # (a barrier: Adam sums)
+        opt.step()
+        bucket.zero_()  # (after a barrier)
+
+    graph = None
+    for k, v in enumerate(values):
+        bucket.flat.copy_(v)
+        if k == 0:
+            step()
+        else:
+            if graph is None:
+                graph = torch.cuda.CUDAGraph()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    step()
+                bucket.flat.copy_(v)  # (capturing ran nothing)
+            graph.replay()
+        grads.copy_(v)
+        dist.all_reduce(grads, group=env.group)
+        ropt.step()
+        torch.cuda.synchronize()
+        check(fm, fr, exact, f"adam step {k}")
+        assert float(bucket.flat.abs().sum()) == 0.0  # (zeroed after every rank read it)
+    peer_allreduce.ADAM_PEER = False

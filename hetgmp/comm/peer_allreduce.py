@@ -15,9 +15,19 @@ The sum of two float32 values is the same in any order, so on 2 ranks the result
 NCCL's bit for bit (``tests/gpu_dense_allreduce_check.py``); on more ranks the order of the
 adds may differ from NCCL's ring (rounding only).
 
-Switched by :data:`DENSE_PEER` (off until measured: ``read_ahead_ab.sh`` variant ``dar``).
-Where the ranks cannot share peer memory, or on CPU (gloo) ranks, the bucket takes the
-group's all-reduce (:attr:`PeerAllReduce.how` says why).
+Switched by :data:`DENSE_PEER` (off: measured without gain on 2 and 4 H100s, the dense
+path hid by the exchange's chain, ``bench/results/gpu/dense_allreduce/``). Where the ranks
+cannot share peer memory, or on CPU (gloo) ranks, the bucket takes the group's all-reduce
+(:attr:`PeerAllReduce.how` says why).
+
+**Summed by Adam** (:data:`ADAM_PEER`): no all-reduce at all. After a device barrier (every
+rank's gradient complete) each rank's fused Adam reads every rank's bucket in peer memory,
+adds them in rank order (the same adds on every rank: the parameters stay bit-identical) and
+updates its parameters in the same pass (:func:`hetgmp.train.adam_kernel.adam_peer_step`);
+a second barrier keeps a bucket unchanged until every rank has read it. Why: after backward
+the dense path (all-reduce ~40 us, Adam ~20 us at batch 8192 on 2 H100s) runs beside the
+exchange's chain, and the step waits for the longer of the two
+(``bench/results/gpu/ablations_tail/``); this path becomes two 5-us barriers and one pass.
 """
 
 from __future__ import annotations
@@ -30,6 +40,9 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryRefused, PeerMemoryUnavailable
 
 DENSE_PEER = False
+# The dense gradients summed by the fused Adam itself, read in peer memory (module docstring;
+# with FlatAdam's Triton kernel, float32 parameters); off until measured on GPUs.
+ADAM_PEER = False
 # (the kernel's vector accesses: the buffer's length rounded up to this many elements)
 QUANTUM = 1024
 
@@ -38,12 +51,27 @@ class PeerAllReduce:
     """A flat buffer of ``numel`` ``dtype`` elements in peer memory (:attr:`flat`) and its
     in-place sum over the ranks of ``env`` (collective to construct: every rank alike)."""
 
-    def __init__(self, env: DistEnv, numel: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, env: DistEnv, numel: int, dtype: torch.dtype, *, in_optimizer: bool = False
+    ) -> None:
         padded = max(QUANTUM, -(-numel // QUANTUM) * QUANTUM)
         self.pm = PeerMemory(env, {"grads": ((padded,), dtype)})
         self.padded = self.pm.mine("grads")
         self.flat = self.padded[:numel]
-        self.group_name = env.group.group_name
+        self.group_name = env.group.group_name if env.group is not None else ""
+        # summed by the optimizer (ADAM_PEER): every rank's buffer's address, in rank order
+        self.in_optimizer = in_optimizer
+        ptrs = [self.pm.peer("grads", r).data_ptr() for r in range(env.world_size)]
+        self.bases = torch.tensor(ptrs, dtype=torch.int64, device=self.padded.device)
+
+    def views(self) -> list[torch.Tensor]:
+        """Every rank's gradient buffer (its first ``numel`` elements), in rank order."""
+        n = self.flat.numel()
+        return [self.pm.peer("grads", r)[:n] for r in range(self.pm.env.world_size)]
+
+    def barrier(self) -> None:
+        """Every rank's writes to its buffer so far visible to every rank (capturable)."""
+        self.pm.barrier()
 
     def all_reduce(self) -> None:
         """Every rank's buffer replaced by the sum over ranks (on the current stream;
@@ -52,19 +80,22 @@ class PeerAllReduce:
 
 
 def peer_all_reduce(
-    env: DistEnv, numel: int, dtype: torch.dtype
+    env: DistEnv, numel: int, dtype: torch.dtype, *, adam: bool = False
 ) -> tuple[PeerAllReduce | None, str]:
-    """(Collective) a :class:`PeerAllReduce` when :data:`DENSE_PEER` is on and the CUDA ranks
-    of ``env`` share peer memory, else None; and how the dense gradients are summed (for the
-    log)."""
-    if not DENSE_PEER or env.group is None or env.world_size < 2 or numel == 0:
+    """(Collective) a :class:`PeerAllReduce` when :data:`DENSE_PEER` (or, for an optimizer
+    that can sum them, ``adam``, :data:`ADAM_PEER`) is on and the CUDA ranks of ``env`` share
+    peer memory, else None; and how the dense gradients are summed (for the log)."""
+    in_opt = ADAM_PEER and adam and dtype == torch.float32
+    if not (DENSE_PEER or in_opt) or env.group is None or env.world_size < 2 or numel == 0:
         return None, "the group's all-reduce"
     if env.device.type != "cuda" or env.backend != "nccl":
         return None, "the group's all-reduce (peer memory: CUDA ranks on NCCL)"
     if dtype not in (torch.float32, torch.bfloat16):
         return None, f"the group's all-reduce (peer memory: float32 or bfloat16, not {dtype})"
+    how = ("summed by Adam in peer memory (NVLink)" if in_opt
+           else "summed in peer memory (two-shot, NVLink)")  # fmt: skip
     try:
-        return PeerAllReduce(env, numel, dtype), "summed in peer memory (two-shot, NVLink)"
+        return PeerAllReduce(env, numel, dtype, in_optimizer=in_opt), how
     except PeerMemoryRefused as e:
         return None, f"the group's all-reduce (no peer memory: {e})"
     except PeerMemoryUnavailable as e:  # (an allocation failed, on every rank alike)

@@ -20,11 +20,11 @@ from hetgmp.embedding.kernels.launcher import launch, on_device, triton_availabl
 BLOCK = 2048  # elements per program (1M parameters: ~500 programs over the whole chip)
 
 
-@functools.lru_cache(maxsize=1)
-def _kernel() -> Any:
-    from hetgmp.train.adam_triton import adam_flat_kernel
+@functools.lru_cache(maxsize=2)
+def _kernel(name: str = "adam_flat_kernel") -> Any:
+    from hetgmp.train import adam_triton
 
-    return adam_flat_kernel
+    return getattr(adam_triton, name)
 
 
 def fused_adam_available(device: torch.device, fused: str) -> bool:
@@ -55,3 +55,21 @@ def adam_flat_step(
             _kernel(), grid, (p, g, m, v, step, n, float(lr), float(b1), float(b2), float(eps)),
             {"BLOCK": BLOCK},
         )  # fmt: skip
+
+
+def adam_peer_step(
+    p: torch.Tensor, gptrs: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: torch.Tensor,
+    *, lr: float, b1: float, b2: float, eps: float,
+) -> None:  # fmt: skip
+    """:func:`adam_flat_step` whose gradient is the sum, in rank order, of every rank's
+    gradient buffer in peer memory (``gptrs``: their addresses, int64 ``[world]``, on this
+    rank's device; :class:`hetgmp.comm.peer_allreduce.PeerAllReduce`): the dense all-reduce
+    and Adam in one pass. Every rank's buffer must be complete before (a barrier) and stay
+    unchanged until every rank has run it (a barrier)."""
+    n = p.numel()
+    if n == 0:
+        return
+    grid = ((n + BLOCK - 1) // BLOCK,)
+    args = (p, gptrs, m, v, step, n, float(lr), float(b1), float(b2), float(eps))
+    with on_device(p):
+        launch(_kernel("adam_peer_kernel"), grid, args, {"W": int(gptrs.numel()), "BLOCK": BLOCK})

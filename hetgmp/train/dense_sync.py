@@ -56,7 +56,10 @@ class GradBucket:
     default; ``how`` says which way it is summed).
     """
 
-    def __init__(self, env: DistEnv, params: list[nn.Parameter], *, summed: bool = True) -> None:
+    def __init__(
+        self, env: DistEnv, params: list[nn.Parameter], *, summed: bool = True,
+        adam: bool = False,
+    ) -> None:  # fmt: skip
         self.env = env
         self.params = params
         dtypes = {p.dtype for p in params}
@@ -66,8 +69,14 @@ class GradBucket:
         dtype = params[0].dtype if params else torch.float32
         numel = sum(p.numel() for p in params)
         # (collective: every rank builds its bucket together; ``summed`` False: never
-        # all-reduced, --dense-sync-every > 1 averages the parameters instead)
-        self.peer, self.how = peer_all_reduce(env, numel if summed else 0, dtype)
+        # all-reduced, --dense-sync-every > 1 averages the parameters instead; ``adam``: the
+        # optimizer is FlatAdam's kernel, which can sum the ranks' buckets itself)
+        self.peer, self.how = peer_all_reduce(env, numel if summed else 0, dtype, adam=adam)
+        # summed by the optimizer (peer_allreduce.ADAM_PEER): all_reduce() is a barrier, the
+        # optimizer reads every rank's bucket (peer_grads), zero_() waits for every rank first
+        self.peer_grads = (
+            self.peer.bases if self.peer is not None and self.peer.in_optimizer else None
+        )
         if self.peer is not None:
             self.flat = self.peer.flat
         else:
@@ -80,13 +89,18 @@ class GradBucket:
 
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
-        if self.peer is not None:  # (its own group: the env a captured step swaps in is not)
+        if self.peer_grads is not None:  # (every rank's gradient complete; Adam sums them)
+            self.peer.barrier()  # type: ignore[union-attr]
+        elif self.peer is not None:  # (its own group: the env a captured step swaps in is not)
             self.peer.all_reduce()
         elif self.env.world_size > 1 and self.flat.numel():
             all_reduce_sum(self.env, self.flat)
 
     def zero_(self) -> None:
-        """Zero every gradient (one fill of the buffer)."""
+        """Zero every gradient (one fill of the buffer; summed by the optimizer, once every
+        rank has read it)."""
+        if self.peer_grads is not None:
+            self.peer.barrier()  # type: ignore[union-attr]
         self.flat.zero_()
 
     def check_views(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hetgmp.train.adam_kernel import adam_flat_step, fused_adam_available
+from hetgmp.train.adam_kernel import adam_flat_step, adam_peer_step, fused_adam_available
 
 
 def flatten_parameters(params: list[nn.Parameter]) -> torch.Tensor:
@@ -45,12 +45,17 @@ class FlatAdam(torch.optim.Adam):
     def __init__(
         self, params: list[nn.Parameter], flat_params: torch.Tensor, flat_grads: torch.Tensor,
         *, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-        fused: str = "auto",
+        fused: str = "auto", peer_grads: torch.Tensor | None = None,
     ) -> None:  # fmt: skip
         super().__init__(params, lr=lr, betas=betas, eps=eps, capturable=True)
         self.flat_params, self.flat_grads = flat_params, flat_grads
+        # the gradient: the sum of every rank's bucket in peer memory, read by the kernel
+        # (their addresses: hetgmp.comm.peer_allreduce.ADAM_PEER), or flat_grads
+        self.peer_grads = peer_grads
         # one Triton kernel per step (hetgmp.train.adam_kernel) or the torch ops below
         self.fused = fused_adam_available(flat_params.device, fused)
+        if peer_grads is not None and not self.fused:
+            raise ValueError("FlatAdam: peer_grads needs the fused kernel (fused='triton')")
         self.exp_avg = torch.zeros_like(flat_params)
         self.exp_avg_sq = torch.zeros_like(flat_params)
         self.step_t = torch.zeros((), dtype=torch.float32, device=flat_params.device)
@@ -76,6 +81,10 @@ class FlatAdam(torch.optim.Adam):
         lr, eps = group["lr"], group["eps"]
         g, m, v = self.flat_grads, self.exp_avg, self.exp_avg_sq
         self.step_t += 1
+        if self.peer_grads is not None:
+            adam_peer_step(self.flat_params, self.peer_grads, m, v, self.step_t, lr=lr, b1=b1,
+                           b2=b2, eps=eps)  # fmt: skip
+            return
         if self.fused:
             adam_flat_step(self.flat_params, g, m, v, self.step_t, lr=lr, b1=b1, b2=b2, eps=eps)
             return

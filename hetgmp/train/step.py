@@ -18,6 +18,7 @@ from torch import nn
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch
 from hetgmp.models import CTRModel
+from hetgmp.train.adam_kernel import fused_adam_available
 from hetgmp.train.dense_sync import GradBucket, average_params
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.graphed_head import GraphedHead
@@ -65,10 +66,15 @@ class TrainStep:
         flat = env.device.type == "cuda" and optimizer == "adam" and bool(params)
         flat = flat and all(p.dtype == torch.float32 for p in params)
         flat_params = flatten_parameters(params) if flat else None
-        self.bucket = GradBucket(env, params, summed=sync_every == 1)
+        fused_adam = fused_adam_available(env.device, "auto")  # (FlatAdam's kernel: on CUDA)
+        self.bucket = GradBucket(
+            env, params, summed=sync_every == 1, adam=flat_params is not None and fused_adam
+        )
         self.optimizer: torch.optim.Optimizer
         if flat_params is not None:
-            self.optimizer = FlatAdam(params, flat_params, self.bucket.flat, lr=lr)
+            self.optimizer = FlatAdam(
+                params, flat_params, self.bucket.flat, lr=lr, peer_grads=self.bucket.peer_grads
+            )
         else:
             self.optimizer = make_dense_optimizer(optimizer, params, lr, env.device)
         self.loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
