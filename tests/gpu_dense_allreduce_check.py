@@ -77,10 +77,6 @@ def bucket_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
         check(p.grad, g, exact, "bucket")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
     """Three Adam steps with the gradients summed by the kernel from peer memory (the first
     eager, the others a CUDA graph's replays: barrier, step, barrier, zero) against NCCL's
@@ -127,3 +123,7 @@ def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
         check(fm, fr, exact, f"adam step {k}")
         assert float(bucket.flat.abs().sum()) == 0.0  # (zeroed after every rank read it)
     peer_allreduce.ADAM_PEER = False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
