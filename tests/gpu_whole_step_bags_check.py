@@ -6,7 +6,8 @@ Run by ``tests/test_whole_step_bags.py`` (GPU, 2 GPUs) as ``python -m torch.dist
 two multi-hot fields (rank 0 makes it), trained with ``multi_hot.GPU_RANKS`` on (the bags in
 fixed shapes, the step one CUDA graph, NCCL inside it) and eagerly (``--no-cuda-graphs``), for
 Adagrad at bound 0 and SGD at bound 100 (``gpu_whole_step_check.run``: it asserts which ran); every rank compares its rows, optimizer state and
-dense layers and the row counters, and rank 0 prints ``WHOLE STEP BAGS CHECK OK``.
+dense layers and the row counters, and rank 0 prints ``WHOLE STEP BAGS CHECK OK``. With
+``compact`` after ``DIR``: the bags' compact fixed lookup (``multi_hot.COMPACT``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def main() -> int:
         generate_criteo_like(root, num_samples=40000, scale=0.002, seed=1, multi_hot="2:6",
                              progress=False)  # fmt: skip
     barrier(env)
+    if "compact" in sys.argv[2:]:  # (the compact lookup, multi_hot.COMPACT; its capacity fixed
+        # for both runs: the eager one has no epoch start that would set it)
+        multi_hot.COMPACT, multi_hot.COMPACT_CAPACITY = True, 512 * 13
     compare(env, root)
     shutdown(env)
     if env.rank == 0:

@@ -99,6 +99,15 @@ class BagLayout:
     # in for a row its sample already holds, and the pooling masks it out; nothing the step
     # does then depends on a bag's length on the host (a whole-step CUDA graph can hold it)
     fixed: bool = False
+    # fixed shapes, compact (:meth:`_packed`, with ``fixed``): the table is handed the single-hot
+    # ids and the batch's bag values packed into a fixed capacity C (set by the first
+    # :meth:`batches_fit`, from the epoch's batches), the rest of C filled with rows the batch
+    # holds (their gradient zero): ~the batch's own ids, not every padded slot. A batch with
+    # more bag values than C takes the variable layout (an eager step: exact).
+    compact: bool = False
+    _capacity: list[int] = dataclasses.field(
+        default_factory=lambda: [0], init=False, compare=False, repr=False
+    )
     # the last batches :meth:`table_ids` flattened (at most TOLD_DEPTH) and their table ids:
     # a lookup of such a batch hands the table that same tensor, which a table told of it
     # ahead recognises by identity (``--sync async``'s reads sent ahead: the next batch told
@@ -157,13 +166,74 @@ class BagLayout:
         del self._told[:-TOLD_DEPTH]  # (the oldest, never looked up: forgotten)
         return flat
 
+    @property
+    def capacity(self) -> int:
+        """Bag values a compact fixed lookup hands the table (0: not compact, or not set)."""
+        return self._capacity[0] if self.fixed and self.compact else 0
+
+    def table_rows(self, batch_size: int) -> int:
+        """The ids the table is handed for a full batch in fixed shapes."""
+        c = self.capacity
+        return batch_size * self.num_single + c if c else batch_size * self.width
+
+    def bag_values(
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
+    ) -> torch.Tensor:
+        """``[steps]`` (int64, ``sparse``'s device): the bag values of each of an epoch's
+        batches (``positions`` into ``sparse [N, F + W]``, batch after batch)."""
+        steps = positions.numel() // max(batch_size, 1)
+        lengths = (sparse[:, self.num_single :] != PAD_ID).sum(1)
+        per = lengths.index_select(0, positions[: steps * batch_size].long())
+        return per.view(steps, batch_size).sum(1)
+
+    def set_capacity(self, capacity: int) -> None:
+        """The compact lookup's capacity, fixed now (:meth:`fit` then keeps it)."""
+        self._capacity[0] = max(0, int(capacity))
+
+    def fit(self, need: list[int], batch_size: int) -> list[bool]:
+        """Whether batches of ``need`` bag values each fit the compact capacity, which the
+        first call sets from them (their most, with 2 % and 256 to spare, a multiple of 256);
+        all True when not compact."""
+        if not (self.fixed and self.compact) or not need:
+            return [True] * len(need)
+        if not self._capacity[0]:
+            c = -(-(max(need) * 102 // 100 + 256) // 256) * 256
+            self._capacity[0] = min(c, batch_size * sum(self.widths))
+        return [n <= self._capacity[0] for n in need]
+
     def _flat(self, ids: torch.Tensor) -> torch.Tensor:
         batch = self._checked(ids)
-        if self.fixed:
+        if self.capacity and batch.shape[0]:
+            packed = self._packed(batch)
+            if packed is not None:
+                return packed
+        elif self.fixed:
             return self._filled(batch).reshape(-1, 1)
         f = self.num_single
         bags = batch[:, f:]
         return torch.cat([batch[:, :f].reshape(-1), bags[bags != PAD_ID]]).unsqueeze(1)
+
+    def _packed(self, batch: torch.Tensor) -> torch.Tensor | None:
+        """``[B * F + C, 1]``: the single-hot ids, then the bag values in order (sample by
+        sample, field by field), then rows the batch holds (its bag values again, in turn;
+        without any, its first single-hot id, else row 0). Fixed shapes, no host read, in a
+        captured step; eagerly None when the batch has more than C values (the variable
+        layout then: exact)."""
+        f, c = self.num_single, self.capacity
+        present = (batch[:, f:] != PAD_ID).reshape(-1)
+        pos = torch.cumsum(present, 0) - 1
+        capturing = batch.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and int(pos[-1]) + 1 > c:
+            return None
+        buf = batch.new_zeros(c + 1)  # (the last: where padding slots write, dropped)
+        buf.scatter_(0, torch.where(present & (pos < c), pos, c), batch[:, f:].reshape(-1))
+        e = (pos[-1] + 1).clamp(max=c)
+        t = torch.arange(c, device=batch.device)
+        fallback = batch[0, 0] if f else batch.new_zeros(())
+        values = torch.where(
+            t < e, buf[:c], torch.where(e > 0, buf.gather(0, t % e.clamp(min=1)), fallback)
+        )
+        return torch.cat([batch[:, :f].reshape(-1), values]).unsqueeze(1)
 
     def _filled(self, batch: torch.Tensor) -> torch.Tensor:
         """``batch [B, F + W]`` with every padding slot holding a row its sample holds
@@ -222,12 +292,13 @@ class BagLayout:
             rows = table(flat)  # [B * F + E, 1, D]: one table step
         d = rows.shape[-1]
         rows = rows.reshape(flat.shape[0], d)
-        if self.fixed:
+        if self.fixed and not self.capacity:
             return self._pool_fixed(rows.reshape(b, self.width, d), present)
-        if self.backend == "triton":
+        if self.backend == "triton" or self.capacity:  # (compact: its tail needs the offsets)
             ends, mean = _constants(self.widths, self.pooling, ids.device)
             off = segment_offsets(present, ends)
-            return pool_fields(rows, off, mean, b, f, backend="triton")
+            tail = bool(self.capacity) and flat.shape[0] == b * f + self.capacity
+            return pool_fields(rows, off, mean, b, f, backend=self.backend, tail=tail)
         mean = torch.tensor([p == "mean" for p in self.pooling], device=ids.device)
         # the bag field of every padded column, then the segment (sample, field) of every value
         col_field = torch.repeat_interleave(

@@ -69,15 +69,30 @@ def pool_fields_reference(
 ) -> torch.Tensor:
     """``[B, F + K, D]`` of the lookup's rows ``[B * F + E, D]`` in torch ops (float32 sums,
     as the kernel; differentiable): single-hot rows as they are, bag ``s``'s rows summed
-    (``mean [K]`` bool: divided by the bag's length, at least 1)."""
+    (``mean [K]`` bool: divided by the bag's length, at least 1). Rows past the bags' values
+    (a compact lookup's tail: ``[B * F + C, D]`` with ``C >= E``) belong to no bag: their
+    gradient is zero. No host sync (each value's bag found by a search of ``off``)."""
     k, d = mean.numel(), rows.shape[1]
     counts = torch.diff(off)
-    seg = torch.repeat_interleave(torch.arange(b * k, device=rows.device), counts)
     bags = rows[b * f :].float()
-    pooled = bags.new_zeros(b * k, d).index_add(0, seg, bags)
+    pos = torch.arange(bags.shape[0], device=rows.device)
+    seg = torch.searchsorted(off[1:], pos, right=True)  # (a tail row: b * k, dropped below)
+    pooled = bags.new_zeros(b * k + 1, d).index_add(0, seg, bags)[: b * k]
     scale = torch.where(mean.repeat(b), 1.0 / counts.clamp(min=1).float(), 1.0)
     pooled = (pooled * scale.unsqueeze(1)).to(rows.dtype)
     return torch.cat([rows[: b * f].reshape(b, f, d), pooled.reshape(b, k, d)], dim=1)
+
+
+def _zero_tail(out: torch.Tensor, off: torch.Tensor, b: int, f: int) -> None:
+    """A compact lookup's gradient ``out [B * F + C, D]``: its rows past the bags' values
+    zeroed (no host read of where they start)."""
+    mod = _kernels()
+    d, tail = out.shape[-1], out.shape[0] - b * f
+    block_r, block_d = row_tiles(mod.triton, d)
+    grid = (max(1, mod.triton.cdiv(tail, block_r)), mod.triton.cdiv(d, block_d))
+    with on_device(out):
+        launch(mod.zero_tail_kernel, grid, (out, off, b * f, out.shape[0], off.numel() - 1),
+               {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
 
 
 def _launch(which: str, src: torch.Tensor, off: torch.Tensor, mean: torch.Tensor,
@@ -100,10 +115,10 @@ class _FusedPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, off: torch.Tensor, mean: torch.Tensor, b: int,
-                f: int) -> torch.Tensor:  # fmt: skip
+                f: int, tail: bool) -> torch.Tensor:  # fmt: skip
         k, d = mean.numel(), rows.shape[1]
         ctx.save_for_backward(off, mean)
-        ctx.shape, ctx.dims = rows.shape, (b, f, k)
+        ctx.shape, ctx.dims, ctx.tail = rows.shape, (b, f, k), tail
         rows = rows.contiguous()
         out = torch.empty(b, f + k, d, dtype=rows.dtype, device=rows.device)
         if out.numel():
@@ -112,25 +127,30 @@ class _FusedPool(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None, None]:
         off, mean = ctx.saved_tensors
         b, f, k = ctx.dims
         # (in the gradient's dtype: autocast's bf16 gradient stays bf16, as the reference's)
         out = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)
         if out.numel():
             _launch("bwd", grad.contiguous(), off, mean, out, b, f, k)
-        return out, None, None, None, None
+            if ctx.tail and out.shape[0] > b * f:
+                _zero_tail(out, off, b, f)
+        return out, None, None, None, None, None
 
 
 def pool_fields(
-    rows: torch.Tensor, off: torch.Tensor, mean: torch.Tensor, b: int, f: int, *, backend: str
-) -> torch.Tensor:
+    rows: torch.Tensor, off: torch.Tensor, mean: torch.Tensor, b: int, f: int, *, backend: str,
+    tail: bool = False,
+) -> torch.Tensor:  # fmt: skip
     """The model's input ``[B, F + K, D]`` from the lookup's rows ``[B * F + E, D]``
     (contiguous), the bags' offsets ``off [B * K + 1]`` (:func:`segment_offsets`) and the
-    fields pooled by mean (``mean [K]`` bool), with ``backend`` "torch" or "triton"."""
+    fields pooled by mean (``mean [K]`` bool), with ``backend`` "torch" or "triton".
+    ``tail``: the rows are a compact lookup's ``[B * F + C, D]`` (``C >= E``), the rows past
+    the bags' values padding whose gradient is zero."""
     if backend == "torch":
         return pool_fields_reference(rows, off, mean, b, f)
-    return _FusedPool.apply(rows, off, mean.to(torch.int32), b, f)
+    return _FusedPool.apply(rows, off, mean.to(torch.int32), b, f, tail)
 
 
 def resolve_pooling(kernels: str, device: torch.device) -> str:

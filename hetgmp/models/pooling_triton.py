@@ -81,3 +81,16 @@ def pool_bwd_kernel(grad_ptr, off_ptr, mean_ptr, out_ptr, P, B, F, K, D: tl.cons
     for t in range(0, longest):
         m = (t < cnt)[:, None] & cmask[None, :]
         tl.store(out_ptr + (start + t)[:, None] * D + cols[None, :], g, mask=m)
+
+
+@triton.jit(do_not_specialize=["start", "n"])
+def zero_tail_kernel(out_ptr, off_ptr, start, n, S, D: tl.constexpr, BLOCK_R: tl.constexpr,
+                     BLOCK_D: tl.constexpr):  # fmt: skip
+    # A compact lookup's tail (BagLayout.capacity): the rows past its bag values (from start +
+    # off[S] up to n) belong to no bag; their gradient is zero (pool_bwd_kernel writes none)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R) + start
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    first = start + tl.load(off_ptr + S)
+    m = ((rows >= first) & (rows < n))[:, None] & (cols < D)[None, :]
+    zero = tl.zeros((BLOCK_R, BLOCK_D), out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], zero, mask=m)

@@ -39,6 +39,7 @@ from hetgmp.embedding.padded.fields import SLOTS
 from hetgmp.train.accounting import global_batch_sizes
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
+from hetgmp.train.multi_hot import bag_fits
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
@@ -96,7 +97,6 @@ class MultiRankGraphedStep:
         # sample's [F + W] ids as an [N, 1] batch; the next batch planned from those table ids
         # (.inputs pins the batch's ids to the plan's); no reading ahead
         self.bags = getattr(step.model, "bags", None)
-        self.bag_width: int | None = None if self.bags is None else int(self.bags.width)
         self.reads_ahead = self.reads_ahead and self.bags is None
         # planning ahead: exact, at any bound (the next batch's plan only)
         self.plans_ahead = bool(counts) and (read_ahead.PLAN_AHEAD or self.reads_ahead)
@@ -176,8 +176,14 @@ class MultiRankGraphedStep:
     ) -> list[bool]:  # fmt: skip
         """(Collective, at an epoch start) each step's verdict (:meth:`WholeStep.epoch_fits`),
         and through ``note`` what :meth:`WholeStep.epoch_notes` says (capacities grown)."""
-        old = self.whole.padded.frozen
-        fits = self.whole.epoch_fits(sparse, positions, batch_size, self.steps_per_epoch)
+        old, steps, bags = self.whole.padded.frozen, self.steps_per_epoch, self.bags
+        # (bags: within a compact lookup's capacity, which sets its table ids per batch)
+        ok = (
+            None if bags is None else bag_fits(bags, self.env, steps, sparse, positions, batch_size)
+        )
+        n = None if bags is None else bags.table_rows(batch_size)
+        fits = self.whole.epoch_fits(sparse, positions, batch_size, steps, n=n)
+        fits = fits if ok is None else [a and b for a, b in zip(fits, ok, strict=True)]
         self.growths += int(old is not None and self.whole.padded.frozen != old)
         for line in self.whole.epoch_notes(old):
             note(line)
@@ -285,8 +291,8 @@ class MultiRankGraphedStep:
 
     def _shape(self, batch: PendingBatch) -> tuple[int, int]:
         """The shape of the ids the table is handed for ``batch`` (its preparation ring's)."""
-        if self.bag_width is not None:
-            return (len(batch) * self.bag_width, 1)
+        if self.bags is not None:  # (every padded slot, or compact: BagLayout.table_rows)
+            return (self.bags.table_rows(len(batch)), 1)
         return (len(batch), int(batch.source.sparse.shape[1]))
 
     def _slot(

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from hetgmp.choices import POOLINGS, parse_pooling
 from hetgmp.data.dataset_meta import DatasetError
@@ -55,6 +56,14 @@ FIXED_SHAPE = False
 # (2026-11-27, the bags pooled from float32 rows under autocast): 2 GPUs 1.42x one at batch
 # 8192 with 2 bags of mean length 20 (bench/results/gpu/multi_hot_2gpu/).
 GPU_RANKS = True
+# Several CUDA ranks hand the table the batch's bag values packed into a fixed capacity, not
+# every padded slot (BagLayout.compact): at 2 bags of mean length 20 padded to 39 each, ~66
+# ids a sample instead of 104 through the plan, the lookup and the rows' gradient sum. Exact
+# (tests/test_bags_compact.py); off until measured on GPUs.
+COMPACT = False
+# The compact capacity (bag values per batch) fixed up front; 0: set at the first epoch start
+# from its batches (BagLayout.fit). Tests fix it, so that runs without an epoch check agree.
+COMPACT_CAPACITY = 0
 
 
 def unsupported(cfg: Any, env: Any) -> list[str]:
@@ -128,13 +137,36 @@ def bag_layout(
             f"{ds.root}: its multi-hot fields are not padded into the ids: pass the data set "
             f"through hetgmp.train.multi_hot.prepare first (hetgmp.build_model does; {ISSUE})"
         )
-    return BagLayout(
+    layout = BagLayout(
         num_single=ds.meta.num_fields,
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
         backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
         fixed=FIXED_SHAPE or (device is not None and device.type == "cuda" and world > 1),
+        compact=COMPACT,
     )
+    if COMPACT_CAPACITY:
+        layout.set_capacity(COMPACT_CAPACITY)
+    return layout
+
+
+def bag_fits(
+    bags: BagLayout, env: Any, steps: int, sparse: torch.Tensor, positions: torch.Tensor,
+    batch_size: int,
+) -> list[bool]:  # fmt: skip
+    """(Collective, at an epoch start) for each of the epoch's ``steps`` whether its batches
+    have their bag values within a compact lookup's capacity on every rank (the most over
+    ranks: the ranks decide alike which steps replay their graph, and share one capacity,
+    :meth:`BagLayout.fit`); all True when not compact."""
+    if not (bags.fixed and bags.compact) or steps == 0:
+        return [True] * steps
+    need = torch.zeros(steps, dtype=torch.int64, device=sparse.device)
+    mine = bags.bag_values(sparse, positions, batch_size)
+    k = min(steps, mine.numel())
+    need[:k] = mine[:k]
+    if env.group is not None and env.world_size > 1:
+        dist.all_reduce(need, op=dist.ReduceOp.MAX, group=env.group)
+    return bags.fit(need.tolist(), batch_size)
 
 
 def multi_hot_note(cfg: Any, ds: Dataset) -> str:

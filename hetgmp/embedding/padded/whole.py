@@ -113,12 +113,14 @@ class WholeStep:
 
     # ---------------------------------------------------------------- capacities
     def epoch_fits(
-        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int, steps: int
-    ) -> list[bool]:
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int, steps: int,
+        n: int | None = None,
+    ) -> list[bool]:  # fmt: skip
         """(Collective, at an epoch start) whether each of the epoch's ``steps`` global steps
         fits the capacities, which grow to the epoch's largest counts (queries up to
         ``max_q``). ``sparse [N, F]``: this rank's samples on the device; ``positions``: the
-        epoch's rows of it, batch after batch."""
+        epoch's rows of it, batch after batch; ``n``: the ids a batch hands the table (None:
+        ``batch_size x F``; a compact bag lookup's fewer)."""
         t0 = time.perf_counter()
         local = self.local_maxima(sparse, positions, batch_size)
         if local.is_cuda:  # (the scan's own time, not the wait for slower ranks below)
@@ -134,7 +136,7 @@ class WholeStep:
                 dist.all_reduce(glob, op=dist.ReduceOp.MAX, group=env.group)
         maxq, distinct, remote, hot = glob[:steps].t().tolist() if steps else ([],) * 4
         self.epoch_max, self.epoch_hot = maxq, max(hot, default=0)
-        n = batch_size * int(sparse.shape[1])
+        n = batch_size * int(sparse.shape[1]) if n is None else n
         self._grow(max(maxq, default=0), max(distinct, default=0), max(remote, default=0), n)
         cap = self.padded.frozen
         assert cap is not None
