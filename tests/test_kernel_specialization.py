@@ -31,7 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 # Runtime (non-constexpr, non-pointer) arguments of the launched kernels, by what they are.
 # Change with the batch (sizes, counts, programs over the batch; the epoch scan's batch offset,
 # samples, stamp and output row): never specialized.
-BATCH = {"n", "u", "o", "e0", "P", "B", "rows_per_group", "b_rows", "b0", "s", "stamp", "out_row"}
+BATCH = {
+    "n",
+    "u",
+    "o",
+    "e0",
+    "P",
+    "B",
+    "rows_per_group",
+    "b_rows",
+    "b0",
+    "s",
+    "stamp",
+    "out_row",
+    "start",
+    "S",
+}
 # Fixed for a run (a table's counts, capacities that are multiples of 256, payload strides and
 # offsets, tensor strides and widths, settings; the device tier's cache rows and miss entries;
 # F, K: a multi-hot model's single-hot and bag

@@ -83,7 +83,7 @@ def pool_bwd_kernel(grad_ptr, off_ptr, mean_ptr, out_ptr, P, B, F, K, D: tl.cons
         tl.store(out_ptr + (start + t)[:, None] * D + cols[None, :], g, mask=m)
 
 
-@triton.jit(do_not_specialize=["start", "n"])
+@triton.jit(do_not_specialize=["start", "n", "S"])
 def zero_tail_kernel(out_ptr, off_ptr, start, n, S, D: tl.constexpr, BLOCK_R: tl.constexpr,
                      BLOCK_D: tl.constexpr):  # fmt: skip
     # A compact lookup's tail (BagLayout.capacity): the rows past its bag values (from start +
