@@ -45,7 +45,9 @@
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
-# BATCHES ("8192 65536"), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
+# BATCHES ("8192 65536"), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
+# ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
 # 4 x 65536),
 # SCALE (1: 33.8M rows), WORK
@@ -153,14 +155,17 @@ for b in ${OLD:+${OLD_BATCHES:-8192}}; do
   NAMES+=(old_w1_$b old_w${G0}_$b)
 done
 for b in $BATCHES; do
-  run w1_$b new 1 "$b" early; NAMES+=(w1_$b)
-  if [ "${PAIR:-0}" = 1 ]; then  # (two 1-GPU jobs at once, one per GPU: the machine's share)
-    CUDA_VISIBLE_DEVICES=0 run pair0_$b new 1 "$b" early & CUDA_VISIBLE_DEVICES=1 run pair1_$b new 1 "$b" early &
-    wait; NAMES+=(pair0_$b pair1_$b)
-  fi
-  for g in $GPUS; do
-    for v in ${VARIANTS:-strict early ahead}; do
-      run w${g}${v}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}_$b)
+  for r in $(seq 1 "${REPEAT:-1}"); do  # (REPEAT > 1: rounds of every run, tagged rN)
+    R=; [ "${REPEAT:-1}" -gt 1 ] && R=r$r
+    run w1${R}_$b new 1 "$b" early; NAMES+=(w1${R}_$b)
+    if [ "${PAIR:-0}" = 1 ]; then  # (two 1-GPU jobs at once, one per GPU: the machine's share)
+      CUDA_VISIBLE_DEVICES=0 run pair0_$b new 1 "$b" early & CUDA_VISIBLE_DEVICES=1 run pair1_$b new 1 "$b" early &
+      wait; NAMES+=(pair0_$b pair1_$b)
+    fi
+    for g in $GPUS; do
+      for v in ${VARIANTS:-strict early ahead}; do
+        run w${g}${v}${R}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}${R}_$b)
+      done
     done
   done
 done
@@ -169,10 +174,10 @@ B0=${BATCHES%% *}
   run w${g}bound0_$B0 new "$g" "$B0" early $(card "$g" 0); NAMES+=(w${g}bound0_$B0)
 done
 $PY - "$RES" "${NAMES[@]}" <<'PY'
-import json, platform, statistics, subprocess, sys, time
+import json, platform, re, statistics, subprocess, sys, time
 from pathlib import Path
 res, names = Path(sys.argv[1]), sys.argv[2:]
-rows, base = [], {}
+rows, base, rounds = [], {}, {}
 for name in names:
     try:
         d = json.loads((res / f"{name}.json").read_text())
@@ -201,6 +206,9 @@ for name in names:
     sref = base.get(key + ("steady",)) or 0.0
     cols = (f"{steady / 1e6:.2f}M | {steady / sref if sref else 0:.2f}" if steady else
             "n/a: no interval without an epoch start (LOG_EVERY smaller, SAMPLES larger) | n/a")
+    if steady and sref:  # (REPEAT: each round's ratio, for the medians below)
+        rounds.setdefault((re.sub(r"r[0-9]+$", "", name.rsplit("_", 1)[0]), key[1]), []).append(
+            steady / sref)
     rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | {cols} | "
                 f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} / "
                 f"{d.get('graph_replays_planned_ahead', 0)} / "
@@ -214,6 +222,11 @@ head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('
         "at the same batch)", "",
         "| run | samples/s (run) | x 1 GPU | samples/s (steady) | x 1 GPU | val AUC | B/sample "
         "| replays read / planned ahead / exchanged early |", "|---|---|---|---|---|---|---|---|"]
+many = {k: v for k, v in rounds.items() if len(v) > 1}
+if many:  # (REPEAT > 1: each run's steady ratio over the rounds, against its round's 1 GPU)
+    rows += ["", "| run (rounds) | steady x 1 GPU: median | min | max |", "|---|---|---|---|"]
+    rows += [f"| {n}_{b} ({len(v)}) | {statistics.median(v):.3f} | {min(v):.3f} | {max(v):.3f} |"
+             for (n, b), v in many.items()]
 text = "\n".join(head + rows)
 (res / "summary.md").write_text(text + "\n")
 print(text)
