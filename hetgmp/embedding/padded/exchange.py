@@ -29,25 +29,25 @@ from hetgmp.embedding.padded.graphs import PrepRing
 from hetgmp.embedding.padded.presync_step import count_replay
 
 # The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside), under
-# the dense all-reduce and optimizer. Measured with the user's command on 4 H200s (2026-11-26,
-# bench/results/gpu/scaling_4gpu/): +1.4 % at 2 GPUs, +2.8 % at 4 (batch 8192), AUC equal; the
-# GPU checks of the whole step (strict and reading ahead) run with it. (Its first version
-# forked in eager steps too and the next capture failed: it forks only while capturing.)
+# the dense all-reduce and optimizer: +1.4 % / +2.8 % at 2 / 4 H200s, batch 8192 (2026-11-26,
+# bench/results/gpu/scaling_4gpu/). Forked only while capturing (an eager fork broke capture).
 SUM_GRAD_ASIDE = True
-# With it, the gradient buffer zeroed on that side stream during the forward (zero_grad_early)
-# instead of right before the sum, on the exchange's chain after backward (a fill of the
-# buffer's capacity: ~16 us at batch 8192 on 2 H100s). Only captured steps take it. On since
-# measured with MARK_BY_FIELD (2026-11-26, bench/results/gpu/zero_mark/: 1.53x -> 1.56x).
+# With it, the gradient buffer zeroed on that side stream during the forward (zero_grad_early),
+# not right before the sum on the chain after backward (~16 us at batch 8192 on 2 H100s):
+# 1.53x -> 1.56x (2026-11-26, bench/results/gpu/zero_mark/). Captured steps only.
 EARLY_ZERO = True
-# The exchange made early (on_side, right after backward) waits only for what the gradient's
-# sum waited for when it forked on the same side stream (the main stream up to the embedding's
-# backward, the last layer of the backward that the exchange reads from), not for the rest of
-# the backward queued since (the dense layers' last element-wise ops: the chain's first 13 us
-# at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/). On with
-# kernels.OWN_SLOTS_EARLY and kernels.VERSIONS_IN_UPDATE since the step's tail left the dense
-# path (2 H100s, 2026-11-27, bench/results/gpu/tail_beside/: 1.70x -> 1.72x one GPU at batch
-# 8192, 1.89x at 65536; before that the dense path hid the cut: chain_switches/).
+# The exchange made early (on_side, after backward) waits only for what the sum waited for
+# when it forked on the side stream, not for the rest of the backward queued since (the chain's
+# first 13 us at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/).
+# On with kernels.OWN_SLOTS_EARLY and VERSIONS_IN_UPDATE since the tail left the dense path
+# (2 H100s, 2026-11-27, bench/results/gpu/tail_beside/: 1.70x -> 1.72x at batch 8192).
 NARROW_WAIT = True
+# The main stream waits for the side stream's sum right after forking it: the backward's rest
+# (the first layer's deferred weight product, models.deferred_wgrad) after the sum, not beside
+# it (on 2 H100s at batch 8192 they shared the GPU for ~110 us, the sum alone ~73, so the
+# chain, which starts at the sum's end, started ~35 us late; the dense path has slack since the
+# tail moved off it, bench/results/gpu/adam_peer/). Off until measured ("sumfirst").
+SUM_FIRST = False
 # A whole-step graph's preparation rings: the plan written straight into each ring slot's
 # fixed buffers instead of copied there (six copies, ~12 us of the 2-GPU step's plan stream
 # at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_pull/). Exact
@@ -283,6 +283,8 @@ class PaddedExchange:
         side.wait_stream(main)
         with torch.cuda.stream(side):
             out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=not zeroed)
+        if SUM_FIRST:  # (the rest of the backward after the sum: see the switch)
+            main.wait_stream(side)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)
