@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -36,8 +35,8 @@ from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
-from hetgmp.train.accounting import global_batch_sizes
 from hetgmp.train.graphed_head import WARMUP_STEPS
+from hetgmp.train.graphed_multi_prime import exact_ids, key_of, next_batch, primed_for
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
 from hetgmp.train.multi_hot import bag_fits
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
@@ -121,9 +120,9 @@ class MultiRankGraphedStep:
     ) -> torch.Tensor:
         """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device, valid
         until the next call (a replay rewrites it)."""
-        nxt = self._next(batch, global_batch, marks)
+        nxt = next_batch(self, batch, global_batch, marks)
         slot = self._slot(batch, global_batch, marks)
-        takes = slot is not None and self._primed(batch, slot)  # (what the last step left)
+        takes = slot is not None and primed_for(self, batch, slot)  # (what the last step left)
         piped = takes and nxt is not None
         # after an early exchange no gradient is pending: only a graph that takes its rows
         # (and primes the next batch, or not: the last step before an epoch end or boundary)
@@ -148,7 +147,7 @@ class MultiRankGraphedStep:
         self.whole.after_replay(self._shape(batch), slot, entry.grads)
         self.ahead.primed = entry.primed
         self.ahead.primed_at = self.whole.stepper.count
-        self._primed_for = self._key(nxt)
+        self._primed_for = key_of(nxt)
         self.replays += 1
         self.replays_planned += int(piped)
         self.replays_ahead += int(piped and self.reads_ahead)
@@ -197,7 +196,7 @@ class MultiRankGraphedStep:
         """An eager step; with ``nxt`` it also runs the next batch's exchange (inline), so
         that the next step can replay the graph that reads ahead."""
         self.eager_steps += 1
-        b = batch.gather(self._exact_ids(batch)) if isinstance(batch, PendingBatch) else batch
+        b = batch.gather(exact_ids(self, batch)) if isinstance(batch, PendingBatch) else batch
         if nxt is None:
             return self.step(b, global_batch, marks)
         self.ahead.next_ids = lambda: self._table_ids(nxt.source.gather_ids(nxt.pos))
@@ -208,74 +207,11 @@ class MultiRankGraphedStep:
             self.inputs.fill_next(exact_primed(self.ahead, self.early), nxt.source, nxt.pos)
         finally:
             self.ahead.next_ids = None
-        self._primed_for = self._key(nxt)
+        self._primed_for = key_of(nxt)
         return out
-
-    def _next(
-        self, batch: DeviceBatch | PendingBatch, global_batch: int,
-        marks: NoMarks | PhaseProfiler | None,
-    ) -> PendingBatch | None:  # fmt: skip
-        """The next batch when this step may read it ahead (every rank decides the same: full
-        batches everywhere, by the ranks' counts; past the warm-up; not profiled), else None."""
-        if not self.plans_ahead or not isinstance(batch, PendingBatch) or self.warmup > 0:
-            return None
-        pad = self.whole.padded  # (capacities about to grow: this step rebuilds the buffers)
-        if pad.static is None or pad.frozen is None or pad.static.cap != pad.frozen:
-            return None
-        if isinstance(marks, PhaseProfiler) and marks.active:
-            return None
-        slot, full = batch.source.last_slot, self.batch_size * self.env.world_size
-        if slot is None or global_batch != full or slot.batch + 1 >= self.steps_per_epoch:
-            return None
-        if self.boundary is not None and self.boundary(slot.step + 1):
-            return None
-        if global_batch_sizes(self.counts or [], self.batch_size, slot.batch + 1) != full:
-            return None
-        nxt = batch.source.peek()
-        return nxt if nxt is not None and nxt.fits and len(nxt) == self.batch_size else None
-
-    @staticmethod
-    def _key(nxt: PendingBatch | None) -> tuple[int, int] | None:
-        if nxt is None or nxt.source.last_slot is None:
-            return None
-        return (nxt.pos.data_ptr(), nxt.source.last_slot.epoch)
-
-    def _primed(self, batch: DeviceBatch | PendingBatch, slot: int) -> bool:
-        """Whether the last step left this batch planned or exchanged, usable by a graph that
-        takes it (nothing ran since, the ring slot the graph expects)."""
-        p, grads = self.ahead.primed, self.whole.stepper.grads
-        if not isinstance(batch, PendingBatch):
-            return False
-        last = batch.source.last_slot
-        return (
-            p is not None and self._still_primed(p, grads)
-            # (not buffers since rebuilt)
-            and (p.batch is None or p.batch.static is self.whole.padded.static)
-            and p.prep.ring == slot and last is not None
-            and self._primed_for == (batch.pos.data_ptr(), last.epoch)
-        )  # fmt: skip
-
-    def _exact_ids(self, batch: PendingBatch) -> torch.Tensor | None:
-        """The ids tensor of the rows the last step exchanged early for ``batch`` (an eager
-        step gathers into it and takes them), else None."""
-        p, last = self.ahead.primed, batch.source.last_slot
-        if p is None or not p.exact or last is None:
-            return None
-        if self._primed_for != (batch.pos.data_ptr(), last.epoch):
-            return None
-        if self.bags is not None and not self.inputs.has(p.prep.ring):
-            return None
-        return self.inputs.batch_ids(p.prep.ring, p.prep.ids)
 
     def _table_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.bags is None else self.bags.flat_ids(ids)
-
-    def _still_primed(self, p: Primed, grads: Any) -> bool:
-        """Whether nothing changed the table since ``p`` was primed: the pending gradient is
-        the one it was primed after (no step ran since an early exchange, for an exact one)."""
-        if p.exact:
-            return grads is None and self.ahead.primed_at == self.whole.stepper.count
-        return grads is not None and p.after is grads[0]
 
     def _after_backward(self, nxt: PendingBatch | None) -> Callable[[], None] | None:
         """What a step that exchanges the next batch early runs after its backward."""
