@@ -88,7 +88,7 @@ def test_shutdown_runs_the_closers_first_newest_first() -> None:
 def test_graph_releasers_of_dropped_tables_do_not_pile_up() -> None:
     import gc
 
-    from hetgmp.embedding.padded.exchange import GraphReleaser as _GraphReleaser
+    from hetgmp.embedding.padded.releaser import GraphReleaser as _GraphReleaser
 
     class Table:  # stands in for a DistributedEmbedding: release_graphs() is all it needs
         released = 0

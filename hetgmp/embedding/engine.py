@@ -28,7 +28,7 @@ import torch
 
 from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.context import EngineKind
-from hetgmp.embedding.padded.exchange import GraphReleaser
+from hetgmp.embedding.padded.releaser import GraphReleaser
 from hetgmp.embedding.padded.whole import WholeStep
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -12,7 +12,6 @@ the exact transport, and both read and write the same state, so they mix freely.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +26,7 @@ from hetgmp.embedding.padded.ahead import ReadAhead, priority_stream
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
 from hetgmp.embedding.padded.presync_step import count_replay
+from hetgmp.embedding.padded.releaser import GraphReleaser
 
 # The rows' gradient summed on a side stream in a captured whole step (sum_grad_aside), under
 # the dense all-reduce and optimizer: +1.4 % / +2.8 % at 2 / 4 H200s, batch 8192 (2026-11-26,
@@ -374,27 +374,3 @@ class PaddedExchange:
             else:
                 self._comm = env
         return self._comm
-
-
-class GraphReleaser:
-    """An ``env.closers`` entry: releases a padded transport's CUDA graphs (its
-    ``release_graphs()``), if it still lives."""
-
-    def __init__(self, owner: Any) -> None:
-        self._owner = weakref.ref(owner)
-
-    @classmethod
-    def register(cls, env: DistEnv, owner: Any) -> None:
-        """Add one for ``owner`` to ``env.closers``, dropping those of owners gone meanwhile
-        (a bench builds many tables on one env)."""
-        env.closers[:] = [c for c in env.closers if not isinstance(c, cls) or c.alive]
-        env.closers.append(cls(owner))
-
-    @property
-    def alive(self) -> bool:
-        return self._owner() is not None
-
-    def __call__(self) -> None:
-        owner = self._owner()
-        if owner is not None:
-            owner.release_graphs()
