@@ -37,7 +37,9 @@
 # all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B;
 # "V+abl_A": variant V with part A left out), "sumfirst": early with the
 # backward's rest after the rows' gradient sum (exchange.SUM_FIRST), "sumpadam": sumfirst
-# and padam (the chain then starts earlier, the dense path is the one to cut), "bagcompact": early with MULTI_HOT's bags
+# and padam (the chain then starts earlier, the dense path is the one to cut), "pushearly":
+# early with the pushes' ids sent and mapped in the counts phase (kernels.PUSH_SLOTS_EARLY),
+# "allearly": pushearly and sumpadam, "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
@@ -101,6 +103,9 @@ switches() {  # variant -> module switches
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
+    pushearly) echo $early $p.kernels.PUSH_SLOTS_EARLY=1 ;;
+    allearly) echo $early $p.kernels.PUSH_SLOTS_EARLY=1 $p.exchange.SUM_FIRST=1 \
+      hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     *+abl_*) switches "${1%%+abl_*}"; switches "abl_${1#*+abl_}" | grep ablate ;;  # (V+abl_X)
     abl_*) local a parts; IFS=- read -ra parts <<< "${1#abl_}"; echo $early  # (diagnosis
       for a in "${parts[@]}"; do echo ablate:$a; done ;;  # only: ablations.py; abl_A-B: both)

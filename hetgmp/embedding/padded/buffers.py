@@ -135,7 +135,7 @@ class StaticExchange:
         self._graphs = GraphCache(graphs, limit=48)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
-        self.own_early = False  # (the merged update's own entries written with the staging)
+        self.own_early = self.pushes_early = False  # (the update's entries made early)
         if not self.fused:
             torch_segments.reference_buffers(self, emb, w, q, p, u, d, i64)
         if self.sw:
@@ -293,7 +293,7 @@ class StaticExchange:
         self.pr_n.copy_(per_owner)
 
     def _load_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
-        self.own_early = False  # (staged by the host: the update writes every entry)
+        self.own_early = self.pushes_early = False  # (staged by the host: every entry)
         self.own_slot.fill_(self.store.trash_slot)
         self.own_cnt.zero_()
         if own is not None and own[0].numel():
@@ -306,7 +306,7 @@ class StaticExchange:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
         # (graphs per ring slot: each reads its slot's tables; and per owner-update form)
-        cur = (self.bound_slots[1], self.own_early)
+        cur = (self.bound_slots[1], self.own_early, self.pushes_early)
         if self.comm_in_graphs:  # one graph, the exchanges inside
             self._segment(("step", cur), lambda: self._step(lambda _key, fn: fn()))
         else:  # a graph per segment, the exchanges between them

@@ -45,17 +45,19 @@ def due_rank(i, due, csum_ptr, owner_ptr, mstart_ptr, ndue_ptr):
 def pack_rows(
     i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
     n_own, q, p, s1, D: tl.constexpr, BD: tl.constexpr, EXACT: tl.constexpr,
-    PEER: tl.constexpr,
+    PEER: tl.constexpr, IDS: tl.constexpr = True,
 ):  # fmt: skip
     # due mirrors i (owner j, payload rank) into exchange 1's payload: id, pending count and
     # accumulated gradient after owner j's rows not stored here; pending and both accumulators
     # cleared (EXACT: the optimizer's local step equals the owner's (SGD), so a pushed mirror's
-    # version moves with the push; else it turns stale and is refetched)
+    # version moves with the push; else it turns stale and is refetched). IDS False: the id
+    # and count went with the counts phase (push_ids_kernel)
     pos = tl.load(pr_n_ptr + j, mask=due, other=0) + rank
     row = payload_row(send_ptr, j, due, s1, PEER)  # (PEER: in owner j's receive buffer)
-    h = as64(row)
-    tl.store(h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
-    tl.store(h + 2 * q + p + pos, pend, mask=due)
+    if IDS:
+        h = as64(row)
+        tl.store(h + 2 * q + pos, tl.load(ids_ptr + n_own + i, mask=due), mask=due)
+        tl.store(h + 2 * q + p + pos, pend, mask=due)
     if EXACT:
         tl.store(ver_ptr + n_own + i, tl.load(ver_ptr + n_own + i, mask=due) + pend, mask=due)
     tl.store(pend_ptr + i, pend * 0, mask=due)
@@ -100,7 +102,7 @@ def due_list_kernel(
 def pack_due_list_kernel(
     list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr, send_ptr,
     n_own, q, p, s1, W: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, EXACT: tl.constexpr, PEER: tl.constexpr,
+    BD: tl.constexpr, EXACT: tl.constexpr, PEER: tl.constexpr, IDS: tl.constexpr = True,
 ):  # fmt: skip
     # entries t of the list: owner j = t // p, rank t - j p (pack_due_kernel's, per mirror)
     t = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -112,5 +114,41 @@ def pack_due_list_kernel(
     pend = tl.load(pend_ptr + i, mask=due, other=0)
     pack_rows(
         i, j, rank, due, pend, pend_ptr, pr_n_ptr, ids_ptr, ver_ptr, gacc_ptr, dacc_ptr,
-        send_ptr, n_own, q, p, s1, D, BD, EXACT, PEER,
+        send_ptr, n_own, q, p, s1, D, BD, EXACT, PEER, IDS,
     )  # fmt: skip
+
+
+@triton.jit
+def push_ids_kernel(
+    list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, pr_ids_ptr, pr_cnt_ptr, rows_ptr, n_own,
+    q, p, s1, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
+):  # fmt: skip
+    # (kernels.PUSH_SLOTS_EARLY, in the counts phase) the ids and counts of exchange 1's pushes
+    # straight into each owner's receive row (rows_ptr: the peers' row table), where pack
+    # would write them: owner j's rows not stored here (pr_*, contiguous per owner) at ranks
+    # [0, pr_n[j]), then its listed due mirrors (pending counts final here, cleared by pack)
+    t = tl.program_id(0) * BR + tl.arange(0, BR)
+    j = (t // p).to(tl.int64)
+    rank = t - j * p
+    jm = j < W
+    prn = tl.load(pr_n_ptr + j, mask=jm, other=0)
+    nd = tl.load(ndue_ptr + j, mask=jm, other=0)
+    rem = jm & (rank < prn)
+    due = jm & (rank >= prn) & (rank < prn + nd)
+    jw = tl.arange(0, WP)
+    before = tl.sum(
+        tl.where(
+            jw[None, :] < j[:, None], tl.load(pr_n_ptr + jw, mask=jw < W, other=0)[None, :], 0
+        ),
+        axis=1,
+    )
+    s = before + rank  # (owner j's pushes sit at pr_*[before .. before + pr_n[j]))
+    i = tl.load(list_ptr + j * p + rank - prn, mask=due, other=0)
+    rid = tl.where(rem, tl.load(pr_ids_ptr + s, mask=rem, other=0),
+                   tl.load(ids_ptr + n_own + i, mask=due, other=0))  # fmt: skip
+    cnt = tl.where(rem, tl.load(pr_cnt_ptr + s, mask=rem, other=0),
+                   tl.load(pend_ptr + i, mask=due, other=0).to(tl.int64))  # fmt: skip
+    live = rem | due
+    h = as64(payload_row(rows_ptr, j, live, s1, True))
+    tl.store(h + 2 * q + rank, rid, mask=live)
+    tl.store(h + 2 * q + p + rank, cnt, mask=live)

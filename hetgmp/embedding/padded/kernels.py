@@ -69,6 +69,13 @@ OWN_SLOTS_EARLY = True
 # versions) instead of owner_version_kernel after it (6 us of that chain). Exact; on with the
 # switch above (read_ahead_ab.sh variant chain: the three of them).
 VERSIONS_IN_UPDATE = True
+# The pushes' ids and counts written into the owners' receive rows in the counts phase (beside
+# the forward, a device barrier after them), and the owner's slots launch over them run there
+# too, instead of on the exchange's chain after backward (owner_slots' push launch: 9 us of the
+# 2-GPU chain at batch 8192 on 2 H100s; pack then writes the pushes' gradients only). With the
+# direct peer payloads, OWN_SLOTS_EARLY and the listed due mirrors. Exact
+# (tests/test_push_slots_early.py); off until measured (read_ahead_ab.sh variant "pushearly").
+PUSH_SLOTS_EARLY = False
 # The mirrors due per owner read by the sizes table's kernel from the due mirrors' running count
 # (at each owner group's end: mirrors are grouped by owner) instead of counted by
 # count_due_kernel, a pass over every mirror with an atomic per owner and program (~10 us
@@ -96,6 +103,7 @@ def _ns() -> Any:
         triton=triton, presync_apply=pre.presync_apply_kernel, count_due=pre.count_due_kernel,
         presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
         due_list=due.due_list_kernel, pack_due_list=due.pack_due_list_kernel,
+        push_ids=due.push_ids_kernel,
         pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
         answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
     )  # fmt: skip
@@ -141,6 +149,27 @@ def own_entries_early(st: Any) -> None:
 
 def _own_early(st: Any) -> bool:
     return bool(st.sw and FUSED_OWNER_UPDATE and OWN_SLOTS_EARLY)
+
+
+def pushes_early(st: Any) -> None:
+    """(:data:`PUSH_SLOTS_EARLY`, in the counts phase after the due list) the pushes' ids and
+    counts into the owners' receive rows, a barrier, and the owner's slots launch over the
+    pushes received (the update then sums and applies only; a staging from the host, ``load``,
+    clears the mark: pack then writes the ids again and the update maps every entry)."""
+    peer = st.peer
+    st.pushes_early = bool(
+        PUSH_SLOTS_EARLY and st.own_early and st.due_listed and peer is not None and peer.direct
+    )
+    if not st.pushes_early:
+        return
+    e, cap = st.store, st.cap
+    rows, _ = payload_target(st, 1)
+    _ns().push_ids[_grid(st.w * cap.p, 1024)](
+        st.due_list, e.pending, st.pr_n, st.ndue, e.stored_ids, st.pr_ids, st.pr_cnt, rows,
+        e.n_own, cap.q, cap.p, st.s1, W=st.w, WP=_p2(st.w), BR=1024,
+    )  # fmt: skip
+    peer.barrier_early()
+    _owner_slots(st, cap.o, st.own_entries[0].numel(), keep_own=True)
 
 
 def _owner_slots(st: Any, e0: int, e1: int, *, keep_own: bool = False) -> None:
@@ -263,7 +292,7 @@ def pack(st: Any) -> None:
         k.pack_due_list[_grid(st.w * cap.p, br)](
             st.due_list, e.pending, st.pr_n, st.ndue, e.stored_ids, e.version_full, e.grad_acc,
             e.delta_acc, send, e.n_own, cap.q, cap.p, st.s1, W=st.w, D=st.d, BR=br,
-            BD=bd, EXACT=st.opt.exact_mirror, PEER=peer,
+            BD=bd, EXACT=st.opt.exact_mirror, PEER=peer, IDS=not st.pushes_early,
         )  # fmt: skip
     elif e.n_mir:
         k.pack_due[_grid(e.n_mir, br)](
@@ -276,6 +305,7 @@ def pack(st: Any) -> None:
         st.sz_mine, st.blocks, st.u_ids, st.slot, e.version_full, st.pr_n, st.pr_ids,
         st.pr_cnt, st.pr_grad, send, st.rows_step, cap.q, cap.p, st.s1,
         W=st.w, WP=_p2(st.w), B3=_p2(3 * st.w), D=st.d, BR=br, BD=bd, **_COLS, PEER=peer,
+        IDS=not st.pushes_early,
     )  # fmt: skip
 
 
@@ -329,7 +359,9 @@ def merged_owner_update_fused(st: Any) -> None:
     k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
     slots, cnts, lead, csum = st.own_entries
     n = slots.numel()
-    if st.own_early:  # (the own rows' entries came with the counts phase)
+    if st.pushes_early:  # (the pushes' entries too: pushes_early)
+        st.pushes_early = False
+    elif st.own_early:  # (the own rows' entries came with the counts phase)
         _owner_slots(st, o, n, keep_own=True)
     else:  # (pushes, then own rows: an own row leads its row)
         _owner_slots(st, o, n)

@@ -75,9 +75,10 @@ def pack_queries_kernel(
     pr_grad_ptr, send_ptr, rows_ptr, q, p, s1,
     W: tl.constexpr, WP: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr,
     NQM: tl.constexpr, NQR: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, PEER: tl.constexpr,
+    BD: tl.constexpr, PEER: tl.constexpr, IDS: tl.constexpr = True,
 ):  # fmt: skip
-    # (PEER: send_ptr is the table of the peers' receive rows, .payload_triton)
+    # (PEER: send_ptr is the table of the peers' receive rows, .payload_triton; IDS False: the
+    # pushes' ids and counts went with the counts phase, .due_triton.push_ids_kernel)
     pid = tl.program_id(0)
     if pid == 0:
         r = tl.arange(0, 4)
@@ -107,8 +108,9 @@ def pack_queries_kernel(
     pos = s - (_pick(pends, jw, jp) - _pick(prn, jw, jp))
     rp = payload_row(send_ptr, jp, pv, s1, PEER)
     hp = as64(rp)
-    tl.store(hp + 2 * q + pos, tl.load(pr_ids_ptr + s, mask=pv), mask=pv)
-    tl.store(hp + 2 * q + p + pos, tl.load(pr_cnt_ptr + s, mask=pv), mask=pv)
+    if IDS:
+        tl.store(hp + 2 * q + pos, tl.load(pr_ids_ptr + s, mask=pv), mask=pv)
+        tl.store(hp + 2 * q + p + pos, tl.load(pr_cnt_ptr + s, mask=pv), mask=pv)
     src = s.to(tl.int64) * D
     dst = 4 * q + 4 * p + pos.to(tl.int64) * D
     _rows(pr_grad_ptr, rp[:, None], src, dst, pv, D, BD)

@@ -85,6 +85,11 @@ class PeerPayloads:
                 self.pm.peer(name, j)[self.rank].copy_(send[j], non_blocking=True)
         self.pm.barrier(channel=0 if name == "recv1" else 1)
 
+    def barrier_early(self) -> None:
+        """The barrier after the counts phase wrote the pushes' ids into the peers' rows
+        (``kernels.PUSH_SLOTS_EARLY``; a channel of its own)."""
+        self.pm.barrier(channel=2)
+
 
 def peer_payloads(
     comm: DistEnv, s1: int, s2: int, *, direct: bool

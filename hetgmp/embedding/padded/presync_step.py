@@ -58,8 +58,8 @@ def presync(
     capturable = prev.static and cur.static
     ready = None if st.capturing else st._sizes_ready
     counted, st.counted = st.counted, None
-    if counted is None:  # (no early counts phase: this step's replay counters not added)
-        st.replay_counted = False
+    if counted is None:  # (no early counts phase: this step's replay counters not added,
+        st.replay_counted = st.pushes_early = False  # the pushes' ids not sent early)
     if counted is not None and counted != (prev.ring, cur.ring):
         raise RuntimeError(
             f"the counts phase ran early for ring slots {counted}, not {prev.ring, cur.ring}"
@@ -104,6 +104,7 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     st.replay_counted = st.capturing
     # (pack's prelude: pending counts and the due pushes per owner are final here)
     fused_segments.due_prefix(st, listed=DUE_LIST, scanned=True)  # (count_due's scan)
+    fused_segments.pushes_early(st)  # (kernels.PUSH_SLOTS_EARLY: the pushes' ids sent now)
     st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1

@@ -1,0 +1,69 @@
+"""The pushes' ids and counts sent in the counts phase and mapped to the owner's slots there
+(``padded.kernels.PUSH_SLOTS_EARLY``: off until measured). On spawned gloo ranks with the
+payloads in peer memory (shared-memory files) and the fused Triton segments in Triton's
+interpreter, the whole-step flow trains exactly as without the switch (rows, state, dense
+layers, counters), with the early launch run each step and pushes sent; row-wise Adagrad, so
+own rows and pushes meet in one update per row, at a bound where mirrors push too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_peer_payloads import _rank_peer
+from test_whole_step_multi import _assert_runs_equal, interpreted_runs, interpreter_now
+
+
+def _versions(tr) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The owned rows' versions by global id (the counts that pushes move)."""
+    store = tr.model.embedding.whole_step().ctx.store
+    ids, ver = store.stored_ids[: store.n_own], store.version_full[: store.n_own]
+    return ver[torch.argsort(ids)].clone()
+
+
+def _with_versions(env, cfg) -> dict:  # type: ignore[no-untyped-def]
+    """:func:`_rank_peer`'s whole-step run on peer payloads, and its owned rows' versions."""
+    import test_whole_step_multi
+
+    built, build = [], test_whole_step_multi.build_trainer
+
+    def keep(*a, **kw):  # type: ignore[no-untyped-def]
+        built.append(build(*a, **kw))
+        return built[-1]
+
+    test_whole_step_multi.build_trainer = keep
+    try:
+        out = _rank_peer(env, cfg, True, True)
+    finally:
+        test_whole_step_multi.build_trainer = build
+    out["versions"] = _versions(built[-1])
+    return out
+
+
+def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    interpreter_now()
+    from hetgmp.embedding.padded import kernels
+
+    calls = {"early": 0}
+    real = kernels.pushes_early
+
+    def counted(st) -> None:  # type: ignore[no-untyped-def]
+        real(st)
+        calls["early"] += int(st.pushes_early)
+
+    kernels.pushes_early = counted  # type: ignore[assignment]
+    off = _with_versions(env, cfg)
+    kernels.PUSH_SLOTS_EARLY = True
+    on = _with_versions(env, cfg)
+    on["early_calls"] = calls["early"]
+    return off, on
+
+
+def test_pushes_mapped_in_the_counts_phase_train_as_on_the_chain(tiny_dataset, tmp_path) -> None:
+    pytest.importorskip("triton")
+    runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted, iter=8)
+    _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
+    for off, on in runs:  # (and the versions: the pushes' counts move them)
+        assert torch.equal(off["versions"], on["versions"])
+        assert on["early_calls"] >= 4, on["early_calls"]  # (the ids went early each step)
+        assert on["res"]["embedding_counters"]["pushes_sent"] > 0  # (not vacuous)
+        assert on["res"]["exchange_payloads"].startswith("written by the exchange's kernels")
