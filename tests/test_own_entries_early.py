@@ -1,5 +1,5 @@
 """The merged owner update's switches (on since measured): its own rows' entries written in the
-counts phase (``padded.kernels.OWN_SLOTS_EARLY``) and the versions moved by its Adagrad launch
+counts phase (``padded.owner_update.OWN_SLOTS_EARLY``) and the versions moved by its Adagrad launch
 (``VERSIONS_IN_UPDATE``). On spawned gloo ranks with the fused Triton segments in Triton's
 interpreter, the whole-step flow and the eager padded path (whose inputs the host stages at
 times, and then the update writes every entry) train exactly as with both off (rows, state,
@@ -15,7 +15,7 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """Both runs in one fresh interpreter (``start_method="spawn"``: TRITON_INTERPRET is read
     at triton's first import)."""
     interpreter_now()
-    from hetgmp.embedding.padded import kernels
+    from hetgmp.embedding.padded import owner_update as kernels
 
     calls = {"early": 0}
     real = kernels.own_entries_early

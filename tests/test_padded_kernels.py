@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
 
     def run(env, kernels, bound, steps, world, optimizer, owner_fused=False, push_cap=0):
         from hetgmp.embedding import DistributedEmbedding
-        from hetgmp.embedding.padded import kernels as fused_kernels
+        from hetgmp.embedding.padded import owner_update as fused_kernels
         from hetgmp.embedding.padded import buffers as static
 
         fused_kernels.FUSED_OWNER_UPDATE = owner_fused  # (the owner's update from row kernels)

@@ -1,5 +1,6 @@
 """The pushes' ids and counts sent in the counts phase and mapped to the owner's slots there
-(``padded.kernels.PUSH_SLOTS_EARLY``: off until measured). On spawned gloo ranks with the
+(``padded.owner_update.PUSH_SLOTS_EARLY``: off until measured), and with it the own rows no
+push joins updated right after the pre-sync kernel (``OWN_SPLIT``). On spawned gloo ranks with the
 payloads in peer memory (shared-memory files) and the fused Triton segments in Triton's
 interpreter, the whole-step flow trains exactly as without the switch (rows, state, dense
 layers, counters), with the early launch run each step and pushes sent; row-wise Adagrad, so
@@ -39,9 +40,9 @@ def _with_versions(env, cfg) -> dict:  # type: ignore[no-untyped-def]
     return out
 
 
-def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+def _interpreted(env, cfg) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
     interpreter_now()
-    from hetgmp.embedding.padded import kernels
+    from hetgmp.embedding.padded import owner_update as kernels
 
     calls = {"early": 0}
     real = kernels.pushes_early
@@ -55,15 +56,28 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     kernels.PUSH_SLOTS_EARLY = True
     on = _with_versions(env, cfg)
     on["early_calls"] = calls["early"]
-    return off, on
+    split_calls, update = [0], kernels.own_update_early
+
+    def split(st) -> None:  # type: ignore[no-untyped-def]
+        split_calls[0] += int(st.own_split)
+        update(st)
+
+    kernels.own_update_early = split  # type: ignore[assignment]
+    kernels.OWN_SPLIT = True
+    split_run = _with_versions(env, cfg)
+    split_run["split_calls"] = split_calls[0]
+    return off, on, split_run
 
 
 def test_pushes_mapped_in_the_counts_phase_train_as_on_the_chain(tiny_dataset, tmp_path) -> None:
     pytest.importorskip("triton")
     runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted, iter=8)
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
-    for off, on in runs:  # (and the versions: the pushes' counts move them)
+    _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])  # (OWN_SPLIT too)
+    for off, on, split in runs:  # (and the versions: the pushes' counts move them)
         assert torch.equal(off["versions"], on["versions"])
+        assert torch.equal(off["versions"], split["versions"])
+        assert split["split_calls"] >= 4, split["split_calls"]  # (the own rows' early update)
         assert on["early_calls"] >= 4, on["early_calls"]  # (the ids went early each step)
         assert on["res"]["embedding_counters"]["pushes_sent"] > 0  # (not vacuous)
         assert on["res"]["exchange_payloads"].startswith("written by the exchange's kernels")

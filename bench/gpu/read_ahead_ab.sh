@@ -28,8 +28,8 @@
 # (padded.peer_payloads.PEER_PAYLOADS), "peerfrom": peer and fromtable, "narrow": early with
 # the exchange waiting only for the backward up to the embedding's gradient
 # (padded.exchange.NARROW_WAIT), "ownearly": early with the own rows' entries of the owner's
-# update written in the counts phase (padded.kernels.OWN_SLOTS_EARLY), "chain": both and the
-# versions moved by the owner's Adagrad launch (padded.kernels.VERSIONS_IN_UPDATE), "pull":
+# update written in the counts phase (padded.owner_update.OWN_SLOTS_EARLY), "chain": both and the
+# versions moved by the owner's Adagrad launch (padded.owner_update.VERSIONS_IN_UPDATE), "pull":
 # early with the replies read by finish from the owners' memory instead of written into the
 # querier's (padded.peer_payloads.PULL_REPLIES, on by default since: "push" the former), "dar": early with the dense gradients summed
 # in peer memory (hetgmp.comm.peer_allreduce.DENSE_PEER), "pulldar": pull and dar, "alldar":
@@ -38,8 +38,9 @@
 # "V+abl_A": variant V with part A left out), "sumfirst": early with the
 # backward's rest after the rows' gradient sum (exchange.SUM_FIRST), "sumpadam": sumfirst
 # and padam (the chain then starts earlier, the dense path is the one to cut), "pushearly":
-# early with the pushes' ids sent and mapped in the counts phase (kernels.PUSH_SLOTS_EARLY),
-# "allearly": pushearly and sumpadam, "bagcompact": early with MULTI_HOT's bags
+# early with the pushes' ids sent and mapped in the counts phase (owner_update.PUSH_SLOTS_EARLY),
+# "ownsplit": pushearly and the own rows no push joins updated beside the chain
+# (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
@@ -103,15 +104,16 @@ switches() {  # variant -> module switches
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
-    pushearly) echo $early $p.kernels.PUSH_SLOTS_EARLY=1 ;;
-    allearly) echo $early $p.kernels.PUSH_SLOTS_EARLY=1 $p.exchange.SUM_FIRST=1 \
-      hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
+    pushearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 ;;
+    ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;
+    allearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
+      $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     *+abl_*) switches "${1%%+abl_*}"; switches "abl_${1#*+abl_}" | grep ablate ;;  # (V+abl_X)
     abl_*) local a parts; IFS=- read -ra parts <<< "${1#abl_}"; echo $early  # (diagnosis
       for a in "${parts[@]}"; do echo ablate:$a; done ;;  # only: ablations.py; abl_A-B: both)
     pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
-      $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 $p.kernels.VERSIONS_IN_UPDATE=1 ;;
+      $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $m.PRIORITIES=0 ;;
     tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
@@ -126,9 +128,9 @@ switches() {  # variant -> module switches
     narrow) echo $early $p.exchange.NARROW_WAIT=1 ;;
     pull) echo $early $p.peer_payloads.PULL_REPLIES=1 ;;
     push) echo $early $p.peer_payloads.PULL_REPLIES=0 ;;
-    ownearly) echo $early $p.kernels.OWN_SLOTS_EARLY=1 ;;
-    chain) echo $early $p.exchange.NARROW_WAIT=1 $p.kernels.OWN_SLOTS_EARLY=1 \
-      $p.kernels.VERSIONS_IN_UPDATE=1 ;;
+    ownearly) echo $early $p.owner_update.OWN_SLOTS_EARLY=1 ;;
+    chain) echo $early $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 \
+      $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     peerfrom) echo $early $p.peer_payloads.PEER_PAYLOADS=1 $p.take.TAKE_FROM_TABLE=1 ;;
     zeromark) echo $early $p.exchange.EARLY_ZERO=1 hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
     nofield) echo $early hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;

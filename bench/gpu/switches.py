@@ -2,7 +2,7 @@
 measured), e.g. under torchrun::
 
     torchrun --nproc_per_node 2 bench/gpu/switches.py \
-        hetgmp.embedding.padded.kernels.FUSED_OWNER_UPDATE=1 \
+        hetgmp.embedding.padded.owner_update.FUSED_OWNER_UPDATE=1 \
         hetgmp.embedding.padded.whole.TIGHT_PUSHES=1 -- examples/hetuctr.py --dataset ...
 
 Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is

@@ -2,7 +2,7 @@
 # The multi-GPU whole-step graph's switches, A/B in one call on a 2-GPU machine (<= 6 minutes):
 # the user's command (WDL dim 128, the card's flags: metis+refine plan, --store_rate 0.01
 # --bound 100) on 1 GPU, then on 2 GPUs with each switch that is off until measured
-# (hetgmp.embedding.padded.kernels.FUSED_OWNER_UPDATE, hetgmp.embedding.padded.whole.TIGHT_PUSHES),
+# (hetgmp.embedding.padded.owner_update.FUSED_OWNER_UPDATE, hetgmp.embedding.padded.whole.TIGHT_PUSHES),
 # then the default 2-GPU run's GPU time per step, kernel by kernel (bench/gpu/profile_steps.py).
 #
 #   bash bench/gpu/whole_step_ab.sh        # results in ${OUT:-bench/results}/gpu/whole_step_ab
@@ -26,7 +26,7 @@ METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
 CLI=(--dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$BATCH" --embed_dim 128
      --iter "$ITERS" --log_every 50 --no-progress)
 CARD=(--partition "$PLAN" --store_rate 0.01 --bound 100)
-SW=(hetgmp.embedding.padded.kernels.FUSED_OWNER_UPDATE hetgmp.embedding.padded.whole.TIGHT_PUSHES)
+SW=(hetgmp.embedding.padded.owner_update.FUSED_OWNER_UPDATE hetgmp.embedding.padded.whole.TIGHT_PUSHES)
 run() {  # name gpus switch-values(2 digits) [more flags]
   local name=$1 g=$2 s=$3; shift 3
   timeout 150 $PY -m torch.distributed.run --standalone --nproc_per_node "$g" \

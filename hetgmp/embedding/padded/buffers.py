@@ -54,7 +54,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.kernels import scatter_add_rows
 from hetgmp.embedding.padded import kernels as fused_segments
-from hetgmp.embedding.padded import presync_step, take
+from hetgmp.embedding.padded import owner_update, presync_step, take
 from hetgmp.embedding.padded import reference as torch_segments
 from hetgmp.embedding.padded.fields import SLOTS, Capacity
 from hetgmp.embedding.padded.graphs import GraphCache
@@ -135,7 +135,7 @@ class StaticExchange:
         self._graphs = GraphCache(graphs, limit=48)
         self.capturing = False  # (a whole-step graph is being captured: no host waits)
         self.frozen = False  # capacities fixed in advance: due pushes may wait for room
-        self.own_early = self.pushes_early = False  # (the update's entries made early)
+        self.own_early = self.pushes_early = self.own_split = False  # (entries made early)
         if not self.fused:
             torch_segments.reference_buffers(self, emb, w, q, p, u, d, i64)
         if self.sw:
@@ -217,14 +217,15 @@ class StaticExchange:
         self.own_cnt = torch.zeros(o, **i64)
         # the leaders' gradient sums (zero between steps past the own rows); its first o rows
         # are the staged own rows' gradient itself: an own row leads its row's entries, so its
-        # sum starts in place and only pushes are added to it (.kernels.merged_owner_update_fused)
+        # sum starts in place and only pushes are added to it (.owner_update.merged_owner_update_fused)
         self.own_gsum = torch.zeros(o + wp, d, device=emb.device)
         self.own_grad = self.own_gsum[:o]
         self.pos_map = torch.zeros(emb.trash_slot + 1, **i64)  # slot -> leader entry
         self.ar_own = torch.arange(o + wp, **i64)
         self.spread_own = self.ar_own % max(1, emb.trash_slot)  # (padding: see merged update)
-        # the fused merge's entries: slots, counts, leaders, count sums (zero between steps)
-        self.own_entries = torch.zeros(4, o + wp, **i64)
+        # the fused merge's entries: slots, counts, leaders, count sums (zero between steps),
+        # own entries a push joins (.owner_update.OWN_SPLIT)
+        self.own_entries = torch.zeros(5, o + wp, **i64)
 
     # ------------------------------------------------------------------ ring slots
     def bind(self, prev: int, cur: int) -> None:
@@ -293,7 +294,7 @@ class StaticExchange:
         self.pr_n.copy_(per_owner)
 
     def _load_own(self, own: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
-        self.own_early = self.pushes_early = False  # (staged by the host: every entry)
+        self.own_early = self.pushes_early = self.own_split = False  # (host-staged: all)
         self.own_slot.fill_(self.store.trash_slot)
         self.own_cnt.zero_()
         if own is not None and own[0].numel():
@@ -390,8 +391,8 @@ class StaticExchange:
             self.own_slot[:k].copy_(old.own_slot)
             self.own_cnt[:k].copy_(old.own_cnt)
             self.own_grad[:k].copy_(old.own_grad)
-            if self.fused and fused_segments.OWN_SLOTS_EARLY:  # (their entries, made again)
-                fused_segments.own_entries_early(self)
+            if self.fused and owner_update.OWN_SLOTS_EARLY:  # (their entries, made again)
+                owner_update.own_entries_early(self)
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
         self._graphs.run(key, fn, capturable=capturable)

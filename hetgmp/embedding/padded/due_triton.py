@@ -123,7 +123,7 @@ def push_ids_kernel(
     list_ptr, pend_ptr, pr_n_ptr, ndue_ptr, ids_ptr, pr_ids_ptr, pr_cnt_ptr, rows_ptr, n_own,
     q, p, s1, W: tl.constexpr, WP: tl.constexpr, BR: tl.constexpr,
 ):  # fmt: skip
-    # (kernels.PUSH_SLOTS_EARLY, in the counts phase) the ids and counts of exchange 1's pushes
+    # (owner_update.PUSH_SLOTS_EARLY, in the counts phase) the ids and counts of exchange 1's pushes
     # straight into each owner's receive row (rows_ptr: the peers' row table), where pack
     # would write them: owner j's rows not stored here (pr_*, contiguous per owner) at ranks
     # [0, pr_n[j]), then its listed due mirrors (pending counts final here, cleared by pack)

@@ -39,7 +39,7 @@ EARLY_ZERO = True
 # The exchange made early (on_side, after backward) waits only for what the sum waited for
 # when it forked on the side stream, not for the rest of the backward queued since (the chain's
 # first 13 us at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/).
-# On with kernels.OWN_SLOTS_EARLY and VERSIONS_IN_UPDATE since the tail left the dense path
+# On with owner_update.OWN_SLOTS_EARLY and VERSIONS_IN_UPDATE since the tail left the dense path
 # (2 H100s, 2026-11-27, bench/results/gpu/tail_beside/: 1.70x -> 1.72x at batch 8192).
 NARROW_WAIT = True
 # The main stream waits for the side stream's sum right after forking it: the backward's rest

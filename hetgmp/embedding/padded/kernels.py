@@ -45,37 +45,13 @@ from typing import Any
 import torch
 
 from hetgmp.embedding import protocol, sizes
-from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
+from hetgmp.embedding.padded import owner_update as owner
 from hetgmp.embedding.padded.peer_payloads import payload_target, reply_source
 from hetgmp.embedding.padded.reference import (
     merged_owner_update,
 )
 
-# The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
-# then one Adagrad launch over the leaders) instead of ~20 torch ops over every staged and
-# pushed row. Tested against the torch ops in Triton's interpreter (tests/test_padded_kernels.py).
-# On by default since measured on 2 H100s (bench/results/gpu/whole_step/README.md, 2026-11-26):
-# the user's command on 2 GPUs 10.50M -> 12.04M samples/s, AUC equal.
-FUSED_OWNER_UPDATE = True
-# The own rows' entries of the merged update (their slots, counts and the slot -> leader map)
-# written in the counts phase, which runs during the forward, instead of on the exchange's
-# chain after backward (owner_slots' own launch: 9 us of the 2-GPU chain at batch 8192 on 2
-# H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_peer/); the pushes' launch then
-# leaves the rows an own entry leads. Exact (tests/test_own_entries_early.py); on with
-# VERSIONS_IN_UPDATE and exchange.NARROW_WAIT (that switch's note says where measured).
-OWN_SLOTS_EARLY = True
-# The rows' versions moved by the merged update's Adagrad launch itself (adagrad_rows'
-# versions) instead of owner_version_kernel after it (6 us of that chain). Exact; on with the
-# switch above (read_ahead_ab.sh variant chain: the three of them).
-VERSIONS_IN_UPDATE = True
-# The pushes' ids and counts written into the owners' receive rows in the counts phase (beside
-# the forward, a device barrier after them), and the owner's slots launch over them run there
-# too, instead of on the exchange's chain after backward (owner_slots' push launch: 9 us of the
-# 2-GPU chain at batch 8192 on 2 H100s; pack then writes the pushes' gradients only). With the
-# direct peer payloads, OWN_SLOTS_EARLY and the listed due mirrors. Exact
-# (tests/test_push_slots_early.py); off until measured (read_ahead_ab.sh variant "pushearly").
-PUSH_SLOTS_EARLY = False
 # The mirrors due per owner read by the sizes table's kernel from the due mirrors' running count
 # (at each owner group's end: mirrors are grouped by owner) instead of counted by
 # count_due_kernel, a pass over every mirror with an atomic per owner and program (~10 us
@@ -136,52 +112,7 @@ def presync_counts(st: Any, prev: Any, cur: Any) -> None:
     ``st.ndue`` zeroed for :func:`count_due`; ``prev``'s block bounds kept for
     :func:`presync_values`."""
     _presync_apply(st, prev, cur, counts=True)
-    own_entries_early(st)
-
-
-def own_entries_early(st: Any) -> None:
-    """(:data:`OWN_SLOTS_EARLY`) the staged own rows' entries of the merged update now (the
-    update then writes the pushes' only; a staging from the host, ``load``, clears the mark)."""
-    st.own_early = _own_early(st)
-    if st.own_early:
-        _owner_slots(st, 0, st.cap.o)
-
-
-def _own_early(st: Any) -> bool:
-    return bool(st.sw and FUSED_OWNER_UPDATE and OWN_SLOTS_EARLY)
-
-
-def pushes_early(st: Any) -> None:
-    """(:data:`PUSH_SLOTS_EARLY`, in the counts phase after the due list) the pushes' ids and
-    counts into the owners' receive rows, a barrier, and the owner's slots launch over the
-    pushes received (the update then sums and applies only; a staging from the host, ``load``,
-    clears the mark: pack then writes the ids again and the update maps every entry)."""
-    peer = st.peer
-    st.pushes_early = bool(
-        PUSH_SLOTS_EARLY and st.own_early and st.due_listed and peer is not None and peer.direct
-    )
-    if not st.pushes_early:
-        return
-    e, cap = st.store, st.cap
-    rows, _ = payload_target(st, 1)
-    _ns().push_ids[_grid(st.w * cap.p, 1024)](
-        st.due_list, e.pending, st.pr_n, st.ndue, e.stored_ids, st.pr_ids, st.pr_cnt, rows,
-        e.n_own, cap.q, cap.p, st.s1, W=st.w, WP=_p2(st.w), BR=1024,
-    )  # fmt: skip
-    peer.barrier_early()
-    _owner_slots(st, cap.o, st.own_entries[0].numel(), keep_own=True)
-
-
-def _owner_slots(st: Any, e0: int, e1: int, *, keep_own: bool = False) -> None:
-    """The merged update's entries ``[e0, e1)``: slots, counts and the slot -> leader map
-    (:func:`merged_owner_update_fused`)."""
-    e, q, p = st.store, st.cap.q, st.cap.p
-    slots, cnts = st.own_entries[0], st.own_entries[1]
-    _owner_ns().slots[_grid(e1 - e0, 1024)](
-        st.own_slot, st.own_cnt, st.recv1.view(torch.int64), st.sz_theirs, e.slot_of,
-        slots, cnts, st.pos_map, e0, e1, st.cap.o, p, st.s1 // 2, 2 * q, e.num_rows,
-        e.trash_slot, COLS=sizes.COLS, NP=sizes.NP, BLOCK=1024, KEEP_OWN=keep_own,
-    )  # fmt: skip
+    owner.own_entries_early(st)
 
 
 def presync_values(st: Any, prev: Any) -> None:
@@ -190,6 +121,7 @@ def presync_values(st: Any, prev: Any) -> None:
     ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
     there depends on gradient values)."""
     _presync_apply(st, prev, prev, counts=False)
+    owner.own_update_early(st)
 
 
 def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
@@ -314,8 +246,8 @@ def answer(st: Any) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     r64 = st.recv1.view(torch.int64)
-    if st.sw and FUSED_OWNER_UPDATE:  # one update per row of own rows and pushes
-        merged_owner_update_fused(st)
+    if st.sw and owner.FUSED_OWNER_UPDATE:  # one update per row of own rows and pushes
+        owner.merged_owner_update_fused(st)
     elif st.sw:  # (torch ops)
         merged_owner_update(st)
     else:
@@ -325,6 +257,7 @@ def answer(st: Any) -> None:
             BR=br, BD=bd,
         )  # fmt: skip
     send, peer = payload_target(st, 2)
+    owner.join_own(st)  # (owner_update.OWN_SPLIT: the own rows updated beside)
     k.answer_queries[_grid(st.w * cap.q, br)](
         st.sz_theirs, r64, e.slot_of, e.weight_full, e.version_full, _own(st)[3], send,
         e.num_rows, cap.q, st.s1, st.s2, W=st.w, D=st.d, BR=br, BD=bd, SW=st.sw, **_COLS,
@@ -345,44 +278,3 @@ def finish(st: Any) -> None:
         FROM_TABLE=st.from_table, PEER=peer,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)
-
-
-def merged_owner_update_fused(st: Any) -> None:
-    """:func:`.reference.merged_owner_update` in five launches (:mod:`.owner_triton`): every
-    valid entry (a staged own row, a received push) finds its row's leader entry through the
-    slot -> entry map (an own row leads its row: its slots launch goes last); the counts are
-    added at the leaders (the count row of ``st.own_entries``), and the pushes' gradients too
-    (``st.own_gsum``, whose first rows are the staged own gradient: an own row's sum starts in
-    place, with no pass over the own rows; past them zero between steps: what reads them zeroes
-    them); one Adagrad launch updates the leaders' rows and state; versions move by the rows'
-    counts. Padding entries are skipped, so no atomics pile up on a dummy row."""
-    k, e, o, p, q = _owner_ns(), st.store, st.cap.o, st.cap.p, st.cap.q
-    slots, cnts, lead, csum = st.own_entries
-    n = slots.numel()
-    if st.pushes_early:  # (the pushes' entries too: pushes_early)
-        st.pushes_early = False
-    elif st.own_early:  # (the own rows' entries came with the counts phase)
-        _owner_slots(st, o, n, keep_own=True)
-    else:  # (pushes, then own rows: an own row leads its row)
-        _owner_slots(st, o, n)
-        _owner_slots(st, 0, o)
-    br, bd = _tiles(st.d)
-    k.sum[_grid(n, br)](
-        slots, cnts, st.pos_map, lead, csum, st.recv1, st.own_gsum, n, o, p,
-        st.s1, 4 * q + 4 * p, e.trash_slot, D=st.d, BR=br, BD=bd,
-    )  # fmt: skip
-    folded = (e.version_full, csum) if VERSIONS_IN_UPDATE else None
-    adagrad_rows(
-        e.weight_full, e.opt_state_full, slots, st.own_gsum, st.lr, st.opt.eps, lead=lead,
-        backend="triton", consume=True, versions=folded,
-    )  # fmt: skip
-    if folded is None:
-        k.version[_grid(n, 1024)](slots, lead, csum, e.version_full, n, BLOCK=1024)
-
-
-@functools.lru_cache(maxsize=1)
-def _owner_ns() -> Any:
-    m = importlib.import_module("hetgmp.embedding.padded.owner_triton")
-    return SimpleNamespace(
-        slots=m.owner_slots_kernel, sum=m.owner_sum_kernel, version=m.owner_version_kernel
-    )

@@ -1,4 +1,4 @@
-"""The Triton kernels of the owner's merged update (:func:`.kernels.merged_owner_update_fused`),
+"""The Triton kernels of the owner's merged update (:func:`.owner_update.merged_owner_update_fused`),
 over the entries ``[the staged own rows (o) | every peer's pushes (w * p)]``: three launches
 where the torch composition took about 28 small ops (2 H100s, batch 8192: ~60 us of a 1.4 ms
 step, 2026-11-26). Reference: :func:`.reference.merged_owner_update`.
@@ -42,7 +42,8 @@ def _entry(e, o, p, s1h, q2):
 def owner_slots_kernel(
     own_slot_ptr, own_cnt_ptr, r64_ptr, sz_ptr, slot_of_ptr, slots_ptr, cnts_ptr, pos_ptr,
     e0, n, o, p, s1h, q2, num_rows, trash, COLS: tl.constexpr, NP: tl.constexpr,
-    BLOCK: tl.constexpr, KEEP_OWN: tl.constexpr = False,
+    BLOCK: tl.constexpr, KEEP_OWN: tl.constexpr = False, pushed_ptr=None,
+    MARK: tl.constexpr = False,
 ):  # fmt: skip
     # (entries [e0, n): launched for the pushes first, then for the own rows, whose writes to
     # the slot -> entry map then win: an own row leads its row. KEEP_OWN: the own rows' launch
@@ -70,19 +71,26 @@ def owner_slots_kernel(
         mine = live & (cur >= 0) & (cur < o)
         led = mine & (tl.load(slots_ptr + cur, mask=mine, other=-1) == slot)
         live = live & ~led
+        if MARK:  # (the own entry this push joins: owner_update.OWN_SPLIT)
+            tl.store(pushed_ptr + cur, cur * 0 + 1, mask=led)
     tl.store(pos_ptr + slot, e.to(tl.int64), mask=live)
 
 
 @triton.jit(do_not_specialize=["n", "o"])
 def owner_sum_kernel(
     slots_ptr, cnts_ptr, pos_ptr, lead_ptr, csum_ptr, recv_ptr, gsum_ptr, n, o, p, s1, g0,
-    trash, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+    trash, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, pushed_ptr=None,
+    SPLIT: tl.constexpr = False,
 ):  # fmt: skip
+    # (SPLIT: own entries no push joins took their update already, owner_update.OWN_SPLIT: skipped)
     pid = tl.program_id(0)
     e = pid * BR + tl.arange(0, BR)
     m = e < n
     slot = tl.load(slots_ptr + e, mask=m, other=trash)
     valid = m & (slot != trash)
+    if SPLIT:
+        own = valid & (e < o)
+        valid = valid & ~(own & (tl.load(pushed_ptr + e, mask=own, other=1) == 0))
     lead = tl.load(pos_ptr + slot, mask=valid, other=-1)
     tl.store(lead_ptr + e, tl.where(valid, lead, -1), mask=m)
     cnt = tl.load(cnts_ptr + e, mask=valid, other=0)

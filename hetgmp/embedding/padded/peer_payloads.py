@@ -87,7 +87,7 @@ class PeerPayloads:
 
     def barrier_early(self) -> None:
         """The barrier after the counts phase wrote the pushes' ids into the peers' rows
-        (``kernels.PUSH_SLOTS_EARLY``; a channel of its own)."""
+        (``owner_update.PUSH_SLOTS_EARLY``; a channel of its own)."""
         self.pm.barrier(channel=2)
 
 

@@ -26,6 +26,7 @@ import torch
 from hetgmp.embedding import sizes
 from hetgmp.embedding.ops import current_stream
 from hetgmp.embedding.padded import kernels as fused_segments
+from hetgmp.embedding.padded import owner_update
 from hetgmp.embedding.padded import reference as torch_segments
 
 # The due mirrors listed with the early counts phase, so that pack copies those only
@@ -104,7 +105,7 @@ def counts_early(st: Any, prev: Any, cur: Any, bound_cols: torch.Tensor) -> None
     st.replay_counted = st.capturing
     # (pack's prelude: pending counts and the due pushes per owner are final here)
     fused_segments.due_prefix(st, listed=DUE_LIST, scanned=True)  # (count_due's scan)
-    fused_segments.pushes_early(st)  # (kernels.PUSH_SLOTS_EARLY: the pushes' ids sent now)
+    owner_update.pushes_early(st)  # (owner_update.PUSH_SLOTS_EARLY: the pushes' ids now)
     st.due_ready = True
     st.counted = (prev.ring, cur.ring)
     st.counted_early += 1
