@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from interpreted import run_interpreted
-from test_train_multi_hot import _data
-from test_whole_step_multi import _assert_runs_equal, _cfg, _plan, _rank
+from test_whole_step_bags import bags_runs_equal
+from test_whole_step_multi import _assert_runs_equal, _rank
 from torch import nn
 
 from hetgmp.comm.spawn import spawn_ranks
-from hetgmp.data.format import open_dataset
 from hetgmp.data.multi_hot_padded import PAD_ID
 from hetgmp.models.pooling import BagLayout
 
@@ -119,13 +118,7 @@ def _rank_compact(env, cfg, whole: bool, layout: str) -> dict:  # type: ignore[n
 def test_whole_step_flow_with_compact_bags_trains_as_the_eager_path(
     tmp_path: Path, optimizer: str, bound: int
 ) -> None:
-    root = _data(tmp_path / "mh").root
-    ds = open_dataset(root)
-    plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(root, plan, optimizer=optimizer, bound=bound, model="wdl", pooling="sum,mean")
-    eager = spawn_ranks(_rank_compact, 2, cfg, False, "compact", timeout_s=180)
-    whole = spawn_ranks(_rank_compact, 2, cfg, True, "compact", timeout_s=180)
-    _assert_runs_equal(eager, whole)
+    cfg, _, whole = bags_runs_equal(tmp_path, _rank_compact, optimizer, bound, "compact")
     w0 = whole[0]
     assert w0["replays"] >= 4, w0  # (replayed: most batches fit)
     assert w0["eager"] > 2, w0  # (and some did not: eager, beside the warm-up)

@@ -31,17 +31,26 @@ def _rank_fixed(env, cfg, whole: bool) -> dict:  # type: ignore[no-untyped-def]
     return _rank(env, cfg, whole, None)
 
 
+def bags_runs_equal(
+    tmp_path: Path, rank_fn: Any, optimizer: str, bound: int, *args: Any
+) -> tuple[Any, list[dict], list[dict]]:
+    """A multi-hot set on 2 gloo ranks, the eager padded path and the whole-step flow of
+    ``rank_fn(env, cfg, whole, *args)``, equal (rows, state, dense layers, counters); returns
+    the config and both runs."""
+    root = _data(tmp_path / "mh").root
+    plan = _plan(open_dataset(root), 2, tmp_path / "part.npz")
+    cfg = _cfg(root, plan, optimizer=optimizer, bound=bound, model="wdl", pooling="sum,mean")
+    eager = spawn_ranks(rank_fn, 2, cfg, False, *args, timeout_s=180)
+    whole = spawn_ranks(rank_fn, 2, cfg, True, *args, timeout_s=180)
+    _assert_runs_equal(eager, whole)
+    return cfg, eager, whole
+
+
 @pytest.mark.parametrize(("optimizer", "bound"), [("adagrad", 0), ("sgd", 3)])
 def test_whole_step_flow_with_fixed_bags_trains_as_the_eager_path(
     tmp_path: Path, optimizer: str, bound: int
 ) -> None:
-    root = _data(tmp_path / "mh").root
-    ds = open_dataset(root)
-    plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(root, plan, optimizer=optimizer, bound=bound, model="wdl", pooling="sum,mean")
-    eager = spawn_ranks(_rank_fixed, 2, cfg, False, timeout_s=180)
-    whole = spawn_ranks(_rank_fixed, 2, cfg, True, timeout_s=180)
-    _assert_runs_equal(eager, whole)
+    _, _, whole = bags_runs_equal(tmp_path, _rank_fixed, optimizer, bound)
     w0 = whole[0]
     assert w0["replays"] >= 4 and w0["routed"] == 0, w0  # (replayed, none sent to exact)
     # (the next batch planned from its table ids and exchanged right after backward, every
