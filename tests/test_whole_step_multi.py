@@ -156,6 +156,8 @@ def test_whole_step_flow_trains_as_the_eager_padded_path(
         assert w0["planned"] >= 2 and w0["early"] > w0["planned"], w0  # (+ epochs' last steps)
     else:
         assert w0["replays"] > 0 and w0["routed"] > 0 and w0["cap"].q == max_q, w0
+    res = w0["res"]  # (an epoch start's scan time, the median, within the run's sum)
+    assert 0 <= res["epoch_scan_ms_median"] <= 1e3 * res["epoch_scan_s"] + 1e-9, res
     # the comparison is not vacuous: the rows moved
     ww = _by_id(w0)[0]
     assert (ww - ww.mean()).abs().max() > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import statistics
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,6 +119,9 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     out["exchange_payloads"] = st.payload_note if st is not None else None
     # (the epoch-start scans' seconds: counting each batch's rows per peer, not in the steps)
     out["epoch_scan_s"] = whole.scan_seconds if whole is not None else None
+    # (one epoch start's, the median: the first carries Triton's compile)
+    times = whole.scan_times if whole is not None else []
+    out["epoch_scan_ms_median"] = 1e3 * statistics.median(times) if times else None
     # (how the dense gradients were summed: peer memory or the group's all-reduce)
     out["dense_allreduce"] = tr.train_step.bucket.how
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)

@@ -109,6 +109,7 @@ class WholeStep:
         self._deferred_seen = 0  # (the capacity-deferred push count at the last epoch start)
         self._scan = epoch_scan.EpochScan(self.ctx.store)  # (the epoch-start scan's kernels)
         self.scan_seconds = self.last_scan = 0.0  # (the epoch-start scans, the host's clock)
+        self.scan_times: list[float] = []  # (each epoch start's, the first with the compile)
         self._scan_said = False
 
     # ---------------------------------------------------------------- capacities
@@ -127,6 +128,7 @@ class WholeStep:
             torch.cuda.synchronize(local.device)
         self.last_scan = time.perf_counter() - t0
         self.scan_seconds += self.last_scan
+        self.scan_times.append(self.last_scan)
         glob = torch.zeros(max(steps, 1), 4, dtype=torch.int64, device=self.ctx.store.device)
         k = min(steps, local.shape[0])
         glob[:k] = local[:k]
