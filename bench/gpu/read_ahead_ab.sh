@@ -58,7 +58,9 @@
 # SCALE (1: 33.8M rows), WORK
 # (/tmp/hetgmp-ab), PYTHON (python3), DEVICE (cuda; cpu: a smoke test on 2 gloo ranks), OLD,
 # MULTI_HOT (e.g. "2:20": multi-hot fields too, several CUDA ranks taking them in fixed shapes),
-# PAIR (1: also two 1-GPU jobs at once, one per GPU, each against the lone 1-GPU run: what
+# (the summary's "epoch start + ms": what an interval holding an epoch start takes beyond a
+# clean one, median: the epoch check, the scan, the last partial batch's eager step), PAIR (1:
+# also two 1-GPU jobs at once, one per GPU, each against the lone 1-GPU run: what
 # the machine gives two GPUs that do not talk), LOG_EVERY (10: TRAIN intervals, whose median among those without an epoch start is the
 # "steady" column; none such: "n/a"), BOUND0
 # (1; 0: no --bound 0 runs).
@@ -193,7 +195,7 @@ for name in names:
     try:
         d = json.loads((res / f"{name}.json").read_text())
     except (OSError, ValueError):
-        rows.append(f"| {name} | failed | | | | | | |")
+        rows.append(f"| {name} | failed | | | | | | | |")
         continue
     speed = d.get("speed") or 0.0
     group = name.split("_", 1)[0].startswith("old") and "old" or "new"
@@ -212,6 +214,11 @@ for name in names:
     # as a 2 x 65536 run with 25-step intervals once showed "1.16x" for a clean 1.80x)
     clean = [v for i, v in enumerate(tl) if i > 0 and ep[i] == ep[i - 1]]
     steady = statistics.median(clean) if clean else 0.0
+    # (what an epoch start adds to its interval: its time less a clean interval's, median)
+    tt = [float(x.split(" time ")[1].split()[0]) for x in lines]
+    calm = [v for i, v in enumerate(tt) if i > 0 and ep[i] == ep[i - 1]]
+    extra = [tt[i] - statistics.median(calm) for i in range(2, len(tt)) if ep[i] != ep[i - 1]]
+    start_ms = f"{1e3 * statistics.median(extra):.0f}" if extra and calm else "n/a"
     if "w1" in name:
         base[key + ("steady",)] = steady
     sref = base.get(key + ("steady",)) or 0.0
@@ -223,7 +230,7 @@ for name in names:
     rows.append(f"| {name} | {speed / 1e6:.2f}M | {speed / ref if ref else 0:.2f} | {cols} | "
                 f"{d.get('val_auc', 0):.4f} | {bps:.0f} | {d.get('graph_replays_ahead', 0)} / "
                 f"{d.get('graph_replays_planned_ahead', 0)} / "
-                f"{d.get('graph_replays_exchanged_early', 0)} |")
+                f"{d.get('graph_replays_exchanged_early', 0)} | {start_ms} |")
 try:
     gpu = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
 except OSError:
@@ -232,7 +239,8 @@ head = [f"machine: {platform.node()} ({gpu or 'no GPU'}); date: {time.strftime('
         "command: bash bench/gpu/read_ahead_ab.sh (x 1 GPU: ratio to the same tree's 1-GPU run "
         "at the same batch)", "",
         "| run | samples/s (run) | x 1 GPU | samples/s (steady) | x 1 GPU | val AUC | B/sample "
-        "| replays read / planned ahead / exchanged early |", "|---|---|---|---|---|---|---|---|"]
+        "| replays read / planned ahead / exchanged early | epoch start + ms |",
+        "|---|---|---|---|---|---|---|---|---|"]
 many = {k: v for k, v in rounds.items() if len(v) > 1}
 if many:  # (REPEAT > 1: each run's steady ratio over the rounds, against its round's 1 GPU)
     rows += ["", "| run (rounds) | steady x 1 GPU: median | min | max |", "|---|---|---|---|"]
