@@ -98,9 +98,9 @@ def own_update_early(st: Any) -> None:
         return
     e, o = st.store, st.cap.o
     slots, cnts, pushed = st.own_entries[0], st.own_entries[1], st.own_entries[4]
-    keep = (pushed[:o] == 0) & (slots[:o] != e.trash_slot)
 
-    def update() -> None:
+    def update() -> None:  # (the mask made on the stream that reads it: no cross-stream free)
+        keep = (pushed[:o] == 0) & (slots[:o] != e.trash_slot)
         adagrad_rows(
             e.weight_full, e.opt_state_full, slots[:o], st.own_gsum[:o], st.lr, st.opt.eps,
             keep=keep, backend="triton", consume=True, versions=(e.version_full, cnts[:o]),
