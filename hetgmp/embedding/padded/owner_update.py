@@ -71,7 +71,7 @@ def pushes_early(st: Any) -> None:
     counts into the owners' receive rows, a barrier, and the owner's slots launch over the
     pushes received (the update then sums and applies only; a staging from the host, ``load``,
     clears the mark: pack then writes the ids again and the update maps every entry)."""
-    peer = st.peer
+    peer, st.own_split = st.peer, False
     st.pushes_early = bool(
         PUSH_SLOTS_EARLY and st.own_early and st.due_listed and peer is not None and peer.direct
     )

@@ -60,7 +60,7 @@ def presync(
     ready = None if st.capturing else st._sizes_ready
     counted, st.counted = st.counted, None
     if counted is None:  # (no early counts phase: this step's replay counters not added,
-        st.replay_counted = st.pushes_early = False  # the pushes' ids not sent early)
+        st.replay_counted = st.pushes_early = st.own_split = False  # (nor the pushes' ids)
     if counted is not None and counted != (prev.ring, cur.ring):
         raise RuntimeError(
             f"the counts phase ran early for ring slots {counted}, not {prev.ring, cur.ring}"
