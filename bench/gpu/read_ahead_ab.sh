@@ -15,7 +15,7 @@
 # Knobs: GPUS ("2": the multi-GPU counts, e.g. "2 4" on a 4-GPU machine, a plan each),
 # VARIANTS ("strict early ahead": no planning ahead / the defaults, planned ahead and the next
 # exchange right after backward / reading ahead; also "planned": planned ahead only, "noprio":
-# early without the streams' priorities (ahead.PRIORITIES off), "nolist": early with pack
+# early without the streams' priorities (padded.streams.PRIORITIES off), "nolist": early with pack
 # scanning every mirror (presync_step.DUE_LIST off), "nodefer": early with the first layer's
 # weight gradient in backward (models.deferred_wgrad off), "nvlK_C": early with NCCL's
 # peer-to-peer chunks of K KiB over NVLink and at least C channels, "aheadnoprio" / "aheadhigh":
@@ -116,12 +116,12 @@ switches() {  # variant -> module switches
     pulldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
-    noprio) echo $early $m.PRIORITIES=0 ;;
+    noprio) echo $early $p.streams.PRIORITIES=0 ;;
     tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $early $p.presync_step.DUE_LIST=0 ;;
     ahead) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 ;;
-    aheadnoprio) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.PRIORITIES=0 ;;
+    aheadnoprio) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $p.streams.PRIORITIES=0 ;;
     aheadhigh) echo $m.PLAN_AHEAD=1 $m.ENABLED=1 $m.AHEAD_HIGH=1 ;;
     earlyzero) echo $early $p.exchange.EARLY_ZERO=1 ;;
     markfield) echo $early hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;

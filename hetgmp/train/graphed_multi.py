@@ -33,6 +33,7 @@ from hetgmp.comm.env import DistEnv, purpose_env
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding.engine import GraphReleaser, PendingGrads, WholeStep
 from hetgmp.embedding.padded import ahead as read_ahead
+from hetgmp.embedding.padded import streams
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
 from hetgmp.train.graphed_head import WARMUP_STEPS
@@ -298,9 +299,9 @@ class MultiRankGraphedStep:
         torch.cuda.synchronize(self.env.device)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog, a data prefetcher) may use CUDA;
-        # stream: its priority is the step's kernels' (read_ahead.PRIORITIES)
-        if read_ahead.PRIORITIES and self._stream is None:
-            self._stream = read_ahead.priority_stream(self.env.device, "step")
+        # stream: its priority is the step's kernels' (streams.PRIORITIES)
+        if streams.PRIORITIES and self._stream is None:
+            self._stream = streams.priority_stream(self.env.device, "step")
         with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             out = flow()
         grads = self._replayed_pending()

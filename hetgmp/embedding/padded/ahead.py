@@ -67,6 +67,7 @@ import torch
 
 from hetgmp.embedding.batch import Batch, Prep
 from hetgmp.embedding.padded.local_now import refresh_stored
+from hetgmp.embedding.padded.streams import priority_stream
 
 # Reads one step ahead in the multi-rank whole-step graph (hetgmp.train.graphed_multi) where
 # --bound >= 1 and the batch per rank is at most AUTO_MAX_BATCH. Measured on 2 H100s with the
@@ -89,30 +90,10 @@ STORED_AT_ONCE = True
 # The next batch's exchange on a side stream while a graph is captured (False: in order on the
 # captured stream, no overlap: a diagnosis of what the overlap changes).
 SIDE_STREAM = True
-# Stream priorities in the multi-rank step's graph (a kernel node keeps its capture stream's
-# priority: torch instantiates graphs with cudaGraphInstantiateFlagUseNodePriority): the
-# exchange's side stream highest, the step's own stream next, the plan's stream the default
-# (the lowest), so the plan yields SMs to the forward and the dense optimizer to the exchange's
-# chain (2 H100s, batch 8192: the forward ran ~45 us slower beside the plan). Measured there
-# (bench/results/gpu/priorities, 2026-11-26): 19.77M -> 19.98M samples/s, 1.53x -> 1.55x of one
-# GPU, results unchanged (the GPU check passes with it).
-PRIORITIES = True
 # Reading ahead (ENABLED): the next batch's whole exchange on a stream of the exchange's
 # priority (the highest) instead of the default one (the lowest, below the step's own stream:
 # the forward and backward then starve it). A diagnosis switch (off).
 AHEAD_HIGH = False
-
-
-def priority_stream(device: torch.device, role: str) -> torch.cuda.Stream:
-    """A new stream for ``role`` (``"exchange"``: the exchange's side stream, ``"step"``: the
-    stream a multi-rank step's graph is captured on), at its priority when
-    :data:`PRIORITIES` is on (the default), else at the default one."""
-    if not PRIORITIES:
-        return torch.cuda.Stream(device)
-    least, greatest = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
-    # (e.g. 0, -5: a lower number is a higher priority)
-    level = greatest if role == "exchange" else max(greatest, least - 1)
-    return torch.cuda.Stream(device, priority=level)
 
 
 @dataclasses.dataclass(eq=False)

@@ -20,6 +20,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.kernels.adagrad import adagrad_rows
 from hetgmp.embedding.kernels.launcher import row_tiles
 from hetgmp.embedding.padded.peer_payloads import payload_target
+from hetgmp.embedding.padded.streams import priority_stream
 
 # The owner's merged row-wise Adagrad update from the row kernels (scatter-add at the leaders,
 # then one Adagrad launch over the leaders) instead of ~20 torch ops over every staged and
@@ -110,10 +111,7 @@ def own_update_early(st: Any) -> None:
         update()
         return
     if getattr(st, "own_stream", None) is None:
-        # (at the exchange's priority, the highest: .ahead.priority_stream's, not imported
-        # here, which would close an import loop through the exchange)
-        top = torch.cuda.Stream.priority_range()[1]  # type: ignore[call-arg]
-        st.own_stream = torch.cuda.Stream(e.device, priority=top)
+        st.own_stream = priority_stream(e.device, "exchange")  # (the exchange's: highest)
     st.own_stream.wait_stream(torch.cuda.current_stream(e.device))
     with torch.cuda.stream(st.own_stream):
         update()
