@@ -101,7 +101,7 @@ class BagLayout:
     fixed: bool = False
     # fixed shapes, compact (:meth:`_packed`, with ``fixed``): the table is handed the single-hot
     # ids and the batch's bag values packed into a fixed capacity C (set by the first
-    # :meth:`batches_fit`, from the epoch's batches), the rest of C filled with rows the batch
+    # :meth:`fit`, from an epoch's batches), the rest of C filled with rows the batch
     # holds (their gradient zero): ~the batch's own ids, not every padded slot. A batch with
     # more bag values than C takes the variable layout (an eager step: exact).
     compact: bool = False

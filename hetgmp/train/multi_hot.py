@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hetgmp.choices import POOLINGS, parse_pooling
+from hetgmp.comm.collectives import guarded
 from hetgmp.data.dataset_meta import DatasetError
 from hetgmp.data.dataset_reader import Dataset
 from hetgmp.data.multi_hot_padded import PaddedBags, bag_widths
@@ -165,7 +166,8 @@ def bag_fits(
     k = min(steps, mine.numel())
     need[:k] = mine[:k]
     if env.group is not None and env.world_size > 1:
-        dist.all_reduce(need, op=dist.ReduceOp.MAX, group=env.group)
+        with guarded(env, "epoch bag values maxima"):
+            dist.all_reduce(need, op=dist.ReduceOp.MAX, group=env.group)
     return bags.fit(need.tolist(), batch_size)
 
 
