@@ -41,7 +41,8 @@ from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryRefused, PeerMemoryUna
 
 DENSE_PEER = False
 # The dense gradients summed by the fused Adam itself, read in peer memory (module docstring;
-# with FlatAdam's Triton kernel, float32 parameters); off until measured on GPUs.
+# with FlatAdam's Triton kernel, float32 parameters). Off: exact, but 1.66x against 1.69x on 2
+# H100s at batch 8192 (bench/results/gpu/adam_peer/): the exchange's chain was the longer path.
 ADAM_PEER = False
 # (the kernel's vector accesses: the buffer's length rounded up to this many elements)
 QUANTUM = 1024
@@ -63,11 +64,6 @@ class PeerAllReduce:
         self.in_optimizer = in_optimizer
         ptrs = [self.pm.peer("grads", r).data_ptr() for r in range(env.world_size)]
         self.bases = torch.tensor(ptrs, dtype=torch.int64, device=self.padded.device)
-
-    def views(self) -> list[torch.Tensor]:
-        """Every rank's gradient buffer (its first ``numel`` elements), in rank order."""
-        n = self.flat.numel()
-        return [self.pm.peer("grads", r)[:n] for r in range(self.pm.env.world_size)]
 
     def barrier(self) -> None:
         """Every rank's writes to its buffer so far visible to every rank (capturable)."""
