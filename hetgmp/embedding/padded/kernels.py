@@ -79,7 +79,6 @@ def _ns() -> Any:
         triton=triton, presync_apply=pre.presync_apply_kernel, count_due=pre.count_due_kernel,
         presync_table=pre.presync_table_kernel, pack_due=k.pack_due_kernel,
         due_list=due.due_list_kernel, pack_due_list=due.pack_due_list_kernel,
-        push_ids=due.push_ids_kernel,
         pack_queries=k.pack_queries_kernel, answer_pushes=k.answer_pushes_kernel,
         answer_queries=k.answer_queries_kernel, finish_values=k.finish_values_kernel,
     )  # fmt: skip
