@@ -15,19 +15,19 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """Both runs in one fresh interpreter (``start_method="spawn"``: TRITON_INTERPRET is read
     at triton's first import)."""
     interpreter_now()
-    from hetgmp.embedding.padded import owner_update as kernels
+    from hetgmp.embedding.padded import owner_update
 
     calls = {"early": 0}
-    real = kernels.own_entries_early
+    real = owner_update.own_entries_early
 
     def counted(st) -> None:  # type: ignore[no-untyped-def]
-        calls["early"] += int(kernels._own_early(st))
+        calls["early"] += int(owner_update._own_early(st))
         real(st)
 
-    kernels.own_entries_early = counted  # type: ignore[assignment]
-    kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = False
+    owner_update.own_entries_early = counted  # type: ignore[assignment]
+    owner_update.OWN_SLOTS_EARLY = owner_update.VERSIONS_IN_UPDATE = False
     late = _rank(env, cfg, False, None)  # (the eager padded path: equal to the whole-step flow)
-    kernels.OWN_SLOTS_EARLY = kernels.VERSIONS_IN_UPDATE = True
+    owner_update.OWN_SLOTS_EARLY = owner_update.VERSIONS_IN_UPDATE = True
     early = _rank(env, cfg, True, None)
     early["early_calls"] = calls["early"]
     eager = _rank(env, cfg, False, None)  # (its inputs staged by the host at times: load())

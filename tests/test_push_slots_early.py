@@ -42,28 +42,28 @@ def _with_versions(env, cfg) -> dict:  # type: ignore[no-untyped-def]
 
 def _interpreted(env, cfg) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
     interpreter_now()
-    from hetgmp.embedding.padded import owner_update as kernels
+    from hetgmp.embedding.padded import owner_update
 
     calls = {"early": 0}
-    real = kernels.pushes_early
+    real = owner_update.pushes_early
 
     def counted(st) -> None:  # type: ignore[no-untyped-def]
         real(st)
         calls["early"] += int(st.pushes_early)
 
-    kernels.pushes_early = counted  # type: ignore[assignment]
+    owner_update.pushes_early = counted  # type: ignore[assignment]
     off = _with_versions(env, cfg)
-    kernels.PUSH_SLOTS_EARLY = True
+    owner_update.PUSH_SLOTS_EARLY = True
     on = _with_versions(env, cfg)
     on["early_calls"] = calls["early"]
-    split_calls, update = [0], kernels.own_update_early
+    split_calls, update = [0], owner_update.own_update_early
 
     def split(st) -> None:  # type: ignore[no-untyped-def]
         split_calls[0] += int(st.own_split)
         update(st)
 
-    kernels.own_update_early = split  # type: ignore[assignment]
-    kernels.OWN_SPLIT = True
+    owner_update.own_update_early = split  # type: ignore[assignment]
+    owner_update.OWN_SPLIT = True
     split_run = _with_versions(env, cfg)
     split_run["split_calls"] = split_calls[0]
     return off, on, split_run
