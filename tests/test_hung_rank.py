@@ -55,12 +55,18 @@ def test_hung_rank_ends_the_mpirun_job(tiny_dataset, tmp_path) -> None:
     assert elapsed < 120, elapsed
 
 
-@pytest.mark.timeout(180)  # (torchrun's agent waits ~30 s before SIGKILL; 150 s cap below)
+@pytest.mark.timeout(180)
 def test_hung_rank_ends_the_torchrun_job(tiny_dataset, tmp_path) -> None:
-    """The same under torchrun: the failing worker exits, and torchrun's agent ends the stopped
-    one (SIGTERM, then SIGKILL after its grace period: ~30 s)."""
+    """The same under torchrun: the failing worker exits, and torchrun's agent ends the hung
+    one (SIGTERM)."""
     script = tmp_path / "hang.py"
-    script.write_text(WRAPPER.replace("OMPI_COMM_WORLD_RANK", "RANK"))
+    # (here the rank hangs in a sleep, as a deadlock in Python code would: SIGTERM ends it at
+    # once, where a stopped process waits out the agent's 30 s grace period before SIGKILL)
+    script.write_text(
+        WRAPPER.replace("OMPI_COMM_WORLD_RANK", "RANK").replace(
+            "os.kill(os.getpid(), signal.SIGSTOP)", "__import__('time').sleep(10**6)"
+        )
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(k, None)
