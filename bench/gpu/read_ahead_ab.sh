@@ -40,7 +40,8 @@
 # and padam (the chain then starts earlier, the dense path is the one to cut), "pushearly":
 # early with the pushes' ids sent and mapped in the counts phase (owner_update.PUSH_SLOTS_EARLY),
 # "ownsplit": pushearly and the own rows no push joins updated beside the chain
-# (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "bagcompact": early with MULTI_HOT's bags
+# (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "allinline": allearly with
+# the own rows' update inline (owner_update.OWN_STREAM=0), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
@@ -110,6 +111,7 @@ switches() {  # variant -> module switches
     ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;
     allearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
       $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
+    allinline) echo $(switches allearly) $p.owner_update.OWN_STREAM=0 ;;
     *+abl_*) switches "${1%%+abl_*}"; switches "abl_${1#*+abl_}" | grep ablate ;;  # (V+abl_X)
     abl_*) local a parts; IFS=- read -ra parts <<< "${1#abl_}"; echo $early  # (diagnosis
       for a in "${parts[@]}"; do echo ablate:$a; done ;;  # only: ablations.py; abl_A-B: both)

@@ -100,7 +100,9 @@ def owner_sum_kernel(
     # staged own gradient): only pushes add rows, and a program of own rows only is done
     if pid * BR + BR > o:
         push = valid & (e >= o)
-        k = tl.where(push, e - o, 0)
+        # (not tl.where(push, ...): with SPLIT's masked load, Triton <= 3.6 fails to compile
+        # that select on sm_90 (TritonGPURemoveLayoutConversions); a push has e >= o anyway)
+        k = tl.maximum(e - o, 0)
         j = k // p
         # a push's row inside its peer's payload
         src = j.to(tl.int64) * s1 + g0 + (k - j * p).to(tl.int64) * D

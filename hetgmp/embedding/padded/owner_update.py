@@ -53,6 +53,9 @@ PUSH_SLOTS_EARLY = False
 # ~30 us was on the 2-GPU chain at batch 8192). Exact (tests/test_push_slots_early.py); off
 # until measured (read_ahead_ab.sh variant "ownsplit").
 OWN_SPLIT = False
+# OWN_SPLIT's own-rows update on a stream of its own inside a whole-step capture (else inline,
+# on the chain: what a GPU check tells apart when the split disagrees with the eager step).
+OWN_STREAM = True
 
 
 def own_entries_early(st: Any) -> None:
@@ -107,7 +110,7 @@ def own_update_early(st: Any) -> None:
             keep=keep, backend="triton", consume=True, versions=(e.version_full, cnts[:o]),
         )  # fmt: skip
 
-    if not (st.capturing and e.device.type == "cuda"):
+    if not (OWN_STREAM and st.capturing and e.device.type == "cuda"):
         update()
         return
     if getattr(st, "own_stream", None) is None:
