@@ -36,7 +36,7 @@
 # pulldar and chain, "ll128" / "simple": early with NCCL_PROTO=LL128 / Simple (the dense
 # all-reduce ran as NCCL's LL protocol), "abl_NAME": early with a part of the step left out ("abl_A-B": parts A and B;
 # "V+abl_A": variant V with part A left out), "sumfirst": early with the
-# backward's rest after the rows' gradient sum (exchange.SUM_FIRST), "sumpadam": sumfirst
+# backward's rest after the rows' gradient sum (exchange.SUM_FIRST, the default; "sumlast": without), "sumpadam": sumfirst
 # and padam (the chain then starts earlier, the dense path is the one to cut), "pushearly":
 # early with the pushes' ids sent and mapped in the counts phase (owner_update.PUSH_SLOTS_EARLY),
 # "ownsplit": pushearly and the own rows no push joins updated beside the chain
@@ -106,6 +106,7 @@ switches() {  # variant -> module switches
     padam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
+    sumlast) echo $early $p.exchange.SUM_FIRST=0 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     pushearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 ;;
     ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;

@@ -47,8 +47,9 @@ NARROW_WAIT = True
 # (the first layer's deferred weight product, models.deferred_wgrad) after the sum, not beside
 # it (on 2 H100s at batch 8192 they shared the GPU for ~110 us, the sum alone ~73, so the
 # chain, which starts at the sum's end, started ~35 us late; the dense path has slack since the
-# tail moved off it, bench/results/gpu/adam_peer/). Off until measured ("sumfirst").
-SUM_FIRST = False
+# tail moved off it, bench/results/gpu/adam_peer/). On since measured (2 H100s, 2026-11-27,
+# bench/results/gpu/sum_first/: 1.708x -> 1.727x at batch 8192, median of 2 rounds).
+SUM_FIRST = True
 # A whole-step graph's preparation rings: the plan written straight into each ring slot's
 # fixed buffers instead of copied there (six copies, ~12 us of the 2-GPU step's plan stream
 # at batch 8192 on 2 H100s, bench/results/gpu/scaling_diagnosis/timeline_8192_pull/). Exact
