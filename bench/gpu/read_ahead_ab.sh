@@ -51,7 +51,8 @@
 # writing only the others (padded.take.TAKE_FROM_TABLE); reading
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
-# BATCHES ("8192 65536"), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# BATCHES ("8192 65536"), W1V ("early": the 1-GPU runs' variants, each but early named w1V;
+# a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
 # ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
@@ -105,6 +106,8 @@ switches() {  # variant -> module switches
     dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     padam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
+    bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;
+    fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
     sumlast) echo $early $p.exchange.SUM_FIRST=0 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
@@ -173,7 +176,10 @@ done
 for b in $BATCHES; do
   for r in $(seq 1 "${REPEAT:-1}"); do  # (REPEAT > 1: rounds of every run, tagged rN)
     R=; [ "${REPEAT:-1}" -gt 1 ] && R=r$r
-    run w1${R}_$b new 1 "$b" early; NAMES+=(w1${R}_$b)
+    for v1 in ${W1V:-early}; do  # (W1V: the 1-GPU runs' variants; each but early named w1V)
+      n1=w1${R}_$b; [ "$v1" = early ] || n1=w1${v1}${R}_$b
+      run "$n1" new 1 "$b" "$v1"; NAMES+=("$n1")
+    done
     if [ "${PAIR:-0}" = 1 ]; then  # (two 1-GPU jobs at once, one per GPU: the machine's share)
       CUDA_VISIBLE_DEVICES=0 run pair0_$b new 1 "$b" early & CUDA_VISIBLE_DEVICES=1 run pair1_$b new 1 "$b" early &
       wait; NAMES+=(pair0_$b pair1_$b)

@@ -60,8 +60,10 @@ GPU_RANKS = True
 # Several CUDA ranks hand the table the batch's bag values packed into a fixed capacity, not
 # every padded slot (BagLayout.compact): at 2 bags of mean length 20 padded to 39 each, ~66
 # ids a sample instead of 104 through the plan, the lookup and the rows' gradient sum. Exact
-# (tests/test_bags_compact.py); off until measured on GPUs.
-COMPACT = False
+# (tests/test_bags_compact.py). On since measured on 2 H100s (2026-11-27,
+# bench/results/gpu/bags_compact/: 2 GPUs 0.86x -> 1.93x one at batch 8192 with those bags;
+# tests/gpu_whole_step_bags_check.py compact passed).
+COMPACT = True
 # The compact capacity (bag values per batch) fixed up front; 0: set at the first epoch start
 # from its batches (BagLayout.fit). Tests fix it, so that runs without an epoch check agree.
 COMPACT_CAPACITY = 0
