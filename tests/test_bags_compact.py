@@ -125,3 +125,36 @@ def test_whole_step_flow_with_compact_bags_trains_as_the_eager_path(
     if bound == 0:  # (and what the variable layout trains: occurrence counts aside)
         variable = spawn_ranks(_rank_compact, 2, cfg, False, "variable", timeout_s=180)
         _assert_runs_equal(variable, whole, counters=False)
+
+
+def test_one_rank_graph_sets_the_capacity_and_sends_batches_past_it_eager(
+    tiny_dataset, monkeypatch
+) -> None:
+    """One CUDA rank (``multi_hot.ONE_RANK_COMPACT``): its bags take the compact fixed lookup,
+    whose capacity the whole-step graph's epoch check sets from the resident samples (the
+    trainer wires it when the bags are compact); a batch past it is not replayed."""
+    from test_graphed_step import _cfg, _trainer
+
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.train import multi_hot
+    from hetgmp.train.graphed import GraphedStep
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not multi_hot._fixed_on(cuda, 1) and multi_hot._fixed_on(cuda, 2)
+    monkeypatch.setattr(multi_hot, "ONE_RANK_COMPACT", True)
+    assert multi_hot._fixed_on(cuda, 1) and not multi_hot._fixed_on(cpu, 1)
+    monkeypatch.setattr(multi_hot, "COMPACT", False)  # (fixed shapes pay only compact)
+    assert not multi_hot._fixed_on(cuda, 1)
+
+    graphed = GraphedStep(_trainer(_cfg(tiny_dataset.root), DistEnv.single()).train_step)
+    assert not graphed.compact_bags()  # (no bags: the trainer sets no epoch check)
+    graphed.step.model.bags = BagLayout(num_single=F, widths=WIDTHS, pooling=("sum", "mean"),
+                                        fixed=True, compact=True)  # fmt: skip
+    assert graphed.compact_bags()
+    sparse = torch.cat([_batch(s) for s in range(5)])  # (30 samples, 5 batches of 6)
+    need = [int((_batch(s)[:, F:] != PAD_ID).sum()) for s in range(5)]
+    assert graphed.epoch_check(sparse, torch.arange(30), 6) == [True] * 5
+    bags = graphed.step.model.bags
+    assert bags.capacity >= max(need)
+    bags.set_capacity(sorted(need)[2])  # (a later epoch's batches past a smaller capacity)
+    assert graphed.epoch_check(sparse, torch.arange(30), 6) == [n <= sorted(need)[2] for n in need]

@@ -52,7 +52,8 @@
 # ahead applies up to
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), W1V ("early": the 1-GPU runs' variants, each but early named w1V;
-# a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
+# "onecompact": one GPU's bags compact, its whole step one graph), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
 # ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
@@ -108,6 +109,7 @@ switches() {  # variant -> module switches
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;
     fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;
+    onecompact) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
     sumlast) echo $early $p.exchange.SUM_FIRST=0 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;

@@ -17,7 +17,10 @@ caller's running sums.
 
 Where it applies (:func:`graph_support`): CUDA, one rank (with several ranks each step's
 exchange sizes cross to the host), a dense optimizer that torch can capture (fused Adam or
-SGD), no multi-hot bags (their lookup's size is the batch's; the dense part's graph then) and
+SGD), no multi-hot bags (their lookup's size is the batch's; the dense part's graph then)
+unless they take the compact fixed lookup (``multi_hot.ONE_RANK_COMPACT``: its capacity set
+at the resident samples' epoch starts, :meth:`GraphedStep.epoch_check`, a batch past it
+eager), and
 with ``--rows-on host`` only the tier decided on the device (its lookup gathers the missed rows
 inside the graph; the cached rows are re-picked between replays, :meth:`LocalStep.before_replay`).
 :func:`multi_graph_support` says the same for a rank of several (:mod:`.graphed_multi`).
@@ -38,6 +41,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
+from hetgmp.train.multi_hot import bag_fits
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep, table
 
@@ -147,7 +151,9 @@ class GraphedStep:
             and self.source is not None
             and batch.source is not self.source
         )
-        if key != self.key or profiled or self.warmup > 0 or foreign:
+        # (a batch past the compact bag lookup's capacity: the eager step's variable layout)
+        over = isinstance(batch, PendingBatch) and not batch.fits
+        if key != self.key or profiled or self.warmup > 0 or foreign or over:
             if key == self.key:
                 self.warmup -= 1
             return self.step(batch, global_batch, marks)  # (it gathers a pending batch)
@@ -163,6 +169,23 @@ class GraphedStep:
         self.one.replayed(batch.sparse if isinstance(batch, DeviceBatch) else _ids(batch))
         self.replays += 1
         return self.out
+
+    def compact_bags(self) -> bool:
+        """Whether the model's bags take the compact fixed lookup, whose capacity the
+        resident samples' epoch starts set (:meth:`epoch_check`)."""
+        bags = getattr(self.step.model, "bags", None)
+        return bags is not None and bool(bags.fixed and bags.compact)
+
+    def epoch_check(
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
+    ) -> list[bool]:
+        """(At an epoch start of the resident samples) each full batch's verdict: its bag
+        values within the compact lookup's capacity (set by the first epoch's batches,
+        :func:`~hetgmp.train.multi_hot.bag_fits`); a batch past it trains eagerly."""
+        bags = self.step.model.bags
+        assert bags is not None
+        steps = positions.numel() // max(batch_size, 1)
+        return bag_fits(bags, self.step.env, steps, sparse, positions, batch_size)
 
     def _load(self, batch: DeviceBatch | PendingBatch) -> None:
         if isinstance(batch, PendingBatch):

@@ -64,6 +64,12 @@ GPU_RANKS = True
 # bench/results/gpu/bags_compact/: 2 GPUs 0.86x -> 1.93x one at batch 8192 with those bags;
 # tests/gpu_whole_step_bags_check.py compact passed).
 COMPACT = True
+# One CUDA rank takes the compact fixed lookup too, so that its whole step is one CUDA graph
+# (train/graphed.py; the capacity set at the resident samples' epoch starts, a batch past it
+# eager): its default reads the pooled lookup's size on the host every step, which made one
+# GPU's multi-hot figure move 2.87M-4.85M samples/s between calls on 2 H100s
+# (bench/results/gpu/bags_compact/). Exact (tests/test_bags_compact.py); off until measured.
+ONE_RANK_COMPACT = False
 # The compact capacity (bag values per batch) fixed up front; 0: set at the first epoch start
 # from its batches (BagLayout.fit). Tests fix it, so that runs without an epoch check agree.
 COMPACT_CAPACITY = 0
@@ -145,12 +151,19 @@ def bag_layout(
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
         backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
-        fixed=FIXED_SHAPE or (device is not None and device.type == "cuda" and world > 1),
+        fixed=FIXED_SHAPE or _fixed_on(device, world),
         compact=COMPACT,
     )
     if COMPACT_CAPACITY:
         layout.set_capacity(COMPACT_CAPACITY)
     return layout
+
+
+def _fixed_on(device: torch.device | None, world: int) -> bool:
+    """Whether bags on ``device`` take fixed shapes: several CUDA ranks (their step is one
+    graph), one CUDA rank with :data:`ONE_RANK_COMPACT`."""
+    cuda = device is not None and device.type == "cuda"
+    return cuda and (world > 1 or (ONE_RANK_COMPACT and COMPACT))
 
 
 def bag_fits(

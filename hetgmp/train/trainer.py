@@ -258,6 +258,8 @@ class Trainer:
         self.data_source = source.name
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
             source.deferred = True  # (the graph gathers each batch itself)
+            if self.run_step.compact_bags():  # (the bags' capacity, set at epoch starts)
+                source.epoch_check = self.run_step.epoch_check
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
         self.log.info(f"data: {why}")
