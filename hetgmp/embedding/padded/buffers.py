@@ -307,7 +307,7 @@ class StaticExchange:
         """The three segments and the two payload exchanges; returns the values buffer
         (``[u + 1, D]``: the batch's unique rows in block order, then padding)."""
         # (graphs per ring slot: each reads its slot's tables; and per owner-update form)
-        cur = (self.bound_slots[1], self.own_early, self.pushes_early)
+        cur = (self.bound_slots[1], self.own_early, self.pushes_early, self.own_split)
         if self.comm_in_graphs:  # one graph, the exchanges inside
             self._segment(("step", cur), lambda: self._step(lambda _key, fn: fn()))
         else:  # a graph per segment, the exchanges between them

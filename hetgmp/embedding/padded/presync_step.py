@@ -55,12 +55,14 @@ def presync(
     returned are then a replay's to read, :mod:`.whole`)."""
     # (shapes with one numel share a graph; what reads the gradient: a graph per address of
     # the incoming gradient, a training loop's allocator hands out one or two)
-    key_g = (*_key(prev, cur), "summed" if grad_occ is None else grad_occ.data_ptr())
     capturable = prev.static and cur.static
     ready = None if st.capturing else st._sizes_ready
     counted, st.counted = st.counted, None
     if counted is None:  # (no early counts phase: this step's replay counters not added,
         st.replay_counted = st.pushes_early = st.own_split = False  # (nor the pushes' ids)
+    # (and a graph per form of the gradient's part: with owner_update.OWN_SPLIT it updates the
+    # own rows no push joins, a host decision a replayed segment would not make again)
+    key_g = (*_key(prev, cur), "summed" if grad_occ is None else grad_occ.data_ptr(), st.own_split)
     if counted is not None and counted != (prev.ring, cur.ring):
         raise RuntimeError(
             f"the counts phase ran early for ring slots {counted}, not {prev.ring, cur.ring}"
