@@ -75,6 +75,8 @@ def main() -> int:
     if "compact" in sys.argv[2:]:  # (the compact lookup, multi_hot.COMPACT; its capacity fixed
         # for both runs: the eager one has no epoch start that would set it)
         multi_hot.COMPACT, multi_hot.COMPACT_CAPACITY = True, 512 * 13
+    else:  # (every slot padded: the eager run would never set the compact capacity)
+        multi_hot.COMPACT = False
     compare(env, root)
     shutdown(env)
     if env.rank == 0:

@@ -28,6 +28,9 @@ def _rank_fixed(env, cfg, whole: bool) -> dict:  # type: ignore[no-untyped-def]
     from hetgmp.train import multi_hot
 
     multi_hot.FIXED_SHAPE = True  # (in the spawned ranks)
+    # (every slot padded: the compact form, the default on several CUDA ranks, has its own
+    # tests, test_bags_compact.py; here an eager run would never set its capacity)
+    multi_hot.COMPACT = False
     return _rank(env, cfg, whole, None)
 
 
