@@ -41,7 +41,9 @@
 # early with the pushes' ids sent and mapped in the counts phase (owner_update.PUSH_SLOTS_EARLY),
 # "ownsplit": pushearly and the own rows no push joins updated beside the chain
 # (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "allinline": allearly with
-# the own rows' update inline (owner_update.OWN_STREAM=0), "bagcompact": early with MULTI_HOT's bags
+# the own rows' update inline (owner_update.OWN_STREAM=0), "earlyrows": early with the first
+# layer's last rows all-reduced from inside backward (dense_sync.EARLY_ROWS), "splitrows":
+# ownsplit and earlyrows (both paths after backward shorter), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
@@ -110,6 +112,9 @@ switches() {  # variant -> module switches
     bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;
     fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;
     onecompact) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=1 ;;
+    earlyrows) echo $early hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
+    splitrows) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
+      hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
     sumlast) echo $early $p.exchange.SUM_FIRST=0 ;;
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;

@@ -12,7 +12,7 @@ to the parameter's dtype and added to its ``.grad`` in place (the gradient bucke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ class _DeferredWeightGrad(torch.autograd.Function):
         sink = ctx.sink
 
         def weight_grad() -> None:  # (after every node of this backward ran)
-            sink(grad.t().mm(x))
+            sink(grad, x)
 
         torch.autograd.Variable._execution_engine.queue_callback(weight_grad)
         return (grad.mm(w) if ctx.needs_input_grad[0] else None), None, None
@@ -58,23 +58,60 @@ def first_product(
         dtype = torch.get_autocast_dtype(dev)
         x, w = x.to(dtype), w.to(dtype)
     weights = [lin.weight for lin in linears]
+    hook = rows_hook(linears[0])
 
-    def sink(gw: torch.Tensor) -> None:
-        r = 0
-        for p in weights:
-            part = gw[r : r + p.shape[0]].to(p.dtype)
+    def add(p: torch.Tensor, rows: slice, part: torch.Tensor) -> None:
+        if not p.requires_grad:  # (a frozen layer: no gradient, as autograd gives none)
+            return
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        p.grad[rows, :cols].add_(part.to(p.dtype))
+
+    def spread(gw: torch.Tensor, ps: Sequence[torch.Tensor]) -> None:
+        r = 0  # (gw's rows: the weights' stacked, then padding rows)
+        for p in ps:
+            add(p, slice(None), gw[r : r + p.shape[0]])
             r += p.shape[0]
-            if not p.requires_grad:  # (a frozen layer: no gradient, as autograd gives none)
-                continue
-            if p.grad is None:
-                g = torch.zeros_like(p)
-                g[:, :cols] = part
-                p.grad = g
-            else:
-                p.grad[:, :cols].add_(part)
+
+    def sink(grad: torch.Tensor, x: torch.Tensor) -> None:
+        late = _late_rows(weights[0], hook)
+        if late is None:  # (one product for every weight)
+            spread(grad.t().mm(x), weights)
+            return
+        # (the first weight's last rows first, handed to the hook; then its other rows, then
+        # the other weights' rows: three products)
+        first = weights[0]
+        add(first, late, grad[:, late].t().mm(x))
+        hook(first, late.start, late.stop)  # type: ignore[misc]
+        add(first, slice(0, late.start), grad[:, : late.start].t().mm(x))
+        if len(weights) > 1:
+            spread(grad[:, late.stop :].t().mm(x), weights[1:])
 
     with torch.autocast(dev, enabled=False):
         return _DeferredWeightGrad.apply(x, w.detach(), sink)
+
+
+RowsHook = Callable[[torch.Tensor, int, int], None]
+
+
+def set_rows_hook(linear: nn.Linear, hook: RowsHook | None) -> None:
+    """Have ``hook(weight, r0, r1)`` called once the deferred gradient of ``linear``'s weight
+    rows ``[r0, r1)`` is complete (their last half, computed first for it: the trainer starts
+    their all-reduce while the rest's product runs, ``train/dense_sync.py``); None: no hook.
+    The model stays free of distribution: the trainer sets the hook."""
+    linear.__dict__["_rows_hook"] = hook
+
+
+def rows_hook(linear: nn.Linear) -> RowsHook | None:
+    """The hook :func:`set_rows_hook` set on ``linear`` (None: none)."""
+    return linear.__dict__.get("_rows_hook")
+
+
+def _late_rows(weight: torch.Tensor, hook: RowsHook | None) -> slice | None:
+    rows = weight.shape[0]
+    if hook is None or not weight.requires_grad or rows < 2:
+        return None
+    return slice(rows // 2, rows)
 
 
 def wanted(x: torch.Tensor, linears: Sequence[nn.Linear]) -> bool:

@@ -9,11 +9,37 @@ does in HET-GMP, which sums mean-loss gradients).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from hetgmp.comm.collectives import all_reduce_sum
+from hetgmp.comm.collectives import all_reduce_sum, guarded
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.peer_allreduce import peer_all_reduce
+
+# The first layer's weight placed last in the bucket, and the deferred product of its last
+# rows computed first (models.deferred_wgrad.set_rows_hook): their all-reduce starts while the
+# product of the other rows runs, the rest of the bucket is summed after it. On 2 H100s at batch
+# 8192 the dense path after backward (the product ~35 us, the all-reduce ~40, Adam ~20) is as
+# long as the exchange's chain beside it (docs/scaling_plan.md). Exact (tests/test_early_rows.py);
+# off until measured (read_ahead_ab.sh variant "earlyrows"). NCCL or gloo groups; not with the
+# peer-memory sums, nor with the dense part's own graph (its capture would hold the start, not
+# the wait).
+EARLY_ROWS = False
+
+
+def early_rows_layer(
+    env: DistEnv, first: tuple[nn.Linear, ...], params: list[nn.Parameter], sync_every: int
+) -> nn.Linear | None:
+    """(:data:`EARLY_ROWS`) the layer whose last rows' gradient is summed early (the first
+    of ``first``, the model's ``first_linears()``), its weight moved to the end of ``params``
+    (the bucket's order: the rows then end it); None where it does not apply."""
+    if not (EARLY_ROWS and env.world_size > 1 and sync_every == 1 and first):
+        return None
+    last = [p for p in params if p is first[0].weight]
+    if not last or not last[0].requires_grad:
+        return None
+    params[:] = [p for p in params if p is not last[0]] + last
+    return first[0]
 
 
 def sum_dense_grads(env: DistEnv, params: list[nn.Parameter]) -> None:
@@ -86,6 +112,25 @@ class GradBucket:
             n = p.numel()
             p.grad = self.flat[offset : offset + n].view_as(p)
             offset += n
+        # (EARLY_ROWS: whether this step may start the tail's sum early, and the start and
+        # pending work of the one started)
+        self.armed = False
+        self._early: tuple[int, dist.Work] | None = None
+
+    def start_early(self, weight: torch.Tensor, r0: int, r1: int) -> None:
+        """(:data:`EARLY_ROWS`, the deferred product's hook) ``weight``'s gradient rows
+        ``[r0, r1)`` are final: when armed and they end the bucket, their sum over ranks
+        starts now; :meth:`all_reduce` sums the rest and waits for it."""
+        g = weight.grad
+        if not self.armed or self.peer is not None or self._early is not None or g is None:
+            return
+        lo = int(g.storage_offset() - self.flat.storage_offset() + r0 * g.stride(0))
+        if lo + (r1 - r0) * g.stride(0) != self.flat.numel() or self.env.world_size <= 1:
+            return
+        with guarded(self.env, "dense all-reduce (the first layer's last rows)"):
+            work = dist.all_reduce(self.flat[lo:], group=self.env.group, async_op=True)
+        assert work is not None
+        self._early = (lo, work)
 
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
@@ -93,6 +138,13 @@ class GradBucket:
             self.peer.barrier()  # type: ignore[union-attr]
         elif self.peer is not None:  # (its own group: the env a captured step swaps in is not)
             self.peer.all_reduce()
+        elif self._early is not None:  # (the tail's sum started: the rest, then its wait)
+            lo, work = self._early
+            self._early = None
+            if lo:
+                all_reduce_sum(self.env, self.flat[:lo])
+            with guarded(self.env, "dense all-reduce (the first layer's last rows)"):
+                work.wait()
         elif self.env.world_size > 1 and self.flat.numel():
             all_reduce_sum(self.env, self.flat)
 

@@ -18,8 +18,9 @@ from torch import nn
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch
 from hetgmp.models import CTRModel
+from hetgmp.models.deferred_wgrad import set_rows_hook
 from hetgmp.train.adam_kernel import fused_adam_available
-from hetgmp.train.dense_sync import GradBucket, average_params
+from hetgmp.train.dense_sync import GradBucket, average_params, early_rows_layer
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.graphed_head import GraphedHead
 from hetgmp.train.optim import make_dense_optimizer
@@ -62,6 +63,7 @@ class TrainStep:
         self.model = model
         self.amp = amp
         self.dense_params = params = model.dense_parameters()
+        early = early_rows_layer(env, model.first_linears(), params, sync_every)
         # Adam on CUDA: over flat buffers (hetgmp.train.flat_adam says why)
         flat = env.device.type == "cuda" and optimizer == "adam" and bool(params)
         flat = flat and all(p.dtype == torch.float32 for p in params)
@@ -70,6 +72,8 @@ class TrainStep:
         self.bucket = GradBucket(
             env, params, summed=sync_every == 1, adam=flat_params is not None and fused_adam
         )
+        if early is not None:
+            set_rows_hook(early, self.bucket.start_early)
         self.optimizer: torch.optim.Optimizer
         if flat_params is not None:
             self.optimizer = FlatAdam(
@@ -119,7 +123,10 @@ class TrainStep:
             logits = logits.float()
             loss_sum = self.loss_fn(logits, batch.labels)
             metrics = self._metrics_beside(logits, loss_sum, batch.labels)
+            # (the first layer's last rows summed from inside backward: dense_sync.EARLY_ROWS)
+            self.bucket.armed = self.sync_every == 1 and self.dense_server is None
             (loss_sum / max(1, global_batch)).backward()
+            self.bucket.armed = False
         if self.rows_now:
             table(self.model).apply_pending()
         if after_backward is not None:
