@@ -153,8 +153,13 @@ def test_one_rank_graph_sets_the_capacity_and_sends_batches_past_it_eager(
     assert graphed.compact_bags()
     sparse = torch.cat([_batch(s) for s in range(5)])  # (30 samples, 5 batches of 6)
     need = [int((_batch(s)[:, F:] != PAD_ID).sum()) for s in range(5)]
-    assert graphed.epoch_check(sparse, torch.arange(30), 6) == [True] * 5
+    said: list[str] = []
+    assert graphed.epoch_check(sparse, torch.arange(30), 6, said.append) == [True] * 5
     bags = graphed.step.model.bags
     assert bags.capacity >= max(need)
+    assert len(said) == 1 and f"packed into {bags.capacity} table ids" in said[0], said
     bags.set_capacity(sorted(need)[2])  # (a later epoch's batches past a smaller capacity)
-    assert graphed.epoch_check(sparse, torch.arange(30), 6) == [n <= sorted(need)[2] for n in need]
+    fits = graphed.epoch_check(sparse, torch.arange(30), 6, said.append)
+    assert fits == [n <= sorted(need)[2] for n in need]
+    over = fits.count(False)
+    assert len(said) == 2 and f"{over} of this epoch's 5 batches" in said[1], said  # (once)

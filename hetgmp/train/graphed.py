@@ -41,7 +41,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
-from hetgmp.train.multi_hot import bag_fits
+from hetgmp.train.multi_hot import bag_fit_notes, bag_fits
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep, table
 
@@ -177,15 +177,21 @@ class GraphedStep:
         return bags is not None and bool(bags.fixed and bags.compact)
 
     def epoch_check(
-        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int
-    ) -> list[bool]:
+        self, sparse: torch.Tensor, positions: torch.Tensor, batch_size: int,
+        note: Callable[[str], None] = lambda _line: None,
+    ) -> list[bool]:  # fmt: skip
         """(At an epoch start of the resident samples) each full batch's verdict: its bag
         values within the compact lookup's capacity (set by the first epoch's batches,
-        :func:`~hetgmp.train.multi_hot.bag_fits`); a batch past it trains eagerly."""
+        :func:`~hetgmp.train.multi_hot.bag_fits`); a batch past it trains eagerly. ``note``:
+        the log's, told the capacity once and the batches past it."""
         bags = self.step.model.bags
         assert bags is not None
+        first = not bags.capacity
         steps = positions.numel() // max(batch_size, 1)
-        return bag_fits(bags, self.step.env, steps, sparse, positions, batch_size)
+        fits = bag_fits(bags, self.step.env, steps, sparse, positions, batch_size)
+        for line in bag_fit_notes(bags, fits, first=first):
+            note(line)
+        return fits
 
     def _load(self, batch: DeviceBatch | PendingBatch) -> None:
         if isinstance(batch, PendingBatch):

@@ -186,6 +186,22 @@ def bag_fits(
     return bags.fit(need.tolist(), batch_size)
 
 
+def bag_fit_notes(bags: BagLayout, fits: list[bool], *, first: bool) -> list[str]:
+    """What the log says after :func:`bag_fits`: the compact capacity (``first``: once), and
+    how many of the epoch's batches are past it (those train eagerly)."""
+    if not (bags.fixed and bags.compact) or not fits:
+        return []
+    out = []
+    if first:
+        out.append(f"multi-hot: each batch's bag values packed into {bags.capacity} table ids "
+                   "(the first epoch's batches' most, +2 % and 256)")  # fmt: skip
+    over = fits.count(False)
+    if over:
+        out.append(f"multi-hot: {over} of this epoch's {len(fits)} batches hold more bag values "
+                   "than that: they train eagerly")  # fmt: skip
+    return out
+
+
 def multi_hot_note(cfg: Any, ds: Dataset) -> str:
     """The log line saying how the bags train."""
     assert isinstance(ds, PaddedBags)

@@ -258,8 +258,11 @@ class Trainer:
         self.data_source = source.name
         if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
             source.deferred = True  # (the graph gathers each batch itself)
-            if self.run_step.compact_bags():  # (the bags' capacity, set at epoch starts)
-                source.epoch_check = self.run_step.epoch_check
+            run = self.run_step
+            if run.compact_bags():  # (the bags' capacity, set at epoch starts)
+                source.epoch_check = lambda sparse, pos, bs: run.epoch_check(
+                    sparse, pos, bs, self.log.info
+                )
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
         self.log.info(f"data: {why}")
