@@ -6,6 +6,7 @@ add in another order, so to float tolerance), and the early start happened every
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_whole_step_multi import _cfg, _plan, _rank
 from torch import nn
@@ -17,18 +18,21 @@ from hetgmp.train import dense_sync
 from hetgmp.train.config import TrainConfig
 
 
-def _run(env: DistEnv, cfg: TrainConfig, early: bool) -> dict:
+def _run(env: DistEnv, cfg: TrainConfig, early: bool, whole: bool = False) -> dict:
     dense_sync.EARLY_ROWS = early  # (in the spawned rank)
-    started, real = [0], dense_sync.GradBucket.start_early
+    started, real = [0], _REAL_START
 
     def counted(self, weight, r0, r1) -> None:  # type: ignore[no-untyped-def]
         real(self, weight, r0, r1)
         started[0] += int(self._early is not None)
 
     dense_sync.GradBucket.start_early = counted  # type: ignore[method-assign]
-    out = _rank(env, cfg, False, None)
+    out = _rank(env, cfg, whole, None)
     out["started"] = started[0]
     return out
+
+
+_REAL_START = dense_sync.GradBucket.start_early
 
 
 def test_early_rows_train_as_one_all_reduce(tiny_dataset, tmp_path) -> None:
@@ -56,9 +60,13 @@ def test_the_split_product_equals_the_whole_one() -> None:
     first, wide = nn.Linear(12, 6), nn.Linear(12, 1)
     x, up = torch.randn(5, 12, requires_grad=True), torch.randn(5, 8)
     grads = []
-    for hook in (None, lambda w, r0, r1: seen.append((r0, r1, w.grad[r0:r1].clone()))):
+    for hooked in (False, True):
         seen: list = []
-        deferred_wgrad.set_rows_hook(first, hook)
+
+        def hook(w, r0, r1, seen=seen) -> None:  # type: ignore[no-untyped-def]
+            seen.append((r0, r1, w.grad[r0:r1].clone()))
+
+        deferred_wgrad.set_rows_hook(first, hook if hooked else None)
         for lin in (first, wide):
             lin.weight.grad = torch.zeros_like(lin.weight)
         w = torch.cat([first.weight, wide.weight, torch.zeros(1, 12)]).detach()
@@ -69,3 +77,26 @@ def test_the_split_product_equals_the_whole_one() -> None:
     torch.testing.assert_close(w1, w0, rtol=1e-6, atol=1e-6)
     assert s0 == [] and [(r0, r1) for r0, r1, _ in s1] == [(3, 6)]
     torch.testing.assert_close(s1[0][2], f0[3:6], rtol=1e-6, atol=1e-6)  # (final when handed)
+
+
+def _whole_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
+    from test_whole_step_multi import interpreter_now
+
+    interpreter_now()
+    return _run(env, cfg, False, True), _run(env, cfg, True, True)
+
+
+@pytest.mark.slow  # (~15 s in Triton's interpreter; the GPU check is the one that captures it)
+def test_early_rows_in_the_whole_step_flow(tiny_dataset, tmp_path) -> None:
+    """The same in the multi-rank whole-step flow (the fused segments in Triton's interpreter):
+    the hook fires inside its step, and the run trains as with one all-reduce."""
+    pytest.importorskip("triton")
+    from test_whole_step_multi import interpreted_runs
+
+    runs = interpreted_runs(tiny_dataset, tmp_path, _whole_interpreted)
+    for off, on in runs:
+        assert off["started"] == 0 and on["started"] >= 4, (off["started"], on["started"])
+        torch.testing.assert_close(on["weight"], off["weight"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(on["opt"], off["opt"], rtol=1e-5, atol=1e-6)
+        for k, v in off["dense"].items():
+            torch.testing.assert_close(on["dense"][k], v, rtol=1e-5, atol=1e-6, msg=k)
