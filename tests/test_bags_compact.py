@@ -163,3 +163,27 @@ def test_one_rank_graph_sets_the_capacity_and_sends_batches_past_it_eager(
     assert fits == [n <= sorted(need)[2] for n in need]
     over = fits.count(False)
     assert len(said) == 2 and f"{over} of this epoch's 5 batches" in said[1], said  # (once)
+
+
+def test_one_rank_compact_bags_without_resident_samples_take_the_variable_layout(
+    tiny_dataset,
+) -> None:
+    """Compact bags get their capacity from resident samples only: with batches copied in
+    (samples not resident), one rank's bags fall back to the variable layout and the dense
+    part's graph, named in the log's reason, instead of padding every slot."""
+    from types import SimpleNamespace
+
+    from test_graphed_step import _cfg, _trainer
+
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.train.graphed import GraphedStep
+
+    tr = _trainer(_cfg(tiny_dataset.root), DistEnv.single())
+    tr.model.bags = BagLayout(num_single=F, widths=WIDTHS, pooling=("sum", "mean"), fixed=True,
+                              compact=True)  # fmt: skip
+    graphed = GraphedStep(tr.train_step)
+    tr.run_step = graphed
+    tr._one_source(SimpleNamespace(name="prefetched batches"), graphed)  # type: ignore[arg-type]
+    assert tr.model.bags is not None and not tr.model.bags.fixed and tr.model.bags.compact
+    assert tr.run_step is tr.train_step
+    assert tr.graph_note == "multi-hot bags: the samples are not resident (prefetched batches)"

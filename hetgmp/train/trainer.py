@@ -15,6 +15,7 @@ naming its step); time is measured between synced boundaries (:mod:`hetgmp.train
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -256,13 +257,8 @@ class Trainer:
             plan, slots, self.env.device, opts, num_rows=meta.num_embeddings, pad_from=pad_from
         )
         self.data_source = source.name
-        if isinstance(source, ResidentSource) and isinstance(self.run_step, GraphedStep):
-            source.deferred = True  # (the graph gathers each batch itself)
-            run = self.run_step
-            if run.compact_bags():  # (the bags' capacity, set at epoch starts)
-                source.epoch_check = lambda sparse, pos, bs: run.epoch_check(
-                    sparse, pos, bs, self.log.info
-                )
+        if isinstance(self.run_step, GraphedStep):
+            self._one_source(source, self.run_step)
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
         self.log.info(f"data: {why}")
@@ -275,6 +271,25 @@ class Trainer:
             + getattr(self.run_step, "note", "")
         )
         return source
+
+    def _one_source(self, source: BatchSource, run: GraphedStep) -> None:
+        """The one-rank graph gathers resident batches itself; compact bags need their epochs'
+        verdicts (capacity), which only resident samples give: else the bags' variable layout
+        and the dense part's graph (multi_hot.ONE_RANK_COMPACT)."""
+        if isinstance(source, ResidentSource):
+            source.deferred = True
+            if run.compact_bags():
+                source.epoch_check = lambda sparse, pos, bs: run.epoch_check(
+                    sparse, pos, bs, self.log.info
+                )
+        elif run.compact_bags() and self.model.bags is not None:
+            self.model.bags = dataclasses.replace(self.model.bags, fixed=False)
+            self.graph_note = f"multi-hot bags: the samples are not resident ({source.name})"
+            self.run_step = self.train_step
+            if head_graph_support(self.env, self.model, enabled=self.cfg.cuda_graphs):
+                self.train_step.head = GraphedHead(
+                    self.model, self.train_step.loss_fn, amp=self.amp
+                )
 
     def _multi_source(self, source: BatchSource) -> None:
         """The multi-rank graph gathers resident batches itself and needs each epoch's
