@@ -68,7 +68,9 @@ COMPACT = True
 # (train/graphed.py; the capacity set at the resident samples' epoch starts, a batch past it
 # eager): its default reads the pooled lookup's size on the host every step, which made one
 # GPU's multi-hot figure move 2.87M-4.85M samples/s between calls on 2 H100s
-# (bench/results/gpu/bags_compact/). Exact (tests/test_bags_compact.py); off until measured.
+# (bench/results/gpu/bags_compact/). Samples not resident on the device: the variable layout
+# still (the capacity comes from resident epochs; Trainer._one_source). Exact
+# (tests/test_bags_compact.py); off until measured.
 ONE_RANK_COMPACT = False
 # The compact capacity (bag values per batch) fixed up front; 0: set at the first epoch start
 # from its batches (BagLayout.fit). Tests fix it, so that runs without an epoch check agree.
