@@ -352,6 +352,9 @@ def _label(i: int, spec: dict[str, Any]) -> str:
 def compile_specs(path: Path, swaps: dict[str, str]) -> int:
     """Compile every spec of ``path``: 0 if all compile, else 1."""
     if os.environ.get(CHILD_ENV) != "1":  # (re-run with Triton 3.6 first on the path)
+        if not (Path(T36) / "triton").is_dir():  # (else the venv's newer Triton: no check)
+            sys.exit(f"compile_sm90: no Triton in {T36}: pip install --no-deps --target {T36} "
+                     "triton==3.6.0 (or set HETGMP_TRITON36)")  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", RECORD_ENV)}
         env.update({CHILD_ENV: "1", "PYTHONPATH": os.pathsep.join([T36, str(ROOT)])})
         argv = [a for m, p in swaps.items() for a in ("--swap", f"{m}={p}")]
