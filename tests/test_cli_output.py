@@ -54,9 +54,13 @@ def test_one_flag_style_and_hetgmps_spellings() -> None:
     from hetgmp.cli import build_parser
 
     parser = build_parser()
-    p = parser.parse_args(["partition", "--ngpus", "4", "--batch_size", "512", "--rerun", "2"])
-    assert (p.nparts, p.batch_size, p.rounds) == (4, 512, 2)
-    for flag in ("-n", "--nparts", "--parts", "--np", "--ranks"):
+    # (HET-GMP's partition.py: --nrank/-n parts, --ngpus/-g GPUs per node, -b, -r)
+    p = parser.parse_args(["partition", "--nrank", "4", "--ngpus", "2", "--batch_size", "512",
+                           "--rerun", "2"])  # fmt: skip
+    assert (p.nparts, p.gpus_per_node, p.batch_size, p.rounds) == (4, 2, 512, 2)
+    p = parser.parse_args(["partition", "-n", "16", "-g", "8", "-b", "1024", "-r", "3"])
+    assert (p.nparts, p.gpus_per_node, p.batch_size, p.rounds) == (16, 8, 1024, 3)
+    for flag in ("-n", "--nparts", "--parts", "--np", "--ranks", "--nrank"):
         assert parser.parse_args(["partition", flag, "3"]).nparts == 3
     t = parser.parse_args(["train", "--iters", "7", "--timeout", "9", "--batch_size", "16"])
     assert (t.iter, t.timeout_s, t.batch_size) == (7, 9.0, 16)

@@ -166,7 +166,7 @@ def test_partition_config_round_trip_and_precedence(tiny_dataset, tmp_path, caps
     assert (resolved.nparts, resolved.method, resolved.seed) == (3, "hash", 4)
     assert resolved.out == PartitionConfig().out != out
     assert resolved.batch_size == PartitionConfig().batch_size  # a default, resolved
-    a = build_parser().parse_args(["partition", "--config", str(stats), "--ngpus", "2"])
+    a = build_parser().parse_args(["partition", "--config", str(stats), "--nrank", "2"])
     assert (a.nparts, a.method) == (2, "hash")
 
 

@@ -33,8 +33,8 @@ class PartitionConfig:
 
     nparts: int = option(
         8,
-        help="number of workers (parts); --parts, --np, --ranks and HET-GMP's --ngpus too",
-        flags=["-n", "--nparts", "--parts", "--np", "--ranks", "--ngpus"],
+        help="number of workers (parts); --parts, --np, --ranks and HET-GMP's --nrank too",
+        flags=["-n", "--nparts", "--parts", "--np", "--ranks", "--nrank"],
         check=lambda v: v >= 1,
         check_msg="must be >= 1",
     )
@@ -48,14 +48,14 @@ class PartitionConfig:
         help="per-worker batch size of the cost model",
         check=lambda v: v >= 1,
         check_msg="must be >= 1",
-        flags=["--batch-size", "--batch_size"],
+        flags=["--batch-size", "--batch_size", "-b"],
     )
     rounds: int = option(
         DEFAULT_ROUNDS,
         help="refinement rounds (sample pass + row pass); HET-GMP's --rerun too",
         check=lambda v: v >= 0,
         check_msg="must be >= 0",
-        flags=["--rounds", "--rerun"],
+        flags=["--rounds", "--rerun", "-r"],
     )
     seed: int = option(
         0,
@@ -71,8 +71,9 @@ class PartitionConfig:
         flags=["--intra-cost", "--intra_cost"],
     )
     gpus_per_node: int | None = option(
-        None, help="workers per node (default: every worker is its own node)",
-        flags=["--gpus-per-node", "--gpus_per_node"],
+        None, help="workers per node (default: every worker is its own node); HET-GMP's "
+        "--ngpus / -g too",
+        flags=["--gpus-per-node", "--gpus_per_node", "--ngpus", "-g"],
     )  # fmt: skip
     max_mirror_rate: float = option(
         baselines.DEFAULT_MAX_MIRROR_RATE,
