@@ -76,3 +76,18 @@ def test_resume_fingerprint_mismatch_names_both_data_sets(tiny_dataset, tmp_path
     assert p.returncode == 2
     assert f"made for another data set: {a} (fingerprint " in p.stderr, p.stderr
     assert f"this run's data set {b} has fingerprint ffffffffffff..." in p.stderr, p.stderr
+
+
+def test_an_unknown_dataset_name_says_how_to_make_one(tmp_path) -> None:
+    """``--dataset criteo`` (HET-GMP names its data sets) where nothing of that name is
+    prepared: the error names the place looked in and the commands that make a data set."""
+    from hetgmp.comm.env import DistEnv
+    from hetgmp.config import validate
+    from hetgmp.data.format import DatasetError
+    from hetgmp.train.config import TrainConfig
+    from hetgmp.train.run import resolve_dataset
+    from hetgmp.train.runlog import RunLog
+
+    cfg = validate(TrainConfig(dataset="criteo", cache_dir=tmp_path, progress=False))
+    with pytest.raises(DatasetError, match=r"under .*datasets \(make one with `hetgmp preprocess`"):
+        resolve_dataset(cfg, DistEnv.single(), RunLog(active=False))

@@ -80,7 +80,8 @@ def resolve_dataset(cfg: TrainConfig, env: DistEnv, log: RunLog) -> Dataset:
     if cfg.dataset != DEFAULT_DATASET:
         raise DatasetError(
             f"--dataset {cfg.dataset}: neither a directory nor a prepared data set under "
-            f"{cfg.cache_dir / 'datasets'}"
+            f"{cfg.cache_dir / 'datasets'} (make one with `hetgmp preprocess` from raw click "
+            "logs, or `hetgmp generate`; leave --dataset out for the generated default)"
         )
 
     # The same cached set `hetgmp partition` uses without --data, so default plans fit it.
