@@ -124,7 +124,10 @@ class TrainConfig:
         "pass over its ids) or cold (the lowest ids; residency then adapts)",
     )  # fmt: skip
     output: Path | None = option(
-        None, help="write the final results (metrics, speed, config) as JSON here"
+        None,
+        help="write the final results (metrics, speed, config) as JSON here (HET-GMP "
+        "wrote its TRAIN / EVAL lines there: here they go to stdout, and --log-json writes "
+        "them as JSON lines)",
     )
     lr: float = option(
         0.05, check=_positive, check_msg="must be > 0",
