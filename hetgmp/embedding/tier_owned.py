@@ -19,7 +19,11 @@ read until its last use:
   (:meth:`OwnedTier.applied`), marked updated (written back when evicted) if a gradient came;
 * ``peer``: the owned rows the peers read and push this step, known once payload 1 arrived
   (:meth:`OwnedTier.serve`), held until the step ends (:meth:`OwnedTier.step_done`), the
-  pushed ones marked updated.
+  pushed ones marked updated;
+* ``epoch``: every owned row an epoch's steps touch, on every rank (:meth:`OwnedTier.hold_epoch`,
+  from :func:`.tier_epoch.epoch_requests`), held until the next epoch's hold: for a step with
+  no residency decision of its own (a whole-step CUDA graph; not wired yet,
+  docs/host_tier_plan.md). Empty unless used.
 
 The exact exchange only (the padded one plans fixed shapes for CUDA graphs, the async one
 serves rows from a thread: :mod:`.tier_setup` refuses them). Residency is decided at the step
@@ -56,6 +60,8 @@ class OwnedTier:
         # held cache slots (host int64; see the module docstring), kept as slot lists so a
         # step's bookkeeping costs O(its rows), never O(the cache)
         self.prev, self.cur, self.peer = _NONE, _NONE, _NONE
+        # (the rows an epoch's steps touch, held for the epoch: :meth:`hold_epoch`)
+        self.epoch = _NONE
         tier.on_move = self._moved
 
     def _moved(self, move: Move) -> None:
@@ -68,6 +74,31 @@ class OwnedTier:
             slots = move.load_slots.to(s.device)
             s.slot_of[ids] = slots.to(torch.int32)
             s.stored_ids[slots] = ids
+
+    # ------------------------------------------------------------------ an epoch's hold
+    def hold_epoch(self, ids: torch.Tensor, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """(At an epoch start; docs/host_tier_plan.md, several ranks inside the whole-step
+        graph) the owned rows of ``ids`` (global ids, any order, may repeat: every rank's
+        epoch reads and pushes of rows owned here, :func:`.tier_epoch.epoch_requests`) made
+        resident and held until the next call, so no step of the epoch needs a residency
+        decision. The last epoch's held rows are marked updated first (its steps may have
+        written any of them: an eviction writes them back). ``keep``: cache slots not to
+        evict now besides the step holds (the last batch's owned rows, whose gradient the
+        next step applies). Returns the held cache slots."""
+        self.settle_epoch()
+        rows = self.index.index_select(0, ids.reshape(-1).to("cpu", torch.int64))
+        if bool((rows < 0).any()):  # (every rank's owner map is the same: a breach)
+            raise EmbeddingInputError(
+                f"rank {self.store.rank}: an epoch's requests hold ids this rank does not own"
+            )
+        held = [self.prev, self.cur, self.peer, *(keep or [])]
+        self.epoch = self.tier.make_resident(rows, held, batch=False)
+        return self.epoch
+
+    def settle_epoch(self) -> None:
+        """The epoch's held rows marked updated (before a flush, or a new epoch's hold)."""
+        if self.epoch.numel():
+            self.tier.mark_updated(self.epoch)
 
     # ------------------------------------------------------------------ a step's holds
     def before_plan(self, ids: torch.Tensor | None) -> None:
@@ -82,7 +113,9 @@ class OwnedTier:
         # host for a batch's ~213k ids)
         flat = flat.index_select(0, positions((flat >= 0) & (flat < self.store.num_rows)))
         rows = self.index.index_select(0, flat)
-        self.cur = self.tier.make_resident(rows.index_select(0, positions(rows >= 0)), [self.prev])
+        self.cur = self.tier.make_resident(
+            rows.index_select(0, positions(rows >= 0)), [self.prev, self.epoch]
+        )
 
     def serve(self, pushed: torch.Tensor, read: list[torch.Tensor]) -> None:
         """(After payload 1) the owned rows peers push (``pushed``) and read (``read``: global
@@ -96,7 +129,7 @@ class OwnedTier:
             raise EmbeddingInputError(
                 f"rank {self.store.rank}: a peer sent ids of rows this rank does not own"
             )
-        self.peer = self.tier.make_resident(rows, [self.prev, self.cur], batch=False)
+        self.peer = self.tier.make_resident(rows, [self.prev, self.cur, self.epoch], batch=False)
         if push_rows.numel():
             self.tier.mark_updated(self.tier.slots_of(push_rows))
 
@@ -119,6 +152,7 @@ class OwnedTier:
     def owned_rows(self) -> dict[str, torch.Tensor]:
         """``{"ids", "weight", "opt_state"}`` of every owned row from host memory (after
         writing the cache's updated rows back), as :meth:`RowStore.owned_rows`."""
+        self.settle_epoch()
         self.tier.flush()
         t = self.tier
         return {"ids": self.own_ids.clone(), "weight": t.host_weight.clone(),
