@@ -6,6 +6,10 @@ writes them back when a later epoch evicts them, and refuses a hold past the cac
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -64,6 +68,9 @@ def _holds(env: DistEnv) -> dict:
     with torch.no_grad():  # (a step's update of the held rows, in the cache)
         store.weight_full[before.long()] += 1.0
     moved = store.weight_full[before.long()].clone()
+    saved = owned.owned_rows()  # (a checkpoint mid-epoch: the held rows' values, written back)
+    pos = torch.searchsorted(saved["ids"], a)
+    assert torch.equal(saved["weight"][pos], moved)
     # (a step's own decision beside the hold: the rest of the cache turns over, the hold stays)
     owned.before_plan(b.view(-1, 1))
     assert any(h is owned.epoch for h in tier._held)  # noqa: SLF001 - the keep list
@@ -82,3 +89,81 @@ def _holds(env: DistEnv) -> dict:
 def test_a_held_epoch_stays_resident_and_is_written_back_when_evicted() -> None:
     for out in spawn_ranks(_holds, 2, timeout_s=120):
         assert out == {"evicted": True, "written_back": True}, out
+
+
+def _skewed(root: Path) -> SimpleNamespace:
+    """Three fields of 300 ids each whose samples draw skewed ids: an epoch touches about a
+    third of the rows (the epoch's hold fits a 60 % cache; the rest stays on the host)."""
+    from hetgmp.data.format import make_fields, open_dataset, write_dataset
+
+    rng = np.random.default_rng(5)
+    cards = [300, 300, 300]
+    fields = make_fields(["a", "b", "c"], cards)
+    offs = np.array([f.offset for f in fields])
+
+    def split(n: int):  # type: ignore[no-untyped-def]
+        local = np.stack([np.minimum(rng.zipf(1.4, n) - 1, c - 1) for c in cards], axis=1)
+        return (
+            local + offs,
+            rng.random((n, 2), dtype=np.float32),
+            (rng.random(n) < 0.3).astype(np.float32),
+        )
+
+    write_dataset(root, fields, {"train": split(480), "test": split(96)}, num_dense=2)
+    ds = open_dataset(root)
+    return SimpleNamespace(root=root, train=ds.train, meta=ds.meta, fingerprint=ds.fingerprint)
+
+
+def _whole_tier(env: DistEnv, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    from test_whole_step_multi import _rank, interpreter_now
+
+    interpreter_now()
+    from hetgmp.train import graphed_multi
+
+    held, real = [], graphed_multi.hold_for_epoch
+
+    def hold(env_, ctx, ids) -> int:  # type: ignore[no-untyped-def]
+        held.append(real(env_, ctx, ids))
+        held.append(int((ctx.store.slot_of[ctx.owned.own_ids] >= 0).sum()))
+        return held[-2]
+
+    graphed_multi.hold_for_epoch = hold  # type: ignore[assignment]
+    device = _rank(env, cfg, True, None)
+    host_cfg = dataclasses.replace(cfg, rows_on="host", cache_budget=0.6, cache_warm="cold")
+    host = _rank(env, host_cfg, True, None)
+    host["held"] = held
+    return device, host
+
+
+@pytest.mark.slow  # (~40 s: two whole-step runs in Triton's interpreter)
+def test_whole_step_flow_with_epoch_held_owned_rows_trains_as_all_on_device(tmp_path) -> None:
+    """Two gloo ranks, the padded exchange's whole-step flow (fused segments in Triton's
+    interpreter), owned rows on the host tier with a 60 % cache started cold: each epoch
+    start holds every owned row the epoch touches on any rank, and at bound 0 the run ends
+    where the all-on-device run ends (rows, optimizer state, dense layers)."""
+    pytest.importorskip("triton")
+    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+
+    ds = _skewed(tmp_path / "ds")
+    plan = _plan(ds, 2, tmp_path / "part.npz")
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=2)
+    runs = spawn_ranks(_whole_tier, 2, cfg, timeout_s=300, start_method="spawn")
+    device, host = [r[0] for r in runs], [r[1] for r in runs]
+
+    _assert_runs_equal(device, host, counters=False)
+    for h in host:
+        held = h["held"]
+        assert len(held) >= 4 and 0 < held[0] <= held[1], held  # (each epoch: held, resident)
+
+
+def test_padded_tier_outside_the_whole_step_flow_is_refused() -> None:
+    """The eager padded step never makes the peers' rows resident: the trainer refuses
+    several ranks' host tier on the padded exchange there, naming what to pass instead."""
+    from hetgmp.embedding.tier_setup import check_owned_flow
+
+    table = SimpleNamespace(owned=object(), exchange="padded")
+    with pytest.raises(ValueError, match="pass --exchange exact otherwise"):
+        check_owned_flow(table, whole_step=False)
+    check_owned_flow(table, whole_step=True)
+    check_owned_flow(SimpleNamespace(owned=object(), exchange="exact"), whole_step=False)
+    check_owned_flow(SimpleNamespace(owned=None, exchange="padded"), whole_step=False)

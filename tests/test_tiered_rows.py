@@ -186,9 +186,14 @@ def test_host_rows_refusals() -> None:
         small(torch.tensor([[1, 2, 3]]))
     from hetgmp.embedding.tier_setup import check_rows_on
 
-    with pytest.raises(ValueError, match="exact collective exchange only .*--exchange padded"):
-        check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False, exchange="padded")
-    with pytest.raises(ValueError, match="exact collective exchange only .*--sync async"):
+    # (several ranks: the padded exchange too, its epoch holds in the whole-step graph: the
+    # trainer refuses it outside that flow, tests/test_tier_epoch.py)
+    check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False, exchange="padded")
+    cuda = torch.device("cuda")
+    check_rows_on("host", 0.1, world=2, device=cuda, cuda_graphs=True, exchange="padded")
+    with pytest.raises(ValueError, match="CUDA graphs yet.*--no-cuda-graphs"):
+        check_rows_on("host", 0.1, world=2, device=cuda, cuda_graphs=True, exchange="exact")
+    with pytest.raises(ValueError, match="collective exchange only .*--sync async"):
         check_rows_on("host", 0.1, world=2, device=CPU, cuda_graphs=False, sync="async")
     with pytest.raises(ValueError, match="CUDA graphs yet.*--no-cuda-graphs"):
         check_rows_on("host", 0.1, world=1, device=torch.device("cuda"), cuda_graphs=True)

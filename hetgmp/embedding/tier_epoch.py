@@ -6,6 +6,8 @@ what a whole-step CUDA graph of several ranks needs (docs/host_tier_plan.md, las
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from hetgmp.comm.env import DistEnv
@@ -28,3 +30,18 @@ def epoch_requests(env: DistEnv, ids: torch.Tensor, owner: torch.Tensor) -> torc
         [2 * int(c) for c in recv.tolist()], "epoch row requests",
     )  # fmt: skip
     return torch.unique(unpack_i64(payload))
+
+
+def hold_for_epoch(env: DistEnv, ctx: Any, ids: torch.Tensor) -> int:
+    """(Collective, at an epoch start of the whole-step graph, before its scan reads
+    ``slot_of``) every owned row that this epoch's ``ids`` (this rank's batches; any shape,
+    negative padding allowed) or a peer's touch, and those of every rank's mirrors with
+    pending counts (a due push may wait into the epoch), held resident on this rank's host
+    tier (``ctx.owned``) for the epoch; the last epoch's rows stay held through it (a step
+    applies the last batch's gradient after the epoch start). Returns the rows held."""
+    store, owned = ctx.store, ctx.owned
+    pend = store.stored_ids[store.n_own : store.n_own + store.n_mir][store.pending > 0]
+    flat = torch.cat([ids.reshape(-1).to(store.device, torch.int64), pend.to(torch.int64)])
+    owner = store.block_of.to(torch.int64) % env.world_size  # (own r, mirror w+o, else 2w+o)
+    mine = epoch_requests(env, flat, owner)
+    return int(owned.hold_epoch(mine, keep=[owned.epoch]).numel())

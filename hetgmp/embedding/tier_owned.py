@@ -22,11 +22,12 @@ read until its last use:
   pushed ones marked updated;
 * ``epoch``: every owned row an epoch's steps touch, on every rank (:meth:`OwnedTier.hold_epoch`,
   from :func:`.tier_epoch.epoch_requests`), held until the next epoch's hold: for a step with
-  no residency decision of its own (a whole-step CUDA graph; not wired yet,
-  docs/host_tier_plan.md). Empty unless used.
+  no residency decision of its own (the whole-step CUDA graph of the padded exchange,
+  :func:`.tier_epoch.hold_for_epoch`). Empty unless used.
 
-The exact exchange only (the padded one plans fixed shapes for CUDA graphs, the async one
-serves rows from a thread: :mod:`.tier_setup` refuses them). Residency is decided at the step
+The exact exchange's steps (evaluation's too) decide per step; the padded exchange's only in
+the whole-step flow, from an epoch's hold (the async one serves rows from a thread:
+:mod:`.tier_setup` refuses it). Residency is decided at the step
 (a peer's reads are known only within it): the one-rank tier's ahead-of-step staging
 (:mod:`.tier_ahead`) is not used here.
 """

@@ -37,16 +37,32 @@ def check_rows_on(
     if rows_on == "device":
         return
     budget_rows(1, cache_budget)  # (the fraction's check)
-    if world > 1 and (sync != "collective" or exchange != "exact"):
+    if world > 1 and (sync != "collective" or exchange not in ("exact", "padded")):
         raise ValueError(
-            f"--rows-on host with several ranks runs the exact collective exchange only "
-            f"(this table: --sync {sync}, --exchange {exchange}); pass --sync collective "
-            "--exchange exact (or auto)"
+            f"--rows-on host with several ranks runs the collective exchange only "
+            f"(this table: --sync {sync}, --exchange {exchange}); pass --sync collective"
         )
-    if device.type == "cuda" and cuda_graphs and (world > 1 or not DEVICE_TIER):
+    # (several ranks on the padded exchange: the whole-step graph, whose epoch starts hold an
+    # epoch's owned rows resident, .tier_epoch; the trainer refuses it elsewhere)
+    graphs_ok = exchange == "padded" if world > 1 else DEVICE_TIER
+    if device.type == "cuda" and cuda_graphs and not graphs_ok:
         raise ValueError(
             "--rows-on host does not run inside CUDA graphs yet (a prefetch decides residency "
             "on the host); pass --no-cuda-graphs with it"
+            + (" (or, several ranks, --exchange padded: its whole-step graph holds each "
+               "epoch's rows)" if world > 1 else "")
+        )  # fmt: skip
+
+
+def check_owned_flow(table: Any, whole_step: bool) -> None:
+    """Refuse several ranks' host tier on the padded exchange outside the whole-step flow:
+    its eager step never makes the peers' reads and pushes resident (the exact exchange's
+    step does, and the whole-step flow holds an epoch's rows, :mod:`.tier_epoch`)."""
+    if getattr(table, "owned", None) is not None and table.exchange == "padded" and not whole_step:
+        raise ValueError(
+            "--rows-on host with several ranks and --exchange padded needs the whole step as "
+            "one CUDA graph (CUDA, --cuda-graphs, samples resident on the device); pass "
+            "--exchange exact otherwise"
         )
 
 

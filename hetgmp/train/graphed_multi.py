@@ -36,6 +36,7 @@ from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded import streams
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
+from hetgmp.embedding.tier_epoch import hold_for_epoch
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.graphed_multi_prime import exact_ids, key_of, next_batch, primed_for
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
@@ -177,6 +178,8 @@ class MultiRankGraphedStep:
         """(Collective, at an epoch start) each step's verdict (:meth:`WholeStep.epoch_fits`),
         and through ``note`` what :meth:`WholeStep.epoch_notes` says (capacities grown)."""
         old, steps, bags = self.whole.padded.frozen, self.steps_per_epoch, self.bags
+        if self.whole.ctx.owned is not None:  # (--rows-on host: the epoch's owned rows held)
+            hold_for_epoch(self.env, self.whole.ctx, sparse.index_select(0, positions.long()))
         # (bags: within a compact lookup's capacity, which sets its table ids per batch)
         ok = None
         if bags is not None:

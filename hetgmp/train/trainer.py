@@ -38,6 +38,7 @@ from hetgmp.data.device_batches import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.loader import Batch
 from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
+from hetgmp.embedding.tier_setup import check_owned_flow
 from hetgmp.models import CTRModel
 from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes, stop_if_diverged
 from hetgmp.train.async_loop import run_async
@@ -261,6 +262,7 @@ class Trainer:
             self._one_source(source, self.run_step)
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)
+        check_owned_flow(table(self.model), isinstance(self.run_step, MultiRankGraphedStep))
         self.log.info(f"data: {why}")
         source = read_ahead(source, self.model, self.total_steps - self.position.step)
         what = self.step_graph()

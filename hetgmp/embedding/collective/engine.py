@@ -40,8 +40,8 @@ class CollectiveEngine(PlannedEngine):
         return None
 
     def forward(self, ids: torch.Tensor, *, training: bool) -> torch.Tensor:
-        if self.ctx.owned is not None:
-            self.ctx.owned.before_plan(ids if input_problem(ids) is None else None)
+        if self.ctx.owned is not None and not _capturing(ids):  # (a capture: the epoch's
+            self.ctx.owned.before_plan(ids if input_problem(ids) is None else None)  # hold)
         return super().forward(ids, training=training)
 
     def prefetch(self, ids: torch.Tensor, *, training: bool) -> None:
@@ -59,3 +59,9 @@ class CollectiveEngine(PlannedEngine):
         super().drop_pending()
         if self.ctx.owned is not None:
             self.ctx.owned.drop()
+
+
+def _capturing(ids: torch.Tensor) -> bool:
+    """Whether a CUDA graph captures now (a host tier's step decisions read ids on the host:
+    the whole-step graph's epoch hold stands for them, .tier_epoch)."""
+    return ids.is_cuda and torch.cuda.is_current_stream_capturing()
