@@ -43,7 +43,8 @@
 # (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "allinline": allearly with
 # the own rows' update inline (owner_update.OWN_STREAM=0), "earlyrows": early with the first
 # layer's last rows all-reduced from inside backward (dense_sync.EARLY_ROWS), "splitrows":
-# ownsplit and earlyrows (both paths after backward shorter), "bagcompact": early with MULTI_HOT's bags
+# ownsplit and earlyrows (both paths after backward shorter), "tierN": early with the owned
+# rows on the host tier, an N % cache (--rows-on host --cache-budget 0.N --exchange padded), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
@@ -113,6 +114,7 @@ switches() {  # variant -> module switches
     fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;
     onecompact) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=1 ;;
     earlyrows) echo $early hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
+    tier*) echo $early ;;  # (its flags: vflags)
     splitrows) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
       hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
     sumfirst) echo $early $p.exchange.SUM_FIRST=1 ;;
@@ -150,6 +152,12 @@ switches() {  # variant -> module switches
     zeromark) echo $early $p.exchange.EARLY_ZERO=1 hetgmp.embedding.kernels.prep.MARK_BY_FIELD=1 ;;
     nofield) echo $early hetgmp.embedding.kernels.rows.FIELD_RUNS=0 ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
+  esac
+}
+vflags() {  # variant -> extra training flags (tierN: owned rows on the host tier, an N % cache,
+  # the padded exchange's whole-step graph holding each epoch's rows: issue 33)
+  case $1 in
+    tier*) echo --rows-on host --cache-budget "0.${1#tier}" --exchange padded ;;
   esac
 }
 nccl_env() {  # variant -> NCCL settings (nvlK_C: peer-to-peer chunks of K KiB over NVLink, at
@@ -193,7 +201,7 @@ for b in $BATCHES; do
     fi
     for g in $GPUS; do
       for v in ${VARIANTS:-strict early ahead}; do
-        run w${g}${v}${R}_$b new "$g" "$b" "$v" $(card "$g"); NAMES+=(w${g}${v}${R}_$b)
+        run w${g}${v}${R}_$b new "$g" "$b" "$v" $(card "$g") $(vflags "$v"); NAMES+=(w${g}${v}${R}_$b)
       done
     done
   done
