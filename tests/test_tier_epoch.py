@@ -167,3 +167,12 @@ def test_padded_tier_outside_the_whole_step_flow_is_refused() -> None:
     check_owned_flow(table, whole_step=True)
     check_owned_flow(SimpleNamespace(owned=object(), exchange="exact"), whole_step=False)
     check_owned_flow(SimpleNamespace(owned=None, exchange="padded"), whole_step=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_tiered_whole_step_graph_on_two_gpus(tmp_path) -> None:
+    """The same inside the captured step on 2 GPUs (tests/gpu_tier_whole_check.py)."""
+    from test_whole_step_multi import _torchrun_check
+
+    _torchrun_check("gpu_tier_whole_check.py", tmp_path, "TIER WHOLE STEP CHECK OK")
