@@ -41,7 +41,7 @@ from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import DeviceBatch, PendingBatch, ResidentSource
 from hetgmp.embedding import engine_of
 from hetgmp.train.graphed_head import WARMUP_STEPS
-from hetgmp.train.multi_hot import bag_fit_notes, bag_fits
+from hetgmp.train.multi_hot import bag_verdicts
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep, table
 
@@ -182,16 +182,12 @@ class GraphedStep:
     ) -> list[bool]:  # fmt: skip
         """(At an epoch start of the resident samples) each full batch's verdict: its bag
         values within the compact lookup's capacity (set by the first epoch's batches,
-        :func:`~hetgmp.train.multi_hot.bag_fits`); a batch past it trains eagerly. ``note``:
+        :func:`~hetgmp.train.multi_hot.bag_verdicts`); a batch past it trains eagerly. ``note``:
         the log's, told the capacity once and the batches past it."""
         bags = self.step.model.bags
         assert bags is not None
-        first = not bags.capacity
         steps = positions.numel() // max(batch_size, 1)
-        fits = bag_fits(bags, self.step.env, steps, sparse, positions, batch_size)
-        for line in bag_fit_notes(bags, fits, first=first):
-            note(line)
-        return fits
+        return bag_verdicts(bags, self.step.env, steps, sparse, positions, batch_size, note)
 
     def _load(self, batch: DeviceBatch | PendingBatch) -> None:
         if isinstance(batch, PendingBatch):

@@ -40,7 +40,7 @@ from hetgmp.embedding.tier_epoch import hold_for_epoch
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.graphed_multi_prime import exact_ids, key_of, next_batch, primed_for
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
-from hetgmp.train.multi_hot import bag_fit_notes, bag_fits
+from hetgmp.train.multi_hot import bag_verdicts
 from hetgmp.train.profile import NoMarks, PhaseProfiler, ReplayTimer
 from hetgmp.train.step import TrainStep
 
@@ -183,10 +183,7 @@ class MultiRankGraphedStep:
         # (bags: within a compact lookup's capacity, which sets its table ids per batch)
         ok = None
         if bags is not None:
-            first = not bags.capacity  # (the capacity is told once: when the first check sets it)
-            ok = bag_fits(bags, self.env, steps, sparse, positions, batch_size)
-            for line in bag_fit_notes(bags, ok, first=first):
-                note(line)
+            ok = bag_verdicts(bags, self.env, steps, sparse, positions, batch_size, note)
         n = None if bags is None else bags.table_rows(batch_size)
         fits = self.whole.epoch_fits(sparse, positions, batch_size, steps, n=n)
         fits = fits if ok is None else [a and b for a, b in zip(fits, ok, strict=True)]

@@ -188,6 +188,19 @@ def bag_fits(
     return bags.fit(need.tolist(), batch_size)
 
 
+def bag_verdicts(
+    bags: BagLayout, env: Any, steps: int, sparse: torch.Tensor, positions: torch.Tensor,
+    batch_size: int, note: Any,
+) -> list[bool]:  # fmt: skip
+    """(Collective, at an epoch start) :func:`bag_fits`, the log told through ``note`` what
+    :func:`bag_fit_notes` says (the capacity when this call sets it)."""
+    first = not bags.capacity
+    fits = bag_fits(bags, env, steps, sparse, positions, batch_size)
+    for line in bag_fit_notes(bags, fits, first=first):
+        note(line)
+    return fits
+
+
 def bag_fit_notes(bags: BagLayout, fits: list[bool], *, first: bool) -> list[str]:
     """What the log says after :func:`bag_fits`: the compact capacity (``first``: once), and
     how many of the epoch's batches are past it (those train eagerly)."""

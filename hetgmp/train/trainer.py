@@ -286,12 +286,7 @@ class Trainer:
                 )
         elif run.compact_bags() and self.model.bags is not None:
             self.model.bags = dataclasses.replace(self.model.bags, fixed=False)
-            self.graph_note = f"multi-hot bags: the samples are not resident ({source.name})"
-            self.run_step = self.train_step
-            if head_graph_support(self.env, self.model, enabled=self.cfg.cuda_graphs):
-                self.train_step.head = GraphedHead(
-                    self.model, self.train_step.loss_fn, amp=self.amp
-                )
+            self._dense_graph_only(f"multi-hot bags: the samples are not resident ({source.name})")
 
     def _multi_source(self, source: BatchSource) -> None:
         """The multi-rank graph gathers resident batches itself and needs each epoch's
@@ -299,15 +294,16 @@ class Trainer:
         run = self.run_step
         assert isinstance(run, MultiRankGraphedStep)
         if not isinstance(source, ResidentSource):
-            self.graph_note = f"several ranks: the samples are not resident ({source.name})"
-            self.run_step = self.train_step
-            if head_graph_support(self.env, self.model, enabled=self.cfg.cuda_graphs):
-                self.train_step.head = GraphedHead(
-                    self.model, self.train_step.loss_fn, amp=self.amp
-                )
+            self._dense_graph_only(f"several ranks: the samples are not resident ({source.name})")
             return
         source.deferred = True
         source.epoch_check = lambda sparse, pos, bs: run.epoch_check(sparse, pos, bs, self.log.info)
+
+    def _dense_graph_only(self, why: str) -> None:
+        """The whole step eager after all (``why``: for the log), its dense part one graph."""
+        self.graph_note, self.run_step = why, self.train_step
+        if head_graph_support(self.env, self.model, enabled=self.cfg.cuda_graphs):
+            self.train_step.head = GraphedHead(self.model, self.train_step.loss_fn, amp=self.amp)
 
     def _loop(self, source: BatchSource) -> None:
         interval = Interval(self.env.device)
