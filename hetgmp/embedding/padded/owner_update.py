@@ -44,15 +44,18 @@ VERSIONS_IN_UPDATE = True
 # too, instead of on the exchange's chain after backward (owner_slots' push launch: 9 us of the
 # 2-GPU chain at batch 8192 on 2 H100s; pack then writes the pushes' gradients only). With the
 # direct peer payloads, OWN_SLOTS_EARLY and the listed due mirrors. Exact
-# (tests/test_push_slots_early.py); off until measured (read_ahead_ab.sh variant "pushearly").
-PUSH_SLOTS_EARLY = False
+# (tests/test_push_slots_early.py; on 2 H100s tests/gpu_whole_step_check.py). On with OWN_SPLIT
+# below since 2026-11-27 (bench/results/gpu/own_split/).
+PUSH_SLOTS_EARLY = True
 # With it, the own rows no peer pushes (most of them: a push marks the own entry it joins in the
 # counts phase) take their Adagrad step right after the pre-sync kernel, on a stream of their
 # own inside a whole-step capture (beside pack, the barrier and the update of the pushed rows;
 # inline elsewhere), so the update after the barrier covers the pushed rows only (Adagrad's
-# ~30 us was on the 2-GPU chain at batch 8192). Exact (tests/test_push_slots_early.py); off
-# until measured (read_ahead_ab.sh variant "ownsplit").
-OWN_SPLIT = False
+# ~30 us was on the 2-GPU chain at batch 8192). Exact (tests/test_push_slots_early.py; the GPU
+# check on 2 H100s). Measured +0.3 % and +0.5 % (two calls, medians of 2 rounds each, variant
+# "ownsplit"/"allearly" of read_ahead_ab.sh): small, both paths after backward are still
+# about equal (bench/results/gpu/own_split/), but exact and never slower: on.
+OWN_SPLIT = True
 # OWN_SPLIT's own-rows update on a stream of its own inside a whole-step capture (else inline,
 # on the chain: what a GPU check tells apart when the split disagrees with the eager step).
 OWN_STREAM = True
