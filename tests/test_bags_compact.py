@@ -140,6 +140,7 @@ def test_one_rank_graph_sets_the_capacity_and_sends_batches_past_it_eager(
     from hetgmp.train.graphed import GraphedStep
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(multi_hot, "ONE_RANK_COMPACT", False)
     assert not multi_hot._fixed_on(cuda, 1) and multi_hot._fixed_on(cuda, 2)
     monkeypatch.setattr(multi_hot, "ONE_RANK_COMPACT", True)
     assert multi_hot._fixed_on(cuda, 1) and not multi_hot._fixed_on(cpu, 1)
