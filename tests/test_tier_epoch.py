@@ -151,6 +151,9 @@ def test_whole_step_flow_with_epoch_held_owned_rows_trains_as_all_on_device(tmp_
     device, host = [r[0] for r in runs], [r[1] for r in runs]
 
     _assert_runs_equal(device, host, counters=False)
+    for d, h in zip(device, host, strict=True):  # (the tier's steps replay like the device's:
+        # a source read one batch ahead for the tier once made every step eager)
+        assert h["replays"] == d["replays"] > 0 and h["eager"] == d["eager"], (h, d)
     for h in host:
         held = h["held"]
         assert len(held) >= 4 and 0 < held[0] <= held[1], held  # (each epoch: held, resident)

@@ -20,8 +20,10 @@ from hetgmp.comm.peer_allreduce import peer_all_reduce
 # rows computed first (models.deferred_wgrad.set_rows_hook): their all-reduce starts while the
 # product of the other rows runs, the rest of the bucket is summed after it. On 2 H100s at batch
 # 8192 the dense path after backward (the product ~35 us, the all-reduce ~40, Adam ~20) is as
-# long as the exchange's chain beside it (docs/scaling_plan.md). Exact (tests/test_early_rows.py);
-# off until measured (read_ahead_ab.sh variant "earlyrows"). NCCL or gloo groups; not with the
+# long as the exchange's chain beside it (docs/scaling_plan.md). Exact (tests/test_early_rows.py),
+# but measured 6 % slower there (read_ahead_ab.sh variant "earlyrows",
+# bench/results/gpu/own_split/: the split product and an all-reduce launched from inside
+# backward slow the dense path more than they hide): off. NCCL or gloo groups; not with the
 # peer-memory sums, nor with the dense part's own graph (its capture would hold the start, not
 # the wait).
 EARLY_ROWS = False

@@ -46,14 +46,23 @@ class Lookahead:
         self.source.close()
 
 
-def read_ahead(source: BatchSource, model: CTRModel, steps: int) -> BatchSource:
+def read_ahead(
+    source: BatchSource, model: CTRModel, steps: int, *, epoch_held: bool = False
+) -> BatchSource:
     """``source`` read one batch ahead, ``model``'s table told each next batch, where the
     table makes rows resident ahead (a host tier); else ``source`` itself. The table is told
     the ids the model's lookup will hand it (``model.table_ids``: with multi-hot fields the
     bags flattened, padding taken out), as that very tensor: the tier matches a batch by
-    identity, and a padding slot (-1) would make it refuse the batch ahead."""
+    identity, and a padding slot (-1) would make it refuse the batch ahead.
+
+    ``epoch_held``: the several ranks' whole-step flow, whose epoch check holds every row of
+    the epoch resident (:mod:`hetgmp.embedding.tier_epoch`): nothing to tell ahead, and the
+    flow plans the next batch from the source's own position (reading it one batch ahead
+    here made every step's planned batch the wrong one, so every step ran eagerly)."""
     embedding: Any = model.embedding  # (a DistributedEmbedding; nn.Module's attribute type)
     if getattr(embedding, "tier", None) is None:
+        return source
+    if epoch_held and getattr(embedding, "owned", None) is not None:
         return source
     prefetch, table_ids = embedding.prefetch, model.table_ids
     return Lookahead(source, steps, lambda ids: prefetch(table_ids(ids)))

@@ -260,11 +260,13 @@ class Trainer:
         self.data_source = source.name
         if isinstance(self.run_step, GraphedStep):
             self._one_source(source, self.run_step)
-        if isinstance(self.run_step, MultiRankGraphedStep):
+        multi = isinstance(self.run_step, MultiRankGraphedStep)
+        if multi:
             self._multi_source(source)
-        check_owned_flow(table(self.model), isinstance(self.run_step, MultiRankGraphedStep))
+        check_owned_flow(table(self.model), multi)
         self.log.info(f"data: {why}")
-        source = read_ahead(source, self.model, self.total_steps - self.position.step)
+        left = self.total_steps - self.position.step
+        source = read_ahead(source, self.model, left, epoch_held=multi)
         what = self.step_graph()
         self.log.info(
             f"step: eager kernels ({self.graph_note})"
