@@ -172,6 +172,33 @@ def test_padded_tier_outside_the_whole_step_flow_is_refused() -> None:
     check_owned_flow(SimpleNamespace(owned=None, exchange="padded"), whole_step=False)
 
 
+def _streamed_tier(env: DistEnv, cfg) -> str:  # type: ignore[no-untyped-def]
+    from test_whole_step_multi import _rank, interpreter_now
+
+    interpreter_now()
+    try:
+        _rank(env, cfg, True, None)
+    except ValueError as e:
+        return str(e)
+    return "trained"
+
+
+# (~5 s: two spawned ranks)
+def test_padded_tier_refused_when_the_samples_are_streamed(tmp_path) -> None:
+    """Samples not resident on the device: the whole-step flow falls back to eager steps,
+    and the trainer then refuses the padded exchange with a tier (it asks after the fallback,
+    not before: a check before it let the eager padded step run with rows not resident)."""
+    pytest.importorskip("triton")
+    from test_whole_step_multi import _cfg, _plan
+
+    ds = _skewed(tmp_path / "ds")
+    plan = _plan(ds, 2, tmp_path / "part.npz")
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
+               rows_on="host", cache_budget=0.6, data_on_device="off")  # fmt: skip
+    said = spawn_ranks(_streamed_tier, 2, cfg, timeout_s=300, start_method="spawn")
+    assert all("pass --exchange exact otherwise" in s for s in said), said
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_tiered_whole_step_graph_on_two_gpus(tmp_path) -> None:

@@ -260,9 +260,9 @@ class Trainer:
         self.data_source = source.name
         if isinstance(self.run_step, GraphedStep):
             self._one_source(source, self.run_step)
+        if isinstance(self.run_step, MultiRankGraphedStep):
+            self._multi_source(source)  # (it may fall back to eager steps: asked again below)
         multi = isinstance(self.run_step, MultiRankGraphedStep)
-        if multi:
-            self._multi_source(source)
         check_owned_flow(table(self.model), multi)
         self.log.info(f"data: {why}")
         left = self.total_steps - self.position.step
