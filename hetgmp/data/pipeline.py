@@ -9,7 +9,7 @@ the plain :class:`SyncSource`. All three yield the same batches in the same orde
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -84,11 +84,16 @@ def open_source(
     *,
     num_rows: int,
     pad_from: int | None = None,
+    others_fit: Callable[[bool], bool] | None = None,
 ) -> tuple[BatchSource, str]:
     """The batch source for ``slots`` and a sentence for the log saying which and why
-    (``pad_from``: the first id column that may hold a multi-hot bag's padding)."""
+    (``pad_from``: the first id column that may hold a multi-hot bag's padding;
+    ``others_fit``: collective, whether every rank's samples fit too, given this rank's
+    verdict: ranks whose steps differ by residency would not meet at the same collectives)."""
     ids_int32 = num_rows - 1 <= INT32_MAX
     resident, why = wants_resident(opts, plan, device, ids_int32)
+    if others_fit is not None and not others_fit(resident):
+        resident, why = False, f"{why}; another rank's samples do not fit theirs"
     if resident:
         src = ResidentSource(
             plan, slots, device, ids_int32=ids_int32, num_rows=num_rows, pad_from=pad_from

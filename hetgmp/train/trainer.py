@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hetgmp.comm.collectives import all_gather_object
+from hetgmp.comm.collectives import all_gather_object, any_true
 from hetgmp.comm.env import DistEnv
 from hetgmp.data.device_batches import (
     DeviceBatch,
@@ -234,14 +234,8 @@ class Trainer:
     def _loop_lockstep(self) -> None:
         cfg, pos = self.cfg, self.position
         plan = EpochPlan(self.dataset.train, self.indices, cfg.batch_size, cfg.shuffle, cfg.seed)
-        slots = step_slots(
-            plan,
-            step=pos.step,
-            epoch=pos.epoch,
-            batch=pos.batch,
-            steps_per_epoch=self.steps_per_epoch,
-            total_steps=self.total_steps,
-        )
+        slots = step_slots(plan, step=pos.step, epoch=pos.epoch, batch=pos.batch,
+                           steps_per_epoch=self.steps_per_epoch, total_steps=self.total_steps)  # fmt: skip
         source = self.open_source(plan, slots)
         try:
             self._loop(source)
@@ -255,8 +249,9 @@ class Trainer:
         meta = self.dataset.meta
         pad_from = meta.num_fields if meta.multi_hot else None  # (bags padded into the ids)
         source, why = open_source(
-            plan, slots, self.env.device, opts, num_rows=meta.num_embeddings, pad_from=pad_from
-        )
+            plan, slots, self.env.device, opts, num_rows=meta.num_embeddings, pad_from=pad_from,
+            others_fit=None if cfg.sync == "async" else self._all_fit,  # (async: own pace)
+        )  # fmt: skip
         self.data_source = source.name
         if isinstance(self.run_step, GraphedStep):
             self._one_source(source, self.run_step)
@@ -275,6 +270,11 @@ class Trainer:
             + getattr(self.run_step, "note", "")
         )
         return source
+
+    def _all_fit(self, fits: bool) -> bool:
+        """(Collective) whether every rank's samples fit on its device (lockstep ranks must
+        agree: a resident rank replays the whole step, the others would step eagerly)."""
+        return not any_true(self.env, not fits)
 
     def _one_source(self, source: BatchSource, run: GraphedStep) -> None:
         """The one-rank graph gathers resident batches itself; compact bags need their epochs'
