@@ -118,16 +118,17 @@ def _whole_tier(env: DistEnv, cfg) -> tuple[dict, dict]:  # type: ignore[no-unty
     from test_whole_step_multi import _rank, interpreter_now
 
     interpreter_now()
-    from hetgmp.train import graphed_multi
 
-    held, real = [], graphed_multi.hold_for_epoch
+    from hetgmp.embedding import tier_windows
+
+    held, real = [], tier_windows.hold_rows
 
     def hold(env_, ctx, ids) -> int:  # type: ignore[no-untyped-def]
         held.append(real(env_, ctx, ids))
         held.append(int((ctx.store.slot_of[ctx.owned.own_ids] >= 0).sum()))
         return held[-2]
 
-    graphed_multi.hold_for_epoch = hold  # type: ignore[assignment]
+    tier_windows.hold_rows = hold  # type: ignore[assignment]
     device = _rank(env, cfg, True, None)
     host_cfg = dataclasses.replace(cfg, rows_on="host", cache_budget=0.6, cache_warm="cold")
     host = _rank(env, host_cfg, True, None)
@@ -170,6 +171,51 @@ def test_padded_tier_outside_the_whole_step_flow_is_refused() -> None:
     check_owned_flow(table, whole_step=True)
     check_owned_flow(SimpleNamespace(owned=object(), exchange="exact"), whole_step=False)
     check_owned_flow(SimpleNamespace(owned=None, exchange="padded"), whole_step=False)
+
+
+def _windowed(env: DistEnv, cfg, budget: float) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
+    from test_whole_step_multi import _rank, interpreter_now
+
+    from hetgmp.embedding import tier_windows
+
+    interpreter_now()
+    made: list = []
+    real = tier_windows.EpochWindows.__init__
+
+    def init(self, *a) -> None:  # type: ignore[no-untyped-def]
+        real(self, *a)
+        made.append(self)
+
+    tier_windows.EpochWindows.__init__ = init  # type: ignore[method-assign]
+    device = _rank(env, cfg, True, None)
+    host_cfg = dataclasses.replace(cfg, rows_on="host", cache_budget=budget, cache_warm="cold")
+    try:
+        host = _rank(env, host_cfg, True, None)
+    except ValueError as e:
+        return device, {"error": str(e)}, {}
+    w = made[-1]
+    return device, host, {"holds": w.holds, "halvings": w.halvings, "length": w.length}
+
+
+@pytest.mark.slow  # (~40 s: two whole-step runs in Triton's interpreter)
+def test_an_epoch_too_big_for_the_cache_is_held_window_by_window(tmp_path) -> None:
+    """A cache that holds a few steps' rows, not an epoch's: the epoch is cut into windows
+    (halved until each fits), each window start holds its rows, and at bound 0 the run still
+    ends where the all-on-device run ends; a cache smaller than one step's rows stops every
+    rank with the --cache-budget to take (no rank left waiting)."""
+    pytest.importorskip("triton")
+    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+
+    ds = _skewed(tmp_path / "ds")
+    plan = _plan(ds, 2, tmp_path / "part.npz")
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=2)
+    runs = spawn_ranks(_windowed, 2, cfg, 0.2, timeout_s=300, start_method="spawn")
+    _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs], counters=False)
+    for _, h, w in runs:
+        assert w["halvings"] > 0 and w["length"] < 9 and w["holds"] > 2, w  # (9 steps/epoch)
+        assert h["replays"] > 0, h
+    tiny = spawn_ranks(_windowed, 2, cfg, 0.03, timeout_s=300, start_method="spawn")
+    assert all("raise --cache-budget to at least" in h["error"] for _, h, _ in tiny), tiny
 
 
 def _streamed_tier(env: DistEnv, cfg) -> str:  # type: ignore[no-untyped-def]

@@ -1,8 +1,9 @@
-"""What an epoch's steps read and push of each rank's owned rows (issue 33): every rank sends
-each owner the distinct ids of that owner's rows among its epoch's batches and its mirrors
-with pending counts, so that the owner can hold them all resident on its host tier for the
-epoch (:meth:`~.tier_owned.OwnedTier.hold_epoch`) and no step needs a residency decision:
-what a whole-step CUDA graph of several ranks needs (docs/host_tier_plan.md, last section)."""
+"""What an epoch's (or a window's) steps read and push of each rank's owned rows (issue 33):
+every rank sends each owner the distinct ids of that owner's rows among its batches and its
+mirrors with pending counts, so that the owner can hold them all resident on its host tier
+(:meth:`~.tier_owned.OwnedTier.hold_epoch`) and no step needs a residency decision: what a
+whole-step CUDA graph of several ranks needs (docs/host_tier_plan.md, last section; the
+windows: :mod:`.tier_windows`)."""
 
 from __future__ import annotations
 
@@ -32,16 +33,16 @@ def epoch_requests(env: DistEnv, ids: torch.Tensor, owner: torch.Tensor) -> torc
     return torch.unique(unpack_i64(payload))
 
 
-def hold_for_epoch(env: DistEnv, ctx: Any, ids: torch.Tensor) -> int:
-    """(Collective, at an epoch start of the whole-step graph, before its scan reads
-    ``slot_of``) every owned row that this epoch's ``ids`` (this rank's batches; any shape,
-    negative padding allowed) or a peer's touch, and those of every rank's mirrors with
-    pending counts (a due push may wait into the epoch), held resident on this rank's host
-    tier (``ctx.owned``) for the epoch; the last epoch's rows stay held through it (a step
-    applies the last batch's gradient after the epoch start). Returns the rows held."""
+def hold_rows(env: DistEnv, ctx: Any, ids: torch.Tensor) -> int:
+    """(Collective, at an epoch start or a window start of the whole-step graph, before
+    anything reads ``slot_of`` for its steps) every owned row that this rank's ``ids`` (its
+    batches of the window and the batch before it; any shape, negative padding allowed) or a
+    peer's touch, and those of every rank's mirrors with pending counts (a due push may wait
+    into the window), held resident on this rank's host tier (``ctx.owned``) until the next
+    hold (:class:`.tier_windows.EpochWindows` decides the windows). Returns the rows held."""
     store, owned = ctx.store, ctx.owned
     pend = store.stored_ids[store.n_own : store.n_own + store.n_mir][store.pending > 0]
     flat = torch.cat([ids.reshape(-1).to(store.device, torch.int64), pend.to(torch.int64)])
     owner = store.block_of.to(torch.int64) % env.world_size  # (own r, mirror w+o, else 2w+o)
     mine = epoch_requests(env, flat, owner)
-    return int(owned.hold_epoch(mine, keep=[owned.epoch]).numel())
+    return int(owned.hold_epoch(mine).numel())

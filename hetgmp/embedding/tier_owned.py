@@ -23,7 +23,7 @@ read until its last use:
 * ``epoch``: every owned row an epoch's steps touch, on every rank (:meth:`OwnedTier.hold_epoch`,
   from :func:`.tier_epoch.epoch_requests`), held until the next epoch's hold: for a step with
   no residency decision of its own (the whole-step CUDA graph of the padded exchange,
-  :func:`.tier_epoch.hold_for_epoch`). Empty unless used.
+  :func:`.tier_epoch.hold_rows`, window by window: :mod:`.tier_windows`). Empty unless used.
 
 The exact exchange's steps (evaluation's too) decide per step; the padded exchange's only in
 the whole-step flow, from an epoch's hold (the async one serves rows from a thread:

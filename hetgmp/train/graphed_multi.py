@@ -36,7 +36,7 @@ from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded import streams
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
-from hetgmp.embedding.tier_epoch import hold_for_epoch
+from hetgmp.embedding.tier_windows import EpochWindows
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.graphed_multi_prime import exact_ids, key_of, next_batch, primed_for
 from hetgmp.train.inputs_ahead import InputsAhead, exact_primed
@@ -113,6 +113,10 @@ class MultiRankGraphedStep:
         self.replays_planned = 0  # replays of a graph whose plan was made one step ahead
         self.replays_early = 0  # replays that took rows the last step exchanged early
         self.growths = 0  # epoch starts whose capacities grew (buffers rebuilt, graphs again)
+        # (--rows-on host: the epoch's owned rows held window by window, the windows asked
+        # before each step by the source's slot: the trainer sets epoch_source)
+        self.tier_windows: EpochWindows | None = None
+        self.epoch_source: ResidentSource | None = None
 
     def __call__(
         self,
@@ -122,6 +126,10 @@ class MultiRankGraphedStep:
     ) -> torch.Tensor:
         """Train on ``batch``; returns float32 ``[loss sum, correct]`` on the device, valid
         until the next call (a replay rewrites it)."""
+        if self.tier_windows is not None and self.epoch_source is not None:
+            at = self.epoch_source.last_slot  # (every rank's, with or without a batch)
+            if at is not None:
+                self.tier_windows.before_step(at.batch)
         nxt = next_batch(self, batch, global_batch, marks)
         slot = self._slot(batch, global_batch, marks)
         takes = slot is not None and primed_for(self, batch, slot)  # (what the last step left)
@@ -179,7 +187,9 @@ class MultiRankGraphedStep:
         and through ``note`` what :meth:`WholeStep.epoch_notes` says (capacities grown)."""
         old, steps, bags = self.whole.padded.frozen, self.steps_per_epoch, self.bags
         if self.whole.ctx.owned is not None:  # (--rows-on host: the epoch's owned rows held)
-            hold_for_epoch(self.env, self.whole.ctx, sparse.index_select(0, positions.long()))
+            if self.tier_windows is None:
+                self.tier_windows = EpochWindows(self.env, self.whole.ctx)
+            self.tier_windows.start(sparse, positions, batch_size, steps)
         # (bags: within a compact lookup's capacity, which sets its table ids per batch)
         ok = None
         if bags is not None:

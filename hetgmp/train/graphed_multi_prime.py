@@ -37,6 +37,8 @@ def next_batch(
         return None
     if step.boundary is not None and step.boundary(slot.step + 1):
         return None
+    if step.tier_windows is not None and step.tier_windows.starts_window(slot.batch + 1):
+        return None  # (its rows are held at its own step: nothing may plan it before)
     if global_batch_sizes(step.counts or [], step.batch_size, slot.batch + 1) != full:
         return None
     nxt = batch.source.peek()

@@ -300,6 +300,7 @@ class Trainer:
             return
         source.deferred = True
         source.epoch_check = lambda sparse, pos, bs: run.epoch_check(sparse, pos, bs, self.log.info)
+        run.epoch_source = source
 
     def _dense_graph_only(self, why: str) -> None:
         """The whole step eager after all (``why``: for the log), its dense part one graph."""
