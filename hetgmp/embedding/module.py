@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from hetgmp.comm.env import DistEnv
+from hetgmp.embedding.collective.engine import CollectiveEngine
 from hetgmp.embedding.context import StepContext
 from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.engine import StepEngine
@@ -297,6 +298,14 @@ class DistributedEmbedding(nn.Module):
         the first call, before the first step; :mod:`.padded.whole`); None where this
         table has no padded exchange (one rank, exact, async)."""
         return self.engine.whole_step(max_q=max_q)
+
+    def use_exact_exchange(self) -> None:
+        """(Before the first step; collective like every step) the exact exchange in place of
+        the padded one: what the trainer falls back to where ``--exchange auto`` chose padded
+        for the host tier of several ranks and the whole-step flow then does not apply."""
+        if self.exchange == "padded":
+            self.engine = CollectiveEngine(self._ctx, None, self._anchor)
+            self.exchange = "exact"
 
     # ------------------------------------------------------------------ for tests
     # (names the tests have used since before the engines had an interface)

@@ -203,7 +203,8 @@ class TrainConfig:
         "auto",
         help="multi-rank embedding payloads: exact (sized per step) or padded (fixed capacities, "
         "so a step replays as CUDA graphs, with several ranks on CUDA the whole step as one; "
-        f"needs {PADDED_NEEDS}); auto: padded where it applies on CUDA",
+        f"needs {PADDED_NEEDS}); auto: padded where it applies on CUDA (with --rows-on host "
+        "where the whole step is one graph: samples resident, --cuda-graphs)",
         choices=["auto", *EXCHANGES],
     )
     sync: str = option(

@@ -42,7 +42,7 @@ from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
-from hetgmp.train.tier_warm import warm_counts
+from hetgmp.train.tier_warm import exchange_of, warm_counts
 from hetgmp.train.trainer import Trainer
 from hetgmp.train.warm_start import layout_of, warm_start
 
@@ -172,7 +172,7 @@ def distributed_embedding(
         seed=cfg.seed,
         kernels=cfg.kernels,
         replies=cfg.replies,
-        exchange=cfg.exchange,
+        exchange=exchange_of(cfg, env),
         sync=cfg.sync,
         async_config=async_config(cfg),
         **_host_rows(cfg, row_counts, log),

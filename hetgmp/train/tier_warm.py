@@ -1,4 +1,5 @@
-"""The host tier's first residents (``--rows-on host --cache-warm counts``, issue 33): how
+"""The host tier's training-side settings (issue 33): the exchange ``--exchange auto`` takes
+with it (:func:`exchange_of`), and its first residents (``--cache-warm counts``): how
 often each row occurs in the training split, so that each rank's device cache starts with its
 most used owned rows (:func:`hetgmp.embedding.tiered.hottest_first`) instead of the lowest
 ids. Owners serve every rank's reads of their rows, so the counts are over the whole split,
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetgmp.comm.env import DistEnv
 from hetgmp.data.format import Dataset
 from hetgmp.embedding.tier_host import SetupClock
 from hetgmp.train.config import TrainConfig
@@ -36,3 +38,14 @@ def warm_counts(cfg: TrainConfig, ds: Dataset, log: RunLog | None = None) -> np.
             f"ids of the training split counted; --cache-warm cold: the lowest ids)"
         )
     return counts
+
+
+def exchange_of(cfg: TrainConfig, env: DistEnv) -> str:
+    """``--exchange`` for the table: ``auto`` with several CUDA ranks' host tier takes the
+    padded exchange where the whole step may be one graph (the trainer goes back to exact
+    before the first step where it is not: ``Trainer.open_source``); the table's own ``auto``
+    takes exact there (an API user's eager steps never make the peers' rows resident)."""
+    several_cuda = env.world_size > 1 and env.device.type == "cuda"
+    if cfg.exchange == "auto" and cfg.rows_on == "host" and several_cuda and cfg.cuda_graphs:
+        return "padded" if cfg.sync == "collective" else "auto"
+    return cfg.exchange

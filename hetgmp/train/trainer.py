@@ -258,6 +258,8 @@ class Trainer:
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)  # (it may fall back to eager steps: asked again below)
         multi = isinstance(self.run_step, MultiRankGraphedStep)
+        if not multi and self.cfg.exchange == "auto" and hasattr(table(self.model), "owned"):
+            table(self.model).use_exact_exchange()  # (auto chose padded for the whole step)
         check_owned_flow(table(self.model), multi)
         self.log.info(f"data: {why}")
         left = self.total_steps - self.position.step

@@ -1,0 +1,59 @@
+"""``--exchange auto`` with several ranks' host tier (issue 33): padded where the whole step can
+be one CUDA graph (several CUDA ranks, graphs on, collective sync), exact otherwise; and where
+the trainer then finds the whole-step flow does not apply (samples not resident), it goes back
+to the exact exchange before the first step instead of refusing what the user never asked."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hetgmp.comm.env import DistEnv
+from hetgmp.comm.spawn import spawn_ranks
+from hetgmp.train.tier_warm import exchange_of
+
+
+def test_auto_takes_padded_only_where_the_whole_step_applies() -> None:
+    cuda2 = SimpleNamespace(world_size=2, device=torch.device("cuda"))
+    cfg = SimpleNamespace(exchange="auto", rows_on="host", cuda_graphs=True, sync="collective")
+    assert exchange_of(cfg, cuda2) == "padded"  # type: ignore[arg-type]
+    for change, env in (
+        ({}, SimpleNamespace(world_size=1, device=torch.device("cuda"))),
+        ({}, SimpleNamespace(world_size=2, device=torch.device("cpu"))),
+        ({"cuda_graphs": False}, cuda2),
+        ({"rows_on": "device"}, cuda2),
+        ({"exchange": "exact"}, cuda2),
+    ):
+        c = SimpleNamespace(**{**vars(cfg), **change})
+        assert exchange_of(c, env) == ("exact" if change.get("exchange") else "auto"), (change, env)  # type: ignore[arg-type]
+    assert exchange_of(SimpleNamespace(**{**vars(cfg), "sync": "async"}), cuda2) == "auto"  # type: ignore[arg-type]
+
+
+def _run(env: DistEnv, cfg, padded_first: bool) -> dict:  # type: ignore[no-untyped-def]
+    from test_whole_step_multi import _rank, interpreter_now
+
+    from hetgmp.train import run
+
+    interpreter_now()
+    if padded_first:  # (what auto gives on CUDA ranks; the CPU stands in for them here)
+        run.exchange_of = lambda c, e: "padded"  # type: ignore[assignment]
+    return _rank(env, cfg, False, None)
+
+
+def test_auto_goes_back_to_exact_when_the_samples_are_streamed(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    from test_tier_epoch import _skewed
+    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+
+    ds = _skewed(tmp_path / "ds")
+    plan = _plan(ds, 2, tmp_path / "part.npz")
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
+               rows_on="host", cache_budget=0.6, data_on_device="off", exchange="auto")  # fmt: skip
+    auto = spawn_ranks(_run, 2, cfg, True, timeout_s=120, start_method="spawn")
+    exact = dataclasses.replace(cfg, exchange="exact")
+    want = spawn_ranks(_run, 2, exact, False, timeout_s=120, start_method="spawn")
+    _assert_runs_equal(want, auto, counters=False)
