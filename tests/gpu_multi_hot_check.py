@@ -3,8 +3,9 @@ torch's pooling (issue 34).
 
     python tests/gpu_multi_hot_check.py DIR [--device cuda|cpu]
 
-``--device cuda`` (``tests/test_train_multi_hot.py``'s GPU test; under ``bench/gpu/switches.py
-hetgmp.train.multi_hot.ONE_RANK_COMPACT=1`` the bags compact and the whole step one graph):
+``--device cuda`` (``tests/test_train_multi_hot.py``'s GPU test; the bags compact and the whole
+step one graph, ``hetgmp.train.multi_hot.ONE_RANK_COMPACT``, the tier's run against the variable
+layout):
 ``hetgmp.train.multi_hot``'s ``GPU_ONE_RANK`` switched on, the GPU run (``--kernels triton``: the pooling and the row
 kernels fused; CUDA graphs on, so the dense part replays as a graph while the whole step is
 refused by name; fp32, ``--no-amp``, for a tight comparison) must end where the CPU run
@@ -95,11 +96,21 @@ def compare(root: Path, device: str) -> None:
             assert a["graph_replays"] > 5, a["graph_replays"]
         print(f"{opt} {pooling}: {device} triton == cpu torch ({a['step']} steps, "
               f"val_loss {a['val_loss']:.5f}; graph: {a['step_graph']})")  # fmt: skip
-        # (rows in pinned host memory, a fifth of them cached on the GPU; not beside the
-        # compact bags, whose eager run pads every slot: another summation order)
-        if device == "cuda" and not multi_hot.ONE_RANK_COMPACT:
-            tier_against(got, run(root, device, "triton", rows_on="host", cache_budget=0.2,
+        # (rows in pinned host memory, a fifth of them cached on the GPU; against the
+        # variable layout on the device, which the tier takes: multi_hot._fixed_on)
+        if device == "cuda":
+            ref = got if not multi_hot.ONE_RANK_COMPACT else variable_run(root, kw)
+            tier_against(ref, run(root, device, "triton", rows_on="host", cache_budget=0.2,
                                   cuda_graphs=False, **kw))  # fmt: skip
+
+
+def variable_run(root: Path, kw: dict[str, Any]) -> dict[str, Any]:
+    """The device run with the bags in the variable layout (compact off for it)."""
+    multi_hot.ONE_RANK_COMPACT = False
+    try:
+        return run(root, "cuda", "triton", **kw)
+    finally:
+        multi_hot.ONE_RANK_COMPACT = True
 
 
 def tier_against(dev: dict[str, Any], tier: dict[str, Any]) -> None:

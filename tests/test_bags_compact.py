@@ -144,6 +144,7 @@ def test_one_rank_graph_sets_the_capacity_and_sends_batches_past_it_eager(
     assert not multi_hot._fixed_on(cuda, 1) and multi_hot._fixed_on(cuda, 2)
     monkeypatch.setattr(multi_hot, "ONE_RANK_COMPACT", True)
     assert multi_hot._fixed_on(cuda, 1) and not multi_hot._fixed_on(cpu, 1)
+    assert not multi_hot._fixed_on(cuda, 1, host=True)  # (the tier: the variable layout)
     monkeypatch.setattr(multi_hot, "COMPACT", False)  # (fixed shapes pay only compact)
     assert not multi_hot._fixed_on(cuda, 1)
 

@@ -155,7 +155,7 @@ def bag_layout(
         widths=tuple(ds.widths),
         pooling=parse_pooling(cfg.pooling, len(ds.widths)),
         backend="torch" if device is None else resolve_pooling(cfg.kernels, device),
-        fixed=FIXED_SHAPE or _fixed_on(device, world),
+        fixed=FIXED_SHAPE or _fixed_on(device, world, host=getattr(cfg, "rows_on", "") == "host"),
         compact=COMPACT,
     )
     if COMPACT_CAPACITY:
@@ -163,11 +163,13 @@ def bag_layout(
     return layout
 
 
-def _fixed_on(device: torch.device | None, world: int) -> bool:
+def _fixed_on(device: torch.device | None, world: int, *, host: bool = False) -> bool:
     """Whether bags on ``device`` take fixed shapes: several CUDA ranks (their step is one
-    graph), one CUDA rank with :data:`ONE_RANK_COMPACT`."""
+    graph), one CUDA rank with :data:`ONE_RANK_COMPACT` and its rows on the device (``host``:
+    ``--rows-on host``, whose one-GPU tier with multi-hot bags is checked on GPUs with the
+    variable layout only, tests/gpu_multi_hot_check.py)."""
     cuda = device is not None and device.type == "cuda"
-    return cuda and (world > 1 or (ONE_RANK_COMPACT and COMPACT))
+    return cuda and (world > 1 or (ONE_RANK_COMPACT and COMPACT and not host))
 
 
 def bag_fits(
