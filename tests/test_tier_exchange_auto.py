@@ -39,21 +39,49 @@ def _run(env: DistEnv, cfg, padded_first: bool) -> dict:  # type: ignore[no-unty
     from hetgmp.train import run
 
     interpreter_now()
-    if padded_first:  # (what auto gives on CUDA ranks; the CPU stands in for them here)
+    if padded_first:  # (what auto gives CUDA ranks; the CPU ranks stand in for them)
         run.exchange_of = lambda c, e: "padded"  # type: ignore[assignment]
     return _rank(env, cfg, False, None)
 
 
-def test_auto_goes_back_to_exact_when_the_samples_are_streamed(tmp_path: Path) -> None:
+def _exchanges(env: DistEnv, cfg) -> tuple[str, str, int]:  # type: ignore[no-untyped-def]
+    from test_whole_step_multi import _factory, interpreter_now
+
+    from hetgmp.train import run
+    from hetgmp.train.runlog import RunLog
+
+    interpreter_now()
+    run.exchange_of = lambda c, e: "padded"  # type: ignore[assignment]
+    tr = run.build_trainer(cfg, env, RunLog(active=False), _factory())
+    built = tr.model.embedding.exchange
+    res = tr.fit()
+    return built, tr.model.embedding.exchange, int(res["step"])
+
+
+def _setup(tmp_path: Path):  # type: ignore[no-untyped-def]
     pytest.importorskip("triton")
     from test_tier_epoch import _skewed
-    from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
+    from test_whole_step_multi import _cfg, _plan
 
     ds = _skewed(tmp_path / "ds")
     plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
-               rows_on="host", cache_budget=0.6, data_on_device="off", exchange="auto")  # fmt: skip
+    return _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
+                rows_on="host", cache_budget=0.6, data_on_device="off", exchange="auto")  # fmt: skip
+
+
+def test_auto_goes_back_to_exact_when_the_samples_are_streamed(tmp_path: Path) -> None:
+    """Padded at build (what auto gives CUDA ranks), streamed samples: the run trains (the
+    padded exchange with a tier outside the whole-step flow is refused, so it went exact)."""
+    got = spawn_ranks(_exchanges, 2, _setup(tmp_path), timeout_s=120, start_method="spawn")
+    assert all(g[:2] == ("padded", "exact") and g[2] > 0 for g in got), got
+
+
+@pytest.mark.slow  # (~16 s: two runs of two spawned ranks)
+def test_the_fallback_trains_as_the_exact_exchange(tmp_path: Path) -> None:
+    cfg = _setup(tmp_path)
     auto = spawn_ranks(_run, 2, cfg, True, timeout_s=120, start_method="spawn")
     exact = dataclasses.replace(cfg, exchange="exact")
     want = spawn_ranks(_run, 2, exact, False, timeout_s=120, start_method="spawn")
+    from test_whole_step_multi import _assert_runs_equal
+
     _assert_runs_equal(want, auto, counters=False)
