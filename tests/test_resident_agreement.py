@@ -39,6 +39,6 @@ def test_ranks_stream_together_when_one_rank_cannot_hold_its_samples(tmp_path: P
 
     ds = _skewed(tmp_path / "ds")
     plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1)
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="torch", epochs=1)
     got = spawn_ranks(_mixed, 2, cfg, timeout_s=120, start_method="spawn")
     assert "resident" not in got and len(set(got)) == 1, got

@@ -239,7 +239,7 @@ def test_padded_tier_refused_when_the_samples_are_streamed(tmp_path) -> None:
 
     ds = _skewed(tmp_path / "ds")
     plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="torch", epochs=1,
                rows_on="host", cache_budget=0.6, data_on_device="off")  # fmt: skip
     said = spawn_ranks(_streamed_tier, 2, cfg, timeout_s=300, start_method="spawn")
     assert all("pass --exchange exact otherwise" in s for s in said), said

@@ -65,7 +65,7 @@ def _setup(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     ds = _skewed(tmp_path / "ds")
     plan = _plan(ds, 2, tmp_path / "part.npz")
-    return _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=1,
+    return _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="torch", epochs=1,
                 rows_on="host", cache_budget=0.6, data_on_device="off", exchange="auto")  # fmt: skip
 
 
