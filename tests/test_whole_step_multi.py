@@ -216,7 +216,8 @@ def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
     return _rank(env, cfg, False, None), _rank(env, cfg, True, None)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+# (SGD's run, ~30 s in the interpreter, under -m slow: Adagrad's takes the same path and more)
+@pytest.mark.parametrize("optimizer", [pytest.param("sgd", marks=pytest.mark.slow), "adagrad"])
 def test_early_counts_phase_with_fused_kernels_trains_as_the_eager_path(
     tiny_dataset, tmp_path, optimizer: str
 ) -> None:
