@@ -43,5 +43,43 @@ def compare(env: Any, root: Path) -> None:
         )
 
 
+def windows(env: Any, root: Path) -> None:
+    """An epoch too big for the cache (:mod:`hetgmp.embedding.tier_windows`): the smallest
+    budget that trains, tried upwards (below one step's rows every rank stops alike), must
+    have cut windows, and train as all on the device (Adagrad, bound 0)."""
+    from hetgmp.embedding import tier_windows
+    from hetgmp.embedding.tier_host import CacheBudgetError
+
+    made: list[Any] = []
+    real = tier_windows.EpochWindows.__init__
+
+    def init(self: Any, *a: Any) -> None:
+        real(self, *a)
+        made.append(self)
+
+    tier_windows.EpochWindows.__init__ = init  # type: ignore[method-assign]
+    kw = dict(optimizer="adagrad", bound=0, lr=0.05, exchange="padded")
+    d = run(env, root, True, **kw)
+    for budget in (0.05, 0.1, 0.2, 0.3):
+        try:
+            t = run(env, root, True, rows_on="host", cache_budget=budget, cache_warm="cold", **kw)
+        except CacheBudgetError:
+            continue
+        if made[-1].halvings == 0:
+            break  # (the epoch fit at once: no window was needed at this budget)
+        torch.testing.assert_close(t["weight"], d["weight"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(t["opt"], d["opt"], rtol=1e-4, atol=1e-6)
+        w = made[-1]
+        print(f"rank {env.rank} windows at a {budget:.0%} cache: {w.length} steps each, "
+              f"{w.holds} holds, {t['replays']} replays; tiered graph == device graph")  # fmt: skip
+        return
+    raise AssertionError("no budget needed windows and trained: the windows were not tried")
+
+
+def both(env: Any, root: Path) -> None:
+    compare(env, root)
+    windows(env, root)
+
+
 if __name__ == "__main__":
-    sys.exit(checked(compare, "TIER WHOLE STEP CHECK OK"))
+    sys.exit(checked(both, "TIER WHOLE STEP CHECK OK"))
