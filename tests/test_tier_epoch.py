@@ -200,15 +200,17 @@ def _windowed(env: DistEnv, cfg, budget: float) -> tuple[dict, dict, dict]:  # t
 @pytest.mark.slow  # (~40 s: two whole-step runs in Triton's interpreter)
 def test_an_epoch_too_big_for_the_cache_is_held_window_by_window(tmp_path) -> None:
     """A cache that holds a few steps' rows, not an epoch's: the epoch is cut into windows
-    (halved until each fits), each window start holds its rows, and at bound 0 the run still
-    ends where the all-on-device run ends; a cache smaller than one step's rows stops every
-    rank with the --cache-budget to take (no rank left waiting)."""
+    (halved until each fits), each window start holds its rows, an evaluation between steps
+    finds the hold let go (a flush releases it; the next step holds again), and at bound 0
+    the run still ends where the all-on-device run ends; a cache smaller than one step's
+    rows stops every rank with the --cache-budget to take (no rank left waiting)."""
     pytest.importorskip("triton")
     from test_whole_step_multi import _assert_runs_equal, _cfg, _plan
 
     ds = _skewed(tmp_path / "ds")
     plan = _plan(ds, 2, tmp_path / "part.npz")
-    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=2)
+    cfg = _cfg(ds.root, plan, optimizer="adagrad", bound=0, kernels="triton", epochs=2,
+               val=True, eval_every=4)  # (an evaluation needs the cache a hold fills)  # fmt: skip
     runs = spawn_ranks(_windowed, 2, cfg, 0.2, timeout_s=300, start_method="spawn")
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs], counters=False)
     for _, h, w in runs:

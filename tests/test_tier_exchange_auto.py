@@ -18,12 +18,17 @@ from hetgmp.train.tier_warm import exchange_of
 
 
 def test_auto_takes_padded_only_where_the_whole_step_applies() -> None:
-    cuda2 = SimpleNamespace(world_size=2, device=torch.device("cuda"))
-    cfg = SimpleNamespace(exchange="auto", rows_on="host", cuda_graphs=True, sync="collective")
+    cuda2 = SimpleNamespace(world_size=2, device=torch.device("cuda"), backend="nccl")
+    cfg = SimpleNamespace(exchange="auto", rows_on="host", cuda_graphs=True, sync="collective",
+                          replies="auto")  # fmt: skip
     assert exchange_of(cfg, cuda2) == "padded"  # type: ignore[arg-type]
+    gloo2 = SimpleNamespace(world_size=2, device=torch.device("cuda"), backend="gloo")
+    assert exchange_of(SimpleNamespace(**{**vars(cfg), "replies": "all"}), gloo2) == "padded"  # type: ignore[arg-type]
     for change, env in (
-        ({}, SimpleNamespace(world_size=1, device=torch.device("cuda"))),
-        ({}, SimpleNamespace(world_size=2, device=torch.device("cpu"))),
+        ({}, SimpleNamespace(world_size=1, device=torch.device("cuda"), backend="nccl")),
+        ({}, SimpleNamespace(world_size=2, device=torch.device("cpu"), backend="gloo")),
+        ({}, gloo2),  # (--replies auto is stale on gloo: padded needs every reply)
+        ({"replies": "stale"}, cuda2),
         ({"cuda_graphs": False}, cuda2),
         ({"rows_on": "device"}, cuda2),
         ({"exchange": "exact"}, cuda2),
@@ -85,3 +90,11 @@ def test_the_fallback_trains_as_the_exact_exchange(tmp_path: Path) -> None:
     from test_whole_step_multi import _assert_runs_equal
 
     _assert_runs_equal(want, auto, counters=False)
+
+
+def test_rows_on_the_device_keep_the_padded_exchange(tmp_path: Path) -> None:
+    """The fallback is the host tier's only: a table with its rows on the device keeps the
+    padded exchange auto gave it, whole step or not."""
+    cfg = dataclasses.replace(_setup(tmp_path), rows_on="device")
+    got = spawn_ranks(_exchanges, 2, cfg, timeout_s=120, start_method="spawn")
+    assert all(g[:2] == ("padded", "padded") and g[2] > 0 for g in got), got

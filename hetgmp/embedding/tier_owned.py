@@ -61,8 +61,10 @@ class OwnedTier:
         # held cache slots (host int64; see the module docstring), kept as slot lists so a
         # step's bookkeeping costs O(its rows), never O(the cache)
         self.prev, self.cur, self.peer = _NONE, _NONE, _NONE
-        # (the rows an epoch's steps touch, held for the epoch: :meth:`hold_epoch`)
+        # (the rows an epoch's steps touch, held for the epoch: :meth:`hold_epoch`; released
+        # by a flush, after which the whole-step flow holds again: :meth:`release_epoch`)
         self.epoch = _NONE
+        self.released = False
         tier.on_move = self._moved
 
     def _moved(self, move: Move) -> None:
@@ -94,7 +96,15 @@ class OwnedTier:
             )
         held = [self.prev, self.cur, self.peer, *(keep or [])]
         self.epoch = self.tier.make_resident(rows, held, batch=False)
+        self.released = False
         return self.epoch
+
+    def release_epoch(self) -> None:
+        """(After a flush: every rank, nothing pending) the epoch's hold let go, so that an
+        evaluation or a checkpoint between steps has the cache (the hold may fill it); the
+        whole-step flow holds its window again before its next step (``released``)."""
+        self.settle_epoch()
+        self.epoch, self.released = _NONE, True
 
     def settle_epoch(self) -> None:
         """The epoch's held rows marked updated (before a flush, or a new epoch's hold)."""

@@ -63,8 +63,11 @@ class EpochWindows:
 
     def before_step(self, batch: int) -> None:
         """(Collective) hold the rows of the window starting at the epoch's ``batch`` where
-        it is not in the held one."""
-        if self.epoch is None or not self.starts_window(batch):
+        it is not in the held one, or where a flush (an evaluation, a checkpoint: on every
+        rank) released the hold."""
+        if self.epoch is None:
+            return
+        if not (self.starts_window(batch) or self.ctx.owned.released):
             return
         self._hold(batch, self._rows(batch - 1, batch) if batch else self.tail)
 
@@ -79,14 +82,16 @@ class EpochWindows:
             rows = self._rows(begin, begin + self.length)
             if before is not None:
                 rows = torch.cat([before.to(rows.device), rows])
+            failed: Exception | None = None
             try:
                 hold_rows(self.env, self.ctx, rows)
-                failed = None
-            except CacheBudgetError as e:  # (nothing moved here: try again, all of us)
+            except Exception as e:  # (agreed on below: no rank left waiting for the others)
                 failed = e
+            if any_true(self.env, failed is not None and not isinstance(failed, CacheBudgetError)):
+                raise failed or RuntimeError("another rank failed its host-tier hold")
             if not any_true(self.env, failed is not None):
                 break
-            if self.length == 1:
+            if self.length == 1:  # (nothing moved where it did not fit: try again, halved)
                 raise failed or CacheBudgetError(
                     "one step's owned rows do not fit another rank's host-tier cache: raise "
                     "--cache-budget, or train smaller batches"

@@ -38,7 +38,6 @@ from hetgmp.data.device_batches import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.loader import Batch
 from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
-from hetgmp.embedding.tier_setup import check_owned_flow
 from hetgmp.models import CTRModel
 from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes, stop_if_diverged
 from hetgmp.train.async_loop import run_async
@@ -56,6 +55,7 @@ from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.step import TrainStep, table
 from hetgmp.train.straggle import Straggler, parse_straggle
+from hetgmp.train.tier_warm import settle_exchange
 from hetgmp.train.train_lines import log_train, note_repeats
 
 __all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
@@ -258,9 +258,7 @@ class Trainer:
         if isinstance(self.run_step, MultiRankGraphedStep):
             self._multi_source(source)  # (it may fall back to eager steps: asked again below)
         multi = isinstance(self.run_step, MultiRankGraphedStep)
-        if not multi and self.cfg.exchange == "auto" and hasattr(table(self.model), "owned"):
-            table(self.model).use_exact_exchange()  # (auto chose padded for the whole step)
-        check_owned_flow(table(self.model), multi)
+        settle_exchange(table(self.model), self.cfg, multi, self.log)
         self.log.info(f"data: {why}")
         left = self.total_steps - self.position.step
         source = read_ahead(source, self.model, left, epoch_held=multi)

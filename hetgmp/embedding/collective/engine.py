@@ -54,6 +54,8 @@ class CollectiveEngine(PlannedEngine):
         if self.ctx.owned is not None:
             self.ctx.owned.before_plan(None)
         super().flush()
+        if self.ctx.owned is not None:  # (nothing pending: an epoch's hold may go)
+            self.ctx.owned.release_epoch()
 
     def drop_pending(self) -> None:
         super().drop_pending()
