@@ -56,7 +56,8 @@
 # 16384 samples per GPU, so "ahead" at larger batches is "early"),
 # BATCHES ("8192 65536"), W1V ("early": the 1-GPU runs' variants, each but early named w1V;
 # a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
-# "onecompact": one GPU's bags compact, its whole step one graph), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# "onecompact": one GPU's bags compact, its whole step one graph, the default since 2026-11-27;
+# "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
 # ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
@@ -113,6 +114,7 @@ switches() {  # variant -> module switches
     bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;
     fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;
     onecompact) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=1 ;;
+    onevar) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=0 ;;
     earlyrows) echo $early hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
     tier*) echo $early ;;  # (its flags: vflags)
     splitrows) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
