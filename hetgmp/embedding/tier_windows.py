@@ -10,7 +10,8 @@ last epoch's last batch) and the mirrors with pending counts (a due push may wai
 window). A hold that does not fit on some rank changes nothing there (the tier refuses before
 it moves a row); every rank learns it (one flag, summed), and all retry with half the window.
 So the ranks cut the same windows and meet at the same holds; the length found is kept for the
-epoch's later windows and the next epoch's first try.
+epoch's later windows, and the next epoch tries twice it first (windows grow back where the
+access allows, at the cost of at most one refused hold per epoch).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class EpochWindows:
               steps: int) -> None:  # fmt: skip
         """(Collective, at an epoch start) hold the epoch's first window."""
         self.epoch, self.steps = (sparse, positions, batch_size), max(1, steps)
-        self.length = self.steps if self.length == 0 else min(self.length, self.steps)
+        # (the last epoch's length doubled: windows grow back where the access allows)
+        self.length = self.steps if self.length == 0 else min(2 * self.length, self.steps)
         self._hold(0, self.tail)
         self.tail = self._rows(self.steps - 1, self.steps).clone()
 
