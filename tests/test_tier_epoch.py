@@ -187,6 +187,18 @@ def _windowed(env: DistEnv, cfg, budget: float) -> tuple[dict, dict, dict]:  # t
         made.append(self)
 
     tier_windows.EpochWindows.__init__ = init  # type: ignore[method-assign]
+    from hetgmp.embedding.tier_owned import OwnedTier
+
+    gaps: list[int] = []  # (rows a step found missing inside a hold: the hold's gaps)
+    plan = OwnedTier.before_plan
+
+    def before_plan(self, ids) -> None:  # type: ignore[no-untyped-def]
+        misses = self.tier.counters.misses
+        plan(self, ids)
+        if not self.released and self.epoch.numel():  # (a training step inside a hold)
+            gaps.append(self.tier.counters.misses - misses)
+
+    OwnedTier.before_plan = before_plan  # type: ignore[method-assign]
     device = _rank(env, cfg, True, None)
     host_cfg = dataclasses.replace(cfg, rows_on="host", cache_budget=budget, cache_warm="cold")
     try:
@@ -194,7 +206,8 @@ def _windowed(env: DistEnv, cfg, budget: float) -> tuple[dict, dict, dict]:  # t
     except ValueError as e:
         return device, {"error": str(e)}, {}
     w = made[-1]
-    return device, host, {"holds": w.holds, "halvings": w.halvings, "length": w.length}
+    return device, host, {"holds": w.holds, "halvings": w.halvings, "length": w.length,
+                          "steps_held": len(gaps), "gaps": sum(gaps)}  # fmt: skip
 
 
 @pytest.mark.slow  # (~40 s: two whole-step runs in Triton's interpreter)
@@ -215,6 +228,9 @@ def test_an_epoch_too_big_for_the_cache_is_held_window_by_window(tmp_path) -> No
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs], counters=False)
     for _, h, w in runs:
         assert w["halvings"] > 0 and w["length"] < 9 and w["holds"] > 2, w  # (9 steps/epoch)
+        # (on CPU each step still makes its batch resident itself, which would hide a gap
+        # in a hold: it must find nothing missing)
+        assert w["steps_held"] > 10 and w["gaps"] == 0, w
         assert h["replays"] > 0, h
     tiny = spawn_ranks(_windowed, 2, cfg, 0.03, timeout_s=300, start_method="spawn")
     assert all("raise --cache-budget to at least" in h["error"] for _, h, _ in tiny), tiny
