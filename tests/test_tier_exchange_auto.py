@@ -14,7 +14,7 @@ import torch
 
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.spawn import spawn_ranks
-from hetgmp.train.tier_warm import exchange_of
+from hetgmp.train.tier_exchange import exchange_of
 
 
 def test_auto_takes_padded_only_where_the_whole_step_applies() -> None:

@@ -79,23 +79,22 @@ class OwnedTier:
             s.stored_ids[slots] = ids
 
     # ------------------------------------------------------------------ an epoch's hold
-    def hold_epoch(self, ids: torch.Tensor, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def hold_epoch(self, ids: torch.Tensor) -> torch.Tensor:
         """(At an epoch start; docs/host_tier_plan.md, several ranks inside the whole-step
         graph) the owned rows of ``ids`` (global ids, any order, may repeat: every rank's
         epoch reads and pushes of rows owned here, :func:`.tier_epoch.epoch_requests`) made
         resident and held until the next call, so no step of the epoch needs a residency
         decision. The last epoch's held rows are marked updated first (its steps may have
-        written any of them: an eviction writes them back). ``keep``: cache slots not to
-        evict now besides the step holds (the last batch's owned rows, whose gradient the
-        next step applies). Returns the held cache slots."""
+        written any of them: an eviction writes them back); ``ids`` hold the batch before
+        the window too, whose gradient its first step applies (:mod:`.tier_windows`).
+        Returns the held cache slots."""
         self.settle_epoch()
         rows = self.index.index_select(0, ids.reshape(-1).to("cpu", torch.int64))
         if bool((rows < 0).any()):  # (every rank's owner map is the same: a breach)
             raise EmbeddingInputError(
                 f"rank {self.store.rank}: an epoch's requests hold ids this rank does not own"
             )
-        held = [self.prev, self.cur, self.peer, *(keep or [])]
-        self.epoch = self.tier.make_resident(rows, held, batch=False)
+        self.epoch = self.tier.make_resident(rows, [self.prev, self.cur, self.peer], batch=False)
         self.released = False
         return self.epoch
 

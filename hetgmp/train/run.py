@@ -42,7 +42,8 @@ from hetgmp.train.multi_hot import prepare as prepare_multi_hot
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.summary import summary_lines
 from hetgmp.train.threads import set_threads
-from hetgmp.train.tier_warm import exchange_of, warm_counts
+from hetgmp.train.tier_exchange import exchange_of
+from hetgmp.train.tier_warm import warm_counts
 from hetgmp.train.trainer import Trainer
 from hetgmp.train.warm_start import layout_of, warm_start
 

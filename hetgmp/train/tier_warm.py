@@ -1,5 +1,4 @@
-"""The host tier's training-side settings (issue 33): the exchange ``--exchange auto`` takes
-with it (:func:`exchange_of`), and its first residents (``--cache-warm counts``): how
+"""The host tier's first residents (``--rows-on host --cache-warm counts``, issue 33): how
 often each row occurs in the training split, so that each rank's device cache starts with its
 most used owned rows (:func:`hetgmp.embedding.tiered.hottest_first`) instead of the lowest
 ids. Owners serve every rank's reads of their rows, so the counts are over the whole split,
@@ -7,14 +6,10 @@ not a rank's shard; one pass over its ids in chunks (a memory-mapped split is re
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from hetgmp.comm.env import DistEnv
 from hetgmp.data.format import Dataset
 from hetgmp.embedding.tier_host import SetupClock
-from hetgmp.embedding.tier_setup import check_owned_flow
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.runlog import RunLog
 
@@ -41,27 +36,3 @@ def warm_counts(cfg: TrainConfig, ds: Dataset, log: RunLog | None = None) -> np.
             f"ids of the training split counted; --cache-warm cold: the lowest ids)"
         )
     return counts
-
-
-def exchange_of(cfg: TrainConfig, env: DistEnv) -> str:
-    """``--exchange`` for the table: ``auto`` with several CUDA ranks' host tier takes the
-    padded exchange where the whole step may be one graph (the trainer goes back to exact
-    before the first step where it is not: ``Trainer.open_source``); the table's own ``auto``
-    takes exact there (an API user's eager steps never make the peers' rows resident)."""
-    several_cuda = env.world_size > 1 and env.device.type == "cuda"
-    # (padded needs every reply: --replies auto gives that on NCCL only)
-    all_replies = cfg.replies == "all" or (cfg.replies == "auto" and env.backend == "nccl")
-    if cfg.exchange == "auto" and cfg.rows_on == "host" and several_cuda and cfg.cuda_graphs:
-        return "padded" if cfg.sync == "collective" and all_replies else "auto"
-    return cfg.exchange
-
-
-def settle_exchange(table: Any, cfg: TrainConfig, whole_step: bool, log: RunLog) -> None:
-    """(Before the first step) where the whole step does not apply (``whole_step`` False),
-    the padded exchange that ``--exchange auto`` gave several ranks' host tier
-    (:func:`exchange_of`) traded for the exact one, said in the log; then the flow check
-    (the padded exchange with a tier outside the whole step is refused)."""
-    if not whole_step and cfg.exchange == "auto" and getattr(table, "owned", None) is not None:
-        table.use_exact_exchange()
-        log.info("exchange: exact after all (the host tier's padded one needs the whole step)")
-    check_owned_flow(table, whole_step)

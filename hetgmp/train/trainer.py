@@ -55,7 +55,7 @@ from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.step import TrainStep, table
 from hetgmp.train.straggle import Straggler, parse_straggle
-from hetgmp.train.tier_warm import settle_exchange
+from hetgmp.train.tier_exchange import settle_exchange
 from hetgmp.train.train_lines import log_train, note_repeats
 
 __all__ = ["Trainer", "global_batch_sizes", "make_dense_optimizer"]
