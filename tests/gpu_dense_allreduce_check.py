@@ -6,7 +6,8 @@ rounding), eagerly and replayed in a CUDA graph, for an odd length (padding); a
 :class:`GradBucket` with the switch on sums its parameters' gradients there. Rank 0 prints
 ``DENSE ALLREDUCE CHECK OK``. Also the gradients summed by Adam itself in peer memory
 (``peer_allreduce.ADAM_PEER``): the parameters equal NCCL's all-reduce followed by the same
-fused Adam, eagerly and in a CUDA graph."""
+fused Adam, eagerly and in a CUDA graph, with the buckets read in the peers' memory and copied
+into each rank's inbox first (``peer_allreduce.ADAM_COPY``)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def main() -> int:
         torch.cuda.synchronize()
         check(ar.flat, want[k], exact, f"replay {k}")
     bucket_check(env, exact)
-    adam_peer_check(env, exact)
+    adam_peer_check(env, exact, copied=False)
+    adam_peer_check(env, exact, copied=True)
     shutdown(env)
     if r == 0:
         print(f"DENSE ALLREDUCE CHECK OK ({how}; {w} ranks, bitwise: {exact})", flush=True)
@@ -77,13 +79,15 @@ def bucket_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
         check(p.grad, g, exact, "bucket")
 
 
-def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
+def adam_peer_check(env, exact: bool, *, copied: bool) -> None:  # type: ignore[no-untyped-def]
     """Three Adam steps with the gradients summed by the kernel from peer memory (the first
     eager, the others a CUDA graph's replays: barrier, step, barrier, zero) against NCCL's
-    all-reduce then the same fused Adam on a copy of the parameters."""
+    all-reduce then the same fused Adam on a copy of the parameters (``copied``: the buckets
+    copied into the peers' inboxes first, ``peer_allreduce.ADAM_COPY``)."""
     from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 
     peer_allreduce.ADAM_PEER = True
+    peer_allreduce.ADAM_COPY = copied
     dev = env.device
     torch.manual_seed(5)  # (the same parameters on every rank)
     mine, ref = (torch.nn.Linear(1000, 990, device=dev) for _ in range(2))
@@ -92,6 +96,7 @@ def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
     fm, fr = flatten_parameters(pm), flatten_parameters(pr)
     bucket = GradBucket(env, pm, adam=True)
     assert bucket.peer_grads is not None, bucket.how
+    assert bucket.peer is not None and bucket.peer.copied == copied, bucket.how
     grads = torch.zeros_like(fr)
     opt = FlatAdam(pm, fm, bucket.flat, lr=0.01, peer_grads=bucket.peer_grads)
     ropt = FlatAdam(pr, fr, grads, lr=0.01)
@@ -120,9 +125,9 @@ def adam_peer_check(env, exact: bool) -> None:  # type: ignore[no-untyped-def]
         dist.all_reduce(grads, group=env.group)
         ropt.step()
         torch.cuda.synchronize()
-        check(fm, fr, exact, f"adam step {k}")
+        check(fm, fr, exact, f"adam step {k} (copied: {copied})")
         assert float(bucket.flat.abs().sum()) == 0.0  # (zeroed after every rank read it)
-    peer_allreduce.ADAM_PEER = False
+    peer_allreduce.ADAM_PEER = peer_allreduce.ADAM_COPY = False
 
 
 if __name__ == "__main__":

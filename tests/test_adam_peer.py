@@ -27,20 +27,20 @@ def _init() -> list[nn.Parameter]:
     return [nn.Parameter(torch.randn(s, generator=g)) for s in SHAPES]
 
 
-def _steps(env: DistEnv, steps: int) -> dict:
+def _steps(env: DistEnv, steps: int, copied: bool = False) -> dict:
     interpreter_now()
     from hetgmp.comm.peer_allreduce import PeerAllReduce
     from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 
     params = _init()
     flat = flatten_parameters(params)
-    peer = PeerAllReduce(env, flat.numel(), torch.float32, in_optimizer=True)
+    peer = PeerAllReduce(env, flat.numel(), torch.float32, in_optimizer=True, copied=copied)
     opt = FlatAdam(params, flat, peer.flat, lr=0.01, fused="triton", peer_grads=peer.bases)
     ref_params = _init()
     ref = torch.optim.Adam(ref_params, lr=0.01)
     for step in range(steps):
         peer.flat.copy_(torch.cat([g.reshape(-1) for g in _grad(step, env.rank)]))
-        peer.barrier()  # (every rank's gradient complete)
+        peer.ready()  # (every rank's gradient complete: copied into the inboxes, a barrier)
         opt.step()
         peer.barrier()  # (every rank done reading before any bucket changes)
         peer.flat.zero_()
@@ -50,10 +50,12 @@ def _steps(env: DistEnv, steps: int) -> dict:
     return {"flat": flat.clone(), "ref": torch.cat([p.detach().reshape(-1) for p in ref_params])}
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_adam_sums_every_ranks_gradient_in_peer_memory(world: int) -> None:
+@pytest.mark.parametrize(("world", "copied"), [(2, False), (3, False), (3, True)])
+def test_adam_sums_every_ranks_gradient_in_peer_memory(world: int, copied: bool) -> None:
+    """``copied``: each bucket copied into every peer's inbox first, Adam reading local
+    memory only (``ADAM_COPY``); the sums in rank order alike."""
     pytest.importorskip("triton")
-    outs = spawn_ranks(_steps, world, 3, timeout_s=120, start_method="spawn")
+    outs = spawn_ranks(_steps, world, 3, copied, timeout_s=120, start_method="spawn")
     for o in outs[1:]:
         assert torch.equal(o["flat"], outs[0]["flat"])  # (the same adds on every rank)
     torch.testing.assert_close(outs[0]["flat"], outs[0]["ref"], rtol=1e-5, atol=1e-6)

@@ -46,7 +46,8 @@
 # ownsplit and earlyrows (both paths after backward shorter), "tierN": early with the owned
 # rows on the host tier, an N % cache (--rows-on host --cache-budget 0.N --exchange padded), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
-# gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "tailold": early with the next batch's gathers
+# gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "cadam": padam
+# with every bucket copied into the peers' inboxes first (copy engines; ADAM_COPY), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
 # step.METRICS_BESIDE off)
 # (diagnosis only, wrong values: bench/gpu/ablations.py),
@@ -110,6 +111,7 @@ switches() {  # variant -> module switches
     early|nvl*|ll128|simple) echo $early ;;
     dar) echo $early hetgmp.comm.peer_allreduce.DENSE_PEER=1 ;;
     padam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
+    cadam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;
     fixed1) echo $early hetgmp.train.multi_hot.FIXED_SHAPE=1 ;;

@@ -28,6 +28,14 @@ a second barrier keeps a bucket unchanged until every rank has read it. Why: aft
 the dense path (all-reduce ~40 us, Adam ~20 us at batch 8192 on 2 H100s) runs beside the
 exchange's chain, and the step waits for the longer of the two
 (``bench/results/gpu/ablations_tail/``); this path becomes two 5-us barriers and one pass.
+
+**Copied, then summed by Adam** (:data:`ADAM_COPY`, with :data:`ADAM_PEER`): each rank first
+copies its bucket into an inbox row of every peer's peer memory (a plain device-to-device copy:
+the GPUs' copy engines move it over NVLink, no SM runs it), then the barrier; Adam then reads
+only local memory (its own bucket and the inbox, in rank order: still the same adds on every
+rank). Why: ``ADAM_PEER``'s kernel loads the peers' buckets over NVLink from its SMs, which made
+the pass longer than the all-reduce it replaced saved (``bench/results/gpu/adam_peer/``); a
+copy engine moves 4 MB in ~10 us beside whatever the SMs run.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ DENSE_PEER = False
 # with FlatAdam's Triton kernel, float32 parameters). Off: exact, but 1.66x against 1.69x on 2
 # H100s at batch 8192 (bench/results/gpu/adam_peer/): the exchange's chain was the longer path.
 ADAM_PEER = False
+# (with ADAM_PEER) the peers' buckets copied into this rank's inbox first (module docstring).
+# Off until measured on 2 GPUs (read_ahead_ab.sh variant "cadam").
+ADAM_COPY = False
 # (the kernel's vector accesses: the buffer's length rounded up to this many elements)
 QUANTUM = 1024
 
@@ -53,20 +64,42 @@ class PeerAllReduce:
     in-place sum over the ranks of ``env`` (collective to construct: every rank alike)."""
 
     def __init__(
-        self, env: DistEnv, numel: int, dtype: torch.dtype, *, in_optimizer: bool = False
-    ) -> None:
+        self, env: DistEnv, numel: int, dtype: torch.dtype, *, in_optimizer: bool = False,
+        copied: bool = False,
+    ) -> None:  # fmt: skip
         padded = max(QUANTUM, -(-numel // QUANTUM) * QUANTUM)
-        self.pm = PeerMemory(env, {"grads": ((padded,), dtype)})
+        w, me = env.world_size, env.rank
+        # (copied: an inbox row per rank, this rank's own row unused)
+        self.copied = copied and in_optimizer
+        layout = {"grads": ((padded,), dtype)}
+        if self.copied:
+            layout["inbox"] = ((w, padded), dtype)
+        self.pm = PeerMemory(env, layout)
         self.padded = self.pm.mine("grads")
         self.flat = self.padded[:numel]
         self.group_name = env.group.group_name if env.group is not None else ""
         # summed by the optimizer (ADAM_PEER): every rank's buffer's address, in rank order
+        # (copied: this rank's inbox rows, all local, and its own bucket at its rank)
         self.in_optimizer = in_optimizer
-        ptrs = [self.pm.peer("grads", r).data_ptr() for r in range(env.world_size)]
+        if self.copied:
+            inbox = self.pm.mine("inbox")
+            ptrs = [(self.padded if r == me else inbox[r]).data_ptr() for r in range(w)]
+            # (where this rank's bucket lands on each peer)
+            self._outs = [self.pm.peer("inbox", r)[me, :numel] for r in range(w) if r != me]
+        else:
+            ptrs = [self.pm.peer("grads", r).data_ptr() for r in range(w)]
+            self._outs = []
         self.bases = torch.tensor(ptrs, dtype=torch.int64, device=self.padded.device)
 
     def barrier(self) -> None:
         """Every rank's writes to its buffer so far visible to every rank (capturable)."""
+        self.pm.barrier()
+
+    def ready(self) -> None:
+        """(Summed by the optimizer) every rank's complete bucket readable by every rank's
+        Adam: copied into the peers' inboxes first when :attr:`copied`, then the barrier."""
+        for out in self._outs:  # (a device-to-device copy: the copy engines, over NVLink)
+            out.copy_(self.flat)
         self.pm.barrier()
 
     def all_reduce(self) -> None:
@@ -88,10 +121,12 @@ def peer_all_reduce(
         return None, "the group's all-reduce (peer memory: CUDA ranks on NCCL)"
     if dtype not in (torch.float32, torch.bfloat16):
         return None, f"the group's all-reduce (peer memory: float32 or bfloat16, not {dtype})"
-    how = ("summed by Adam in peer memory (NVLink)" if in_opt
+    copied = in_opt and ADAM_COPY
+    how = ("summed by Adam, copied into peer memory (NVLink)" if copied
+           else "summed by Adam in peer memory (NVLink)" if in_opt
            else "summed in peer memory (two-shot, NVLink)")  # fmt: skip
     try:
-        return PeerAllReduce(env, numel, dtype, in_optimizer=in_opt), how
+        return PeerAllReduce(env, numel, dtype, in_optimizer=in_opt, copied=copied), how
     except PeerMemoryRefused as e:
         return None, f"the group's all-reduce (no peer memory: {e})"
     except PeerMemoryUnavailable as e:  # (an allocation failed, on every rank alike)

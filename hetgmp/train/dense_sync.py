@@ -137,7 +137,7 @@ class GradBucket:
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
         if self.peer_grads is not None:  # (every rank's gradient complete; Adam sums them)
-            self.peer.barrier()  # type: ignore[union-attr]
+            self.peer.ready()  # type: ignore[union-attr]
         elif self.peer is not None:  # (its own group: the env a captured step swaps in is not)
             self.peer.all_reduce()
         elif self._early is not None:  # (the tail's sum started: the rest, then its wait)
