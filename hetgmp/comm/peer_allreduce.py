@@ -71,7 +71,7 @@ class PeerAllReduce:
         w, me = env.world_size, env.rank
         # (copied: an inbox row per rank, this rank's own row unused)
         self.copied = copied and in_optimizer
-        layout = {"grads": ((padded,), dtype)}
+        layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {"grads": ((padded,), dtype)}
         if self.copied:
             layout["inbox"] = ((w, padded), dtype)
         self.pm = PeerMemory(env, layout)
