@@ -176,6 +176,7 @@ def collective(env: DistEnv) -> dict:
     return train(env, CASE, "collective")
 
 
+@pytest.mark.timeout(200)  # (two spawned runs, as below)
 def test_bad_messages_during_a_real_async_run_are_refused_and_counted() -> None:
     ref = spawn_ranks(collective, 2, timeout_s=120)
     out = spawn_ranks(fuzzed_training, 2, timeout_s=150)
@@ -233,6 +234,9 @@ def curve_run(env: DistEnv) -> dict:
     return {**res, "tried": tried}
 
 
+# (two spawned runs, ~11 s alone: under the full suite on 2 cores one took over pytest's
+# default 60 s; the spawns' own timeouts catch a hang)
+@pytest.mark.timeout(200)
 def test_curve_refuses_a_client_without_the_job_keys() -> None:
     ref = spawn_ranks(collective, 2, timeout_s=120)
     out = spawn_ranks(curve_run, 2, timeout_s=150)
