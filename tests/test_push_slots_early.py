@@ -1,6 +1,7 @@
 """The pushes' ids and counts sent in the counts phase and mapped to the owner's slots there
 (``padded.owner_update.PUSH_SLOTS_EARLY``: off until measured), and with it the own rows no
-push joins updated right after the pre-sync kernel (``OWN_SPLIT``). On spawned gloo ranks with the
+push joins updated right after the pre-sync kernel (``OWN_SPLIT``), and their staging launched
+with that update apart from the rest of the pre-sync kernel (``STAGE_BESIDE``). On spawned gloo ranks with the
 payloads in peer memory (shared-memory files) and the fused Triton segments in Triton's
 interpreter, the whole-step flow trains exactly as without the switch (rows, state, dense
 layers, counters), with the early launch run each step and pushes sent; row-wise Adagrad, so
@@ -58,9 +59,9 @@ def _interpreted(env, cfg) -> tuple[dict, dict, dict]:  # type: ignore[no-untype
     on["early_calls"] = calls["early"]
     split_calls, update = [0], owner_update.own_update_early
 
-    def split(st) -> None:  # type: ignore[no-untyped-def]
+    def split(st, stage=None) -> None:  # type: ignore[no-untyped-def]
         split_calls[0] += int(st.own_split)
-        update(st)
+        update(st, stage)
 
     owner_update.own_update_early = split  # type: ignore[assignment]
     owner_update.OWN_SPLIT = True
@@ -68,6 +69,18 @@ def _interpreted(env, cfg) -> tuple[dict, dict, dict]:  # type: ignore[no-untype
     split_run = _with_versions(env, cfg)
     split_run["split_calls"] = split_calls[0]
     split_run["forms"] = forms
+    staged_calls, stages = [0], owner_update.stages_beside
+
+    def staging(st) -> bool:  # type: ignore[no-untyped-def]
+        beside = stages(st)
+        staged_calls[0] += int(beside)
+        return beside
+
+    owner_update.stages_beside = staging  # type: ignore[assignment]
+    owner_update.STAGE_BESIDE = True
+    staged = _with_versions(env, cfg)
+    split_run["staged"] = staged
+    staged["staged_calls"] = staged_calls[0]
     return off, on, split_run
 
 
@@ -101,10 +114,14 @@ def test_pushes_mapped_in_the_counts_phase_train_as_on_the_chain(tiny_dataset, t
     runs = interpreted_runs(tiny_dataset, tmp_path, _interpreted, iter=40)
     _assert_runs_equal([r[0] for r in runs], [r[1] for r in runs])
     _assert_runs_equal([r[0] for r in runs], [r[2] for r in runs])  # (OWN_SPLIT too)
+    # (and STAGE_BESIDE: the pre-sync kernel's own-row staging launched apart from the rest)
+    _assert_runs_equal([r[0] for r in runs], [r[2]["staged"] for r in runs])
     for off, on, split in runs:  # (and the versions: the pushes' counts move them)
         assert torch.equal(off["versions"], on["versions"])
         assert torch.equal(off["versions"], split["versions"])
         assert split["split_calls"] >= 4, split["split_calls"]  # (the own rows' early update)
+        assert split["staged"]["staged_calls"] >= 4, split["staged"]["staged_calls"]
+        assert torch.equal(off["versions"], split["staged"]["versions"])
         mixed = {k: v for k, v in split["forms"].items() if len(v) > 1}
         assert split["forms"] and not mixed, mixed  # (a segment's graph: one form per key)
         assert on["early_calls"] >= 4, on["early_calls"]  # (the ids went early each step)

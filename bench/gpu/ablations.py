@@ -27,7 +27,11 @@ from typing import Any
 
 
 def _no_exchange(st: Any, segment: Any) -> None:
-    return None
+    # (the own rows' update forked beside the chain, owner_update.OWN_SPLIT, is still joined:
+    # a capture refuses a stream left unjoined)
+    from hetgmp.embedding.padded import owner_update
+
+    owner_update.join_own(st)
 
 
 def _no_replies() -> None:

@@ -47,7 +47,9 @@
 # rows on the host tier, an N % cache (--rows-on host --cache-budget 0.N --exchange padded), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "cadam": padam
-# with every bucket copied into the peers' inboxes first (copy engines; ADAM_COPY), "tailold": early with the next batch's gathers
+# with every bucket copied into the peers' inboxes first (copy engines; ADAM_COPY), "stage": early
+# with the own rows' staging on their update's stream (owner_update.STAGE_BESIDE), "stagecadam":
+# stage and cadam (both paths after backward shorter), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
 # step.METRICS_BESIDE off)
 # (diagnosis only, wrong values: bench/gpu/ablations.py),
@@ -126,6 +128,9 @@ switches() {  # variant -> module switches
     sumpadam) echo $early $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     pushearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 ;;
     ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;
+    stage) echo $early $p.owner_update.STAGE_BESIDE=1 ;;
+    stagecadam) echo $early $p.owner_update.STAGE_BESIDE=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 \
+      hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
     allearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
       $p.exchange.SUM_FIRST=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     allinline) echo $(switches allearly) $p.owner_update.OWN_STREAM=0 ;;

@@ -119,11 +119,17 @@ def presync_values(st: Any, prev: Any) -> None:
     mirrors' local step (value, delta and gradient accumulators), its pushed gradients into
     ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
     there depends on gradient values)."""
+    if owner.stages_beside(st):  # (the own rows' staging on their update's stream)
+        owner.own_update_early(
+            st, stage=lambda: _presync_apply(st, prev, prev, counts=False, part=1)
+        )
+        _presync_apply(st, prev, prev, counts=False, part=2)
+        return
     _presync_apply(st, prev, prev, counts=False)
     owner.own_update_early(st)
 
 
-def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
+def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool, part: int = 0) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     own = _own(st)
@@ -132,7 +138,8 @@ def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool) -> None:
         e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
         st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, *own,
         e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,
-        WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw, **_COLS,
+        WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw, PART=part,
+        **_COLS,
     )  # fmt: skip
     if counts and st.sw:  # (entries past this batch's unique rows: none staged)
         st.own_slot[cap.u :].fill_(e.trash_slot)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,6 +60,13 @@ OWN_SPLIT = True
 # OWN_SPLIT's own-rows update on a stream of its own inside a whole-step capture (else inline,
 # on the chain: what a GPU check tells apart when the split disagrees with the eager step).
 OWN_STREAM = True
+# With OWN_SPLIT on its stream: the pre-sync kernel's staging of the own rows' gradient (most of
+# a batch's rows: a copy of each) launched on that stream too, before their update, so the
+# chain's pre-sync launch covers the mirrors and the pushes only (the update of the pushed rows
+# waits for the staging: it adds the pushes into the staged rows they join). The pre-sync
+# kernel was ~20 us of the ~90-us chain at batch 8192 on 2 H100s. Exact (the same stores, on
+# two streams: tests/test_push_slots_early.py). Off until measured (read_ahead_ab.sh "stage").
+STAGE_BESIDE = False
 
 
 def own_entries_early(st: Any) -> None:
@@ -97,10 +105,17 @@ def pushes_early(st: Any) -> None:
     _owner_slots(st, cap.o, st.own_entries[0].numel(), keep_own=True, mark=st.own_split)
 
 
-def own_update_early(st: Any) -> None:
-    """(:data:`OWN_SPLIT`, after the pre-sync kernel staged the own rows' gradient) the own
-    rows no push joins: their Adagrad step and versions now (their gradient consumed, counts
-    zeroed), on a stream of their own inside a whole-step capture (joined by :func:`answer`)."""
+def stages_beside(st: Any) -> bool:
+    """Whether the own rows' staging runs with their update (:data:`STAGE_BESIDE`)."""
+    return bool(STAGE_BESIDE and st.own_split and st.sw)
+
+
+def own_update_early(st: Any, stage: Callable[[], None] | None = None) -> None:
+    """(:data:`OWN_SPLIT`, after the pre-sync kernel staged the own rows' gradient, or
+    ``stage()`` first: :data:`STAGE_BESIDE`) the own rows no push joins: their Adagrad step and
+    versions now (their gradient consumed, counts zeroed), on a stream of their own inside a
+    whole-step capture (joined by :func:`answer`; the pushed rows' update waits for the
+    staging)."""
     if not st.own_split:
         return
     e, o = st.store, st.cap.o
@@ -114,14 +129,28 @@ def own_update_early(st: Any) -> None:
         )  # fmt: skip
 
     if not (OWN_STREAM and st.capturing and e.device.type == "cuda"):
+        if stage is not None:
+            stage()
         update()
         return
     if getattr(st, "own_stream", None) is None:
         st.own_stream = priority_stream(e.device, "exchange")  # (the exchange's: highest)
     st.own_stream.wait_stream(torch.cuda.current_stream(e.device))
     with torch.cuda.stream(st.own_stream):
+        if stage is not None:
+            stage()
+            st.own_staged = torch.cuda.Event()
+            st.own_staged.record()
         update()
     st.own_forked = True
+
+
+def _wait_staged(st: Any) -> None:
+    """The current stream waits for the own rows' staging on their stream (STAGE_BESIDE)."""
+    ev = getattr(st, "own_staged", None)
+    if ev is not None:
+        torch.cuda.current_stream(st.store.device).wait_event(ev)
+        st.own_staged = None
 
 
 def join_own(st: Any) -> None:
@@ -130,6 +159,7 @@ def join_own(st: Any) -> None:
     if getattr(st, "own_forked", False):
         torch.cuda.current_stream(st.store.device).wait_stream(st.own_stream)
         st.own_forked = False
+    st.own_staged = None  # (joined: a staging event never outlives its capture)
 
 
 def _owner_slots(st: Any, e0: int, e1: int, *, keep_own: bool = False, mark: bool = False) -> None:
@@ -165,6 +195,7 @@ def merged_owner_update_fused(st: Any) -> None:
         _owner_slots(st, o, n)
         _owner_slots(st, 0, o)
     br, bd = _tiles(st.d)
+    _wait_staged(st)  # (the pushes add into the staged own rows they join)
     k.sum[_grid(n, br)](
         slots, cnts, st.pos_map, lead, csum, st.recv1, st.own_gsum, n, o, p,
         st.s1, 4 * q + 4 * p, e.trash_slot, D=st.d, BR=br, BD=bd, pushed_ptr=pushed,

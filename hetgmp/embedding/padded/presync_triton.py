@@ -26,14 +26,16 @@ def presync_apply_kernel(
     eps, trash,
     W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     NQR: tl.constexpr, NOWN: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
-    BD: tl.constexpr, COUNTS: tl.constexpr, SW: tl.constexpr,
+    BD: tl.constexpr, COUNTS: tl.constexpr, SW: tl.constexpr, PART: tl.constexpr = 0,
 ):  # fmt: skip
     # COUNTS: the part the sizes table needs (counts, versions, push ids, the next batch's
     # inputs), reading the last batch's table and keeping its block bounds in meta;
     # else the gradient's part (values, accumulators, pushed gradients), from meta (the
     # table holds the next batch's by then). SW 1 (row-wise Adagrad): own rows are staged
     # (os/oc/og: slot, count, gradient; trash slot where not own) for the owner's merged
-    # update instead of applied, and mirrors take Adagrad's local step (state: per slot)
+    # update instead of applied, and mirrors take Adagrad's local step (state: per slot).
+    # PART (the gradient's part, SW 1): 0 every entry, 1 the own rows' staging only, 2 the
+    # others only (owner_update.STAGE_BESIDE: the staging on the own rows' stream)
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     if COUNTS:
@@ -51,6 +53,13 @@ def presync_apply_kernel(
     own = live & (i < n_o)
     mir = live & (i >= n_o) & (i < r0)
     rem = live & (i >= r0)
+    if PART == 1:  # (the own rows' staging only)
+        mir = mir & (i < 0)
+        rem = rem & (i < 0)
+        live = own
+    if PART == 2:  # (the mirrors and the pushes only)
+        own = own & (i < 0)
+        live = mir | rem
     stored = own | mir
     s = tl.load(p_slot_ptr + i, mask=stored, other=0).to(tl.int64)
     mi = tl.where(mir, s - n_own, 0)
