@@ -53,7 +53,9 @@ DENSE_PEER = False
 # H100s at batch 8192 (bench/results/gpu/adam_peer/): the exchange's chain was the longer path.
 ADAM_PEER = False
 # (with ADAM_PEER) the peers' buckets copied into this rank's inbox first (module docstring).
-# Off until measured on 2 GPUs (read_ahead_ab.sh variant "cadam").
+# Exact (tests/gpu_dense_allreduce_check.py, bit for bit on 2 H100s). Off: 1.74x against 1.74x
+# at batch 8192 on 2 H100s (variant "cadam", bench/results/gpu/adam_copy/), and with the chain
+# cut too (owner_update.STAGE_BESIDE) +0.3 %, noise (bench/results/gpu/stage_beside/).
 ADAM_COPY = False
 # (the kernel's vector accesses: the buffer's length rounded up to this many elements)
 QUANTUM = 1024

@@ -65,7 +65,9 @@ OWN_STREAM = True
 # chain's pre-sync launch covers the mirrors and the pushes only (the update of the pushed rows
 # waits for the staging: it adds the pushes into the staged rows they join). The pre-sync
 # kernel was ~20 us of the ~90-us chain at batch 8192 on 2 H100s. Exact (the same stores, on
-# two streams: tests/test_push_slots_early.py). Off until measured (read_ahead_ab.sh "stage").
+# two streams: tests/test_push_slots_early.py; the GPU check on 2 H100s). Off: measured 1.695x
+# against 1.715x alone, 1.720x with peer_allreduce.ADAM_COPY (medians of 2 rounds, variants
+# "stage" / "stagecadam", bench/results/gpu/stage_beside/): no gain.
 STAGE_BESIDE = False
 
 
