@@ -56,6 +56,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from hetgmp.embedding.padded.exchange import PaddedExchange
 
 QUANTUM = 256  # capacities are multiples of this (even: the fused kernels' int64 pairs)
+# When a later epoch's batches outgrow the capacities, they grow to its needs plus 1/GROWTH_ROOM
+# of them: every growth rebuilds the buffers and captures every graph again (~0.5 s on 2 H100s
+# at batch 65536, where a reshuffled epoch needed 256 more distinct rows than the first's 135,680:
+# bench/results/gpu/scaling_4gpu_s17/w2early_65536.log.txt), and an epoch's largest batch
+# outgrows the running maximum ever more rarely, so a little room ends most later growths. The
+# first epoch's capacities stay tight (a padding entry costs work in every segment).
+GROWTH_ROOM = 32
 # Pushes under the query capacity above bound 0 (the last batch's rows not stored here plus
 # room for due mirrors; a due mirror that finds no room waits a step, counted): fewer bytes
 # and less padding work than p = q. Matches the torch reference in Triton's interpreter
@@ -158,6 +165,10 @@ class WholeStep:
         q, u = round_up(need_q), min(n, round_up(need_u))
         p = round_up(need_r + need_r // 2 + q // 8)
         if old is not None and old.n == n:
+            if q > old.q:  # (a later epoch outgrew them: room for the next ones, GROWTH_ROOM)
+                q = round_up(need_q + need_q // GROWTH_ROOM)
+            if u > old.u:
+                u = min(n, round_up(need_u + need_u // GROWTH_ROOM))
             q, u, p = max(q, old.q), max(u, old.u), max(p, old.p)
             if self._deferred_since_grow():
                 p = 2 * p
