@@ -23,7 +23,6 @@ pairs, samples, median and 90th percentile microseconds.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections import defaultdict
@@ -36,11 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench.gpu.cli_hook import run_with_step_hook  # noqa: E402
 from hetgmp.comm.peer_memory import PeerMemory  # noqa: E402
 from hetgmp.embedding.padded import buffers  # noqa: E402
 from hetgmp.train import dense_sync  # noqa: E402
-from hetgmp.train import trainer as trainer_module  # noqa: E402
-from hetgmp.train.cli import main as cli_main  # noqa: E402
 
 
 class Waits:
@@ -114,22 +112,13 @@ def main() -> int:
     cli_args = rest[1:] if rest[:1] == ["--"] else rest
     w, seen = Waits(), [0]
     install(w)
-    run = trainer_module.Trainer._run_step
 
-    def stepped(self, *a, **kw):  # type: ignore[no-untyped-def]
-        run(self, *a, **kw)
+    def after_step() -> None:
         seen[0] += 1
         if seen[0] > args.skip and seen[0] % args.every == 0 and torch.cuda.is_available():
             w.read()
 
-    trainer_module.Trainer._run_step = stepped  # type: ignore[method-assign]
-    rc = cli_main(cli_args)
-    rank = os.environ.get("LOCAL_RANK", "0")
-    text = w.report()
-    Path(args.out.replace("RANK", rank)).write_text(text + "\n")
-    if rank == "0":
-        print(text)
-    return rc
+    return run_with_step_hook(cli_args, after_step, w.report, args.out)
 
 
 if __name__ == "__main__":

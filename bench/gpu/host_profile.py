@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import sys
@@ -33,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from hetgmp.train import trainer as trainer_module  # noqa: E402
-from hetgmp.train.cli import main as cli_main  # noqa: E402
+from bench.gpu.cli_hook import run_with_step_hook  # noqa: E402
 
 
 class Recorder:
@@ -96,20 +94,7 @@ def main() -> int:
     args, rest = ap.parse_known_args()
     cli_args = rest[1:] if rest[:1] == ["--"] else rest
     rec = Recorder(args.skip, args.steps, args.cprofile)
-    run = trainer_module.Trainer._run_step
-
-    def stepped(self, *a, **kw):  # type: ignore[no-untyped-def]
-        run(self, *a, **kw)
-        rec.after_step()
-
-    trainer_module.Trainer._run_step = stepped  # type: ignore[method-assign]
-    rc = cli_main(cli_args)
-    rank = os.environ.get("LOCAL_RANK", "0")
-    text = rec.report(args.rows)
-    Path(args.out.replace("RANK", rank)).write_text(text + "\n")
-    if rank == "0":
-        print(text)
-    return rc
+    return run_with_step_hook(cli_args, rec.after_step, lambda: rec.report(args.rows), args.out)
 
 
 if __name__ == "__main__":
