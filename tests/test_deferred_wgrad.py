@@ -12,7 +12,9 @@ from hetgmp.models import deferred_wgrad
 from hetgmp.models.layers import first_layer
 
 
-def _grads(enabled: bool, *, views: bool = False, frozen: bool = False) -> list[torch.Tensor]:
+def _grads(
+    enabled: bool, *, views: bool = False, frozen: bool = False, amp: bool = False
+) -> list[torch.Tensor]:
     torch.manual_seed(0)
     deep, wide = nn.Linear(3 * 4 + 5, 6), nn.Linear(3 * 4 + 5, 1)
     wide.weight.requires_grad_(not frozen)
@@ -27,8 +29,9 @@ def _grads(enabled: bool, *, views: bool = False, frozen: bool = False) -> list[
     dense = torch.randn(8, 5)
     old, deferred_wgrad.ENABLED = deferred_wgrad.ENABLED, enabled
     try:
-        out = first_layer(emb, dense, (deep, wide))
-        (out[:, :7] * torch.randn(8, 7)).sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = first_layer(emb, dense, (deep, wide))
+        (out[:, :7].float() * torch.randn(8, 7)).sum().backward()
     finally:
         deferred_wgrad.ENABLED = old
     if views:  # (still the bucket's views, written in place)
@@ -48,3 +51,12 @@ def test_a_frozen_weight_gets_no_gradient() -> None:
     got, want = _grads(True, frozen=True), _grads(False, frozen=True)
     assert got[3].numel() == 0 and want[3].numel() == 0  # (wide.weight: frozen)
     torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-7)
+
+
+def test_under_autocast_the_bf16_product_adds_into_float32_as_autograd_casts_it() -> None:
+    """Under autocast the product is bf16 and the weight's gradient float32: added as it is
+    (widened exactly by the add), it equals autograd's cast-then-accumulate bit for bit."""
+    got, want = _grads(True, amp=True), _grads(False, amp=True)
+    assert got[1].dtype == torch.float32 and got[1].abs().sum() > 0
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
