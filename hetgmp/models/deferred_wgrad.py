@@ -22,6 +22,8 @@ from torch import nn
 # Defer the first layer's weight gradient (False: autograd computes it in place, before the
 # embedding's backward: a diagnosis).
 ENABLED = True
+# (products a float32 gradient adds as they are: each widens to float32 exactly)
+_NARROW = (torch.bfloat16, torch.float16, torch.float32)
 
 
 class _DeferredWeightGrad(torch.autograd.Function):
@@ -68,8 +70,8 @@ def first_product(
         # (a float32 gradient takes a lower-precision product as it is: the add widens it
         # exactly, as a cast first would, without the cast's own pass: ~5 us of the dense
         # path after backward at batch 8192 under autocast on an H100)
-        wide = p.dtype == torch.float32 and part.is_floating_point()
-        p.grad[rows, :cols].add_(part if wide else part.to(p.dtype))
+        widened = p.dtype == torch.float32 and part.dtype in _NARROW
+        p.grad[rows, :cols].add_(part if widened else part.to(p.dtype))
 
     def spread(gw: torch.Tensor, ps: Sequence[torch.Tensor]) -> None:
         r = 0  # (gw's rows: the weights' stacked, then padding rows)

@@ -157,8 +157,8 @@ class WholeStep:
         """Fixed capacities for batches of ``n`` ids: ``need_q`` queries per peer, ``need_u``
         distinct rows, ``need_r`` rows not stored here per peer (never smaller than before for
         the same ``n``). Tight: a padding entry costs work in every segment and its bytes
-        travel; but a capacity a later epoch outgrows takes room (:data:`GROWTH_ROOM`). Pushes: at bound 0 every mirror a batch touched is due at the next step, so
-        ``p = q``; above, the last batch's rows not stored here (``need_r``: they must fit)
+        travel; but a capacity a later epoch outgrows takes room (:data:`GROWTH_ROOM`).
+        Pushes: at bound 0 every mirror a batch touched is due at the next step, so ``p = q``; above, the last batch's rows not stored here (``need_r``: they must fit)
         plus room for due mirrors (a share of ``q``, doubled at an epoch start after a step
         had to keep some back)."""
         old = self.padded.frozen
