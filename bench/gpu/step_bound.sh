@@ -23,12 +23,7 @@ RES="${OUT:-bench/results}/gpu/step_bound"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$RES" "$WORK"
-DS=$WORK/ds-$SAMPLES; PLAN=$WORK/part2-$SAMPLES-$BATCH.npz
-[ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
-  --workers 16 --overwrite --no-progress > "$RES/generate.log" 2>&1 || exit 1
-METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
-[ -f "$PLAN" ] || $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method $METHOD \
-  --rounds 2 --batch-size "$BATCH" --no-progress > "$RES/partition.log" 2>&1 || exit 1
+source bench/gpu/card_data.sh; card_data "$WORK" "$SAMPLES" 1 "$BATCH" "$RES" || exit 1
 ITER=$((SKIP + STEPS + 20))
 CLI=(--dataset "$DS" --device cuda --model wdl --batch_size "$BATCH" --embed_dim 128
      --iter "$ITER" --log_every 50 --no-progress)

@@ -17,12 +17,7 @@ WORK=${WORK:-/tmp/hetgmp-ab}; RES="${OUT:-bench/results}/gpu/whole_step_ab"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 mkdir -p "$RES" "$WORK"
-DS=$WORK/ds-$SAMPLES-s$SCALE; PLAN=$WORK/part2-$SAMPLES-s$SCALE.npz
-[ -f "$DS/meta.json" ] || $PY -m hetgmp generate criteo-like --out "$DS" --num-samples "$SAMPLES" \
-  --scale "$SCALE" --workers 16 --overwrite --no-progress > "$RES/generate.log" 2>&1 || exit 1
-METHOD=metis+refine; $PY -c "import pymetis" 2> /dev/null || METHOD=refine
-[ -f "$PLAN" ] || $PY -m hetgmp partition -n 2 --data "$DS" -o "$PLAN" --method $METHOD \
-  --rounds 2 --batch-size "$BATCH" --no-progress > "$RES/partition.log" 2>&1 || exit 1
+source bench/gpu/card_data.sh; card_data "$WORK" "$SAMPLES" "$SCALE" "$BATCH" "$RES" || exit 1
 CLI=(--dataset "$DS" --device "$DEVICE" --model wdl --batch_size "$BATCH" --embed_dim 128
      --iter "$ITERS" --log_every 50 --no-progress)
 CARD=(--partition "$PLAN" --store_rate 0.01 --bound 100)
