@@ -60,7 +60,8 @@
 # BATCHES ("8192 65536"), W1V ("early": the 1-GPU runs' variants, each but early named w1V;
 # a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
 # "onecompact": one GPU's bags compact, its whole step one graph, the default since 2026-11-27;
-# "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# "carveN" / "carveNlt": early with N SMs left out of cuBLAS's GEMMs (and every GEMM through
+# cuBLASLt: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
 # ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
@@ -141,6 +142,8 @@ switches() {  # variant -> module switches
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $p.streams.PRIORITIES=0 ;;
+    carve*lt) local n=${1#carve}; echo $early carveout:${n%lt} blas:cublaslt ;;
+    carve*) echo $early carveout:${1#carve} ;;
     tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $early $p.presync_step.DUE_LIST=0 ;;

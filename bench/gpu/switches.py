@@ -7,7 +7,10 @@ measured), e.g. under torchrun::
 
 Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is
 an error, not a silent no-op); everything after ``--`` is the script and its arguments.
-``ablate:NAME`` leaves a part of the step out (diagnosis only: :mod:`ablations`).
+``ablate:NAME`` leaves a part of the step out (diagnosis only: :mod:`ablations`);
+``carveout:N`` leaves N SMs out of cuBLAS's GEMMs (``torch._C._set_sm_carveout_experimental``),
+so that kernels launched beside a persistent GEMM (device barriers, NCCL) find an SM at once;
+``blas:cublaslt`` routes every GEMM through cuBLASLt (where the carveout surely applies).
 """
 
 from __future__ import annotations
@@ -26,6 +29,17 @@ def main(argv: list[str]) -> None:
             from ablations import apply
 
             apply(item.split(":", 1)[1])
+            continue
+        if item.startswith("carveout:"):
+            import torch
+
+            torch._C._set_sm_carveout_experimental(int(item.split(":", 1)[1]))
+            continue
+        if item.startswith("blas:"):
+            import torch
+
+            if torch.cuda.is_available():  # (a CPU build has no cuBLASLt: smoke runs)
+                torch.backends.cuda.preferred_blas_library(item.split(":", 1)[1])
             continue
         target, _, value = item.partition("=")
         mod_name, _, attr = target.rpartition(".")
