@@ -60,6 +60,7 @@
 # BATCHES ("8192 65536"), W1V ("early": the 1-GPU runs' variants, each but early named w1V;
 # a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
 # "onecompact": one GPU's bags compact, its whole step one graph, the default since 2026-11-27;
+# "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
 # "carveN" / "carveNlt": early with N SMs left out of cuBLAS's GEMMs (and every GEMM through
 # cuBLASLt: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
@@ -142,6 +143,7 @@ switches() {  # variant -> module switches
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $p.streams.PRIORITIES=0 ;;
+    dil_*) echo $early dilate:${1#dil_}:${DIL_US:-40} ;;  # (diagnosis: bench/gpu/dilations.py)
     carve*lt) local n=${1#carve}; echo $early carveout:${n%lt} blas:cublaslt ;;
     carve*) echo $early carveout:${1#carve} ;;
     tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;

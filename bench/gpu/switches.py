@@ -8,6 +8,7 @@ measured), e.g. under torchrun::
 Each ``MODULE.NAME=0|1`` sets a boolean module attribute that must already exist (a typo is
 an error, not a silent no-op); everything after ``--`` is the script and its arguments.
 ``ablate:NAME`` leaves a part of the step out (diagnosis only: :mod:`ablations`);
+``dilate:POINT:US`` delays the step by US at POINT (diagnosis only: :mod:`dilations`);
 ``carveout:N`` leaves N SMs out of cuBLAS's GEMMs (``torch._C._set_sm_carveout_experimental``),
 so that kernels launched beside a persistent GEMM (device barriers, NCCL) find an SM at once;
 ``blas:cublaslt`` routes every GEMM through cuBLASLt (where the carveout surely applies).
@@ -29,6 +30,11 @@ def main(argv: list[str]) -> None:
             from ablations import apply
 
             apply(item.split(":", 1)[1])
+            continue
+        if item.startswith("dilate:"):  # (diagnosis only: is a point on the critical path)
+            from dilations import apply as dilate
+
+            dilate(item.split(":", 1)[1])
             continue
         if item.startswith("carveout:"):
             import torch

@@ -1,0 +1,87 @@
+"""Diagnosis only: a fixed delay inserted at one point of the multi-GPU step, to learn whether
+that point lies on the path the step waits for (``switches.py dilate:POINT:US``).
+
+Why: on 2 H100s (session 17) cutting ~10 us from the exchange's chain and ~20 us from the
+dense path at once moved the step by nothing, though a kernel timeline under CUPTI put both on
+its critical path; and the time each rank spends inside each meeting (``barrier_waits.py``,
+session 18) is well above the meetings' own cost on both ranks. A delay of D us that adds D us
+to the step marks a point on the critical path; one that adds nothing marks a point with at
+least D us of slack (the causal-profiling idea). The delay is ``torch.cuda._sleep`` (one
+thread spinning for a number of clock cycles: it takes no SM's worth of resources, so what it
+shows is the path, not contention), launched on the stream current at that point, inside
+the captured graph like every other kernel there. Its values are right (nothing is left out),
+so its AUC equals the undelayed run's.
+
+Points: ``pack`` (the exchange's chain, before pack), ``finish`` (the chain, before finish),
+``chainend`` (the chain, after finish), ``dense`` (the dense path, before the gradients'
+sum over ranks), ``adam`` (the dense path, before Adam), ``sum`` (before the rows' gradient sum), ``presync`` (before the pre-sync
+gradient part), ``counts`` (before the counts phase beside the forward), ``plan`` (before
+the next batch's plan, on the plan's stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+CYCLES_PER_US = 1755  # (H100 SXM under load; the same for every point, so ratios hold)
+
+
+def _delay(us: float) -> None:
+    import torch
+
+    if torch.cuda.is_available():  # (a CPU smoke run: no delay)
+        torch.cuda._sleep(int(us * CYCLES_PER_US))
+
+
+def _before(owner: Any, name: str, us: float) -> None:
+    fn = getattr(owner, name)
+
+    def delayed(*args: Any, **kwargs: Any) -> Any:
+        _delay(us)
+        return fn(*args, **kwargs)
+
+    setattr(owner, name, delayed)
+
+
+def _in_step(key: str, us: float, *, after: bool = False) -> None:
+    from hetgmp.embedding.padded import buffers
+
+    step = buffers.StaticExchange._step
+
+    def delayed(st: Any, segment: Callable[[str, Callable[[], None]], Any]) -> None:
+        def seg(k: str, fn: Callable[[], None]) -> Any:
+            if k != key:
+                return segment(k, fn)
+            return segment(k, (lambda: (fn(), _delay(us))) if after else lambda: (_delay(us), fn()))
+
+        step(st, seg)
+
+    buffers.StaticExchange._step = delayed  # type: ignore[method-assign]
+
+
+def apply(spec: str) -> None:
+    """Delay ``POINT:US`` (see the module docstring) in every step from now on."""
+    from hetgmp.embedding.padded import buffers, graphs, kernels
+    from hetgmp.train import dense_sync, flat_adam
+
+    point, _, us_text = spec.partition(":")
+    us = float(us_text or 40)
+    if point in ("pack", "finish"):
+        _in_step(point, us)
+    elif point == "chainend":
+        _in_step("finish", us, after=True)
+    elif point == "dense":
+        _before(dense_sync.GradBucket, "all_reduce", us)
+    elif point == "adam":
+        _before(flat_adam.FlatAdam, "step", us)
+    elif point == "sum":
+        _before(buffers.StaticExchange, "sum_grad", us)
+    elif point == "presync":
+        _before(kernels, "presync_values", us)
+    elif point == "counts":
+        _before(buffers.StaticExchange, "presync_counts_early", us)
+    elif point == "plan":
+        _before(graphs.PrepRing, "fill", us)
+    else:
+        raise SystemExit(f"dilations: no point {point!r}")
