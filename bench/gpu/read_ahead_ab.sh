@@ -61,8 +61,8 @@
 # a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
 # "onecompact": one GPU's bags compact, its whole step one graph, the default since 2026-11-27;
 # "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
-# "carveN" / "carveNlt": early with N SMs left out of cuBLAS's GEMMs (and every GEMM through
-# cuBLASLt: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
+# "carveN" / "carveNlt" / "carveNV": early with N SMs left out of cuBLAS's GEMMs (and every
+# GEMM through cuBLASLt / and variant V: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
 # ~2 % between calls, so a 1 % change needs rounds), ITERS (150), SAMPLES (3.3M, or more: epochs of at least 20 steps for
 # the largest GPU count x batch, so that steady intervals exist with LOG_EVERY=10; 5.9M for
@@ -144,8 +144,12 @@ switches() {  # variant -> module switches
       $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $p.streams.PRIORITIES=0 ;;
     dil_*) echo $early dilate:${1#dil_}:${DIL_US:-40} ;;  # (diagnosis: bench/gpu/dilations.py)
-    carve*lt) local n=${1#carve}; echo $early carveout:${n%lt} blas:cublaslt ;;
-    carve*) echo $early carveout:${1#carve} ;;
+    carve*) local n=${1#carve}; n=${n%%[a-z]*}; local rest=${1#carve$n}  # (carveN[lt|V])
+      case $rest in
+        '') echo $early carveout:$n ;;
+        lt) echo $early carveout:$n blas:cublaslt ;;
+        *) switches "$rest"; echo carveout:$n ;;
+      esac ;;
     tailold) echo $early hetgmp.train.inputs_ahead.FILL_BESIDE=0 hetgmp.train.step.METRICS_BESIDE=0 ;;
     nodefer) echo $early hetgmp.models.deferred_wgrad.ENABLED=0 ;;
     nolist) echo $early $p.presync_step.DUE_LIST=0 ;;
