@@ -16,7 +16,11 @@ Points: ``pack`` (the exchange's chain, before pack), ``finish`` (the chain, bef
 ``chainend`` (the chain, after finish), ``dense`` (the dense path, before the gradients'
 sum over ranks), ``adam`` (the dense path, before Adam), ``sum`` (before the rows' gradient sum), ``presync`` (before the pre-sync
 gradient part), ``counts`` (before the counts phase beside the forward), ``plan`` (before
-the next batch's plan, on the plan's stream).
+the next batch's plan, on the plan's stream); and two to calibrate and to find what ends the
+step: ``start`` (on the main stream before the step's first work: nothing runs beside it, so
+the step grows by the delay's true length) and ``end`` (on the main stream after the step
+returns, before the capture joins the other streams: the full delay only if the main stream
+ends last).
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ def _before(owner: Any, name: str, us: float) -> None:
     setattr(owner, name, delayed)
 
 
+def _after(owner: Any, name: str, us: float) -> None:
+    fn = getattr(owner, name)
+
+    def delayed(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        _delay(us)
+        return out
+
+    setattr(owner, name, delayed)
+
+
 def _in_step(key: str, us: float, *, after: bool = False) -> None:
     from hetgmp.embedding.padded import buffers
 
@@ -63,7 +78,7 @@ def _in_step(key: str, us: float, *, after: bool = False) -> None:
 def apply(spec: str) -> None:
     """Delay ``POINT:US`` (see the module docstring) in every step from now on."""
     from hetgmp.embedding.padded import buffers, graphs, kernels
-    from hetgmp.train import dense_sync, flat_adam
+    from hetgmp.train import dense_sync, flat_adam, inputs_ahead, step
 
     point, _, us_text = spec.partition(":")
     us = float(us_text or 40)
@@ -81,6 +96,10 @@ def apply(spec: str) -> None:
         _before(kernels, "presync_values", us)
     elif point == "counts":
         _before(buffers.StaticExchange, "presync_counts_early", us)
+    elif point == "start":
+        _before(inputs_ahead.InputsAhead, "mark_start", us)
+    elif point == "end":
+        _after(step.TrainStep, "__call__", us)
     elif point == "plan":
         _before(graphs.PrepRing, "fill", us)
     else:
