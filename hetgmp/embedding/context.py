@@ -43,6 +43,10 @@ class StepContext:
     # several ranks, ``owned`` too: the owned rows tiered, the store's own slots their cache
     tier: TieredRows | DeviceTier | None = None
     owned: OwnedTier | None = None
+    # (train/product_hold.py) while ``mark_staged``, a captured padded step records
+    # ``staged``: an event after its pre-sync gradient kernel, which the dense product waits for
+    mark_staged: bool = False
+    staged: torch.cuda.Event | None = None
 
     @property
     def kernels(self) -> str:

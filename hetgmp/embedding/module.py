@@ -183,6 +183,17 @@ class DistributedEmbedding(nn.Module):
         With several ranks updates travel with the next step's exchange: use :meth:`flush`."""
         self.engine.apply_pending()
 
+    def mark_staged(self, on: bool) -> None:
+        """While on, a captured padded step records an event once its pre-sync gradient kernel
+        is queued (the first of the exchange's chain after the rows' gradient sum), which
+        :meth:`take_staged` hands over (``train/product_hold.py``)."""
+        self._ctx.mark_staged, self._ctx.staged = on, None
+
+    def take_staged(self) -> torch.cuda.Event | None:
+        """The event :meth:`mark_staged` asked for, recorded since (None: none), cleared."""
+        event, self._ctx.staged = self._ctx.staged, None
+        return event
+
     @property
     def async_engine(self) -> AsyncStep | None:
         """The ``sync="async"`` step engine of several ranks (its clocks, global progress and

@@ -30,21 +30,25 @@ class _DeferredWeightGrad(torch.autograd.Function):
     """``x @ w.t()`` whose backward returns the input's gradient and queues the weight's."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, sink: Any) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, sink: Any, gate: Any) -> torch.Tensor:
         ctx.save_for_backward(x, w)
-        ctx.sink = sink
+        ctx.sink, ctx.gate = sink, gate
         return F.linear(x, w)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
         x, w = ctx.saved_tensors
-        sink = ctx.sink
+        sink, gate = ctx.sink, ctx.gate
 
         def weight_grad() -> None:  # (after every node of this backward ran)
-            sink(grad, x)
+            held = gate()
+            if held is None:
+                sink(grad, x)
+            else:  # (the trainer runs it later: set_product_gate)
+                held(lambda: sink(grad, x))
 
         torch.autograd.Variable._execution_engine.queue_callback(weight_grad)
-        return (grad.mm(w) if ctx.needs_input_grad[0] else None), None, None
+        return (grad.mm(w) if ctx.needs_input_grad[0] else None), None, None, None
 
 
 def first_product(
@@ -93,8 +97,9 @@ def first_product(
         if len(weights) > 1:
             spread(grad[:, late.stop :].t().mm(x), weights[1:])
 
+    first_linear = linears[0]
     with torch.autocast(dev, enabled=False):
-        return _DeferredWeightGrad.apply(x, w.detach(), sink)
+        return _DeferredWeightGrad.apply(x, w.detach(), sink, lambda: product_gate(first_linear))
 
 
 RowsHook = Callable[[torch.Tensor, int, int], None]
@@ -111,6 +116,22 @@ def set_rows_hook(linear: nn.Linear, hook: RowsHook | None) -> None:
 def rows_hook(linear: nn.Linear) -> RowsHook | None:
     """The hook :func:`set_rows_hook` set on ``linear`` (None: none)."""
     return linear.__dict__.get("_rows_hook")
+
+
+ProductGate = Callable[[Callable[[], None]], None]
+
+
+def set_product_gate(linear: nn.Linear, gate: ProductGate | None) -> None:
+    """Have the deferred product of ``linear``'s layer handed to ``gate(run)`` at the end of
+    backward instead of run there: the trainer calls ``run()`` later, once its stream waits for
+    what the product should follow (``train/product_hold.py``); None: run at the end of
+    backward. The model stays free of distribution: the trainer sets the gate."""
+    linear.__dict__["_product_gate"] = gate
+
+
+def product_gate(linear: nn.Linear) -> ProductGate | None:
+    """The gate :func:`set_product_gate` set on ``linear`` (None: none)."""
+    return linear.__dict__.get("_product_gate")
 
 
 def _late_rows(weight: torch.Tensor, hook: RowsHook | None) -> slice | None:

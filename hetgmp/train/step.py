@@ -24,6 +24,7 @@ from hetgmp.train.dense_sync import GradBucket, average_params, early_rows_layer
 from hetgmp.train.flat_adam import FlatAdam, flatten_parameters
 from hetgmp.train.graphed_head import GraphedHead
 from hetgmp.train.optim import make_dense_optimizer
+from hetgmp.train.product_hold import ProductHold, hold_products
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class TrainStep:
         if isinstance(batch, PendingBatch):  # (a resident source's deferred batch: gathered)
             batch = batch.gather()
         self.model.train()
+        hold: ProductHold | None = None
         if self.head is not None:
             logits, loss_sum = self.head(batch, global_batch)
             metrics = self._metrics_beside(logits, loss_sum, batch.labels)
@@ -123,14 +125,11 @@ class TrainStep:
             logits = logits.float()
             loss_sum = self.loss_fn(logits, batch.labels)
             metrics = self._metrics_beside(logits, loss_sum, batch.labels)
-            # (the first layer's last rows summed from inside backward: dense_sync.EARLY_ROWS)
-            self.bucket.armed = self.sync_every == 1 and self.dense_server is None
-            (loss_sum / max(1, global_batch)).backward()
-            self.bucket.armed = False
+            hold = self._backward(loss_sum / max(1, global_batch), after_backward)
         if self.rows_now:
             table(self.model).apply_pending()
         if after_backward is not None:
-            after_backward()
+            self._after_backward(after_backward, hold)
         marks.mark("fwd_bwd")
         if self.sync_every == 1 and self.dense_server is None:
             self.bucket.all_reduce()
@@ -153,6 +152,37 @@ class TrainStep:
             torch.cuda.current_stream().wait_stream(self._side)  # type: ignore[arg-type]
             return metrics
         return _metrics(logits, loss_sum, batch.labels)
+
+    def _backward(
+        self, loss: torch.Tensor, after_backward: Callable[[], None] | None
+    ) -> ProductHold | None:
+        """``loss.backward()``; returns the first layer's products held for after
+        ``after_backward`` (``train/product_hold.py``), if any."""
+        # (the first layer's last rows summed from inside backward: dense_sync.EARLY_ROWS)
+        self.bucket.armed = self.sync_every == 1 and self.dense_server is None
+        hold = hold_products(self.model, table(self.model), after_backward)
+        try:
+            loss.backward()
+        except BaseException:
+            if hold is not None:
+                hold.close()
+            raise
+        if hold is None:
+            self.bucket.armed = False
+        return hold
+
+    def _after_backward(self, after_backward: Callable[[], None], hold: ProductHold | None) -> None:
+        """``after_backward()``, then the first layer's products ``hold`` kept (they follow
+        the exchange's first kernel: ``train/product_hold.py``)."""
+        try:
+            after_backward()
+        except BaseException:
+            if hold is not None:
+                hold.close()
+            raise
+        if hold is not None:
+            hold.release()
+            self.bucket.armed = False
 
     def _metrics_beside(
         self, logits: torch.Tensor, loss_sum: torch.Tensor, labels: torch.Tensor

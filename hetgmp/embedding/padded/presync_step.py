@@ -88,6 +88,7 @@ def presync(
         def after() -> None:
             summed()
             fused_segments.presync_values(st, prev)
+            _mark_staged(st)
 
         st._segment(key_g, after, capturable=capturable)
     if ready is not None:
@@ -120,6 +121,14 @@ def count_replay(st: Any) -> None:
     st.ctx.counters.replay_dev[:3].add_(
         torch.stack([t[0, sizes.NOWN], t[:, sizes.NQR].sum(), t[:, sizes.NP].sum()])
     )
+
+
+def _mark_staged(st: Any) -> None:
+    # (train/product_hold.py: the dense product follows this kernel, not the sum, in a capture)
+    ctx = st.ctx
+    if ctx.mark_staged and st.capturing and st.store.device.type == "cuda":
+        ctx.staged = torch.cuda.Event()
+        ctx.staged.record(current_stream(st.store.device))
 
 
 def _key(prev: Any, cur: Any) -> tuple[Any, ...]:
