@@ -20,20 +20,29 @@ the next batch's plan, on the plan's stream); and two to calibrate and to find w
 step: ``start`` (on the main stream before the step's first work: nothing runs beside it, so
 the step grows by the delay's true length) and ``end`` (on the main stream after the step
 returns, before the capture joins the other streams: the full delay only if the main stream
-ends last).
+ends last). ``POINT:US:RANK`` delays on rank RANK only: the step grows by the delay if that
+rank's path there is the later one, and by less if the other rank arrives at the next meeting
+later anyway (per rank, which of them the step waits for).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 CYCLES_PER_US = 1755  # (H100 SXM under load; the same for every point, so ratios hold)
 
 
+# (POINT:US:RANK: only that rank delays, the other's slack then shows: is one rank later)
+ONLY_RANK: int | None = None
+
+
 def _delay(us: float) -> None:
     import torch
 
+    if ONLY_RANK is not None and int(os.environ.get("RANK", "0")) != ONLY_RANK:
+        return
     if torch.cuda.is_available():  # (a CPU smoke run: no delay)
         torch.cuda._sleep(int(us * CYCLES_PER_US))
 
@@ -76,12 +85,16 @@ def _in_step(key: str, us: float, *, after: bool = False) -> None:
 
 
 def apply(spec: str) -> None:
-    """Delay ``POINT:US`` (see the module docstring) in every step from now on."""
+    """Delay ``POINT:US[:RANK]`` (see the module docstring; RANK: on that rank only) in every
+    step from now on."""
     from hetgmp.embedding.padded import buffers, graphs, kernels
     from hetgmp.train import dense_sync, flat_adam, inputs_ahead, step
 
-    point, _, us_text = spec.partition(":")
+    global ONLY_RANK
+    point, _, rest = spec.partition(":")
+    us_text, _, rank_text = rest.partition(":")
     us = float(us_text or 40)
+    ONLY_RANK = int(rank_text) if rank_text else None
     if point in ("pack", "finish"):
         _in_step(point, us)
     elif point == "chainend":

@@ -147,6 +147,7 @@ switches() {  # variant -> module switches
     alldar) echo $early $p.peer_payloads.PULL_REPLIES=1 hetgmp.comm.peer_allreduce.DENSE_PEER=1 \
       $p.exchange.NARROW_WAIT=1 $p.owner_update.OWN_SLOTS_EARLY=1 $p.owner_update.VERSIONS_IN_UPDATE=1 ;;
     noprio) echo $early $p.streams.PRIORITIES=0 ;;
+    dil_*_r*) local pt=${1#dil_}; echo $early dilate:${pt%_r*}:${DIL_US:-40}:${1##*_r} ;;
     dil_*) echo $early dilate:${1#dil_}:${DIL_US:-40} ;;  # (diagnosis: bench/gpu/dilations.py)
     carve*) local n=${1#carve}; n=${n%%[a-z]*}; local rest=${1#carve$n}  # (carveN[lt|V])
       case $rest in
