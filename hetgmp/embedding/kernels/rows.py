@@ -2,8 +2,8 @@
 
 Row kernels (``table [R, D]`` contiguous; whole rows in tiles, one 64-bit offset per row):
 ``scatter_add_rows`` (``index_add_``), ``take_rows`` (``index_select``), ``put_rows``
-(``index_copy_``); the one-rank lookup in two kernels, ``mark_local`` and ``take_local``
-(clamp + range flag + leader map; rows + leaders + distinct-row count); and ``gather_rows``, a
+(``index_copy_``); the one-rank lookup's two kernels, ``mark_local`` and ``take_local``, are in
+:mod:`.local_lookup`; and ``gather_rows``, a
 differentiable ``values[inv]``. Measured on an H200 (``bench/gpu/bench_kernels.py``,
 ``bench/results/gpu/kernels_H200.md``): update 2.6-2.7x ``index_add_``, gather 3.0-3.3x
 ``index_select``; a launch costs ~21 us of host time vs ~7 us for a torch op.
@@ -53,6 +53,7 @@ from hetgmp.embedding.kernels.launcher import (
     row_tiles,
     triton_available,
 )
+from hetgmp.embedding.kernels.local_lookup import mark_local, take_local
 from hetgmp.embedding.kernels.prep import trial as prep_trial
 from hetgmp.embedding.ops import index_add_rows
 
@@ -131,6 +132,7 @@ def scatter_add_rows(
     *,
     backend: str = "torch",
     fields: int | None = None,
+    part: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor:
     """``table[idx[i]] += alpha * src[i]`` (``table [R, D]`` float32 contiguous, ``idx [n]``
     int32/int64 in range, ``src [n, D]``) with the given backend (see :func:`resolve`). The
@@ -140,12 +142,19 @@ def scatter_add_rows(
     its ``[B, F]`` slots and ``[B, F, D]`` gradient: no reshape op on the Triton path). ``src``
     may be bf16 / fp16 (an autocast gradient): it is added in float32, without a cast copy.
     ``fields``: ``idx`` is a batch's ``[B, fields]`` occurrences (any layout of ``n``): the
-    Triton path then sums each field's repeated rows in registers first (:data:`FIELD_RUNS`)."""
+    Triton path then sums each field's repeated rows in registers first (:data:`FIELD_RUNS`).
+    ``part``: ``(bound, 1)`` adds only the occurrences of rows below ``bound`` (a one-element
+    integer tensor, read on the device), ``(bound, 2)`` only those at or above it (a sum split
+    in two passes over the same occurrences: each row's adds are the whole sum's)."""
     if backend == "torch" or idx.numel() == 0:
         if idx.dim() != 1:
             idx = idx.reshape(-1)
         if src.dim() != 2:
             src = src.reshape(-1, src.shape[-1])
+        if part is not None:
+            bound, which = part
+            sel = (idx < bound) if which == 1 else (idx >= bound)
+            idx, src = idx[sel], src[sel]
         return scatter_add_rows_reference(table, idx, src, alpha)
     k = _kernels()
     triton, kernel = k.triton, k.scatter
@@ -163,14 +172,15 @@ def scatter_add_rows(
         src = src.to(torch.float32)
     src = src.contiguous()
     idx = idx.contiguous()
+    bound, which = part if part is not None else (idx, 0)  # (PART 0: the pointer unread)
     runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not _INTERPRETED)
     if runs and fields and n % fields == 0:
-        return _scatter_add_fields(k, table, idx, src, float(alpha), fields)
+        return _scatter_add_fields(k, table, idx, src, float(alpha), fields, bound, which)
     block_r, block_d = row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
     with on_device(table):
-        consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d}
-        launch(kernel, grid, (table, idx, src, n, float(alpha)), consts)
+        consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "PART": which}
+        launch(kernel, grid, (table, idx, src, n, float(alpha), bound), consts)
     return table
 
 
@@ -186,15 +196,16 @@ _INTERPRETED = interpreted()  # (read once: the variable is set before triton is
 
 
 def _scatter_add_fields(
-    k: Any, table: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float, f: int
-) -> torch.Tensor:
+    k: Any, table: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float, f: int,
+    bound: torch.Tensor, which: int,
+) -> torch.Tensor:  # fmt: skip
     d, bs = src.shape[-1], FIELD_SAMPLES
     b_rows = idx.numel() // f
     grid = (k.triton.cdiv(b_rows, bs), f)
     with on_device(table):
         consts = {"F": f, "D": d, "BS": bs, "LB": bs.bit_length() - 1,
-                  "BLOCK_D": min(k.triton.next_power_of_2(d), 64)}  # fmt: skip
-        launch(k.scatter_fields, grid, (table, idx, src, b_rows, alpha), consts)
+                  "BLOCK_D": min(k.triton.next_power_of_2(d), 64), "PART": which}  # fmt: skip
+        launch(k.scatter_fields, grid, (table, idx, src, b_rows, alpha, bound), consts)
     return table
 
 
@@ -284,91 +295,6 @@ def put_rows(
         launch(kernel, (triton.cdiv(n, block_r),), (dst, idx, src, n),
                {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d})  # fmt: skip
     return dst
-
-
-def mark_local(
-    ids: torch.Tensor,
-    pos_map: torch.Tensor,
-    flag: torch.Tensor,
-    step_count: torch.Tensor,
-    num_rows: int,
-    *,
-    backend: str = "torch",
-) -> torch.Tensor:
-    """First half of a one-rank lookup (:class:`DistributedEmbedding`'s fast path), one kernel:
-    ``slots = ids.clamp(0, num_rows - 1)`` (returned, int64, the shape of ``ids``, which may
-    have any shape; ``i`` below is a position in the flattened ids); ``pos_map[slots[i]] = i`` (int32
-    per-row map; when a row repeats, any one occurrence wins); ``flag`` (int32 ``[1]``, zero
-    on entry) becomes > 0 if an id was out of range; ``step_count`` (int64 ``[1]``) is zeroed
-    for :func:`take_local` to count into."""
-    n = ids.numel()
-    if backend == "torch":
-        slots = ids.clamp(0, num_rows - 1)
-        flag.copy_(torch.maximum(flag, (slots != ids).any().to(flag.dtype)))
-        flat = slots.reshape(-1)
-        pos_map.index_copy_(0, flat, torch.arange(n, dtype=torch.int32, device=ids.device))
-        step_count.zero_()
-        return slots
-    k = _kernels()
-    triton, kernel = k.triton, k.mark_local
-    ids = ids.contiguous()  # (the kernel reads it as a flat array)
-    slots = torch.empty_like(ids)
-    block = 1024
-    with on_device(ids):
-        launch(kernel, (max(1, triton.cdiv(n, block)),),
-               (ids, slots, pos_map, flag, step_count, n, num_rows), {"BLOCK": block})  # fmt: skip
-    return slots
-
-
-def take_local(
-    table: torch.Tensor,
-    slots: torch.Tensor,
-    pos_map: torch.Tensor,
-    flag: torch.Tensor,
-    step_count: torch.Tensor,
-    total_count: torch.Tensor,
-    *,
-    backend: str = "torch",
-    out_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Second half (after :func:`mark_local` with the same ``slots`` and ``pos_map``), one
-    kernel: returns ``(table[slots], lead)`` where ``lead[i] = pos_map[slots[i]]`` is the
-    position of the occurrence that won row ``slots[i]`` (so ``lead[i] == i`` for exactly one
-    occurrence per distinct row); adds the number of distinct rows to ``step_count`` and
-    ``total_count`` (int64 ``[1]`` each) and clears ``flag`` for the next call. ``slots`` may
-    have any shape ``[...]``: the rows come as ``[..., D]`` (a tensor of its own, not a view),
-    ``lead`` flat ``[n]`` over the flattened slots. ``out_dtype`` (default: the table's): the
-    rows' dtype, e.g. bf16 under autocast (converted in the kernel: no separate cast pass)."""
-    n = slots.numel()
-    d = table.shape[1]
-    if backend == "torch":
-        flat = slots.reshape(-1)
-        lead = pos_map.index_select(0, flat)
-        k = (lead == torch.arange(n, dtype=torch.int32, device=slots.device)).sum()
-        step_count += k
-        total_count += k
-        flag.zero_()
-        if out_dtype is not None and out_dtype != table.dtype:
-            return take_rows_reference(table, flat).to(out_dtype).view(*slots.shape, d), lead
-        if slots.dim() == 1:
-            return take_rows_reference(table, flat), lead
-        out = torch.empty(*slots.shape, d, dtype=table.dtype, device=table.device)
-        torch.index_select(table, 0, flat, out=out.view(n, d))
-        return out, lead
-    k = _kernels()
-    triton, kernel = k.triton, k.take_local
-    dtype = table.dtype if out_dtype is None else out_dtype
-    out = torch.empty(*slots.shape, d, dtype=dtype, device=table.device)
-    lead = torch.empty(n, dtype=torch.int32, device=table.device)
-    slots = slots.contiguous()  # (the kernel reads it as a flat array)
-    block_r, block_d = row_tiles(triton, d)
-    with on_device(table):
-        launch(
-            kernel, (max(1, triton.cdiv(n, block_r)),),
-            (table, slots, out, n, pos_map, lead, step_count, total_count, flag),
-            {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d},
-        )  # fmt: skip
-    return out, lead
 
 
 class _GatherRows(torch.autograd.Function):

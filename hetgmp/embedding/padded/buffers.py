@@ -348,18 +348,19 @@ class StaticExchange:
 
     def sum_grad(
         self, inv: torch.Tensor, grad_occ: torch.Tensor, rows: int | None = None, *, slot: int,
-        fields: int | None = None, zero: bool = True,
+        fields: int | None = None, zero: bool = True, part: tuple[torch.Tensor, int] | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """A batch's gradient, one row per occurrence (``grad_occ [n, D]``, occurrence ``i``
         of unique row ``inv[i]``), summed per unique row into the gradient buffer of its ring
         ``slot`` (its first ``rows`` rows, default all: a fixed shape for the graphs);
         returns that part. ``fields``: occurrences per sample (the batch's ``Prep.fields``);
-        ``zero`` False: the buffer was zeroed already (``PaddedExchange.zero_grad_early``)."""
+        ``zero`` False: the buffer was zeroed already (``PaddedExchange.zero_grad_early``);
+        ``part``: one pass of a split sum (:func:`~hetgmp.embedding.kernels.scatter_add_rows`)."""
         g = self.grad_of(slot)
         out = g if rows is None else g[:rows]
         if zero:
             out.zero_()
-        scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels, fields=fields)
+        scatter_add_rows(out, inv, grad_occ, 1.0, backend=self.kernels, fields=fields, part=part)
         return out
 
     @property

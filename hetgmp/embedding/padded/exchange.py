@@ -22,6 +22,7 @@ from hetgmp.embedding import sizes
 from hetgmp.embedding.batch import Batch, Occurrences, Prep, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import StepContext
+from hetgmp.embedding.padded import owner_update
 from hetgmp.embedding.padded.ahead import ReadAhead
 from hetgmp.embedding.padded.buffers import Capacity, StaticExchange, grow
 from hetgmp.embedding.padded.graphs import PrepRing
@@ -276,20 +277,38 @@ class PaddedExchange:
         assert st is not None
         # (only inside a captured step: its fork and join are both captured; an eager step's
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
-        slot, f = batch.ring, None if batch.prep is None else batch.prep.fields
         zeroed, self._zeroed = self._zeroed is batch, None
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
-            return Summed(st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f))
+            return Summed(self._sum(st, batch, grad_occ, zero=True))
         main = torch.cuda.current_stream(st.store.device)
         side = self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=not zeroed)
+            out = self._sum(st, batch, grad_occ, zero=not zeroed)
         if SUM_FIRST:  # (the rest of the backward after the sum: see the switch)
             main.wait_stream(side)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)
+
+    def _sum(
+        self, st: StaticExchange, batch: Batch, grad_occ: torch.Tensor, *, zero: bool
+    ) -> torch.Tensor:
+        """``batch``'s gradient summed into ``st``'s buffer; with ``owner_update.SPLIT_SUM``
+        the rows not owned here only, the own rows' pass kept for the pre-sync's staging
+        (the first block of the batch's rows are its own: ``Prep.blocks[rank]`` of them)."""
+        slot, prep = batch.ring, batch.prep
+        f = None if prep is None else prep.fields
+        if prep is None or not owner_update.splits_sum(st):
+            return st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero)
+        r = self.ctx.env.rank
+        bound = prep.blocks[r : r + 1]
+        out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero, part=(bound, 2))
+        inv = batch.inv
+        owner_update.hold_own_sum(
+            st, lambda: st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=False, part=(bound, 1))
+        )
+        return out
 
     def zero_grad_early(self, batch: Batch) -> None:
         """(:data:`EARLY_ZERO`, while a whole-step graph captures) ``batch``'s gradient buffer
@@ -335,13 +354,16 @@ class PaddedExchange:
 
     def join(self) -> None:
         """The current stream waits for the side stream's work (a no-op when there is none,
-        or when it is that stream: work running on it, joined later)."""
+        or when it is that stream: work running on it, joined later); a split sum's own rows'
+        pass no pre-sync ran (``owner_update.SPLIT_SUM``) runs then, on the current stream."""
         if self._held is not None and self._side is not None:
             current = torch.cuda.current_stream(self._side.device)
-            if current == self._side:
-                return
-            current.wait_stream(self._side)
-            self._held = None
+            if current != self._side:
+                current.wait_stream(self._side)
+                self._held = None
+        own_sum = None if self.static is None else owner_update.take_own_sum(self.static)
+        if own_sum is not None:
+            own_sum()
 
     # ---------------------------------------------------------------- graphs and groups
     def release_graphs(self) -> None:

@@ -119,12 +119,19 @@ def presync_values(st: Any, prev: Any) -> None:
     mirrors' local step (value, delta and gradient accumulators), its pushed gradients into
     ``st.pr_grad``. After :func:`presync_counts` (it may run after the sizes exchange: nothing
     there depends on gradient values)."""
+    own_sum = owner.take_own_sum(st)  # (SPLIT_SUM: the own rows' pass, not yet run)
     if owner.stages_beside(st):  # (the own rows' staging on their update's stream)
-        owner.own_update_early(
-            st, stage=lambda: _presync_apply(st, prev, prev, counts=False, part=1)
-        )
+
+        def stage() -> None:
+            if own_sum is not None:
+                own_sum()
+            _presync_apply(st, prev, prev, counts=False, part=1)
+
+        owner.own_update_early(st, stage=stage)
         _presync_apply(st, prev, prev, counts=False, part=2)
         return
+    if own_sum is not None:  # (no split update after all: the rows summed first)
+        own_sum()
     _presync_apply(st, prev, prev, counts=False)
     owner.own_update_early(st)
 

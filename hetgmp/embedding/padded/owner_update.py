@@ -69,6 +69,12 @@ OWN_STREAM = True
 # against 1.715x alone, 1.720x with peer_allreduce.ADAM_COPY (medians of 2 rounds, variants
 # "stage" / "stagecadam", bench/results/gpu/stage_beside/): no gain.
 STAGE_BESIDE = False
+# The rows' gradient sum in two passes (issue 30, off until measured): the rows not owned here
+# (mirrors, pushes) right after backward, on the exchange's stream, so the chain's pre-sync
+# kernel starts after that pass alone; the own rows' pass (most of the ~70 us sum at batch 8192
+# on an H100) on their update's stream, before their staging (as STAGE_BESIDE, which it
+# implies), beside the chain. Each row's adds are the one sum's (tests/test_split_sum.py).
+SPLIT_SUM = False
 
 
 def own_entries_early(st: Any) -> None:
@@ -108,8 +114,28 @@ def pushes_early(st: Any) -> None:
 
 
 def stages_beside(st: Any) -> bool:
-    """Whether the own rows' staging runs with their update (:data:`STAGE_BESIDE`)."""
-    return bool(STAGE_BESIDE and st.own_split and st.sw)
+    """Whether the own rows' staging runs with their update (:data:`STAGE_BESIDE`, or
+    :data:`SPLIT_SUM`)."""
+    return bool((STAGE_BESIDE or SPLIT_SUM) and st.own_split and st.sw)
+
+
+def splits_sum(st: Any) -> bool:
+    """Whether a batch's gradient sum may leave its own rows' pass to the coming pre-sync's
+    staging (:data:`SPLIT_SUM`): fused kernels, a whole-step flow whose counts phase already
+    decided the split update for it."""
+    return bool(SPLIT_SUM and st.fused and st.capturing and st.counted is not None)
+
+
+def hold_own_sum(st: Any, run: Callable[[], None]) -> None:
+    """Keep ``run`` (the own rows' pass of a split sum) for the next :func:`take_own_sum`."""
+    st.own_sum_pending = run
+
+
+def take_own_sum(st: Any) -> Callable[[], None] | None:
+    """The own rows' pass :func:`hold_own_sum` kept (None: none), handed over once."""
+    run = getattr(st, "own_sum_pending", None)
+    st.own_sum_pending = None
+    return run
 
 
 def own_update_early(st: Any, stage: Callable[[], None] | None = None) -> None:
