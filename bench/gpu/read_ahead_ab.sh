@@ -61,7 +61,10 @@
 # a ratio is to the last 1-GPU run before it; "fixed1": multi-hot bags in fixed shapes,
 # "onecompact": one GPU's bags compact, its whole step one graph, the default since 2026-11-27;
 # "afterstage": early with the first layer's deferred product after the exchange's pre-sync
-# kernel (train/product_hold.py), "afterstagecadam": and ADAM_COPY (as cadam), "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
+# kernel (train/product_hold.py), "afterstagecadam": and ADAM_COPY (as cadam), "splitsum":
+# early with the rows' gradient sum in two passes, the own rows' on their update's stream
+# (padded.owner_update.SPLIT_SUM), "splitcadam" / "splitafter" / "splitaftercadam": with ADAM_COPY
+# / PRODUCT_AFTER_STAGE / both, "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
 # "carveN" / "carveNlt" / "carveNV": early with N SMs left out of cuBLAS's GEMMs (and every
 # GEMM through cuBLASLt / and variant V: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
@@ -133,6 +136,11 @@ switches() {  # variant -> module switches
     ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;
     stage) echo $early $p.owner_update.STAGE_BESIDE=1 ;;
     afterstage) echo $early hetgmp.train.product_hold.PRODUCT_AFTER_STAGE=1 ;;
+    splitsum) echo $early $p.owner_update.SPLIT_SUM=1 ;;
+    splitcadam) echo $early $p.owner_update.SPLIT_SUM=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 \
+      hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
+    splitafter) echo $early $p.owner_update.SPLIT_SUM=1 hetgmp.train.product_hold.PRODUCT_AFTER_STAGE=1 ;;
+    splitaftercadam) echo $(switches splitcadam) hetgmp.train.product_hold.PRODUCT_AFTER_STAGE=1 ;;
     afterstagecadam) echo $early hetgmp.train.product_hold.PRODUCT_AFTER_STAGE=1 \
       hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
     stagecadam) echo $early $p.owner_update.STAGE_BESIDE=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 \
