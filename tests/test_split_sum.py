@@ -12,7 +12,7 @@ import pytest
 import torch
 from interpreted import run_interpreted
 
-from hetgmp.embedding.kernels import scatter_add_rows, scatter_add_rows_reference
+from hetgmp.embedding.kernels import scatter_add_rows
 
 CASES = textwrap.dedent(
     """
