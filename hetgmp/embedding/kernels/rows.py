@@ -143,8 +143,8 @@ def scatter_add_rows(
     may be bf16 / fp16 (an autocast gradient): it is added in float32, without a cast copy.
     ``fields``: ``idx`` is a batch's ``[B, fields]`` occurrences (any layout of ``n``): the
     Triton path then sums each field's repeated rows in registers first (:data:`FIELD_RUNS`).
-    ``part``: ``(bound, 1)`` adds only the occurrences of rows below ``bound`` (a one-element
-    integer tensor, read on the device), ``(bound, 2)`` only those at or above it (a sum split
+    ``part``: ``(edge, 1)`` adds only the occurrences of rows below ``edge`` (a one-element
+    integer tensor, read on the device), ``(edge, 2)`` only those at or above it (a sum split
     in two passes over the same occurrences: each row's adds are the whole sum's)."""
     if backend == "torch" or idx.numel() == 0:
         if idx.dim() != 1:
@@ -152,8 +152,8 @@ def scatter_add_rows(
         if src.dim() != 2:
             src = src.reshape(-1, src.shape[-1])
         if part is not None:
-            bound, which = part
-            sel = (idx < bound) if which == 1 else (idx >= bound)
+            edge, which = part
+            sel = (idx < edge) if which == 1 else (idx >= edge)
             idx, src = idx[sel], src[sel]
         return scatter_add_rows_reference(table, idx, src, alpha)
     k = _kernels()
@@ -172,15 +172,15 @@ def scatter_add_rows(
         src = src.to(torch.float32)
     src = src.contiguous()
     idx = idx.contiguous()
-    bound, which = part if part is not None else (idx, 0)  # (PART 0: the pointer unread)
+    edge, which = part if part is not None else (idx, 0)  # (PART 0: the pointer unread)
     runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not _INTERPRETED)
     if runs and fields and n % fields == 0:
-        return _scatter_add_fields(k, table, idx, src, float(alpha), fields, bound, which)
+        return _scatter_add_fields(k, table, idx, src, float(alpha), fields, edge, which)
     block_r, block_d = row_tiles(triton, d)
     grid = (triton.cdiv(n, block_r),)
     with on_device(table):
         consts = {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "PART": which}
-        launch(kernel, grid, (table, idx, src, n, float(alpha), bound), consts)
+        launch(kernel, grid, (table, idx, src, n, float(alpha), edge), consts)
     return table
 
 
@@ -197,7 +197,7 @@ _INTERPRETED = interpreted()  # (read once: the variable is set before triton is
 
 def _scatter_add_fields(
     k: Any, table: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, alpha: float, f: int,
-    bound: torch.Tensor, which: int,
+    edge: torch.Tensor, which: int,
 ) -> torch.Tensor:  # fmt: skip
     d, bs = src.shape[-1], FIELD_SAMPLES
     b_rows = idx.numel() // f
@@ -205,7 +205,7 @@ def _scatter_add_fields(
     with on_device(table):
         consts = {"F": f, "D": d, "BS": bs, "LB": bs.bit_length() - 1,
                   "BLOCK_D": min(k.triton.next_power_of_2(d), 64), "PART": which}  # fmt: skip
-        launch(k.scatter_fields, grid, (table, idx, src, b_rows, alpha, bound), consts)
+        launch(k.scatter_fields, grid, (table, idx, src, b_rows, alpha, edge), consts)
     return table
 
 

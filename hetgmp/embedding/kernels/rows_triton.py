@@ -21,14 +21,14 @@ import triton.language as tl
 
 
 @triton.jit
-def in_part(idx, bound_ptr, PART: tl.constexpr):
-    # (PART 0: every index; 1: those below the bound read at bound_ptr; 2: those at or above)
+def in_part(idx, edge_ptr, PART: tl.constexpr):
+    # (PART 0: every index; 1: those below the edge read at edge_ptr; 2: those at or above)
     if PART == 0:
         return idx >= 0
-    bound = tl.load(bound_ptr).to(tl.int64)
+    edge = tl.load(edge_ptr).to(tl.int64)
     if PART == 1:
-        return (idx >= 0) & (idx < bound)
-    return idx >= bound
+        return (idx >= 0) & (idx < edge)
+    return idx >= edge
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -38,7 +38,7 @@ def scatter_add_rows_kernel(
     src_ptr,
     n,
     alpha,
-    bound_ptr,
+    edge_ptr,
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -48,7 +48,7 @@ def scatter_add_rows_kernel(
     rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = rows < n
     idx = tl.load(idx_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    rmask = rmask & in_part(idx, bound_ptr, PART)  # (a negative index: padding, skipped)
+    rmask = rmask & in_part(idx, edge_ptr, PART)  # (a negative index: padding, skipped)
     add_rows(table_ptr, src_ptr, idx, rows, rmask, alpha, D, BLOCK_D)
 
 
@@ -63,7 +63,7 @@ KEY_PAD = tl.constexpr(2**63 - 1)  # (a masked lane's sort key: it sorts last)
 
 @triton.jit(do_not_specialize=["b_rows"])
 def scatter_add_fields_kernel(
-    table_ptr, idx_ptr, src_ptr, b_rows, alpha, bound_ptr, F: tl.constexpr, D: tl.constexpr,
+    table_ptr, idx_ptr, src_ptr, b_rows, alpha, edge_ptr, F: tl.constexpr, D: tl.constexpr,
     BS: tl.constexpr, LB: tl.constexpr, BLOCK_D: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     # table[idx[b, f]] += alpha * src[b, f] for BS samples b of one field f per program: the
@@ -77,7 +77,7 @@ def scatter_add_fields_kernel(
     f = tl.program_id(1)
     m = b < b_rows
     idx = tl.load(idx_ptr + b.to(tl.int64) * F + f, mask=m, other=-1).to(tl.int64)
-    key = tl.sort(tl.where(m & in_part(idx, bound_ptr, PART), (idx << LB) | lane, KEY_PAD))
+    key = tl.sort(tl.where(m & in_part(idx, edge_ptr, PART), (idx << LB) | lane, KEY_PAD))
     live = key != KEY_PAD
     row = key >> LB
     start = (lane == 0) | (row != tl.gather(row, tl.maximum(lane - 1, 0), 0))

@@ -302,11 +302,11 @@ class PaddedExchange:
         if prep is None or not owner_update.splits_sum(st):
             return st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero)
         r = self.ctx.env.rank
-        bound = prep.blocks[r : r + 1]
-        out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero, part=(bound, 2))
+        edge = prep.blocks[r : r + 1]  # (the own rows: the first block)
+        out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero, part=(edge, 2))
         inv = batch.inv
         owner_update.hold_own_sum(
-            st, lambda: st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=False, part=(bound, 1))
+            st, lambda: st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=False, part=(edge, 1))
         )
         return out
 
