@@ -77,6 +77,8 @@ def test_a_held_product_adds_nothing_until_run_then_autograds_gradient() -> None
             assert deferred_wgrad.product_gate(first) is None  # (closed once held)
             hold.release()
             assert table.marks == [True, False]
+            # (run without autograd history, as at the end of backward: no grad_fn on .grad)
+            assert not first.weight.grad.requires_grad and first.weight.grad.grad_fn is None
         grads.append((first.weight.grad.clone(), wide.weight.grad.clone()))
     assert torch.equal(grads[1][0], grads[0][0]) and grads[0][0].abs().sum() > 0
     assert torch.equal(grads[1][1], grads[0][1])

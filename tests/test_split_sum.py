@@ -6,6 +6,7 @@ plain kernel (Triton's interpreter) and the torch reference."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
@@ -78,7 +79,7 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     interpreter_now()
     from hetgmp.embedding.padded import owner_update
 
-    counts = {"held": 0, "run": 0}
+    counts = {"held": 0, "run": 0, "staged": 0}
     hold, take = owner_update.hold_own_sum, owner_update.take_own_sum
 
     def held(st, run) -> None:  # type: ignore[no-untyped-def]
@@ -88,6 +89,10 @@ def _interpreted(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     def taken(st):  # type: ignore[no-untyped-def]
         run = take(st)
         counts["run"] += run is not None
+        # (taken by the pre-sync, whose own rows' staging then runs it: the split's point)
+        counts["staged"] += run is not None and sys._getframe(1).f_code.co_name == "presync_values"
+        if run is not None:
+            counts.setdefault("callers", []).append(sys._getframe(1).f_code.co_name)
         return run
 
     owner_update.hold_own_sum, owner_update.take_own_sum = held, taken  # type: ignore[assignment]
@@ -113,3 +118,4 @@ def test_split_sum_trains_as_the_one_sum(tiny_dataset, tmp_path) -> None:
     for off, on in runs:
         assert torch.equal(off["versions"], on["versions"])
         assert on["held"] >= 4 and on["run"] == on["held"], (on["held"], on["run"])
+        assert on["staged"] >= on["held"] - 2, (on["staged"], on["held"], on.get("callers"))

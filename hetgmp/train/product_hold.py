@@ -49,18 +49,24 @@ class ProductHold:
         set_product_gate(self.linear, None)
 
     def release(self) -> None:
-        """Run the held products, after the event the table recorded (if any)."""
+        """Run the held products, after the event the table recorded (if any), without
+        recording autograd history (as at the end of backward, where they ran before)."""
         event = self.table.take_staged()
         self.close()
-        if event is not None:  # (recorded inside this capture, on the exchange's stream)
-            torch.cuda.current_stream().wait_event(event)
         runs, self.runs = self.runs, []
-        for run in runs:
-            run()
+        if event is not None and runs:  # (recorded inside this capture, on the exchange's stream)
+            torch.cuda.current_stream().wait_event(event)
+        with torch.no_grad():
+            for run in runs:
+                run()
+
+    def close_gate(self) -> None:
+        """Products run at the end of backward again (once this backward's are held)."""
+        set_product_gate(self.linear, None)
 
     def close(self) -> None:
-        """Products run at the end of backward again; the table records no more events."""
-        set_product_gate(self.linear, None)
+        """The gate closed and the table records no more events."""
+        self.close_gate()
         self.table.mark_staged(False)
 
 

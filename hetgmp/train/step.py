@@ -167,6 +167,9 @@ class TrainStep:
             if hold is not None:
                 hold.close()
             raise
+        finally:  # (this backward's products are held by now: no later backward's may be)
+            if hold is not None:
+                hold.close_gate()
         if hold is None:
             self.bucket.armed = False
         return hold
@@ -179,6 +182,7 @@ class TrainStep:
         except BaseException:
             if hold is not None:
                 hold.close()
+                self.bucket.armed = False
             raise
         if hold is not None:
             hold.release()

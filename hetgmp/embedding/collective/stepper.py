@@ -75,6 +75,8 @@ class Stepper:
             linear = ctx.opt.exact_mirror
             s = SizedStep(prep, grads, op, False, st.sz_mine, st.sz_theirs, host, None, linear)
             return self._after_sizes(s, error, padded)
+        if self.padded is not None:  # (the own rows of a split sum: owner_update.SPLIT_SUM)
+            self.padded.run_own_sum()
         grads = self._summed(grads)
         staged = self._stage(grads, evaluating)
         own_done = padded and ctx.opt.exact_mirror and self._apply_own_early(grads)

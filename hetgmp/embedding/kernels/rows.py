@@ -151,7 +151,7 @@ def scatter_add_rows(
             idx = idx.reshape(-1)
         if src.dim() != 2:
             src = src.reshape(-1, src.shape[-1])
-        if part is not None:
+        if part is not None and idx.numel():
             edge, which = part
             sel = (idx < edge) if which == 1 else (idx >= edge)
             idx, src = idx[sel], src[sel]

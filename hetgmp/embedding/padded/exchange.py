@@ -299,7 +299,7 @@ class PaddedExchange:
         (the first block of the batch's rows are its own: ``Prep.blocks[rank]`` of them)."""
         slot, prep = batch.ring, batch.prep
         f = None if prep is None else prep.fields
-        if prep is None or not owner_update.splits_sum(st):
+        if prep is None or not owner_update.splits_sum(st, batch.ring):
             return st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero)
         r = self.ctx.env.rank
         edge = prep.blocks[r : r + 1]  # (the own rows: the first block)
@@ -354,13 +354,18 @@ class PaddedExchange:
 
     def join(self) -> None:
         """The current stream waits for the side stream's work (a no-op when there is none,
-        or when it is that stream: work running on it, joined later); a split sum's own rows'
-        pass no pre-sync ran (``owner_update.SPLIT_SUM``) runs then, on the current stream."""
+        or when it is that stream: work running on it, joined later)."""
         if self._held is not None and self._side is not None:
             current = torch.cuda.current_stream(self._side.device)
-            if current != self._side:
-                current.wait_stream(self._side)
-                self._held = None
+            if current == self._side:
+                return
+            current.wait_stream(self._side)
+            self._held = None
+
+    def run_own_sum(self) -> None:
+        """A split sum's own rows' pass that no pre-sync took (``owner_update.SPLIT_SUM``), on
+        the current stream now (a step that reads the rows another way, the end of a capture):
+        before anything else reads the batch's own rows."""
         own_sum = None if self.static is None else owner_update.take_own_sum(self.static)
         if own_sum is not None:
             own_sum()

@@ -119,15 +119,22 @@ def stages_beside(st: Any) -> bool:
     return bool((STAGE_BESIDE or SPLIT_SUM) and st.own_split and st.sw)
 
 
-def splits_sum(st: Any) -> bool:
-    """Whether a batch's gradient sum may leave its own rows' pass to the coming pre-sync's
-    staging (:data:`SPLIT_SUM`): fused kernels, a whole-step flow whose counts phase already
-    decided the split update for it."""
-    return bool(SPLIT_SUM and st.fused and st.capturing and st.counted is not None)
+def splits_sum(st: Any, ring: int) -> bool:
+    """Whether the gradient sum of the batch in ring slot ``ring`` may leave its own rows'
+    pass to the coming pre-sync's staging (:data:`SPLIT_SUM`): fused kernels, a whole-step
+    flow whose counts phase already ran for that batch and decided a split update with the
+    staging on the own rows' stream (else nothing would run beside the pass)."""
+    counted = st.counted
+    return bool(
+        SPLIT_SUM and st.fused and st.capturing and counted is not None and counted[0] == ring
+        and stages_beside(st)
+    )  # fmt: skip
 
 
 def hold_own_sum(st: Any, run: Callable[[], None]) -> None:
     """Keep ``run`` (the own rows' pass of a split sum) for the next :func:`take_own_sum`."""
+    if getattr(st, "own_sum_pending", None) is not None:
+        raise RuntimeError("a split gradient sum's own rows' pass was never run")
     st.own_sum_pending = run
 
 

@@ -48,7 +48,7 @@ from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.padded import ahead as read_ahead
-from hetgmp.embedding.padded import epoch_scan
+from hetgmp.embedding.padded import epoch_scan, owner_update
 from hetgmp.embedding.padded.buffers import Capacity
 from hetgmp.embedding.padded.local_now import apply_stored
 
@@ -258,9 +258,12 @@ class WholeStep:
         try:
             yield
             self.padded.join()
+            self.padded.run_own_sum()  # (a split sum's own pass no pre-sync took: now)
             self.padded.ahead.join()
         finally:
             self.padded.set_plain(False)
+            if self.padded.static is not None:  # (a failed capture's split-sum pass: dropped)
+                owner_update.take_own_sum(self.padded.static)
 
     def apply_stored_now(self) -> None:
         """After a step that read the next batch ahead: its gradient on the rows stored here,
