@@ -279,36 +279,17 @@ class PaddedExchange:
         # fork would make the next capture depend on uncaptured work, which CUDA refuses)
         zeroed, self._zeroed = self._zeroed is batch, None
         if not (SUM_GRAD_ASIDE and _capturing(st.store.device)):
-            return Summed(self._sum(st, batch, grad_occ, zero=True))
+            return Summed(owner_update.sum_split(st, batch, grad_occ, zero=True))
         main = torch.cuda.current_stream(st.store.device)
         side = self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            out = self._sum(st, batch, grad_occ, zero=not zeroed)
+            out = owner_update.sum_split(st, batch, grad_occ, zero=not zeroed)
         if SUM_FIRST:  # (the rest of the backward after the sum: see the switch)
             main.wait_stream(side)
         # (alive until the main stream waits: the allocator must not hand them out earlier)
         self._held = (grad_occ, batch.inv)
         return Summed(out)
-
-    def _sum(
-        self, st: StaticExchange, batch: Batch, grad_occ: torch.Tensor, *, zero: bool
-    ) -> torch.Tensor:
-        """``batch``'s gradient summed into ``st``'s buffer; with ``owner_update.SPLIT_SUM``
-        the rows not owned here only, the own rows' pass kept for the pre-sync's staging
-        (the first block of the batch's rows are its own: ``Prep.blocks[rank]`` of them)."""
-        slot, prep = batch.ring, batch.prep
-        f = None if prep is None else prep.fields
-        if prep is None or not owner_update.splits_sum(st, batch.ring):
-            return st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero)
-        r = self.ctx.env.rank
-        edge = prep.blocks[r : r + 1]  # (the own rows: the first block)
-        out = st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero, part=(edge, 2))
-        inv = batch.inv
-        owner_update.hold_own_sum(
-            st, lambda: st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=False, part=(edge, 1))
-        )
-        return out
 
     def zero_grad_early(self, batch: Batch) -> None:
         """(:data:`EARLY_ZERO`, while a whole-step graph captures) ``batch``'s gradient buffer
@@ -363,12 +344,9 @@ class PaddedExchange:
             self._held = None
 
     def run_own_sum(self) -> None:
-        """A split sum's own rows' pass that no pre-sync took (``owner_update.SPLIT_SUM``), on
-        the current stream now (a step that reads the rows another way, the end of a capture):
-        before anything else reads the batch's own rows."""
-        own_sum = None if self.static is None else owner_update.take_own_sum(self.static)
-        if own_sum is not None:
-            own_sum()
+        """A split sum's own rows' pass no pre-sync took, now (``owner_update.run_own_sum``)."""
+        if self.static is not None:
+            owner_update.run_own_sum(self.static)
 
     # ---------------------------------------------------------------- graphs and groups
     def release_graphs(self) -> None:

@@ -131,6 +131,32 @@ def splits_sum(st: Any, ring: int) -> bool:
     )  # fmt: skip
 
 
+def sum_split(st: Any, batch: Any, grad_occ: torch.Tensor, *, zero: bool) -> torch.Tensor:
+    """``batch``'s gradient (one row per occurrence) summed into ``st``'s buffer; where
+    :func:`splits_sum`, the rows not owned here only, the own rows' pass held for the
+    pre-sync's staging (:func:`take_own_sum`; a batch's own rows are its first
+    ``Prep.blocks[rank]`` rows in block order)."""
+    slot, prep = batch.ring, batch.prep
+    f = None if prep is None else prep.fields
+    if prep is None or not splits_sum(st, slot):
+        return st.sum_grad(batch.inv, grad_occ, slot=slot, fields=f, zero=zero)
+    r = st.ctx.env.rank
+    edge, inv = prep.blocks[r : r + 1], batch.inv
+    out = st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=zero, part=(edge, 2))
+    hold_own_sum(
+        st, lambda: st.sum_grad(inv, grad_occ, slot=slot, fields=f, zero=False, part=(edge, 1))
+    )
+    return out
+
+
+def run_own_sum(st: Any) -> None:
+    """A held own rows' pass no pre-sync took, on the current stream now (a step that reads the
+    rows another way, the end of a capture): before anything else reads them."""
+    run = take_own_sum(st)
+    if run is not None:
+        run()
+
+
 def hold_own_sum(st: Any, run: Callable[[], None]) -> None:
     """Keep ``run`` (the own rows' pass of a split sum) for the next :func:`take_own_sum`."""
     if getattr(st, "own_sum_pending", None) is not None:
