@@ -206,7 +206,8 @@ def interpreted_runs(ds, tmp_path: Path, rank_fn, **kw) -> list:  # type: ignore
     plan = _plan(ds, 2, tmp_path / "part.npz")
     cfg = _cfg(ds.root, plan, **{"optimizer": "adagrad", "bound": 3, "kernels": "triton",
                                  "epochs": 1, **kw})  # fmt: skip
-    return spawn_ranks(rank_fn, 2, cfg, timeout_s=240, start_method="spawn")
+    # (420 s: two such interpreted runs side by side under pytest -n 2 take ~240 s each)
+    return spawn_ranks(rank_fn, 2, cfg, timeout_s=420, start_method="spawn")
 
 
 def _runs_interpreted(env: DistEnv, cfg: TrainConfig) -> tuple[dict, dict]:
