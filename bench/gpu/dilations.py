@@ -47,22 +47,16 @@ def _delay(us: float) -> None:
         torch.cuda._sleep(int(us * CYCLES_PER_US))
 
 
-def _before(owner: Any, name: str, us: float) -> None:
+def _wrap(owner: Any, name: str, us: float, *, after: bool = False) -> None:
+    """``owner.name`` delayed by ``us`` before it runs (``after``: once it returned)."""
     fn = getattr(owner, name)
 
     def delayed(*args: Any, **kwargs: Any) -> Any:
-        _delay(us)
-        return fn(*args, **kwargs)
-
-    setattr(owner, name, delayed)
-
-
-def _after(owner: Any, name: str, us: float) -> None:
-    fn = getattr(owner, name)
-
-    def delayed(*args: Any, **kwargs: Any) -> Any:
+        if not after:
+            _delay(us)
         out = fn(*args, **kwargs)
-        _delay(us)
+        if after:
+            _delay(us)
         return out
 
     setattr(owner, name, delayed)
@@ -77,11 +71,19 @@ def _in_step(key: str, us: float, *, after: bool = False) -> None:
         def seg(k: str, fn: Callable[[], None]) -> Any:
             if k != key:
                 return segment(k, fn)
-            return segment(k, (lambda: (fn(), _delay(us))) if after else lambda: (_delay(us), fn()))
+
+            def run() -> None:
+                if not after:
+                    _delay(us)
+                fn()
+                if after:
+                    _delay(us)
+
+            return segment(k, run)
 
         step(st, seg)
 
-    buffers.StaticExchange._step = delayed  # type: ignore[method-assign]
+    setattr(buffers.StaticExchange, "_step", delayed)  # noqa: B010 (a diagnosis's patch)
 
 
 def apply(spec: str) -> None:
@@ -95,25 +97,22 @@ def apply(spec: str) -> None:
     us_text, _, rank_text = rest.partition(":")
     us = float(us_text or 40)
     ONLY_RANK = int(rank_text) if rank_text else None
+    wrapped = {  # point -> (owner, function, after)
+        "dense": (dense_sync.GradBucket, "all_reduce", False),
+        "adam": (flat_adam.FlatAdam, "step", False),
+        "sum": (buffers.StaticExchange, "sum_grad", False),
+        "presync": (kernels, "presync_values", False),
+        "counts": (buffers.StaticExchange, "presync_counts_early", False),
+        "start": (inputs_ahead.InputsAhead, "mark_start", False),
+        "end": (step.TrainStep, "__call__", True),
+        "plan": (graphs.PrepRing, "fill", False),
+    }
     if point in ("pack", "finish"):
         _in_step(point, us)
     elif point == "chainend":
         _in_step("finish", us, after=True)
-    elif point == "dense":
-        _before(dense_sync.GradBucket, "all_reduce", us)
-    elif point == "adam":
-        _before(flat_adam.FlatAdam, "step", us)
-    elif point == "sum":
-        _before(buffers.StaticExchange, "sum_grad", us)
-    elif point == "presync":
-        _before(kernels, "presync_values", us)
-    elif point == "counts":
-        _before(buffers.StaticExchange, "presync_counts_early", us)
-    elif point == "start":
-        _before(inputs_ahead.InputsAhead, "mark_start", us)
-    elif point == "end":
-        _after(step.TrainStep, "__call__", us)
-    elif point == "plan":
-        _before(graphs.PrepRing, "fill", us)
+    elif point in wrapped:
+        owner, name, after = wrapped[point]
+        _wrap(owner, name, us, after=after)
     else:
         raise SystemExit(f"dilations: no point {point!r}")
