@@ -164,6 +164,7 @@ class TrainStep:
         try:
             loss.backward()
         except BaseException:
+            self.bucket.armed = False
             if hold is not None:
                 hold.close()
             raise
@@ -185,8 +186,10 @@ class TrainStep:
                 self.bucket.armed = False
             raise
         if hold is not None:
-            hold.release()
-            self.bucket.armed = False
+            try:
+                hold.release()
+            finally:
+                self.bucket.armed = False
 
     def _metrics_beside(
         self, logits: torch.Tensor, loss_sum: torch.Tensor, labels: torch.Tensor
