@@ -56,12 +56,10 @@ def run(env, root: Path, graphs: bool, **kw) -> dict:
             epochs=2,
             data_on_device="on",
             store_rate=0.2,
-            **{"val": False, **kw},
+            **{"val": False, "dense_optimizer": "sgd", "dense_lr": 0.05, **kw},
             log_every=100,
             warmup_steps=1,
             cuda_graphs=graphs,
-            dense_optimizer="sgd",
-            dense_lr=0.05,
             device="cuda",
         )  # fmt: skip
     )

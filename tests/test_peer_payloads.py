@@ -17,9 +17,9 @@ def _rank_peer(env, cfg, whole: bool, peer: bool) -> dict:  # type: ignore[no-un
     calls = {"n": 0}
     exchange = peer_payloads.PeerPayloads.exchange
 
-    def counted(self, send, name) -> None:  # type: ignore[no-untyped-def]
+    def counted(self, send, name, rider=None) -> None:  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        exchange(self, send, name)
+        exchange(self, send, name, rider)
 
     peer_payloads.PeerPayloads.exchange = counted  # type: ignore[method-assign]
     out = _rank(env, cfg, whole, None)

@@ -266,6 +266,14 @@ def test_whole_step_cuda_graph_on_two_gpus(tmp_path) -> None:
     _torchrun_check("gpu_whole_step_check.py", tmp_path, "WHOLE STEP CHECK OK")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_dense_copy_rides_the_exchange_barriers_on_two_gpus(tmp_path) -> None:
+    """The dense gradients' copy certified by the exchange's barriers (SHARED_BARRIER)
+    against NCCL's all-reduce, under torchrun (tests/gpu_shared_barrier_check.py)."""
+    _torchrun_check("gpu_shared_barrier_check.py", tmp_path, "SHARED BARRIER CHECK OK")
+
+
 def _rank_ahead(env: DistEnv, cfg: TrainConfig, ahead: bool) -> dict:
     out = _rank(env, cfg, True, None, ahead)
     tr_emb_ahead = out.pop("ahead", None)

@@ -57,6 +57,10 @@ ADAM_PEER = False
 # at batch 8192 on 2 H100s (variant "cadam", bench/results/gpu/adam_copy/), and with the chain
 # cut too (owner_update.STAGE_BESIDE) +0.3 %, noise (bench/results/gpu/stage_beside/).
 ADAM_COPY = False
+# (with ADAM_COPY) the copies certified by the padded exchange's second payload barrier instead
+# of a barrier of their own (comm/barrier_rider.py): no meeting of the ranks for the dense
+# gradients in a step that exchanges after backward. Exact (the same adds as ADAM_COPY).
+SHARED_BARRIER = False
 # (the kernel's vector accesses: the buffer's length rounded up to this many elements)
 QUANTUM = 1024
 
@@ -97,12 +101,25 @@ class PeerAllReduce:
         """Every rank's writes to its buffer so far visible to every rank (capturable)."""
         self.pm.barrier()
 
-    def ready(self) -> None:
+    def ready(self, certified: torch.cuda.Event | None = None) -> None:
         """(Summed by the optimizer) every rank's complete bucket readable by every rank's
-        Adam: copied into the peers' inboxes first when :attr:`copied`, then the barrier."""
-        for out in self._outs:  # (a device-to-device copy: the copy engines, over NVLink)
-            out.copy_(self.flat)
+        Adam: copied into the peers' inboxes first when :attr:`copied` (after a barrier: every
+        peer's last Adam has read its inbox), then the barrier; or, when the exchange's
+        barrier ``certified`` the copy (:meth:`copy_out`, ``comm/barrier_rider.py``), a wait
+        for that barrier alone."""
+        if certified is not None:
+            torch.cuda.current_stream(self.flat.device).wait_event(certified)
+            return
+        if self.copied:
+            self.pm.barrier()
+        self.copy_out()
         self.pm.barrier()
+
+    def copy_out(self) -> None:
+        """(:attr:`copied`) this rank's bucket into its row of every peer's inbox (a
+        device-to-device copy: the copy engines, over NVLink)."""
+        for out in self._outs:
+            out.copy_(self.flat)
 
     def all_reduce(self) -> None:
         """Every rank's buffer replaced by the sum over ranks (on the current stream;

@@ -9,6 +9,7 @@ from typing import Literal
 
 import torch
 
+from hetgmp.comm.barrier_rider import BarrierRider
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.optim import SparseOptimizer
@@ -47,6 +48,9 @@ class StepContext:
     # ``staged``: an event after its pre-sync gradient kernel, which the dense product waits for
     mark_staged: bool = False
     staged: torch.cuda.Event | None = None
+    # (comm/barrier_rider.py) another stream's work the padded exchange's payload barriers
+    # certify while set (the dense gradients' copy into the peers' inboxes)
+    rider: BarrierRider | None = None
 
     @property
     def kernels(self) -> str:

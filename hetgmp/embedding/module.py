@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetgmp.comm.barrier_rider import BarrierRider
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.collective.engine import CollectiveEngine
 from hetgmp.embedding.context import StepContext
@@ -193,6 +194,11 @@ class DistributedEmbedding(nn.Module):
         """The event :meth:`mark_staged` asked for, recorded since (None: none), cleared."""
         event, self._ctx.staged = self._ctx.staged, None
         return event
+
+    def ride_barriers(self, rider: BarrierRider | None) -> None:
+        """While set, the padded exchange's payload barriers certify ``rider``'s work too
+        (``comm/barrier_rider.py``: the dense gradients' copy needs no meeting of its own)."""
+        self._ctx.rider = rider
 
     @property
     def async_engine(self) -> AsyncStep | None:

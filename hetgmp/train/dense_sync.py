@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetgmp.comm import peer_allreduce
+from hetgmp.comm.barrier_rider import BarrierRider
 from hetgmp.comm.collectives import all_reduce_sum, guarded
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.peer_allreduce import peer_all_reduce
@@ -114,6 +116,11 @@ class GradBucket:
             n = p.numel()
             p.grad = self.flat[offset : offset + n].view_as(p)
             offset += n
+        # (SHARED_BARRIER: the copy into the peers' inboxes certified by the exchange's
+        # barriers, once the training step hands it over: rider_on)
+        self.rider: BarrierRider | None = None
+        if self.peer is not None and self.peer.copied and peer_allreduce.SHARED_BARRIER:
+            self.rider = BarrierRider(torch.cuda.current_stream(device), self.peer.copy_out)
         # (EARLY_ROWS: whether this step may start the tail's sum early, and the start and
         # pending work of the one started)
         self.armed = False
@@ -137,7 +144,8 @@ class GradBucket:
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
         if self.peer_grads is not None:  # (every rank's gradient complete; Adam sums them)
-            self.peer.ready()  # type: ignore[union-attr]
+            certified = self.rider.take() if self.rider is not None else None
+            self.peer.ready(certified)  # type: ignore[union-attr]
         elif self.peer is not None:  # (its own group: the env a captured step swaps in is not)
             self.peer.all_reduce()
         elif self._early is not None:  # (the tail's sum started: the rest, then its wait)
@@ -150,10 +158,20 @@ class GradBucket:
         elif self.env.world_size > 1 and self.flat.numel():
             all_reduce_sum(self.env, self.flat)
 
+    def rider_on(self) -> BarrierRider | None:
+        """(:data:`~hetgmp.comm.peer_allreduce.SHARED_BARRIER`) the rider for the exchange
+        about to run after backward, bound to the current stream (the bucket's writer), and
+        reset; None where the copy meets on its own."""
+        if self.rider is None:
+            return None
+        self.rider.take()
+        self.rider.stream = torch.cuda.current_stream(self.flat.device)
+        return self.rider
+
     def zero_(self) -> None:
         """Zero every gradient (one fill of the buffer; summed by the optimizer, once every
         rank has read it)."""
-        if self.peer_grads is not None:
+        if self.peer_grads is not None and not self.peer.copied:  # type: ignore[union-attr]
             self.peer.barrier()  # type: ignore[union-attr]
         self.flat.zero_()
 

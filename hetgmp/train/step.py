@@ -178,6 +178,11 @@ class TrainStep:
     def _after_backward(self, after_backward: Callable[[], None], hold: ProductHold | None) -> None:
         """``after_backward()``, then the first layer's products ``hold`` kept (they follow
         the exchange's first kernel: ``train/product_hold.py``)."""
+        # (the dense gradients' copy certified by the exchange's barriers, when it can ride:
+        # peer_allreduce.SHARED_BARRIER; not under held products, which follow the exchange)
+        rider = self.bucket.rider_on() if hold is None else None
+        if rider is not None:
+            table(self.model).ride_barriers(rider)
         try:
             after_backward()
         except BaseException:
@@ -185,6 +190,9 @@ class TrainStep:
                 hold.close()
                 self.bucket.armed = False
             raise
+        finally:
+            if rider is not None:
+                table(self.model).ride_barriers(None)
         if hold is not None:
             try:
                 hold.release()
