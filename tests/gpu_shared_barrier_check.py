@@ -8,7 +8,7 @@ against NCCL's all-reduce, under torchrun on 2 GPUs::
 Both train the same generated data set (tests/gpu_whole_step_check.py's) with the dense Adam
 (FlatAdam's kernel: the only optimizer that sums the ranks' buckets itself), whole-step CUDA
 graphs and the next exchange right after backward; the shared run must have ridden the
-exchange's barriers (counted), then every rank compares its rows, optimizer state and dense
+exchange's barriers (counted: in the whole-step captures), then every rank compares its rows, optimizer state and dense
 layers (on 2 ranks a + b == b + a: only the rows' GPU atomics differ in the last bits), and the
 same with eager steps (the copy meets on its own there). Rank 0 prints ``SHARED BARRIER CHECK OK``.
 """

@@ -161,8 +161,9 @@ class GradBucket:
     def rider_on(self) -> BarrierRider | None:
         """(:data:`~hetgmp.comm.peer_allreduce.SHARED_BARRIER`) the rider for the exchange
         about to run after backward, bound to the current stream (the bucket's writer), and
-        reset; None where the copy meets on its own."""
-        if self.rider is None:
+        reset; None where the copy meets on its own: outside a whole-step capture too (an
+        eager step's exchange may capture its own graph, which no eager stream may join)."""
+        if self.rider is None or not torch.cuda.is_current_stream_capturing():
             return None
         self.rider.take()
         self.rider.stream = torch.cuda.current_stream(self.flat.device)
