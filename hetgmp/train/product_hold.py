@@ -30,7 +30,9 @@ from torch import nn
 
 from hetgmp.models.deferred_wgrad import set_product_gate
 
-# Off until measured on GPUs (bench/gpu/read_ahead_ab.sh variant afterstage).
+# Off: measured on 2 H100s at batch 8192 (variants afterstage / afterstagecadam, medians of 2
+# rounds, bench/results/gpu/tail_order_s19/): 1.665x and 1.695x against 1.722x one GPU; the
+# product under the chain's kernels slows them more than it frees the pre-sync kernel.
 PRODUCT_AFTER_STAGE = False
 
 

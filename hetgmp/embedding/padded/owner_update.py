@@ -69,11 +69,15 @@ OWN_STREAM = True
 # against 1.715x alone, 1.720x with peer_allreduce.ADAM_COPY (medians of 2 rounds, variants
 # "stage" / "stagecadam", bench/results/gpu/stage_beside/): no gain.
 STAGE_BESIDE = False
-# The rows' gradient sum in two passes (issue 30, off until measured): the rows not owned here
+# The rows' gradient sum in two passes (issue 30): the rows not owned here
 # (mirrors, pushes) right after backward, on the exchange's stream, so the chain's pre-sync
 # kernel starts after that pass alone; the own rows' pass (most of the ~70 us sum at batch 8192
 # on an H100) on their update's stream, before their staging (as STAGE_BESIDE, which it
 # implies), beside the chain. Each row's adds are the one sum's (tests/test_split_sum.py).
+# Off: 1.59x against 1.74x one GPU on 2 H100s at batch 8192 (medians of 2 rounds; with
+# ADAM_COPY 1.61x; bench/results/gpu/tail_order_s19/), probably because each pass still loads
+# and sorts every occurrence's id (the pass left on the chain costs most of the whole sum) and
+# the own rows' pass beside the chain slows its kernels; untimed by kernel.
 SPLIT_SUM = False
 
 
