@@ -8,9 +8,10 @@ against NCCL's all-reduce, under torchrun on 2 GPUs::
 Both train the same generated data set (tests/gpu_whole_step_check.py's) with the dense Adam
 (FlatAdam's kernel: the only optimizer that sums the ranks' buckets itself), whole-step CUDA
 graphs and the next exchange right after backward; the shared run must have ridden the
-exchange's barriers (counted: in the whole-step captures), then every rank compares its rows, optimizer state and dense
-layers (on 2 ranks a + b == b + a: only the rows' GPU atomics differ in the last bits), and the
-same with eager steps (the copy meets on its own there). Rank 0 prints ``SHARED BARRIER CHECK OK``.
+exchange's barriers (counted: in the whole-step captures), then every rank compares its rows,
+optimizer state and dense layers (on 2 ranks a + b == b + a: only the rows' GPU atomics differ
+in the last bits); and the same with eager steps (the copy meets on its own there). Rank 0
+prints ``SHARED BARRIER CHECK OK``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from hetgmp.comm import peer_allreduce  # noqa: E402
 
 
 def _shared(env: Any, root: Path, graphs: bool, kw: dict) -> tuple[dict, int]:
-    """A run with the copy riding the exchange's barriers; and how many steps it rode
-    (captures and eager steps: a replay runs no host code)."""
+    """A run with the copy riding the exchange's barriers; and how many steps it rode (the
+    whole-step captures: a replay runs no host code)."""
     names = ("ADAM_PEER", "ADAM_COPY", "SHARED_BARRIER")
     old, rides = [getattr(peer_allreduce, n) for n in names], [0]
     ready = peer_allreduce.PeerAllReduce.ready
