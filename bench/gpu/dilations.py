@@ -47,72 +47,93 @@ def _delay(us: float) -> None:
         torch.cuda._sleep(int(us * CYCLES_PER_US))
 
 
-def _wrap(owner: Any, name: str, us: float, *, after: bool = False) -> None:
-    """``owner.name`` delayed by ``us`` before it runs (``after``: once it returned)."""
+Hook = Callable[[], None] | None
+
+
+def _wrap(owner: Any, name: str, before: Hook, after: Hook) -> None:
+    """``owner.name`` with ``before()`` before it runs and ``after()`` once it returned."""
     fn = getattr(owner, name)
 
-    def delayed(*args: Any, **kwargs: Any) -> Any:
-        if not after:
-            _delay(us)
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before()
         out = fn(*args, **kwargs)
-        if after:
-            _delay(us)
+        if after is not None:
+            after()
         return out
 
-    setattr(owner, name, delayed)
+    setattr(owner, name, hooked)
 
 
-def _in_step(key: str, us: float, *, after: bool = False) -> None:
+def _in_step(key: str, before: Hook, after: Hook) -> None:
     from hetgmp.embedding.padded import buffers
 
     step = buffers.StaticExchange._step
 
-    def delayed(st: Any, segment: Callable[[str, Callable[[], None]], Any]) -> None:
+    def hooked(st: Any, segment: Callable[[str, Callable[[], None]], Any]) -> None:
         def seg(k: str, fn: Callable[[], None]) -> Any:
             if k != key:
                 return segment(k, fn)
 
             def run() -> None:
-                if not after:
-                    _delay(us)
+                if before is not None:
+                    before()
                 fn()
-                if after:
-                    _delay(us)
+                if after is not None:
+                    after()
 
             return segment(k, run)
 
         step(st, seg)
 
-    setattr(buffers.StaticExchange, "_step", delayed)  # noqa: B010 (a diagnosis's patch)
+    setattr(buffers.StaticExchange, "_step", hooked)  # noqa: B010 (a diagnosis's patch)
+
+
+# the points (module docstring) where ``hook`` can run work; "chainend" is after "finish"
+POINTS = ("dense", "adam", "sum", "presync", "counts", "start", "end", "plan", "pack", "finish")
+
+
+def hook(point: str, before: Hook, after: Hook) -> None:
+    """``before()`` / ``after()`` around ``point`` (one of :data:`POINTS`; "end": the main
+    stream after the step, so ``after`` alone) in every step from now on (on the stream
+    current there: inside a captured graph, recorded in it)."""
+    from hetgmp.embedding.padded import buffers, graphs, kernels
+    from hetgmp.train import dense_sync, flat_adam, inputs_ahead, step
+
+    wrapped = {  # point -> (owner, function)
+        "dense": (dense_sync.GradBucket, "all_reduce"),
+        "adam": (flat_adam.FlatAdam, "step"),
+        "sum": (buffers.StaticExchange, "sum_grad"),
+        "presync": (kernels, "presync_values"),
+        "counts": (buffers.StaticExchange, "presync_counts_early"),
+        "start": (inputs_ahead.InputsAhead, "mark_start"),
+        "end": (step.TrainStep, "__call__"),
+        "plan": (graphs.PrepRing, "fill"),
+    }
+    if point in ("pack", "finish"):
+        _in_step(point, before, after)
+    elif point in wrapped:
+        owner, name = wrapped[point]
+        _wrap(owner, name, before, after)
+    else:
+        raise SystemExit(f"dilations: no point {point!r}")
 
 
 def apply(spec: str) -> None:
     """Delay ``POINT:US[:RANK]`` (see the module docstring; RANK: on that rank only) in every
     step from now on."""
-    from hetgmp.embedding.padded import buffers, graphs, kernels
-    from hetgmp.train import dense_sync, flat_adam, inputs_ahead, step
-
     global ONLY_RANK
     point, _, rest = spec.partition(":")
     us_text, _, rank_text = rest.partition(":")
     us = float(us_text or 40)
     ONLY_RANK = int(rank_text) if rank_text else None
-    wrapped = {  # point -> (owner, function, after)
-        "dense": (dense_sync.GradBucket, "all_reduce", False),
-        "adam": (flat_adam.FlatAdam, "step", False),
-        "sum": (buffers.StaticExchange, "sum_grad", False),
-        "presync": (kernels, "presync_values", False),
-        "counts": (buffers.StaticExchange, "presync_counts_early", False),
-        "start": (inputs_ahead.InputsAhead, "mark_start", False),
-        "end": (step.TrainStep, "__call__", True),
-        "plan": (graphs.PrepRing, "fill", False),
-    }
-    if point in ("pack", "finish"):
-        _in_step(point, us)
-    elif point == "chainend":
-        _in_step("finish", us, after=True)
-    elif point in wrapped:
-        owner, name, after = wrapped[point]
-        _wrap(owner, name, us, after=after)
+
+    def delay() -> None:
+        _delay(us)
+
+    if point == "chainend":
+        hook("finish", None, delay)
+    elif point == "end":
+        hook("end", None, delay)
     else:
-        raise SystemExit(f"dilations: no point {point!r}")
+        hook(point, delay, None)

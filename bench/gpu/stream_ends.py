@@ -13,7 +13,9 @@ captured graph time the real step.
 How: while a CUDA graph is captured, the start of the capture, every ``torch.cuda.Event``
 recorded (each join of one stream into another: ``wait_stream`` records one on the stream
 joined) and the end of the capture (after every stream joined its origin) each get an
-external timing event on the same stream, labelled by the first caller outside torch. After
+external timing event on the same stream, labelled by the first caller outside torch; so do
+the points of ``dilations.py`` (``--points``: ``POINT <`` before, ``POINT >`` after: the rows'
+gradient sum, pack, finish, the dense sum, Adam, ...), on the stream current there. After
 every ``--every``-th training step past ``--skip`` the host waits for the device and reads,
 for the graph that replayed last, each event's time from the capture's start: when that
 stream's work up to that point had finished. Writes per event: samples, median and 90th
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench.gpu.cli_hook import run_with_step_hook  # noqa: E402
+from bench.gpu.dilations import POINTS, hook  # noqa: E402
 
 END = "(the step's end: every stream joined)"
 
@@ -127,15 +130,24 @@ def install(e: Ends) -> None:
     event_cls.record = recorded  # type: ignore[method-assign]
 
 
+def install_points(e: Ends, points: list[str]) -> None:
+    """Marks before and after each of ``points`` (``dilations.POINTS``)."""
+    for point in points:
+        before = None if point == "end" else (lambda p=point: e.mark(f"{p} <"))
+        hook(point, before, lambda p=point: e.mark(f"{p} >"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="the report goes here (RANK: the local rank)")
     ap.add_argument("--skip", type=int, default=40, help="training steps before reading")
     ap.add_argument("--every", type=int, default=10, help="read every this many steps")
+    ap.add_argument("--points", default=",".join(POINTS), help="dilations.py's points to mark")
     args, rest = ap.parse_known_args()
     cli_args = rest[1:] if rest[:1] == ["--"] else rest
     e, seen = Ends(), [0]
     install(e)
+    install_points(e, [p for p in args.points.split(",") if p])
 
     def after_step() -> None:
         seen[0] += 1

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Which stream ends the step, 1 GPU and 2 GPUs (issue 30, a diagnosis, <= 4 minutes on a 2-GPU
 # machine): the user's command (WDL dim 128; 2 GPUs with the card's flags) under
-# bench/gpu/stream_ends.py, external CUDA events at each join of the captured step's streams,
-# read from the step's start (no CUPTI). Why: a delay after the 2-GPU step's main stream cost
+# bench/gpu/stream_ends.py, external CUDA events at each join of the captured step's streams and
+# before/after each of dilations.py's points (the rows' gradient sum, pack, finish, the dense
+# sum, Adam, ...), read from the step's start on each rank (no CUPTI). Why: a delay after the 2-GPU step's main stream cost
 # 28 of 38 us (bench/results/gpu/rank_delays_s19/): what ends after it?
 #
 #   source bench/gpu/prelude.sh; bash bench/gpu/stream_ends.sh   # results in ${OUT:-bench/results}/gpu/stream_ends
