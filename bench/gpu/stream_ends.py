@@ -48,7 +48,8 @@ class Ends:
     def __init__(self) -> None:
         self.graphs: list[list[tuple[str, Any]]] = []
         self.current: list[tuple[str, Any]] | None = None
-        self.last_total: dict[int, float] = {}
+        self.last_seen: dict[int, float] = {}
+        self.ref: Any = None  # (an event outside the graphs: when a graph's start last ran)
         self.times: dict[str, list[float]] = defaultdict(list)
         self.raw_record: Any = torch.cuda.Event.record  # (unwrapped: install wraps it)
 
@@ -61,20 +62,25 @@ class Ends:
         self.current.append((label, ev))
 
     def read(self) -> None:
-        """The times of the graphs that replayed since the last read (the step's total
-        changed: a graph that did not replay keeps its old events)."""
+        """The times of the graphs that replayed since the last read (a graph that did not
+        keeps its old events: its start, timed from a fixed event, has not moved)."""
         torch.cuda.synchronize()
+        if self.ref is None:
+            self.ref = torch.cuda.Event(enable_timing=True)
+            self.raw_record(self.ref, None)
+            torch.cuda.synchronize()
         for i, events in enumerate(self.graphs):
             if len(events) < 2:
                 continue
             start = events[0][1]
             try:
-                total = 1e3 * start.elapsed_time(events[-1][1])
+                when = self.ref.elapsed_time(start)
+                start.elapsed_time(events[-1][1])
             except RuntimeError:  # (not replayed yet)
                 continue
-            if self.last_total.get(i) == total:
+            if self.last_seen.get(i) == when:
                 continue
-            self.last_total[i] = total
+            self.last_seen[i] = when
             seen: dict[str, int] = defaultdict(int)
             for label, ev in events[1:]:
                 seen[label] += 1
