@@ -274,6 +274,14 @@ def test_dense_copy_rides_the_exchange_barriers_on_two_gpus(tmp_path) -> None:
     _torchrun_check("gpu_shared_barrier_check.py", tmp_path, "SHARED BARRIER CHECK OK")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_prefilled_rows_on_two_gpus(tmp_path) -> None:
+    """The next batch's rows written in the exchange's tail (padded.prefill.PREFILL) against
+    the lookup at the step's start, under torchrun (tests/gpu_prefill_check.py)."""
+    _torchrun_check("gpu_prefill_check.py", tmp_path, "PREFILL CHECK OK")
+
+
 def _rank_ahead(env: DistEnv, cfg: TrainConfig, ahead: bool) -> dict:
     out = _rank(env, cfg, True, None, ahead)
     tr_emb_ahead = out.pop("ahead", None)

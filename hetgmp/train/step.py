@@ -182,7 +182,7 @@ class TrainStep:
         # peer_allreduce.SHARED_BARRIER; not under held products, which follow the exchange)
         rider = self.bucket.rider_on() if hold is None else None
         if rider is not None:
-            table(self.model).ride_barriers(rider)
+            table(self.model).ride_barriers(rider, True)
         try:
             after_backward()
         except BaseException:
@@ -192,7 +192,7 @@ class TrainStep:
             raise
         finally:
             if rider is not None:
-                table(self.model).ride_barriers(None)
+                table(self.model).ride_barriers(rider, False)
         if hold is not None:
             try:
                 hold.release()

@@ -318,12 +318,12 @@ class StaticExchange:
         seg = self.seg
         segment("pack", lambda: seg.pack(self))
         if self.peer is not None:  # (copies into the peers' buffers, a barrier)
-            self.peer.exchange(self.send1, "recv1", self.ctx.rider)
+            self.peer.exchange(self.send1, "recv1", self.ctx.riders)
         else:
             exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
         segment("answer", lambda: seg.answer(self))
         if self.peer is not None:
-            self.peer.exchange(self.send2, "recv2", self.ctx.rider)
+            self.peer.exchange(self.send2, "recv2", self.ctx.riders)
         else:
             exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         segment("finish", lambda: seg.finish(self))
