@@ -15,7 +15,12 @@ returns the buffer. The same bytes as :func:`.take.take_values` (the same copies
 dtype): exact.
 
 Order: nothing writes a stored row between the answer and the next step's lookup but finish's
-refreshes, which the second pass overwrites (it waits for the first); the buffer is one per
+refreshes, which the second pass overwrites (it waits for the first). The buffer holds this
+step's rows until the first pass writes the next's, and this step's backward still reads them
+(the first layer keeps its input, a view of the rows, for its deferred weight product): the
+first pass also waits for everything the training stream had queued when the exchange began
+(:func:`readers_done`), and no prefill runs while the first layer's products are held past
+the exchange (``train/product_hold.py``). The buffer is one per
 exchange buffer set (:class:`~.buffers.StaticExchange`), made outside any capture's order of
 use: every step that exchanges early writes it, and a lookup uses it only when its batch says
 so (``Batch.prefilled``) with the dtype and length it needs.
@@ -65,8 +70,10 @@ class PrefillRider:
     current :class:`~.buffers.StaticExchange` runs the step), ``inv`` the batch's occurrences'
     distinct rows, ``dtype`` the rows' dtype (the last lookup's)."""
 
-    def __init__(self, pad: Any, inv: torch.Tensor, dtype: torch.dtype) -> None:
-        self.pad, self.inv, self.dtype = pad, inv, dtype
+    def __init__(
+        self, pad: Any, inv: torch.Tensor, dtype: torch.dtype, read: torch.cuda.Event | None
+    ) -> None:
+        self.pad, self.inv, self.dtype, self.read = pad, inv, dtype, read
         self.st: Any = None
         self._done: torch.cuda.Event | None = None
 
@@ -89,6 +96,8 @@ class PrefillRider:
             return
         stream = st.prefill_stream
         stream.wait_stream(torch.cuda.current_stream(dev))
+        if self.read is not None:  # (this step's rows read by its backward: the buffer's)
+            stream.wait_event(self.read)
         with torch.cuda.stream(stream):
             prefill_stored(st, self.inv)
         self._done = torch.cuda.Event()
@@ -107,13 +116,29 @@ class PrefillRider:
         batch.prefilled = st.prefill_rows[: self.inv.numel()]
 
 
-def rider(pad: Any, inv: torch.Tensor, dtype: torch.dtype | None) -> PrefillRider | None:
-    """A :class:`PrefillRider` where the prefill applies (:data:`PREFILL`; the fused kernels
-    over peer payloads, the lookup reading stored rows from the table), else None."""
+def readers_done(ctx: Any) -> tuple[bool, torch.cuda.Event | None]:
+    """(Called on the training stream as an early exchange begins) whether the prefill may
+    run (:data:`PREFILL`, and no product held past the exchange: ``ctx.mark_staged``), and an
+    event after everything queued there (on CUDA): every reader of this step's rows."""
+    if not PREFILL or ctx.mark_staged:
+        return False, None
+    if ctx.store.device.type != "cuda":
+        return True, None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(ctx.store.device))
+    return True, event
+
+
+def rider(
+    pad: Any, inv: torch.Tensor, dtype: torch.dtype | None, read: torch.cuda.Event | None
+) -> PrefillRider | None:
+    """A :class:`PrefillRider` where the prefill applies (the fused kernels over peer
+    payloads, the lookup reading stored rows from the table), else None; ``read``:
+    :func:`readers_done`'s event."""
     st = pad.static
-    if not PREFILL or dtype is None or st is None:
+    if dtype is None or st is None or not (st.fused and st.from_table and st.peer):
         return None
-    return PrefillRider(pad, inv, dtype) if st.fused and st.from_table and st.peer else None
+    return PrefillRider(pad, inv, dtype, read)
 
 
 def _buffers(st: Any, n: int, dtype: torch.dtype) -> bool:

@@ -286,9 +286,10 @@ class WholeStep:
         """After a batch's backward: the primed next batch's exchange (:mod:`.ahead`), its
         rows written in this step's tail where :mod:`.prefill` applies."""
         st, ctx = self.stepper, self.ctx
+        may_fill, read = prefill.readers_done(ctx)
 
         def step(prep: Prep) -> tuple[torch.Tensor, Batch]:
-            fill = prefill.rider(self.padded, prep.inv, ctx.rows_dtype)
+            fill = prefill.rider(self.padded, prep.inv, ctx.rows_dtype, read) if may_fill else None
             if fill is not None:
                 ctx.riders.append(fill)
             try:
