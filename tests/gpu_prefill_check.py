@@ -4,9 +4,10 @@
     python -m torch.distributed.run --standalone --nproc_per_node 2 \\
         tests/gpu_prefill_check.py DIR
 
-Both train the same generated data set (tests/gpu_whole_step_check.py's) with whole-step CUDA
-graphs, the next exchange right after backward and the fused segments over peer payloads, at
-bound 0 and 100; the prefilled run's captured lookups must have taken the prefilled rows
+Both train the same generated data set (tests/gpu_whole_step_check.py's) for 4 epochs (an
+eager step that exchanges early at each epoch's start, between the replays) with whole-step
+CUDA graphs, the next exchange right after backward and the fused segments over peer
+payloads, at bound 0 and 100; the prefilled run's captured lookups must have taken the prefilled rows
 (counted), then every rank compares its rows, optimizer state and dense layers (the same
 bytes looked up: only the rows' GPU atomics differ in the last bits). Rank 0 prints
 ``PREFILL CHECK OK``.
@@ -48,7 +49,8 @@ def _prefilled(env: Any, root: Path, kw: dict) -> tuple[dict, int]:
 
 def compare(env: Any, root: Path) -> None:
     for bound in (0, 100):
-        kw = dict(optimizer="adagrad", bound=bound, lr=0.05)
+        # (4 epochs: eager early exchanges at each epoch's start between the replays)
+        kw = dict(optimizer="adagrad", bound=bound, lr=0.05, epochs=4)
         base = run(env, root, True, **kw)
         filled, taken = _prefilled(env, root, kw)
         assert filled["replays"] > 10 and taken > 0, (filled["replays"], taken)

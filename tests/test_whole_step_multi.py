@@ -317,7 +317,7 @@ def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
     for r in got:
         # steps 2..7 of each 9-step epoch (the first after an epoch start is eager, the
         # last two have no full next batch): piped keys exist and most rows came primed
-        assert any(piped for _slot, piped, _last in r["keys"]), r["keys"]
+        assert any(key[1] for key in r["keys"])  # (slot, piped, last, prefilled), r["keys"]
         assert r["ahead"] >= 10, r["ahead"]
     assert got[0]["ahead"] == got[1]["ahead"]  # (every rank decides the same)
     c = got[0]["res"]["embedding_counters"]

@@ -119,6 +119,7 @@ class GradBucket:
         # (SHARED_BARRIER: the copy into the peers' inboxes certified by the exchange's
         # barriers, once the training step hands it over: rider_on)
         self.rider: BarrierRider | None = None
+        self._riding = False
         if self.peer is not None and self.peer.copied and peer_allreduce.SHARED_BARRIER:
             self.rider = BarrierRider(torch.cuda.current_stream(device), self.peer.copy_out)
         # (EARLY_ROWS: whether this step may start the tail's sum early, and the start and
@@ -144,7 +145,8 @@ class GradBucket:
     def all_reduce(self) -> None:
         """Replace every gradient by its sum over ranks (collective; no-op for one process)."""
         if self.peer_grads is not None:  # (every rank's gradient complete; Adam sums them)
-            certified = self.rider.take() if self.rider is not None else None
+            riding, self._riding = self._riding, False  # (handed out this step: rider_on)
+            certified = self.rider.take() if self.rider is not None and riding else None
             self.peer.ready(certified)  # type: ignore[union-attr]
         elif self.peer is not None:  # (its own group: the env a captured step swaps in is not)
             self.peer.all_reduce()
@@ -163,11 +165,19 @@ class GradBucket:
         about to run after backward, bound to the current stream (the bucket's writer), and
         reset; None where the copy meets on its own: outside a whole-step capture too (an
         eager step's exchange may capture its own graph, which no eager stream may join)."""
+        self._riding = False
         if self.rider is None or not torch.cuda.is_current_stream_capturing():
             return None
         self.rider.take()
         self.rider.stream = torch.cuda.current_stream(self.flat.device)
+        self._riding = True
         return self.rider
+
+    def drop_rider(self) -> None:
+        """(The exchange failed) nothing it recorded certifies a later step's copy."""
+        self._riding = False
+        if self.rider is not None:
+            self.rider.take()
 
     def zero_(self) -> None:
         """Zero every gradient (one fill of the buffer; summed by the optimizer, once every

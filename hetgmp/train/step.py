@@ -186,6 +186,7 @@ class TrainStep:
         try:
             after_backward()
         except BaseException:
+            self.bucket.drop_rider()
             if hold is not None:
                 hold.close()
                 self.bucket.armed = False

@@ -103,17 +103,29 @@ class PrefillRider:
         self._done = torch.cuda.Event()
         self._done.record(stream)
 
-    def complete(self, batch: Batch) -> None:
-        """(After finish, on the exchange's stream) the second pass; ``batch`` then holds
-        the rows (:attr:`Batch.prefilled`)."""
-        if self.st is None or batch.static is not self.st:
-            return
-        st: Any = self.st
+    def close(self) -> None:
+        """(Once the exchange ran or failed) finish stops marking rows, and the first pass's
+        stream is joined into the current one (a capture must join every stream it forked)."""
+        if self.st is not None:
+            self.st.prefill_redo = None
         if self._done is not None:
-            torch.cuda.current_stream(st.store.device).wait_event(self._done)
+            torch.cuda.current_stream(self.st.store.device).wait_event(self._done)
+
+    def complete(self, batch: Batch) -> None:
+        """(After finish and :meth:`close`, on the exchange's stream) the second pass;
+        ``batch`` then holds the rows (:attr:`Batch.prefilled`)."""
+        st: Any = self.st
+        if st is None or batch.static is not self.st:
+            return
         prefill_redo(st, self.inv)
-        st.prefill_redo = None
         batch.prefilled = st.prefill_rows[: self.inv.numel()]
+
+
+def prefilled(primed: Any) -> bool:
+    """Whether a primed batch (:class:`~.ahead.Primed`, or None) holds rows written in the
+    last step's tail (the whole-step graphs are keyed by it)."""
+    batch = getattr(primed, "batch", None)
+    return batch is not None and batch.prefilled is not None
 
 
 def readers_done(ctx: Any) -> tuple[bool, torch.cuda.Event | None]:
@@ -147,6 +159,8 @@ def _buffers(st: Any, n: int, dtype: torch.dtype) -> bool:
     rows = getattr(st, "prefill_rows", None)
     if rows is None:
         dev = st.store.device
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False  # (made in an eager step: no capture's pool, no kernel compiled there)
         st.prefill_rows = torch.empty(n, st.d, dtype=dtype, device=dev)
         st.prefill_marks = torch.zeros(st.cap.u, dtype=torch.int8, device=dev)
         st.prefill_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None

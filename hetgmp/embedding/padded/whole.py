@@ -290,13 +290,14 @@ class WholeStep:
 
         def step(prep: Prep) -> tuple[torch.Tensor, Batch]:
             fill = prefill.rider(self.padded, prep.inv, ctx.rows_dtype, read) if may_fill else None
-            if fill is not None:
-                ctx.riders.append(fill)
+            if fill is not None:  # (first: its fork must not wait for the dense copy's rider)
+                ctx.riders.insert(0, fill)
             try:
                 values, batch = st.step(prep, op=OP_FORWARD, error=None, training=True)
             finally:
                 if fill is not None:
                     ctx.riders.remove(fill)
+                    fill.close()
             if fill is not None:
                 fill.complete(batch)
             return values, batch
