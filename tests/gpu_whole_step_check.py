@@ -107,6 +107,15 @@ def checked(body: Callable[[Any, Path], None], ok: str) -> int:
     return 0
 
 
+def assert_same_state(got: dict, want: dict) -> None:
+    """Two :func:`run` results' rows, optimizer state and dense layers equal (GPU atomics add
+    in any order: hot rows differ in the last bits)."""
+    torch.testing.assert_close(got["weight"], want["weight"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got["opt"], want["opt"], rtol=1e-4, atol=1e-6)
+    for k in want["dense"]:
+        torch.testing.assert_close(got["dense"][k], want["dense"][k], rtol=1e-3, atol=1e-5)
+
+
 def compare(env: Any, root: Path) -> None:
     """The captured step against the eager one, for each optimizer and bound (the strict
     order, its plans made one step ahead on a side stream by default; reading ahead is
@@ -120,11 +129,7 @@ def compare(env: Any, root: Path) -> None:
         e = run(env, root, False, **kw)
         assert g["replays"] > 10, g["replays"]
         assert g["planned"] > 5, g["planned"]  # (plans made on the side stream, captured)
-        # GPU atomics add in any order: hot rows differ in the last bits
-        torch.testing.assert_close(g["weight"], e["weight"], rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(g["opt"], e["opt"], rtol=1e-4, atol=1e-6)
-        for k in e["dense"]:
-            torch.testing.assert_close(g["dense"][k], e["dense"][k], rtol=1e-3, atol=1e-5)
+        assert_same_state(g, e)
         # the loss and accuracy sums (made beside the backward in a graph: step.METRICS_BESIDE)
         torch.testing.assert_close(g["stats"], e["stats"], rtol=1e-3, atol=2.0)
         cg, ce = g["res"]["embedding_counters"], e["res"]["embedding_counters"]

@@ -107,20 +107,14 @@ def _interpreted_prefill(env, cfg) -> tuple[dict, dict]:  # type: ignore[no-unty
     from test_whole_step_multi import _rank, interpreter_now
 
     interpreter_now()
-    from hetgmp.embedding import lookup
-    from hetgmp.embedding.padded import peer_payloads, prefill
+    from gpu_prefill_check import prefilled_lookups
+
+    from hetgmp.embedding.padded import peer_payloads
 
     peer_payloads.PEER_PAYLOADS = peer_payloads.ON_CPU = True
     off = _rank(env, cfg, True, None)
-    taken, forward = [0], lookup._PaddedLookup.forward
-
-    def counted(ctx, anchor, stepper, values, batch, shape):  # type: ignore[no-untyped-def]
-        taken[0] += batch.prefilled is not None
-        return forward(ctx, anchor, stepper, values, batch, shape)
-
-    lookup._PaddedLookup.forward = staticmethod(counted)  # type: ignore[method-assign]
-    prefill.PREFILL = True
-    on = _rank(env, cfg, True, None)
+    with prefilled_lookups() as taken:
+        on = _rank(env, cfg, True, None)
     on["prefilled"] = taken[0]
     return off, on
 

@@ -22,7 +22,6 @@ pairs, samples, median and 90th percentile microseconds.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections import defaultdict
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.gpu.cli_hook import run_with_step_hook  # noqa: E402
+from bench.gpu.cli_hook import reading_parser, run_reading  # noqa: E402
 from hetgmp.comm.peer_memory import PeerMemory  # noqa: E402
 from hetgmp.embedding.padded import buffers  # noqa: E402
 from hetgmp.train import dense_sync  # noqa: E402
@@ -104,21 +103,10 @@ def install(w: Waits) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="the report goes here (RANK: the local rank)")
-    ap.add_argument("--skip", type=int, default=40, help="training steps before reading")
-    ap.add_argument("--every", type=int, default=10, help="read every this many steps")
-    args, rest = ap.parse_known_args()
-    cli_args = rest[1:] if rest[:1] == ["--"] else rest
-    w, seen = Waits(), [0]
+    args, rest = reading_parser(__doc__).parse_known_args()
+    w = Waits()
     install(w)
-
-    def after_step() -> None:
-        seen[0] += 1
-        if seen[0] > args.skip and seen[0] % args.every == 0 and torch.cuda.is_available():
-            w.read()
-
-    return run_with_step_hook(cli_args, after_step, w.report, args.out)
+    return run_reading(args, rest, w.read, w.report)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ percentile microseconds from the start, sorted by median, the step's end last.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections import defaultdict
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.gpu.cli_hook import run_with_step_hook  # noqa: E402
+from bench.gpu.cli_hook import reading_parser, run_reading  # noqa: E402
 from bench.gpu.dilations import POINTS, hook  # noqa: E402
 
 END = "(the step's end: every stream joined)"
@@ -144,23 +143,13 @@ def install_points(e: Ends, points: list[str]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="the report goes here (RANK: the local rank)")
-    ap.add_argument("--skip", type=int, default=40, help="training steps before reading")
-    ap.add_argument("--every", type=int, default=10, help="read every this many steps")
+    ap = reading_parser(__doc__)
     ap.add_argument("--points", default=",".join(POINTS), help="dilations.py's points to mark")
     args, rest = ap.parse_known_args()
-    cli_args = rest[1:] if rest[:1] == ["--"] else rest
-    e, seen = Ends(), [0]
+    e = Ends()
     install(e)
     install_points(e, [p for p in args.points.split(",") if p])
-
-    def after_step() -> None:
-        seen[0] += 1
-        if seen[0] > args.skip and seen[0] % args.every == 0 and torch.cuda.is_available():
-            e.read()
-
-    return run_with_step_hook(cli_args, after_step, e.report, args.out)
+    return run_reading(args, rest, e.read, e.report)
 
 
 if __name__ == "__main__":
