@@ -127,8 +127,10 @@ def install(e: Ends) -> None:
         return leave(self, *exc)
 
     def recorded(self: Any, stream: Any = None) -> None:
-        record(self, stream)
+        # (the mark first: the event recorded after it is what a join waits for, so the mark
+        # is joined too; a mark after the last join of a stream is work a capture refuses)
         e.mark(f"record: {_caller()}", stream)
+        record(self, stream)
 
     graph_cls.__enter__ = entered  # type: ignore[method-assign]
     graph_cls.__exit__ = left  # type: ignore[method-assign]

@@ -11,12 +11,13 @@
 #
 # Knobs: BATCH (8192), SAMPLES (1500000), SKIP (40), STEPS (60), VARIANT_SWITCHES (module.NAME=1
 # items for a third run, 2 GPUs through bench/gpu/switches.py; default the prefill,
-# hetgmp.embedding.padded.prefill.PREFILL=1; empty: none), WORK (/tmp/hetgmp-se), PYTHON.
+# hetgmp.embedding.padded.prefill.PREFILL=1; empty: none), RUNS ("1 2 2v": which of the three),
+# RES (the results' folder), WORK (/tmp/hetgmp-se), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}; BATCH=${BATCH:-8192}; SAMPLES=${SAMPLES:-1500000}
 SKIP=${SKIP:-40}; STEPS=${STEPS:-60}; WORK=${WORK:-/tmp/hetgmp-se}
-RES="${OUT:-bench/results}/gpu/stream_ends"
+RES=${RES:-"${OUT:-bench/results}/gpu/stream_ends"}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$RES" "$WORK"
@@ -25,7 +26,7 @@ ITER=$((SKIP + STEPS + 20))
 CLI=(--dataset "$DS" --device cuda --model wdl --batch_size "$BATCH" --embed_dim 128
      --iter "$ITER" --log_every 50 --no-progress)
 VARIANT_SWITCHES=${VARIANT_SWITCHES-hetgmp.embedding.padded.prefill.PREFILL=1}
-for run in 1 2 2v; do  # (2v: 2 GPUs with VARIANT_SWITCHES, when set)
+for run in ${RUNS:-1 2 2v}; do  # (2v: 2 GPUs with VARIANT_SWITCHES, when set)
   n=${run%v}; card=(); sw=()
   [ "$n" = 2 ] && card=(--partition "$PLAN" --store_rate 0.01 --bound 100)
   if [ "$run" = 2v ]; then
