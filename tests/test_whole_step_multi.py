@@ -274,14 +274,6 @@ def test_dense_copy_rides_the_exchange_barriers_on_two_gpus(tmp_path) -> None:
     _torchrun_check("gpu_shared_barrier_check.py", tmp_path, "SHARED BARRIER CHECK OK")
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_prefilled_rows_on_two_gpus(tmp_path) -> None:
-    """The next batch's rows written in the exchange's tail (padded.prefill.PREFILL) against
-    the lookup at the step's start, under torchrun (tests/gpu_prefill_check.py)."""
-    _torchrun_check("gpu_prefill_check.py", tmp_path, "PREFILL CHECK OK")
-
-
 def _rank_ahead(env: DistEnv, cfg: TrainConfig, ahead: bool) -> dict:
     out = _rank(env, cfg, True, None, ahead)
     tr_emb_ahead = out.pop("ahead", None)
@@ -317,7 +309,7 @@ def test_reading_ahead_trains_and_bound_0_keeps_the_strict_order(
     for r in got:
         # steps 2..7 of each 9-step epoch (the first after an epoch start is eager, the
         # last two have no full next batch): piped keys exist and most rows came primed
-        assert any(key[1] for key in r["keys"])  # (slot, piped, last, prefilled), r["keys"]
+        assert any(key[1] for key in r["keys"])  # (slot, piped, last), r["keys"]
         assert r["ahead"] >= 10, r["ahead"]
     assert got[0]["ahead"] == got[1]["ahead"]  # (every rank decides the same)
     c = got[0]["res"]["embedding_counters"]

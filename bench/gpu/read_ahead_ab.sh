@@ -65,8 +65,7 @@
 # early with the rows' gradient sum in two passes, the own rows' on their update's stream
 # (padded.owner_update.SPLIT_SUM), "splitcadam" / "splitafter" / "splitaftercadam": with ADAM_COPY
 # / PRODUCT_AFTER_STAGE / both, "shared": cadam with the copies certified by the exchange's second payload barrier, no
-# meeting of their own (peer_allreduce.SHARED_BARRIER), "sharedstage": and STAGE_BESIDE, "prefill": early with the next batch's rows
-# written in the exchange's tail (padded.prefill.PREFILL), "prefillshared": prefill and shared, "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
+# meeting of their own (peer_allreduce.SHARED_BARRIER), "sharedstage": and STAGE_BESIDE, "dil_POINT": early with DIL_US (40) us of delay at POINT (diagnosis: bench/gpu/dilations.py),
 # "carveN" / "carveNlt" / "carveNV": early with N SMs left out of cuBLAS's GEMMs (and every
 # GEMM through cuBLASLt / and variant V: bench/gpu/switches.py), "onevar": one GPU's bags in the variable layout, the default before), REPEAT (1; N: N rounds of the 1-GPU run and every variant, tagged
 # rN, each variant's ratio against its round's 1-GPU run, and their median: ratios differ by
@@ -123,8 +122,6 @@ switches() {  # variant -> module switches
     padam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 ;;
     cadam) echo $early hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
     shared) echo $(switches cadam) hetgmp.comm.peer_allreduce.SHARED_BARRIER=1 ;;
-    prefill) echo $early $p.prefill.PREFILL=1 ;;
-    prefillshared) echo $(switches shared) $p.prefill.PREFILL=1 ;;
     sharedstage) echo $(switches shared) $p.owner_update.STAGE_BESIDE=1 ;;
     bagcompact) echo $early hetgmp.train.multi_hot.COMPACT=1 ;;
     bagpadded) echo $early hetgmp.train.multi_hot.COMPACT=0 ;;

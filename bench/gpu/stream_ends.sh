@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Which stream ends the step (issue 30, a diagnosis, ~5 minutes on a 2-GPU machine): the
 # user's command (WDL dim 128; 2 GPUs with the card's flags) on 1 GPU, on 2, and on 2 with
-# VARIANT_SWITCHES (default: the prefill), each under bench/gpu/stream_ends.py: external CUDA
+# VARIANT_SWITCHES (default: the dense gradients copied by the copy engines), each under bench/gpu/stream_ends.py: external CUDA
 # events at each join of the captured step's streams and before/after each of dilations.py's
 # points (the rows' gradient sum, pack, finish, the dense sum, Adam, ...), read from the step's
 # start on each rank (no CUPTI). Why: a delay after the 2-GPU step's main stream cost 28 of
@@ -10,8 +10,8 @@
 #   source bench/gpu/prelude.sh; bash bench/gpu/stream_ends.sh   # results in ${OUT:-bench/results}/gpu/stream_ends
 #
 # Knobs: BATCH (8192), SAMPLES (1500000), SKIP (40), STEPS (60), VARIANT_SWITCHES (module.NAME=1
-# items for a third run, 2 GPUs through bench/gpu/switches.py; default the prefill,
-# hetgmp.embedding.padded.prefill.PREFILL=1; empty: none), RUNS ("1 2 2v": which of the three),
+# items for a third run, 2 GPUs through bench/gpu/switches.py; default "cadam",
+# hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1; empty: none), RUNS ("1 2 2v": which of the three),
 # RES (the results' folder), WORK (/tmp/hetgmp-se), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +25,7 @@ source bench/gpu/card_data.sh; card_data "$WORK" "$SAMPLES" 1 "$BATCH" "$RES" ||
 ITER=$((SKIP + STEPS + 20))
 CLI=(--dataset "$DS" --device cuda --model wdl --batch_size "$BATCH" --embed_dim 128
      --iter "$ITER" --log_every 50 --no-progress)
-VARIANT_SWITCHES=${VARIANT_SWITCHES-hetgmp.embedding.padded.prefill.PREFILL=1}
+VARIANT_SWITCHES=${VARIANT_SWITCHES-hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1}
 for run in ${RUNS:-1 2 2v}; do  # (2v: 2 GPUs with VARIANT_SWITCHES, when set)
   n=${run%v}; card=(); sw=()
   [ "$n" = 2 ] && card=(--partition "$PLAN" --store_rate 0.01 --bound 100)

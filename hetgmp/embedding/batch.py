@@ -74,9 +74,6 @@ class Batch:
     # recorded while a whole-step CUDA graph was captured: its host counts are the capture's,
     # not a replay's (:meth:`~hetgmp.embedding.padded.whole.WholeStep.materialize`)
     replayed: bool = False
-    # (padded.prefill) its occurrences' rows, written in the last step's tail: the lookup
-    # returns them instead of gathering
-    prefilled: torch.Tensor | None = None
 
     @property
     def ring(self) -> int:

@@ -49,10 +49,8 @@ class StepContext:
     mark_staged: bool = False
     staged: torch.cuda.Event | None = None
     # (comm/barrier_rider.py) work of other streams riding the padded exchange's payload
-    # barriers while listed (the dense gradients' copy; padded/prefill.py's passes)
+    # barriers while listed (the dense gradients' copy into the peers' inboxes)
     riders: list[Rider] = dataclasses.field(default_factory=list)
-    # the dtype the last padded lookup's rows left in (padded/prefill.py writes the next's)
-    rows_dtype: torch.dtype | None = None
 
     @property
     def kernels(self) -> str:

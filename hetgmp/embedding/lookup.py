@@ -56,11 +56,6 @@ class _PaddedLookup(torch.autograd.Function):
         if stepper.padded is not None and stepper.padded.whole:
             stepper.padded.zero_grad_early(batch)  # (EARLY_ZERO: off the chain after backward)
         dtype = autocast_rows_dtype(values.device)
-        stepper.ctx.rows_dtype = dtype or values.dtype  # (what padded.prefill writes next)
-        rows = batch.prefilled  # (written in the last step's tail: padded.prefill)
-        if rows is not None and rows.dtype == (dtype or values.dtype):
-            if rows.shape[0] == batch.inv.numel():
-                return rows.view(shape)
         k = stepper.ctx.kernels
         return take_values(batch.static, values, batch.inv, backend=k, out_dtype=dtype).view(shape)
 

@@ -36,7 +36,6 @@ from hetgmp.embedding.padded import ahead as read_ahead
 from hetgmp.embedding.padded import streams
 from hetgmp.embedding.padded.ahead import Primed
 from hetgmp.embedding.padded.fields import SLOTS
-from hetgmp.embedding.padded.prefill import prefilled
 from hetgmp.embedding.tier_windows import EpochWindows
 from hetgmp.train.graphed_head import WARMUP_STEPS
 from hetgmp.train.graphed_multi_prime import exact_ids, key_of, next_batch, primed_for
@@ -78,8 +77,7 @@ class MultiRankGraphedStep:
         self.graphed = step.env.device.type == "cuda"
         if self.graphed:
             GraphReleaser.register(step.env, self)
-        # (slot, primes, last, takes prefilled rows)
-        self._entries: dict[tuple[int, bool, bool, bool], _Entry] = {}
+        self._entries: dict[tuple[int, bool, bool], _Entry] = {}  # (slot, primes, last)
         self._generation: object = None
         self.replays = 0
         self.eager_steps = 0
@@ -146,9 +144,7 @@ class MultiRankGraphedStep:
         if self.whole.generation is not self._generation:  # (buffers rebuilt: graphs stale)
             self._drop()
             self._generation = self.whole.generation
-        # (and whether the rows it takes were written in the last step's tail: a graph
-        # captured reading that buffer must follow a step that wrote it, padded.prefill)
-        key = (slot, piped, last, prefilled(self.ahead.primed) if takes else False)
+        key = (slot, piped, last)
         entry, out = self._entries.get(key), None
         if entry is None or entry.source is not batch.source:
             entry, out = self._capture(batch, global_batch, nxt, piped or last)

@@ -396,5 +396,5 @@ class StaticExchange:
                 owner_update.own_entries_early(self)
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
-        # (no graph while riders ride the barriers, ctx.riders: a segment's would lack them)
+        # (no graph while riders ride the barriers: it would replay without their work)
         self._graphs.run(key, fn, capturable=capturable and not self.ctx.riders)

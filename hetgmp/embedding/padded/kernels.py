@@ -284,12 +284,10 @@ def finish(st: Any) -> None:
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     r, peer = reply_source(st)  # (peer: the owners' send buffers, through a row table)
-    redo = getattr(st, "prefill_redo", None)  # (.prefill: mark the rows written here)
     k.finish_values[_grid(cap.u, br)](
         st.sz_mine, st.blocks, st.slot, r, e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.src,
-        st.rows_step, st.deferred, st.src if redo is None else redo, cap.u, e.n_own,
-        int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM,
-        D=st.d, BR=br, BD=bd, SW=st.sw, FROM_TABLE=st.from_table, PEER=peer,
-        REDO=redo is not None,
+        st.rows_step, st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w,
+        B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
+        FROM_TABLE=st.from_table, PEER=peer,
     )  # fmt: skip
     st.ctx.counters.rows_dev_total.add_(st.rows_step)

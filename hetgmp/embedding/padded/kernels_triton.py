@@ -185,10 +185,10 @@ def answer_queries_kernel(
 @triton.jit(do_not_specialize=["u"])
 def finish_values_kernel(
     sz_ptr, blocks_ptr, slot_ptr, recv_ptr, w_ptr, ver_ptr, dacc_ptr, state_ptr, values_ptr,
-    src_ptr, rows_ptr, deferred_ptr, redo_ptr, u, n_own, bound, q, s2,
+    src_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
     W: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
-    FROM_TABLE: tl.constexpr = False, PEER: tl.constexpr = False, REDO: tl.constexpr = False,
+    FROM_TABLE: tl.constexpr = False, PEER: tl.constexpr = False,
 ):  # fmt: skip
     # (SW 1: a refreshed mirror takes the owner's optimizer state too; FROM_TABLE: the values
     # of rows stored here are not written, their slot is, in src (-1: a row not stored here,
@@ -226,8 +226,6 @@ def finish_values_kernel(
     if pid == 0:
         tl.store(rows_ptr + 3, tl.load(deferred_ptr))
         tl.store(rows_ptr + 4, k0 * 0)
-    if REDO:  # (.prefill: the rows whose value this kernel writes, which its second pass redoes)
-        tl.store(redo_ptr + i, (rem | fresh).to(tl.int8), mask=i < u)
     keep, put = stored, live  # (rows whose stored value is read; rows whose value is written)
     if FROM_TABLE:
         tl.store(src_ptr + i, tl.where(stored, s, -1), mask=i < u)

@@ -44,11 +44,11 @@ import torch
 import torch.distributed as dist
 
 from hetgmp.comm.collectives import guarded
-from hetgmp.embedding.batch import Batch, Prep, Summed
+from hetgmp.embedding.batch import Batch, Summed
 from hetgmp.embedding.collective.exact import SizedStep
 from hetgmp.embedding.context import OP_FORWARD
 from hetgmp.embedding.padded import ahead as read_ahead
-from hetgmp.embedding.padded import epoch_scan, owner_update, prefill
+from hetgmp.embedding.padded import epoch_scan, owner_update
 from hetgmp.embedding.padded.buffers import Capacity
 from hetgmp.embedding.padded.local_now import apply_stored
 
@@ -283,26 +283,13 @@ class WholeStep:
         return grads
 
     def exchange_early(self) -> None:
-        """After a batch's backward: the primed next batch's exchange (:mod:`.ahead`), its
-        rows written in this step's tail where :mod:`.prefill` applies."""
-        st, ctx = self.stepper, self.ctx
-        may_fill, read = prefill.readers_done(ctx)
-
-        def step(prep: Prep) -> tuple[torch.Tensor, Batch]:
-            fill = prefill.rider(self.padded, prep.inv, ctx.rows_dtype, read) if may_fill else None
-            if fill is not None:  # (first: its fork must not wait for the dense copy's rider)
-                ctx.riders.insert(0, fill)
-            try:
-                values, batch = st.step(prep, op=OP_FORWARD, error=None, training=True)
-            finally:
-                if fill is not None:
-                    ctx.riders.remove(fill)
-                    fill.close()
-            if fill is not None:
-                fill.complete(batch)
-            return values, batch
-
-        self.padded.ahead.exchange_early(step, lambda: int(st.count), self.padded.on_side)
+        """After a batch's backward: the primed next batch's exchange (:mod:`.ahead`)."""
+        st = self.stepper
+        self.padded.ahead.exchange_early(
+            lambda prep: st.step(prep, op=OP_FORWARD, error=None, training=True),
+            lambda: int(st.count),
+            self.padded.on_side,
+        )
 
     def ready_early(self, shape: tuple[int, int]) -> int | None:
         """The ring slot of the next step of ``shape`` when an exchange made early left its
