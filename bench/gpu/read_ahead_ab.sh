@@ -48,7 +48,9 @@
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
 # gradients summed by the fused Adam in peer memory (peer_allreduce.ADAM_PEER), "cadam": padam
 # with every bucket copied into the peers' inboxes first (copy engines; ADAM_COPY), "stage": early
-# with the own rows' staging on their update's stream (owner_update.STAGE_BESIDE), "stagecadam":
+# with the own rows' staging on their update's stream (owner_update.STAGE_BESIDE), "stagepushed":
+# early with only the own rows a push joins staged (owner_update.STAGE_PUSHED_ONLY), "pushedcadam":
+# and ADAM_COPY (as cadam), "stagecadam":
 # stage and cadam (both paths after backward shorter), "tailold": early with the next batch's gathers
 # and the loss sums at the end of the step's main stream (inputs_ahead.FILL_BESIDE and
 # step.METRICS_BESIDE off)
@@ -138,6 +140,9 @@ switches() {  # variant -> module switches
     pushearly) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 ;;
     ownsplit) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 ;;
     stage) echo $early $p.owner_update.STAGE_BESIDE=1 ;;
+    stagepushed) echo $early $p.owner_update.STAGE_PUSHED_ONLY=1 ;;
+    pushedcadam) echo $(switches stagepushed) hetgmp.comm.peer_allreduce.ADAM_PEER=1 \
+      hetgmp.comm.peer_allreduce.ADAM_COPY=1 ;;
     afterstage) echo $early hetgmp.train.product_hold.PRODUCT_AFTER_STAGE=1 ;;
     splitsum) echo $early $p.owner_update.SPLIT_SUM=1 ;;
     splitcadam) echo $early $p.owner_update.SPLIT_SUM=1 hetgmp.comm.peer_allreduce.ADAM_PEER=1 \

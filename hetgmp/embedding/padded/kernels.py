@@ -140,13 +140,16 @@ def _presync_apply(st: Any, prev: Any, cur: Any, *, counts: bool, part: int = 0)
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     own = _own(st)
+    # (owner_update.STAGE_PUSHED_ONLY: only the own rows a push joins staged, by their marks)
+    pushed_only = not counts and part == 0 and owner.stages_pushed_only(st)
+    marks = st.own_entries[4] if pushed_only else own[0]
     k.presync_apply[_grid(max(cap.u, cap.n) if counts else cap.u, br)](
         st.sz_prev, st.prev_meta, prev.slot, prev.cnt, prev.u, st.grad, e.weight_full,
         e.version_full, e.delta_acc_full, e.grad_acc_full, e.pending_full, st.pr_ids,
         st.pr_cnt, st.pr_grad, st.pr_n, st.ndue, cur.u, cur.slot, st.u_ids, st.slot, *own,
-        e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,
+        marks, e.n_own, cap.u, cap.n, -float(st.lr), float(st.opt.eps), e.trash_slot, W=st.w,
         WP=_p2(st.w), NOWN=sizes.NOWN, D=st.d, BR=br, BD=bd, COUNTS=counts, SW=st.sw, PART=part,
-        **_COLS,
+        PUSHED_ONLY=pushed_only, **_COLS,
     )  # fmt: skip
     if counts and st.sw:  # (entries past this batch's unique rows: none staged)
         st.own_slot[cap.u :].fill_(e.trash_slot)

@@ -79,6 +79,14 @@ STAGE_BESIDE = False
 # and sorts every occurrence's id (the pass left on the chain costs most of the whole sum) and
 # the own rows' pass beside the chain slows its kernels; untimed by kernel.
 SPLIT_SUM = False
+# With OWN_SPLIT: the pre-sync kernel stages only the own rows a push joins (their sum starts
+# from the staged row), and the own rows' early update reads the others' gradient where the
+# rows' sum left it (``st.grad``), not from a staged copy. The staging copied every own row's
+# gradient (most of a batch's rows: ~20 MB each way at batch 8192 x 26, dim 128) on the chain,
+# where the pre-sync kernel ran 2.5x slower than alone beside the deferred product: the tail
+# is throughput-bound, so only work removed shortens it (bench/results/gpu/stream_ends_s20/).
+# Exact (the same values read). Off until measured (read_ahead_ab.sh variant "stagepushed").
+STAGE_PUSHED_ONLY = False
 
 
 def own_entries_early(st: Any) -> None:
@@ -121,6 +129,12 @@ def stages_beside(st: Any) -> bool:
     """Whether the own rows' staging runs with their update (:data:`STAGE_BESIDE`, or
     :data:`SPLIT_SUM`)."""
     return bool((STAGE_BESIDE or SPLIT_SUM) and st.own_split and st.sw)
+
+
+def stages_pushed_only(st: Any) -> bool:
+    """Whether the pre-sync kernel stages only the own rows a push joins
+    (:data:`STAGE_PUSHED_ONLY`: with the split update, its staging not beside it)."""
+    return bool(STAGE_PUSHED_ONLY and st.own_split and st.sw and not stages_beside(st))
 
 
 def splits_sum(st: Any, ring: int) -> bool:
@@ -185,11 +199,14 @@ def own_update_early(st: Any, stage: Callable[[], None] | None = None) -> None:
         return
     e, o = st.store, st.cap.o
     slots, cnts, pushed = st.own_entries[0], st.own_entries[1], st.own_entries[4]
+    # (STAGE_PUSHED_ONLY: the rows no push joins read where the sum left them; an own row's
+    # entry is its row in the batch's block order, st.grad's rows)
+    grad = st.grad[:o] if stages_pushed_only(st) else st.own_gsum[:o]
 
     def update() -> None:  # (the mask made on the stream that reads it: no cross-stream free)
         keep = (pushed[:o] == 0) & (slots[:o] != e.trash_slot)
         adagrad_rows(
-            e.weight_full, e.opt_state_full, slots[:o], st.own_gsum[:o], st.lr, st.opt.eps,
+            e.weight_full, e.opt_state_full, slots[:o], grad, st.lr, st.opt.eps,
             keep=keep, backend="triton", consume=True, versions=(e.version_full, cnts[:o]),
         )  # fmt: skip
 

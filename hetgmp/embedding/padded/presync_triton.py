@@ -22,11 +22,12 @@ from hetgmp.embedding.padded.rule_triton import is_due
 def presync_apply_kernel(
     sz_ptr, meta_ptr, p_slot_ptr, p_cnt_ptr, p_u_ptr, g_ptr, w_ptr, ver_ptr, dacc_ptr,
     gacc_ptr, pend_ptr, pr_ids_ptr, pr_cnt_ptr, pr_grad_ptr, pr_n_ptr, ndue_ptr, c_u_ptr,
-    c_slot_ptr, u_ids_ptr, slot_ptr, os_ptr, oc_ptr, og_ptr, state_ptr, n_own, u, n, neg_lr,
-    eps, trash,
+    c_slot_ptr, u_ids_ptr, slot_ptr, os_ptr, oc_ptr, og_ptr, state_ptr, pushed_ptr, n_own, u,
+    n, neg_lr, eps, trash,
     W: tl.constexpr, WP: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     NQR: tl.constexpr, NOWN: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
     BD: tl.constexpr, COUNTS: tl.constexpr, SW: tl.constexpr, PART: tl.constexpr = 0,
+    PUSHED_ONLY: tl.constexpr = False,
 ):  # fmt: skip
     # COUNTS: the part the sizes table needs (counts, versions, push ids, the next batch's
     # inputs), reading the last batch's table and keeping its block bounds in meta;
@@ -35,7 +36,9 @@ def presync_apply_kernel(
     # (os/oc/og: slot, count, gradient; trash slot where not own) for the owner's merged
     # update instead of applied, and mirrors take Adagrad's local step (state: per slot).
     # PART (the gradient's part, SW 1): 0 every entry, 1 the own rows' staging only, 2 the
-    # others only (owner_update.STAGE_BESIDE: the staging on the own rows' stream)
+    # others only (owner_update.STAGE_BESIDE: the staging on the own rows' stream).
+    # PUSHED_ONLY (owner_update.STAGE_PUSHED_ONLY): only the own rows a push joins are staged
+    # (pushed_ptr: their marks by entry), the others neither read nor copied
     pid = tl.program_id(0)
     i = pid * BR + tl.arange(0, BR)
     if COUNTS:
@@ -75,6 +78,9 @@ def presync_apply_kernel(
             neg_lr, D, BD,
         )  # fmt: skip
     else:
+        if PUSHED_ONLY:
+            own = own & (tl.load(pushed_ptr + i, mask=own, other=0) != 0)
+            live = own | mir | rem
         _gradient_rows_adagrad(
             g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, og_ptr, state_ptr, i, s, mi, k, live,
             own, mir, rem, neg_lr, eps, D, BR, BD,
