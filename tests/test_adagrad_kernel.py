@@ -1,6 +1,7 @@
 """The row-wise Adagrad kernel (hetgmp/embedding/kernels/adagrad.py) against its torch
 reference, in Triton's interpreter (``TRITON_INTERPRET=1`` must be set before triton is
-imported: a subprocess): every entry, a kept subset, the leader occurrences of repeated rows;
+imported: a subprocess): every entry, a kept subset, the leader occurrences of repeated rows, the entries a mark and a
+slot skip (each consuming its gradient rows);
 dims below, at and above the 128-column tile."""
 
 from __future__ import annotations
@@ -28,16 +29,23 @@ SCRIPT = textwrap.dedent(
         pos[hot] = torch.arange(n, dtype=torch.int32)
         lead = pos[hot]  # one leader occurrence per row
         keep = torch.rand(n, generator=g) < 0.5
-        cases = [(uniq, {}), (uniq, {"keep": keep}), (hot, {"lead": lead})]
-        for idx, sel in cases:
+        marks = (torch.rand(n, generator=g) < 0.3).long()  # (e.g. own rows a push joins)
+        slot = int(uniq[n // 2]) if n else -1  # (e.g. the trash slot of padding entries)
+        skipped = {"keep": (marks == 0) & (uniq != slot)}  # (what skip selects)
+        cases = [(uniq, {}, {}), (uniq, {"keep": keep}, {"keep": keep}),
+                 (hot, {"lead": lead}, {"lead": lead}), (uniq, {"skip": (marks, slot)}, skipped)]
+        for idx, sel, ref in cases:
             want_w, want_s = w0.clone(), s0.clone()
-            adagrad_rows_reference(want_w, want_s, idx, grad, 0.1, 1e-8, **sel)
-            got_w, got_s = w0.clone(), s0.clone()
-            adagrad_rows(got_w, got_s, idx, grad, 0.1, 1e-8, backend="triton", **sel)
+            adagrad_rows_reference(want_w, want_s, idx, grad, 0.1, 1e-8, **ref)
+            got_w, got_s, used = w0.clone(), s0.clone(), grad.clone()
+            adagrad_rows(got_w, got_s, idx, used, 0.1, 1e-8, backend="triton", consume=True, **sel)
             torch.testing.assert_close(got_s, want_s, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
             changed = (got_w != w0).any(dim=1).sum().item()
             assert changed == (want_w != w0).any(dim=1).sum().item()
+            # (consume: the selected entries' gradient rows zeroed, the others untouched)
+            zeroed = (used == 0).all(dim=1) & (grad != 0).any(dim=1)
+            assert zeroed.sum().item() == changed, (zeroed.sum().item(), changed)
     print("ok")
     """
 )

@@ -1,8 +1,9 @@
 """Row-wise Adagrad on a table's rows as one kernel, next to its torch reference.
 
-``adagrad_rows(weight, state, idx, grad, lr, eps, keep=None, lead=None)``: for every selected
-entry ``i`` (all; those with ``keep[i]``; or those with ``lead[i] == i``, the leader occurrence
-of each row), ``s = state[idx[i]] + mean(grad[i] ** 2)``, ``state[idx[i]] = s``,
+``adagrad_rows(weight, state, idx, grad, lr, eps, keep=None, lead=None, skip=None)``: for
+every selected entry ``i`` (all; those with ``keep[i]``; those with ``lead[i] == i``, the leader
+occurrence of each row; or, ``skip=(marks, slot)``, those with ``marks[i] == 0`` and ``idx[i] !=
+slot``: the mask made in the kernel, not by three elementwise launches), ``s = state[idx[i]] + mean(grad[i] ** 2)``, ``state[idx[i]] = s``,
 ``weight[idx[i]] -= lr * grad[i] / (sqrt(s) + eps)``. Selected entries must be distinct rows.
 
 Why a kernel: the torch sequence (an ``index_add_`` of the squared means, an ``index_select``,
@@ -19,6 +20,7 @@ from hetgmp.embedding.kernels.launcher import _kernels, launch, on_device, row_t
 from hetgmp.embedding.ops import index_add_rows
 
 Versions = tuple[torch.Tensor, torch.Tensor]  # (a table's versions [R], counts [n]) int64
+Skip = tuple[torch.Tensor, int]  # (marks [n] int64: nonzero skips the entry, a slot skipped)
 
 
 def adagrad_rows_reference(
@@ -47,6 +49,7 @@ def adagrad_rows(
     weight: torch.Tensor, state: torch.Tensor, idx: torch.Tensor, grad: torch.Tensor,
     lr: float, eps: float, *, keep: torch.Tensor | None = None, lead: torch.Tensor | None = None,
     backend: str = "torch", consume: bool = False, versions: Versions | None = None,
+    skip: Skip | None = None,
 ) -> None:  # fmt: skip
     """Row-wise Adagrad on rows ``idx`` (see the module docstring); ``weight [R, D]`` and
     ``state [R]`` float32 contiguous, ``grad [n, D]`` (or ``[..., D]`` of ``n`` rows).
@@ -57,6 +60,10 @@ def adagrad_rows(
     idx = idx.reshape(-1)
     if consume and (grad.dtype != torch.float32 or not grad.is_contiguous()):
         raise ValueError("adagrad_rows(consume=True) needs a float32 contiguous gradient")
+    if skip is not None and (keep is not None or lead is not None):
+        raise ValueError("adagrad_rows: skip selects on its own (no keep or lead with it)")
+    if skip is not None and (backend == "torch" or idx.numel() == 0):
+        keep = (skip[0].reshape(-1) == 0) & (idx != skip[1])
     if backend == "torch" or idx.numel() == 0:
         flat = grad.reshape(-1, grad.shape[-1])
         adagrad_rows_reference(
@@ -72,6 +79,8 @@ def adagrad_rows(
     k = _kernels()
     grad = grad.to(torch.float32).contiguous()
     sel, mode = (keep, 1) if keep is not None else (lead, 2) if lead is not None else (idx, 0)
+    if skip is not None:
+        sel, mode = skip[0].reshape(-1), 3
     if mode == 1:
         sel = sel.to(torch.int8)
     block_r, block_d = row_tiles(k.triton, d)
@@ -81,7 +90,7 @@ def adagrad_rows(
         launch(
             k.adagrad, (k.triton.cdiv(n, block_r),),
             (weight, state, idx.contiguous(), grad, sel.contiguous(), ver, cnt, n, float(lr),
-             float(eps)),
+             float(eps), -1 if skip is None else int(skip[1])),
             {"D": d, "BLOCK_R": block_r, "BLOCK_D": block_d, "SEL": mode, "CONSUME": consume,
              "VERSIONS": versions is not None},
         )  # fmt: skip

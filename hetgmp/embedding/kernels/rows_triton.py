@@ -194,13 +194,14 @@ def put_rows_kernel(
 
 @triton.jit(do_not_specialize=["n"])
 def adagrad_rows_kernel(
-    w_ptr, state_ptr, idx_ptr, g_ptr, sel_ptr, ver_ptr, cnt_ptr, n, lr, eps,
+    w_ptr, state_ptr, idx_ptr, g_ptr, sel_ptr, ver_ptr, cnt_ptr, n, lr, eps, skip,
     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SEL: tl.constexpr,
     CONSUME: tl.constexpr, VERSIONS: tl.constexpr = False,
 ):  # fmt: skip
     # row-wise Adagrad on rows idx[i] with gradient g[i]: s += mean(g^2), w -= lr g / (sqrt s
     # + eps); SEL 1: only entries with sel[i] != 0 (bool mask), SEL 2: only entries with
-    # sel[i] == i (int32 leader positions); a negative idx: skipped; CONSUME: the selected
+    # sel[i] == i (int32 leader positions), SEL 3: only entries with sel[i] == 0 (int64 marks)
+    # and idx[i] != skip; a negative idx: skipped; CONSUME: the selected
     # gradient rows are set to zero once used; VERSIONS: each selected row's version
     # ver[idx[i]] also moves by cnt[i], which is then zeroed (int64 both)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -211,6 +212,8 @@ def adagrad_rows_kernel(
         rmask = rmask & (tl.load(sel_ptr + rows, mask=rmask, other=0) != 0)
     if SEL == 2:
         rmask = rmask & (tl.load(sel_ptr + rows, mask=rmask, other=-1) == rows)
+    if SEL == 3:
+        rmask = rmask & (tl.load(sel_ptr + rows, mask=rmask, other=1) == 0) & (idx != skip)
     if VERSIONS:
         c = tl.load(cnt_ptr + rows, mask=rmask, other=0)
         tl.store(ver_ptr + idx, tl.load(ver_ptr + idx, mask=rmask, other=0) + c, mask=rmask)

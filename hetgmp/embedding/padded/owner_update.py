@@ -203,11 +203,11 @@ def own_update_early(st: Any, stage: Callable[[], None] | None = None) -> None:
     # entry is its row in the batch's block order, st.grad's rows)
     grad = st.grad[:o] if stages_pushed_only(st) else st.own_gsum[:o]
 
-    def update() -> None:  # (the mask made on the stream that reads it: no cross-stream free)
-        keep = (pushed[:o] == 0) & (slots[:o] != e.trash_slot)
+    def update() -> None:  # (the entries no push joins, padding skipped: selected in the kernel)
         adagrad_rows(
             e.weight_full, e.opt_state_full, slots[:o], grad, st.lr, st.opt.eps,
-            keep=keep, backend="triton", consume=True, versions=(e.version_full, cnts[:o]),
+            skip=(pushed[:o], e.trash_slot), backend="triton", consume=True,
+            versions=(e.version_full, cnts[:o]),
         )  # fmt: skip
 
     if not (OWN_STREAM and st.capturing and e.device.type == "cuda"):
