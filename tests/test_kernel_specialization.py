@@ -54,7 +54,7 @@ BATCH = {
 FIXED = {
     "num_rows", "n_own", "n_mir", "trash", "bound", "rank", "room_p", "q", "p", "s1", "s2",
     "s1h", "q2", "g0", "Ka", "Kb", "stride_a", "stride_b", "stride_ga", "stride_gb", "stride_w",
-    "n_params", "F", "K", "cache_rows", "capacity",
+    "n_params", "F", "K", "cache_rows", "capacity", "skip",
 }  # fmt: skip
 FLOATS = {"alpha", "lr", "eps", "neg_lr", "b1", "b2"}  # (Triton never specializes floats)
 # A full batch of the user's command (8192 x 26 ids), partial ones, a tiny one.

@@ -283,14 +283,14 @@ def answer(st: Any) -> None:
 
 def finish(st: Any) -> None:
     """Refresh the mirrors beyond the bound and write the batch's values into ``st.values``;
-    the step's row counters into ``st.rows_step`` (and the owner's total)."""
+    the step's row counters into ``st.rows_step``, and added to the run's totals (the kernel
+    adds them: no launch after it on the chain's end)."""
     k, e, cap = _ns(), st.store, st.cap
     br, bd = _tiles(st.d)
     r, peer = reply_source(st)  # (peer: the owners' send buffers, through a row table)
     k.finish_values[_grid(cap.u, br)](
         st.sz_mine, st.blocks, st.slot, r, e.weight_full, e.version_full, e.delta_acc_full, _own(st)[3], st.values, st.src,
-        st.rows_step, st.deferred, cap.u, e.n_own, int(st.bound), cap.q, st.s2, W=st.w,
-        B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM, D=st.d, BR=br, BD=bd, SW=st.sw,
-        FROM_TABLE=st.from_table, PEER=peer,
+        st.rows_step, st.deferred, st.ctx.counters.rows_dev_total, cap.u, e.n_own,
+        int(st.bound), cap.q, st.s2, W=st.w, B3=_p2(3 * st.w), COLS=sizes.COLS, NQM=sizes.NQM,
+        D=st.d, BR=br, BD=bd, SW=st.sw, FROM_TABLE=st.from_table, PEER=peer,
     )  # fmt: skip
-    st.ctx.counters.rows_dev_total.add_(st.rows_step)

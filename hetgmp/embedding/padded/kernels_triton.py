@@ -185,7 +185,7 @@ def answer_queries_kernel(
 @triton.jit(do_not_specialize=["u"])
 def finish_values_kernel(
     sz_ptr, blocks_ptr, slot_ptr, recv_ptr, w_ptr, ver_ptr, dacc_ptr, state_ptr, values_ptr,
-    src_ptr, rows_ptr, deferred_ptr, u, n_own, bound, q, s2,
+    src_ptr, rows_ptr, deferred_ptr, total_ptr, u, n_own, bound, q, s2,
     W: tl.constexpr, B3: tl.constexpr, COLS: tl.constexpr, NQM: tl.constexpr,
     D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, SW: tl.constexpr,
     FROM_TABLE: tl.constexpr = False, PEER: tl.constexpr = False,
@@ -223,9 +223,15 @@ def finish_values_kernel(
     tl.atomic_add(rows_ptr + 0, k0, sem="relaxed")
     tl.atomic_add(rows_ptr + 1, k1, sem="relaxed")
     tl.atomic_add(rows_ptr + 2, k2, sem="relaxed")
+    # (and the run's totals, total_ptr: no add of the step's counters after this kernel)
+    tl.atomic_add(total_ptr + 0, k0, sem="relaxed")
+    tl.atomic_add(total_ptr + 1, k1, sem="relaxed")
+    tl.atomic_add(total_ptr + 2, k2, sem="relaxed")
     if pid == 0:
-        tl.store(rows_ptr + 3, tl.load(deferred_ptr))
+        deferred = tl.load(deferred_ptr)
+        tl.store(rows_ptr + 3, deferred)
         tl.store(rows_ptr + 4, k0 * 0)
+        tl.store(total_ptr + 3, tl.load(total_ptr + 3) + deferred)
     keep, put = stored, live  # (rows whose stored value is read; rows whose value is written)
     if FROM_TABLE:
         tl.store(src_ptr + i, tl.where(stored, s, -1), mask=i < u)

@@ -51,18 +51,7 @@ def presync_apply_kernel(
         n_o = tl.load(meta_ptr + 0)
         r0 = tl.load(meta_ptr + 1)
         r1 = tl.load(meta_ptr + 2)
-    # the last batch, entries in block order: own rows | mirrors | rows not stored here
-    live = i < tl.minimum(u, r1)
-    own = live & (i < n_o)
-    mir = live & (i >= n_o) & (i < r0)
-    rem = live & (i >= r0)
-    if PART == 1:  # (the own rows' staging only)
-        mir = mir & (i < 0)
-        rem = rem & (i < 0)
-        live = own
-    if PART == 2:  # (the mirrors and the pushes only)
-        own = own & (i < 0)
-        live = mir | rem
+    live, own, mir, rem = _entries(i, u, n_o, r0, r1, pushed_ptr, PART, PUSHED_ONLY)
     stored = own | mir
     s = tl.load(p_slot_ptr + i, mask=stored, other=0).to(tl.int64)
     mi = tl.where(mir, s - n_own, 0)
@@ -78,13 +67,31 @@ def presync_apply_kernel(
             neg_lr, D, BD,
         )  # fmt: skip
     else:
-        if PUSHED_ONLY:
-            own = own & (tl.load(pushed_ptr + i, mask=own, other=0) != 0)
-            live = own | mir | rem
         _gradient_rows_adagrad(
             g_ptr, w_ptr, dacc_ptr, gacc_ptr, pr_grad_ptr, og_ptr, state_ptr, i, s, mi, k, live,
             own, mir, rem, neg_lr, eps, D, BR, BD,
         )  # fmt: skip
+
+
+@triton.jit
+def _entries(i, u, n_o, r0, r1, pushed_ptr, PART: tl.constexpr, PUSHED_ONLY: tl.constexpr):
+    # the last batch's entries i in block order (own rows | mirrors | rows not stored here):
+    # (live, own, mir, rem), cut to PART's, and with PUSHED_ONLY the own rows a push joins only
+    live = i < tl.minimum(u, r1)
+    own = live & (i < n_o)
+    mir = live & (i >= n_o) & (i < r0)
+    rem = live & (i >= r0)
+    if PART == 1:  # (the own rows' staging only)
+        mir = mir & (i < 0)
+        rem = rem & (i < 0)
+        live = own
+    if PART == 2:  # (the mirrors and the pushes only)
+        own = own & (i < 0)
+        live = mir | rem
+    if PUSHED_ONLY:
+        own = own & (tl.load(pushed_ptr + i, mask=own, other=0) != 0)
+        live = own | mir | rem
+    return live, own, mir, rem
 
 
 @triton.jit
