@@ -24,9 +24,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$RES" "$WORK"
 source bench/gpu/card_data.sh; card_data "$WORK" "$SAMPLES" 1 "$BATCH" "$RES" || exit 1
-ITER=$((SKIP + STEPS + 20))
-CLI=(--dataset "$DS" --device cuda --model wdl --batch_size "$BATCH" --embed_dim 128
-     --iter "$ITER" --log_every 50 --no-progress)
+card_cli
 for n in 1 2; do
   card=(); [ "$n" = 2 ] && card=(--partition "$PLAN" --store_rate 0.01 --bound 100)
   timeout 200 $PY -m torch.distributed.run --standalone --nproc_per_node $n \

@@ -22,9 +22,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$RES" "$WORK"
 source bench/gpu/card_data.sh; card_data "$WORK" "$SAMPLES" 1 "$BATCH" "$RES" || exit 1
-ITER=$((SKIP + STEPS + 20))
-CLI=(--dataset "$DS" --device cuda --model wdl --batch_size "$BATCH" --embed_dim 128
-     --iter "$ITER" --log_every 50 --no-progress)
+card_cli
 VARIANT_SWITCHES=${VARIANT_SWITCHES-hetgmp.comm.peer_allreduce.ADAM_PEER=1 hetgmp.comm.peer_allreduce.ADAM_COPY=1}
 for run in ${RUNS:-1 2 2v}; do  # (2v: 2 GPUs with VARIANT_SWITCHES, when set)
   n=${run%v}; card=(); sw=()
