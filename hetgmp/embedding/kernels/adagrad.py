@@ -2,8 +2,9 @@
 
 ``adagrad_rows(weight, state, idx, grad, lr, eps, keep=None, lead=None, skip=None)``: for
 every selected entry ``i`` (all; those with ``keep[i]``; those with ``lead[i] == i``, the leader
-occurrence of each row; or, ``skip=(marks, slot)``, those with ``marks[i] == 0`` and ``idx[i] !=
-slot``: the mask made in the kernel, not by three elementwise launches), ``s = state[idx[i]] + mean(grad[i] ** 2)``, ``state[idx[i]] = s``,
+occurrence of each row; or, ``skip=(marks, slot)``, those with ``marks[i] == 0`` and
+``idx[i] != slot``: the mask made in the kernel, not by three elementwise launches),
+``s = state[idx[i]] + mean(grad[i] ** 2)``, ``state[idx[i]] = s``,
 ``weight[idx[i]] -= lr * grad[i] / (sqrt(s) + eps)``. Selected entries must be distinct rows.
 
 Why a kernel: the torch sequence (an ``index_add_`` of the squared means, an ``index_select``,
