@@ -46,6 +46,11 @@ SCRIPT = textwrap.dedent(
             # (consume: the selected entries' gradient rows zeroed, the others untouched)
             zeroed = (used == 0).all(dim=1) & (grad != 0).any(dim=1)
             assert zeroed.sum().item() == changed, (zeroed.sum().item(), changed)
+            if "skip" in sel:  # (and the torch backend's skip: the same selection)
+                tw, ts = w0.clone(), s0.clone()
+                adagrad_rows(tw, ts, idx, grad.clone(), 0.1, 1e-8, backend="torch", **sel)
+                torch.testing.assert_close(tw, want_w, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(ts, want_s, rtol=1e-5, atol=1e-6)
     print("ok")
     """
 )

@@ -134,7 +134,10 @@ def stages_beside(st: Any) -> bool:
 def stages_pushed_only(st: Any) -> bool:
     """Whether the pre-sync kernel stages only the own rows a push joins
     (:data:`STAGE_PUSHED_ONLY`: with the split update, its staging not beside it)."""
-    return bool(STAGE_PUSHED_ONLY and st.own_split and st.sw and not stages_beside(st))
+    return bool(
+        STAGE_PUSHED_ONLY and st.own_split and st.sw and not stages_beside(st)
+        and st.grad.shape[0] >= st.cap.o  # (the own entries are the sum's first rows)
+    )  # fmt: skip
 
 
 def splits_sum(st: Any, ring: int) -> bool:
