@@ -182,12 +182,14 @@ class Stepper:
             if error:
                 raise EmbeddingInputError(f"rank {self.ctx.env.rank}: {error}")
             self._check_peers(theirs, s.op)
-        except (EmbeddingInputError, PeerFailedError):
+        except (EmbeddingInputError, PeerFailedError) as e:
+            _refuse_after_split(pe, "stopped", e)
             self._keep_unapplied(s.grads, s.own_done)
             raise
         batch = s.make_batch()
         if pe is not None and all(row[sizes.PADDED] for row in theirs) and pe.fits(theirs):
             return pe.run(s, batch), batch
+        _refuse_after_split(pe, "went to the exact path", None)
         return self.exact.run(s, batch), batch
 
     def _check_peers(self, theirs: list[list[int]], op: int) -> None:
@@ -221,3 +223,16 @@ class Stepper:
             nqr_dev=pb.nqr_device(self.ctx.store.device).clone(), prep=None, static=None,
         )  # fmt: skip
         self.grads = (kept, torch.cat([pg[:own], pg[r0:]]))
+
+
+def _refuse_after_split(pe: Any, what: str, cause: BaseException | None) -> None:
+    """Raise where the padded pre-sync's split update (``padded.owner_update.OWN_SPLIT``)
+    already applied the own rows no push joins: a step that then leaves the padded path would
+    apply them again (the exact path) or keep them as pending (a caught error), silently."""
+    st = None if pe is None else pe.static
+    if st is not None and getattr(st, "own_split", False):
+        raise RuntimeError(
+            f"the embedding step {what} after its split owner update had applied this rank's "
+            "own rows (padded.owner_update.OWN_SPLIT): they would be applied twice; please "
+            "report this, with the run's log"
+        ) from cause
