@@ -8,6 +8,11 @@
 #
 #   source bench/gpu/prelude.sh; bash bench/gpu/tail_order_ab.sh   # results in ${OUT:-bench/results}/gpu/
 #
+# Any switch of the tail the same way, e.g. session 20's (the pre-sync kernel staging only the
+# own rows a push joins):
+#   CHECK_SWITCHES=hetgmp.embedding.padded.owner_update.STAGE_PUSHED_ONLY=1 \
+#     VARIANTS="early stagepushed pushedcadam cadam abl_exchange-dense_ar-presync" bash bench/gpu/tail_order_ab.sh
+#
 # Knobs: CHECK_SWITCHES (the check's switches, module.NAME=1 items; both above), VARIANTS ("early splitsum splitcadam splitaftercadam"), REPEAT (2), BATCHES (8192),
 # SAMPLES (3300000), ITERS (100), WORK (/tmp/hetgmp-tail), PYTHON (python3).
 set -uo pipefail
