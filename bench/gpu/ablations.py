@@ -44,9 +44,9 @@ def _no_replies() -> None:
     def without(st: Any, segment: Any) -> None:
         step(st, lambda key, fn: None if key == "finish" else segment(key, fn))
 
-    def first_only(peer: Any, send: Any, name: str, riders: Any = ()) -> None:
+    def first_only(peer: Any, send: Any, name: str, rider: Any = None) -> None:
         if name != "recv2":
-            exchange(peer, send, name, riders)
+            exchange(peer, send, name, rider)
 
     buffers.StaticExchange._step = without  # type: ignore[method-assign]
     peer_payloads.PeerPayloads.exchange = first_only  # type: ignore[method-assign]

@@ -22,20 +22,8 @@ inbox only after the second barrier, which no rank passes before every rank's co
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
-
-
-class Rider(Protocol):
-    """What rides the padded exchange's two payload barriers: called on the exchange's stream
-    right after the first, right before the second and right after the second."""
-
-    def after_first(self) -> None: ...
-
-    def before_second(self) -> None: ...
-
-    def after_second(self) -> None: ...
 
 
 class BarrierRider:

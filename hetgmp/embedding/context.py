@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from hetgmp.comm.barrier_rider import Rider
+from hetgmp.comm.barrier_rider import BarrierRider
 from hetgmp.comm.env import DistEnv
 from hetgmp.embedding.counters import StepCounters
 from hetgmp.embedding.optim import SparseOptimizer
@@ -48,9 +48,9 @@ class StepContext:
     # ``staged``: an event after its pre-sync gradient kernel, which the dense product waits for
     mark_staged: bool = False
     staged: torch.cuda.Event | None = None
-    # (comm/barrier_rider.py) work of other streams riding the padded exchange's payload
-    # barriers while listed (the dense gradients' copy into the peers' inboxes)
-    riders: list[Rider] = dataclasses.field(default_factory=list)
+    # (comm/barrier_rider.py) another stream's work the padded exchange's payload barriers
+    # certify while set (the dense gradients' copy into the peers' inboxes)
+    rider: BarrierRider | None = None
 
     @property
     def kernels(self) -> str:

@@ -195,14 +195,10 @@ class DistributedEmbedding(nn.Module):
         event, self._ctx.staged = self._ctx.staged, None
         return event
 
-    def ride_barriers(self, rider: BarrierRider, on: bool) -> None:
-        """While on, the padded exchange's payload barriers certify ``rider``'s work too
+    def ride_barriers(self, rider: BarrierRider | None) -> None:
+        """While set, the padded exchange's payload barriers certify ``rider``'s work too
         (``comm/barrier_rider.py``: the dense gradients' copy needs no meeting of its own)."""
-        riders = self._ctx.riders
-        if on and rider not in riders:
-            riders.append(rider)
-        elif not on and rider in riders:
-            riders.remove(rider)
+        self._ctx.rider = rider
 
     @property
     def async_engine(self) -> AsyncStep | None:

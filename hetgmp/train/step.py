@@ -182,7 +182,7 @@ class TrainStep:
         # peer_allreduce.SHARED_BARRIER; not under held products, which follow the exchange)
         rider = self.bucket.rider_on() if hold is None else None
         if rider is not None:
-            table(self.model).ride_barriers(rider, True)
+            table(self.model).ride_barriers(rider)
         try:
             after_backward()
         except BaseException:
@@ -193,7 +193,7 @@ class TrainStep:
             raise
         finally:
             if rider is not None:
-                table(self.model).ride_barriers(rider, False)
+                table(self.model).ride_barriers(None)
         if hold is not None:
             try:
                 hold.release()

@@ -318,12 +318,12 @@ class StaticExchange:
         seg = self.seg
         segment("pack", lambda: seg.pack(self))
         if self.peer is not None:  # (copies into the peers' buffers, a barrier)
-            self.peer.exchange(self.send1, "recv1", self.ctx.riders)
+            self.peer.exchange(self.send1, "recv1", self.ctx.rider)
         else:
             exchange_fixed(self.comm, self.send1, self.recv1, "embedding exchange 1 (static)")
         segment("answer", lambda: seg.answer(self))
         if self.peer is not None:
-            self.peer.exchange(self.send2, "recv2", self.ctx.riders)
+            self.peer.exchange(self.send2, "recv2", self.ctx.rider)
         else:
             exchange_fixed(self.comm, self.send2, self.recv2, "embedding exchange 2 (static)")
         segment("finish", lambda: seg.finish(self))
@@ -396,5 +396,5 @@ class StaticExchange:
                 owner_update.own_entries_early(self)
 
     def _segment(self, key: object, fn: Callable[[], None], *, capturable: bool = True) -> None:
-        # (no graph while riders ride the barriers: it would replay without their work)
-        self._graphs.run(key, fn, capturable=capturable and not self.ctx.riders)
+        # (no graph while a rider rides the barriers: it would replay without its work)
+        self._graphs.run(key, fn, capturable=capturable and self.ctx.rider is None)

@@ -28,12 +28,11 @@ CPU the all-to-alls cost little).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from hetgmp.comm.barrier_rider import Rider
+from hetgmp.comm.barrier_rider import BarrierRider
 from hetgmp.comm.env import DistEnv
 from hetgmp.comm.peer_memory import PeerMemory, PeerMemoryRefused, PeerMemoryUnavailable
 
@@ -78,19 +77,19 @@ class PeerPayloads:
             raise RuntimeError(f"peer payload rows not 16-byte aligned: {ptrs}")
         return torch.tensor(ptrs, dtype=torch.int64, device=self.recv1.device)
 
-    def exchange(self, send: torch.Tensor, name: str, riders: Sequence[Rider] = ()) -> None:
+    def exchange(self, send: torch.Tensor, name: str, rider: BarrierRider | None = None) -> None:
         """Row ``j`` of ``send`` into row ``rank`` of rank ``j``'s buffer ``name`` (unless the
         segment wrote there directly), then the barrier (its own channel per buffer: a
-        captured step replays both); ``riders``: work of other streams around the barriers."""
+        captured step replays both); ``rider``: another stream's work around the barriers."""
         if not self.direct:
             for j in range(self.world):
                 self.pm.peer(name, j)[self.rank].copy_(send[j], non_blocking=True)
         first = name == "recv1"
-        for r in () if first else riders:
-            r.before_second()
+        if rider is not None and not first:
+            rider.before_second()
         self.pm.barrier(channel=0 if first else 1)
-        for r in riders:
-            r.after_first() if first else r.after_second()
+        if rider is not None:
+            rider.after_first() if first else rider.after_second()
 
     def barrier_early(self) -> None:
         """The barrier after the counts phase wrote the pushes' ids into the peers' rows
