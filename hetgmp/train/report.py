@@ -122,6 +122,9 @@ def timing_results(tr: TrainerView) -> dict[str, Any]:
     # (one epoch start's, the median: the first carries Triton's compile)
     times = whole.scan_times if whole is not None else []
     out["epoch_scan_ms_median"] = 1e3 * statistics.median(times) if times else None
+    # (of which the host's launches: the rest is the device's work, or work queued before it)
+    launches = whole.scan_launch_times if whole is not None else []
+    out["epoch_scan_launch_ms_median"] = 1e3 * statistics.median(launches) if launches else None
     # (how the dense gradients were summed: peer memory or the group's all-reduce)
     out["dense_allreduce"] = tr.train_step.bucket.how
     out["amp"] = tr.amp  # (--amp resolved: on by default with CUDA)

@@ -85,7 +85,9 @@ SPLIT_SUM = False
 # gradient (most of a batch's rows: ~20 MB each way at batch 8192 x 26, dim 128) on the chain,
 # where the pre-sync kernel ran 2.5x slower than alone beside the deferred product: the tail
 # is throughput-bound, so only work removed shortens it (bench/results/gpu/stream_ends_s20/).
-# Exact (the same values read). Off until measured (read_ahead_ab.sh variant "stagepushed").
+# Exact (the same values read: the whole-step GPU check passes with it). Measured on 2 H100s
+# at batch 8192: 1.725x against 1.723x (2 rounds; with cadam 1.736x), nothing: the copy was not
+# what the step waits for (bench/results/gpu/stage_pushed_s21/). Off.
 STAGE_PUSHED_ONLY = False
 
 

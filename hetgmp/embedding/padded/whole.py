@@ -117,6 +117,7 @@ class WholeStep:
         self._scan = epoch_scan.EpochScan(self.ctx.store)  # (the epoch-start scan's kernels)
         self.scan_seconds = self.last_scan = 0.0  # (the epoch-start scans, the host's clock)
         self.scan_times: list[float] = []  # (each epoch start's, the first with the compile)
+        self.scan_launch_times: list[float] = []  # (their launches alone, before the device's end)
         self._scan_said = False
 
     # ---------------------------------------------------------------- capacities
@@ -131,6 +132,7 @@ class WholeStep:
         ``batch_size x F``; a compact bag lookup's fewer)."""
         t0 = time.perf_counter()
         local = self.local_maxima(sparse, positions, batch_size)
+        self.scan_launch_times.append(time.perf_counter() - t0)  # (the host's part)
         if local.is_cuda:  # (the scan's own time, not the wait for slower ranks below)
             torch.cuda.synchronize(local.device)
         self.last_scan = time.perf_counter() - t0
