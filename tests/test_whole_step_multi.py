@@ -268,6 +268,14 @@ def test_whole_step_cuda_graph_on_two_gpus(tmp_path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ranks_with_unequal_batch_counts_on_two_gpus(tmp_path) -> None:
+    """A plan that leaves rank 1 partial and empty batches while rank 0's are full: the
+    captured step trains as the eager one, no hang (tests/gpu_uneven_check.py)."""
+    _torchrun_check("gpu_uneven_check.py", tmp_path, "UNEVEN CHECK OK")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_dense_copy_rides_the_exchange_barriers_on_two_gpus(tmp_path) -> None:
     """The dense gradients' copy certified by the exchange's barriers (SHARED_BARRIER)
     against NCCL's all-reduce, under torchrun (tests/gpu_shared_barrier_check.py)."""

@@ -88,6 +88,13 @@ class StepEngine(Protocol):
         """Release what the engine holds beyond memory (threads, sockets); idempotent."""
         ...
 
+    def peers_full(self, full: bool) -> None:
+        """Whether every rank's batch of the coming step is full (the trainer knows every
+        rank's sample count; a caller that does not say keeps True). Several ranks take their
+        fixed-shape paths only where every rank can: else one rank's full batch and another's
+        partial or empty one would meet in different collectives. A no-op for one rank."""
+        ...
+
     def counters(self) -> dict[str, int]:
         """Cumulative counters of this rank (bytes by kind, rows by source, pushes)."""
         ...

@@ -155,6 +155,9 @@ class PlannedEngine:
         if self.padded is not None:
             self.padded.release_graphs()
 
+    def peers_full(self, full: bool) -> None:
+        """(Engines with fixed-shape paths override this: :class:`CollectiveEngine`.)"""
+
     def close(self) -> None:
         pass
 

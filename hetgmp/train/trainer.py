@@ -38,6 +38,7 @@ from hetgmp.data.device_batches import (
 from hetgmp.data.format import Dataset
 from hetgmp.data.loader import Batch
 from hetgmp.data.pipeline import BatchSource, PipelineOptions, open_source
+from hetgmp.embedding import engine_of
 from hetgmp.models import CTRModel
 from hetgmp.train.accounting import Interval, TrainClock, global_batch_sizes, stop_if_diverged
 from hetgmp.train.async_loop import run_async
@@ -94,6 +95,8 @@ class Trainer:
         self.graph_note: str | None = None
         self.counts = [int(c) for c in all_gather_object(env, int(indices.size))]
         self.steps_per_epoch = max(math.ceil(c / cfg.batch_size) for c in self.counts)
+        engine = engine_of(self.model.embedding)  # (told each step: is every rank's batch full?)
+        self._peers_full: Callable[[bool], None] = engine.peers_full if engine else lambda f: None
         warmup, prof_first = self._use_graphs()
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
@@ -180,6 +183,7 @@ class Trainer:
         needs every rank at every exchange). The loss is scaled by ``global_batch``, the
         samples of this step over all ranks; the rows' update is applied at the next step."""
         db = self._empty if batch is None else host_to_device(batch, self.env.device)
+        self._peers_full(global_batch == self.cfg.batch_size * self.env.world_size)
         loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
 
@@ -335,6 +339,7 @@ class Trainer:
         """Train on the slot's batch and count it (no host sync)."""
         marks.mark("data")
         gb = global_batch_sizes(self.counts, self.cfg.batch_size, slot.batch)
+        self._peers_full(gb == self.cfg.batch_size * self.env.world_size)
         stats = self.run_step(self._empty if batch is None else batch, gb, marks)
         self.profiler.end(wait)
         interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch, slot.step + 1)

@@ -39,6 +39,10 @@ class CollectiveEngine(PlannedEngine):
     def async_engine(self) -> None:
         return None
 
+    def peers_full(self, full: bool) -> None:
+        """(The stepper takes the padded pre-sync path only where every rank can.)"""
+        self.stepper.peers_full = full
+
     def forward(self, ids: torch.Tensor, *, training: bool) -> torch.Tensor:
         if self.ctx.owned is not None and not _capturing(ids):  # (a capture: the epoch's
             self.ctx.owned.before_plan(ids if input_problem(ids) is None else None)  # hold)

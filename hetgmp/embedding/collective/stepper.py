@@ -46,6 +46,12 @@ class Stepper:
         self.grads: Grads | None = None
         # steps run (an exchange made early is taken only if none ran since: padded.ahead)
         self.count = 0
+        # whether every rank's batch of the coming step is full (the trainer says, from every
+        # rank's sample count: StepEngine.peers_full). The padded pre-sync path is a local
+        # decision (this rank's shapes); a rank with a full batch beside one with a partial or
+        # empty batch would meet its peers in another collective than theirs: a hang (2
+        # H100s, an uneven plan, tests/gpu_uneven_check.py). So it is taken only when all are.
+        self.peers_full = True
         self._const_cache: dict[tuple[int, int, bool], torch.Tensor] = {}
 
     def step(
@@ -66,7 +72,7 @@ class Stepper:
         if grads is not None and grads[0].replayed and not (pe is not None and pe.capturing):
             # (a replay's record holds its capture's counts: an eager step reads the replay's)
             grads = (materialize(grads[0]), grads[1])
-        if pe is not None and padded and pe.can_presync(grads, prep):
+        if pe is not None and padded and self.peers_full and pe.can_presync(grads, prep):
             # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
             host, grads = pe.presync(grads, prep, self.const_cols(bound, op, True))
             ctx.timer.mark("update")
