@@ -1,30 +1,40 @@
-"""Ranks with unequal batch counts and the padded exchange's pre-sync path (issue 30's trust
-side): the path is this rank's decision from its own shapes, so a rank with a full batch beside
-one with a partial or empty batch would take it alone and meet its peers in another collective
-(on 2 H100s: a hang until NCCL's watchdog, ``tests/gpu_uneven_check.py``). The trainer tells
-the engine each step whether every rank's batch is full (``StepEngine.peers_full``); the
-stepper takes the path only then. Here on gloo ranks: every rank's steps are recorded."""
+"""Ranks with unequal batch counts and the padded transport (issue 30's trust side). Whether a
+rank takes the padded exchange, its pre-sync path, or rebuilds its buffers were each decided
+from this rank's shapes; with one rank's batch full beside another's partial or empty one, the
+ranks met in different collectives (on 2 H100s a hang until NCCL's watchdog:
+``bench/results/gpu/uneven_s21/``, ``tests/gpu_uneven_check.py``). Now the trainer tells the
+engine each step whether every rank's batch is full (``StepEngine.peers_full``): where not,
+every rank takes the exact transport, and a rebuild for this rank's own capacities keeps its
+peer-memory transport (a new one is a rendezvous). Here on gloo ranks, each step's decisions
+recorded on every rank; with the payloads in peer memory (``peer_payloads.ON_CPU``) a rank
+that took another path than its peer would hang (the spawn's timeout fails the test)."""
 
 from __future__ import annotations
 
+import pytest
 from test_train_dist import _cfg, _uneven_plan
 
 from hetgmp.comm.spawn import spawn_ranks
 from hetgmp.train.run import train
 
 
-def _recorded(env, cfg) -> list[tuple[bool, bool]]:  # type: ignore[no-untyped-def]
-    """``train(cfg)``, each training step's (every rank full, took the pre-sync path)."""
+def _recorded(env, arg) -> list[tuple[bool, bool, bool]]:  # type: ignore[no-untyped-def]
+    """``train(cfg)``; each training step's (every rank full, padded transport, pre-sync)."""
     from hetgmp.embedding.collective.stepper import Stepper
+    from hetgmp.embedding.padded import peer_payloads
 
-    seen: list[tuple[bool, bool]] = []
+    cfg, on_cpu = arg
+    peer_payloads.ON_CPU = on_cpu
+    seen: list[tuple[bool, bool, bool]] = []
     step = Stepper.step
 
     def recorded(self, prep, *, op, error, training):  # type: ignore[no-untyped-def]
-        before = self.padded.presyncs
+        pe = self.padded
+        before = (pe.presyncs, len(pe.rebuilds), pe.static)
         out = step(self, prep, op=op, error=error, training=training)
-        if training:
-            seen.append((self.peers_full, self.padded.presyncs > before))
+        if training:  # (padded: its buffers used or rebuilt this step)
+            padded = pe.static is not before[2] or getattr(out[1], "static", None) is not None
+            seen.append((self.peers_full, padded, pe.presyncs > before[0]))
         return out
 
     Stepper.step = recorded  # type: ignore[method-assign]
@@ -35,11 +45,74 @@ def _recorded(env, cfg) -> list[tuple[bool, bool]]:  # type: ignore[no-untyped-d
     return seen
 
 
-def test_pre_sync_path_only_where_every_rank_has_a_full_batch(tiny_dataset, tmp_path) -> None:
+@pytest.mark.parametrize("on_cpu", [False, True], ids=["alltoall", "peer_memory"])
+def test_every_rank_takes_the_same_path_with_unequal_batch_counts(
+    tiny_dataset, tmp_path, on_cpu: bool
+) -> None:
     plan = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")  # (rank 0 ~3/4 of the samples)
     cfg = _cfg(tiny_dataset.root, epochs=2, partition=plan, store_rate=1.0, bound=0,
                optimizer="sgd", replies="all", exchange="padded")  # fmt: skip
-    for seen in spawn_ranks(_recorded, 2, cfg, timeout_s=180):
-        assert any(not full for full, _ in seen), "every step full: the check proves nothing"
-        assert any(took for _, took in seen), "the pre-sync path never ran"
-        assert not any(took and not full for full, took in seen), seen
+    ranks = spawn_ranks(_recorded, 2, (cfg, on_cpu), timeout_s=120)
+    r0, r1 = ranks
+    assert len(r0) == len(r1)
+    assert any(not full for full, _, _ in r0), "every step full: the check proves nothing"
+    assert any(took for _, _, took in r0), "the pre-sync path never ran"
+    for step, (a, b) in enumerate(zip(r0, r1, strict=True)):
+        assert a == b, (step, a, b)  # (the same decisions on both ranks)
+        full, padded, took = a
+        assert full or not (padded or took), (step, a)
+
+
+def _diverse_data(root, tmp_path):  # type: ignore[no-untyped-def]
+    """2048 samples, 3 fields of 3000 ids: rank 0's half draws every id at random (its
+    batches' distinct rows fill the capacity at once); rank 1's mixes such samples (40 %) with
+    5 repeated ids but for its last 128, so in order (no shuffle) its distinct rows grow its
+    capacity at its last batch of the epoch, on rank 1 alone."""
+    import numpy as np
+
+    from hetgmp.data.format import make_fields, open_dataset, write_dataset
+    from hetgmp.partition.plan import Plan, save_plan
+
+    rng = np.random.default_rng(11)
+    fields = make_fields(["a", "b", "c"], [3000] * 3)
+    offs = np.array([f.offset for f in fields])
+    n = 2048
+    local = rng.integers(0, 3000, (n, 3))
+    plain = (np.arange(n) >= n // 2) & (np.arange(n) < n - 128) & (rng.random(n) >= 0.4)
+    local[plain] = rng.integers(0, 5, (int(plain.sum()), 3))
+    labels = (rng.random(n) < 0.3).astype(np.float32)
+    split = (local + offs, rng.random((n, 2), dtype=np.float32), labels)
+    write_dataset(root, fields, {"train": split, "test": split}, num_dense=2)
+    ds = open_dataset(str(root))
+    dp = (np.arange(n) >= n // 2).astype(np.int32)
+    ep = rng.integers(0, 2, 9000).astype(np.int32)
+    mirrors = [rng.permutation(np.flatnonzero(ep != w)).astype(np.int64) for w in range(2)]
+    return save_plan(
+        Plan(dp, ep, mirrors, {"dataset_fingerprint": ds.fingerprint}), tmp_path / "p.npz"
+    )
+
+
+def test_one_rank_growing_its_own_capacity_meets_no_new_rendezvous(tmp_path) -> None:
+    """Every batch full; rank 1's distinct rows grow its ``u`` capacity alone: its rebuild
+    keeps the peer-memory transport (a new one would be a rendezvous rank 0 never joins)."""
+    plan = _diverse_data(tmp_path / "ds", tmp_path)
+    cfg = _cfg(tmp_path / "ds", epochs=1, batch_size=128, partition=plan, store_rate=0.1,
+               bound=0, optimizer="sgd", replies="all", exchange="padded", shuffle=False)  # fmt: skip
+    r0, r1 = spawn_ranks(_rebuilds, 2, (cfg, True), timeout_s=120)
+    assert len(r0) != len(r1), (r0, r1)  # (one rank rebuilt alone: its own capacities grew)
+    assert (r0[-1].q, r0[-1].p) == (r1[-1].q, r1[-1].p), (r0, r1)  # (the payloads': agreed)
+
+
+def _rebuilds(env, arg) -> list:  # type: ignore[no-untyped-def,type-arg]
+    """``train(cfg)`` with the payloads in peer memory; the capacities this rank built."""
+    from hetgmp.embedding import engine_of
+    from hetgmp.embedding.padded import peer_payloads
+    from hetgmp.train.run import build_trainer, distributed_embedding
+    from hetgmp.train.runlog import RunLog
+
+    cfg, peer_payloads.ON_CPU = arg
+    tr = build_trainer(cfg, env, RunLog(active=False), distributed_embedding)
+    tr.fit()
+    engine = engine_of(tr.model.embedding)
+    assert engine is not None
+    return list(engine.padded_rebuilds())

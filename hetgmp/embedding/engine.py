@@ -89,10 +89,11 @@ class StepEngine(Protocol):
         ...
 
     def peers_full(self, full: bool) -> None:
-        """Whether every rank's batch of the coming step is full (the trainer knows every
-        rank's sample count; a caller that does not say keeps True). Several ranks take their
-        fixed-shape paths only where every rank can: else one rank's full batch and another's
-        partial or empty one would meet in different collectives. A no-op for one rank."""
+        """Whether every rank's batch of the coming step is full and fits the fixed capacities
+        (the trainer knows every rank's sample count and the epoch's verdicts; a caller that
+        does not say keeps True). Several ranks take their fixed-shape paths only then: else
+        one rank's full batch and another's partial or empty one would meet in different
+        collectives (a hang). A no-op for one rank."""
         ...
 
     def counters(self) -> dict[str, int]:

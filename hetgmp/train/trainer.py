@@ -77,14 +77,10 @@ class Trainer:
         indices_of: Callable[[int], np.ndarray] | None = None,
         info: dict[str, Any] | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.env = env
-        self.dataset = dataset
+        self.cfg, self.env, self.dataset, self.log = cfg, env, dataset, log
         self.model = model.to(env.device)
-        self.log = log
-        self.indices = indices
         # any rank's sample indices (work stealing builds its peers' batches; None: no stealing)
-        self.indices_of = indices_of
+        self.indices, self.indices_of = indices, indices_of
         self.info = dict(info or {})  # identity of the run, checked when resuming
         self.amp = cfg.amp if cfg.amp is not None else env.device.type == "cuda"
         self.train_step = TrainStep(
@@ -95,8 +91,6 @@ class Trainer:
         self.graph_note: str | None = None
         self.counts = [int(c) for c in all_gather_object(env, int(indices.size))]
         self.steps_per_epoch = max(math.ceil(c / cfg.batch_size) for c in self.counts)
-        engine = engine_of(self.model.embedding)  # (told each step: is every rank's batch full?)
-        self._peers_full: Callable[[bool], None] = engine.peers_full if engine else lambda f: None
         warmup, prof_first = self._use_graphs()
         self.dense_params = self.train_step.dense_params
         self.dense_opt = self.train_step.optimizer
@@ -183,9 +177,14 @@ class Trainer:
         needs every rank at every exchange). The loss is scaled by ``global_batch``, the
         samples of this step over all ranks; the rows' update is applied at the next step."""
         db = self._empty if batch is None else host_to_device(batch, self.env.device)
-        self._peers_full(global_batch == self.cfg.batch_size * self.env.world_size)
+        self._tell_full(global_batch)
         loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
+
+    def _tell_full(self, global_batch: int, fits: bool = True) -> None:
+        """Tell the table whether every rank's batch is full and fits (``peers_full``)."""
+        if (engine := engine_of(self.model.embedding)) is not None:
+            engine.peers_full(fits and global_batch == self.cfg.batch_size * self.env.world_size)
 
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -339,7 +338,7 @@ class Trainer:
         """Train on the slot's batch and count it (no host sync)."""
         marks.mark("data")
         gb = global_batch_sizes(self.counts, self.cfg.batch_size, slot.batch)
-        self._peers_full(gb == self.cfg.batch_size * self.env.world_size)
+        self._tell_full(gb, getattr(batch, "fits", True))
         stats = self.run_step(self._empty if batch is None else batch, gb, marks)
         self.profiler.end(wait)
         interval.add(stats, 0 if batch is None else len(batch), gb, slot.epoch, slot.step + 1)

@@ -23,13 +23,13 @@ answer, exchange, finish). On NCCL with ``graph_collectives`` the all-to-alls (s
 with the device->host copy of the sizes into pinned memory) are captured too, on a process group
 of their own: the host replays the graphs and waits once, for the sizes. With the Triton backend
 each segment is a few fused kernels (:mod:`hetgmp.embedding.padded.kernels`; the torch ops of
-:mod:`hetgmp.embedding.padded.reference` are their reference). Measured on 2x H200 at batch 8192 per GPU: 65 kernels per step (was ~290
-with torch ops), 17-24M samples/s (bench/results/gpu/results_2xH200.md).
+:mod:`hetgmp.embedding.padded.reference` are their reference): 65 kernels per step at batch 8192
+on 2x H200 (was ~290 with torch ops; bench/results/gpu/results_2xH200.md).
 
-Capacities are agreed by all ranks: each rank puts its largest per-peer query and push count in
-the sizes table, every rank reads every rank's, and a capacity grows (never shrinks) when the
-global maximum exceeds it, by the same rule everywhere. A growth rebuilds the buffers and
-graphs (warm-up, then capture at the next use).
+The payloads' capacities ``q``, ``p`` are agreed by all ranks (the sizes table carries each
+rank's largest per-peer counts; they grow, never shrink, by the global maximum); ``u`` and the
+own rows' room are this rank's, so a rebuild for them alone keeps the peer-memory transport (a
+new one is a rendezvous). A growth rebuilds the buffers and graphs (capture at the next use).
 
 Scope: ``replies="all"`` (reply sizes are the query counts), training forward steps; any
 sparse optimizer. SGD is linear, so own rows are applied before the pushes arrive; other
@@ -86,8 +86,9 @@ class StaticExchange:
     """Buffers and segments for one :class:`Capacity` (see the module docstring)."""
 
     def __init__(
-        self, ctx: StepContext, cap: Capacity, *, graphs: bool, comm: DistEnv | None = None
-    ) -> None:
+        self, ctx: StepContext, cap: Capacity, *, graphs: bool, comm: DistEnv | None = None,
+        old: StaticExchange | None = None,
+    ) -> None:  # fmt: skip
         self.ctx, self.store, self.cap = ctx, ctx.store, cap
         emb = ctx.store
         # The collectives of the padded step run on ``comm`` (default: the table's env). A
@@ -111,7 +112,7 @@ class StaticExchange:
             raise ValueError(f"the fused padded kernels need even capacities, got {cap}")
         i64 = dict(dtype=torch.int64, device=dev)
         self._input_buffers(emb, w, q, n, d, i64)
-        self._payload_buffers(w, q, p, d, dev)
+        self._payload_buffers(w, q, p, d, old)  # (old: the buffers replaced, peer_payloads')
         # outputs
         self.values = torch.zeros(u + 1, d, device=dev)  # row u: trash
         # (.take: the stored rows read from the table by the lookup; their slots, -1 others)
@@ -141,9 +142,7 @@ class StaticExchange:
         if self.sw:
             self._own_buffers(emb, cap.o, w * p, d, i64)
 
-    def _input_buffers(
-        self, emb: RowStore, w: int, q: int, n: int, d: int, i64: dict[str, Any]
-    ) -> None:
+    def _input_buffers(self, emb: RowStore, w: int, q: int, n: int, d: int, i64: Any) -> None:
         """Inputs, written by load() or by the pre-sync segment before the others run."""
         dev = emb.device
         # batch unique ids in block order (+ padding), plus a pad entry (n) for empty slots
@@ -178,13 +177,14 @@ class StaticExchange:
         self.cap_deferred = self.ctx.counters.replay_dev[3:]
         self.prev_meta = torch.zeros(4, **i64)  # the last batch's block bounds (fused pre-sync)
 
-    def _payload_buffers(self, w: int, q: int, p: int, d: int, dev: torch.device) -> None:
+    def _payload_buffers(self, w: int, q: int, p: int, d: int, old: Any) -> None:
         """The payloads, both ways, and what they weigh."""
+        dev = self.store.device
         # payloads: per peer [query ids | mirror versions | push ids | push counts] as int64
         # pairs of float32, then the pushed gradients; reply: [lag | values | version]
-        self.s1 = 4 * q + 4 * p + p * d
+        self.s1 = s1 = 4 * q + 4 * p + p * d
         # (+ the optimizer state of every answered row, last: the fused layout is unchanged)
-        self.s2 = q + q * d + 2 * q + self.sw * q
+        self.s2 = s2 = q + q * d + 2 * q + self.sw * q
         # what a step sends to (and receives from) the other ranks, by kind: the whole
         # padded buffers (the table's byte counters)
         o = w - 1
@@ -197,7 +197,7 @@ class StaticExchange:
         assert sum(self.bytes_per_step.values()) == 4 * o * (self.s1 + self.s2)
         # (the receive buffers in peer memory when the payloads travel that way: .peer_payloads;
         # the fused segments then write there directly and need no send buffers)
-        self.peer, self.payload_note = peer_payloads(self.comm, self.s1, self.s2, direct=self.fused)
+        self.peer, self.payload_note = peer_payloads(self.comm, s1, s2, direct=self.fused, old=old)
         ws = 0 if self.peer is not None and self.peer.direct else w
         self.send1 = torch.zeros(ws, self.s1, device=dev)
         self.send2 = torch.zeros(ws, self.s2, device=dev)

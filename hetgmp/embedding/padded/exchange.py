@@ -214,7 +214,9 @@ class PaddedExchange:
             o=self._own_capacity(old, s, batch),
         )
         if cap != old or not self.static.current:
-            new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
+            new = StaticExchange(
+                self.ctx, cap, graphs=self.graphs, comm=self.comm(), old=self.static
+            )
             if s.staged is None:  # the pre-sync segment wrote the inputs into the old buffers
                 assert self.static is not None
                 new.adopt(self.static)
@@ -228,7 +230,9 @@ class PaddedExchange:
         if not self.capturing and batch.u.numel() > cap.u:  # (the epoch's counts said not)
             raise RuntimeError(f"{batch.u.numel()} distinct rows exceed the fixed {cap}")
         if self.static is None or self.static.cap != cap or not self.static.current:
-            new = StaticExchange(self.ctx, cap, graphs=self.graphs, comm=self.comm())
+            new = StaticExchange(
+                self.ctx, cap, graphs=self.graphs, comm=self.comm(), old=self.static
+            )
             new.frozen = True
             if s.staged is None and self.static is not None:  # (see _buffers)
                 new.adopt(self.static)

@@ -98,12 +98,17 @@ class PeerPayloads:
 
 
 def peer_payloads(
-    comm: DistEnv, s1: int, s2: int, *, direct: bool
+    comm: DistEnv, s1: int, s2: int, *, direct: bool, old: Any = None
 ) -> tuple[PeerPayloads | None, str]:
     """(Collective) the peer-memory transport for payloads of ``s1`` / ``s2`` floats per peer,
     when :data:`PEER_PAYLOADS` is on and the ranks of ``comm`` can share peer memory, else
     None (the NCCL all-to-alls); and what the log says of it. ``direct``: the fused segments
-    write into the peers' rows."""
+    write into the peers' rows. ``old``: the buffers a rebuild replaces, whose transport is
+    kept (not collective) where the payloads' sizes hold: a rebuild for this rank's own
+    capacities (its distinct or own rows) may be this rank's alone, and its peers would not
+    meet it in a new rendezvous (a hang)."""
+    if old is not None and (old.s1, old.s2, old.fused) == (s1, s2, direct):
+        return old.peer, old.payload_note
     if not PEER_PAYLOADS or comm.group is None or comm.world_size < 2:
         return None, "all-to-alls"
     if comm.device.type != "cuda" and not ON_CPU:
