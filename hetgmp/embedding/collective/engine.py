@@ -40,7 +40,7 @@ class CollectiveEngine(PlannedEngine):
         return None
 
     def peers_full(self, full: bool) -> None:
-        """(The stepper takes the padded pre-sync path only where every rank can.)"""
+        """(The stepper takes the padded transport only where every rank can.)"""
         self.stepper.peers_full = full
 
     def forward(self, ids: torch.Tensor, *, training: bool) -> torch.Tensor:
