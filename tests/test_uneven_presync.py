@@ -116,3 +116,22 @@ def _rebuilds(env, arg) -> list:  # type: ignore[no-untyped-def,type-arg]
     engine = engine_of(tr.model.embedding)
     assert engine is not None
     return list(engine.padded_rebuilds())
+
+
+def test_a_step_stopped_after_the_split_update_says_why_and_what_to_do() -> None:
+    """A step that stops (a peer's bad ids) or would leave the padded path after the split
+    owner update applied this rank's own rows raises, naming the cause where there is one."""
+    from types import SimpleNamespace
+
+    from hetgmp.comm.errors import PeerFailedError
+    from hetgmp.embedding.collective.stepper import _refuse_after_split
+
+    split = SimpleNamespace(static=SimpleNamespace(own_split=True))
+    cause = PeerFailedError("rank 1 reported bad input")
+    with pytest.raises(RuntimeError, match="rank 1 reported bad input.*restart") as got:
+        _refuse_after_split(split, "stopped", cause)
+    assert got.value.__cause__ is cause
+    with pytest.raises(RuntimeError, match="applied twice"):
+        _refuse_after_split(split, "went to the exact path", None)
+    for pe in (None, SimpleNamespace(static=None), SimpleNamespace(static=SimpleNamespace())):
+        _refuse_after_split(pe, "stopped", cause)  # (no split update ran: nothing to refuse)

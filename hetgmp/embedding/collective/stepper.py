@@ -238,9 +238,16 @@ def _refuse_after_split(pe: Any, what: str, cause: BaseException | None) -> None
     already applied the own rows no push joins: a step that then leaves the padded path would
     apply them again (the exact path) or keep them as pending (a caught error), silently."""
     st = None if pe is None else pe.static
-    if st is not None and getattr(st, "own_split", False):
+    if st is None or not getattr(st, "own_split", False):
+        return
+    if cause is not None:  # (e.g. a peer's bad ids, flagged on its device at this step)
         raise RuntimeError(
-            f"the embedding step {what} after its split owner update had applied this rank's "
-            "own rows (padded.owner_update.OWN_SPLIT): they would be applied twice; please "
-            "report this, with the run's log"
+            f"the embedding step stopped ({cause}) after this rank's split owner update had "
+            "applied its own rows: the table cannot take this step again; restart from the "
+            "last checkpoint once the input is mended"
         ) from cause
+    raise RuntimeError(
+        f"the embedding step {what} after its split owner update had applied this rank's "
+        "own rows (padded.owner_update.OWN_SPLIT): they would be applied twice; please "
+        "report this, with the run's log"
+    )
