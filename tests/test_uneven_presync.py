@@ -135,3 +135,30 @@ def test_a_step_stopped_after_the_split_update_says_why_and_what_to_do() -> None
         _refuse_after_split(split, "went to the exact path", None)
     for pe in (None, SimpleNamespace(static=None), SimpleNamespace(static=SimpleNamespace())):
         _refuse_after_split(pe, "stopped", cause)  # (no split update ran: nothing to refuse)
+
+
+def _whole_rank(env, cfg, whole: bool) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """A run of the whole-step flow (``whole``) or the eager padded path, the payloads in
+    peer memory (a rank that took another path than its peer waits for it: a hang)."""
+    from test_whole_step_multi import _rank
+
+    from hetgmp.embedding.padded import peer_payloads
+
+    peer_payloads.ON_CPU = True
+    return _rank(env, cfg, whole, None)
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "sgd"])
+def test_whole_step_flow_with_unequal_batch_counts(tiny_dataset, tmp_path, optimizer) -> None:
+    """The whole-step flow (gloo ranks: its "replays" run the captured flow plainly) with
+    rank 1 out of full batches before rank 0 each epoch: no hang, and the same rows, state,
+    dense layers and counters as the eager padded path."""
+    from test_whole_step_multi import _assert_runs_equal
+    from test_whole_step_multi import _cfg as whole_cfg
+
+    plan = _uneven_plan(tiny_dataset, 2, tmp_path / "part.npz")
+    cfg = whole_cfg(tiny_dataset.root, plan, optimizer=optimizer, bound=3)
+    eager = spawn_ranks(_whole_rank, 2, cfg, False, timeout_s=120)
+    whole = spawn_ranks(_whole_rank, 2, cfg, True, timeout_s=120)
+    _assert_runs_equal(eager, whole)
+    assert whole[0]["replays"] > 0 and whole[0]["eager"] > 0, whole[0]
