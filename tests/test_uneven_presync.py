@@ -29,12 +29,10 @@ def _recorded(env, arg) -> list[tuple[bool, bool, bool]]:  # type: ignore[no-unt
     step = Stepper.step
 
     def recorded(self, prep, *, op, error, training):  # type: ignore[no-untyped-def]
-        pe = self.padded
-        before = (pe.presyncs, len(pe.rebuilds), pe.static)
+        before = self.padded.presyncs
         out = step(self, prep, op=op, error=error, training=training)
-        if training:  # (padded: its buffers used or rebuilt this step)
-            padded = pe.static is not before[2] or getattr(out[1], "static", None) is not None
-            seen.append((self.peers_full, padded, pe.presyncs > before[0]))
+        if training:  # (the batch record holds the padded buffers it took, else None)
+            seen.append((self.peers_full, out[1].static is not None, self.padded.presyncs > before))
         return out
 
     Stepper.step = recorded  # type: ignore[method-assign]
