@@ -80,6 +80,131 @@ def _no_plan() -> None:
     graphs.PrepRing.fill = stale  # type: ignore[method-assign]
 
 
+def _replica() -> None:
+    import numpy as np
+
+    from hetgmp.embedding import engines, module
+
+    def everything_here(plan: Any, num_rows: int, env: Any, *rest: Any) -> Any:
+        return np.full(num_rows, env.rank, dtype=np.int32), np.zeros(0, np.int64)
+
+    module.placement_of = everything_here  # type: ignore[assignment]
+    module.make_engine = lambda ctx, anchor, **kw: engines.LocalEngine(ctx, anchor)  # type: ignore[assignment]
+
+
+def _beside_rows() -> None:
+    import torch.distributed as dist
+
+    from hetgmp.embedding.engines import LocalEngine
+    from hetgmp.train import dense_sync
+
+    buckets: list[Any] = []
+    init, apply_pending = dense_sync.GradBucket.__init__, LocalEngine.apply_pending
+
+    def remember(bucket: Any, *args: Any, **kw: Any) -> None:
+        init(bucket, *args, **kw)
+        buckets.append(bucket)
+
+    def started_first(engine: Any) -> None:
+        for b in buckets:  # (GradBucket.all_reduce waits for a sum started from offset 0)
+            if b.peer is None and b._early is None and b.env.world_size > 1 and b.flat.numel():
+                b._early = (0, dist.all_reduce(b.flat, group=b.env.group, async_op=True))
+        apply_pending(engine)
+
+    dense_sync.GradBucket.__init__ = remember  # type: ignore[method-assign]
+    LocalEngine.apply_pending = started_first  # type: ignore[method-assign]
+
+
+def _replica_traffic(ahead: bool, peer: bool, one_phase: bool = False) -> None:
+    """``replica`` plus a lean step's least traffic (``replica_sync`` / ``_ahead`` /
+    ``_peer`` / ``_peerahead``: module docstring)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from hetgmp.comm.peer_memory import PeerMemory
+    from hetgmp.embedding import local
+
+    _replica()
+    k1, k2 = (
+        int(os.environ.get(k, d)) for k, d in (("ABL_PUSH_ROWS", 1100), ("ABL_REPLY_ROWS", 800))
+    )
+    made: dict[str, Any] = {}
+
+    def buffers(step: Any) -> Any:  # (made in the warm-up steps, before any capture)
+        if "idx" not in made:
+            env, w = step.ctx.env, step.weight
+            n, ws, g = w.shape[0], env.world_size, torch.Generator().manual_seed(1)
+            made["idx"] = [
+                torch.randint(0, n, (k * ws,), generator=g).to(w.device) for k in (k1, k1, k2, k2)
+            ]
+            made["recv"] = (w.new_empty(k1 * ws, w.shape[1]), w.new_empty(k2 * ws, w.shape[1]))
+            if peer:
+                lay = {"push": ((k1, w.shape[1]), w.dtype), "reply": ((k2, w.shape[1]), w.dtype)}
+                made["pm"] = PeerMemory(env, lay)
+        return made
+
+    def by_nccl(step: Any) -> None:
+        w, grp = step.weight, step.ctx.env.group
+        (src, dst, rsrc, rdst), (recv, rrecv) = buffers(step)["idx"], made["recv"]
+        dist.all_to_all_single(recv, w.index_select(0, src), group=grp)
+        w.index_add_(0, dst, recv, alpha=-0.01)
+        dist.all_to_all_single(rrecv, w.index_select(0, rsrc), group=grp)
+        w.index_copy_(0, rdst, rrecv)
+
+    def by_peer(step: Any) -> None:  # (the rows written straight into the peer's buffers)
+        w, env = step.weight, step.ctx.env
+        (src, dst, rsrc, rdst), pm = buffers(step)["idx"], made["pm"]
+        other = (env.rank + 1) % env.world_size
+        torch.index_select(w, 0, src[:k1], out=pm.peer("push", other))
+        pm.barrier()
+        w.index_add_(0, dst[:k1], pm.mine("push"), alpha=-0.01)
+        torch.index_select(w, 0, rsrc[:k2], out=pm.peer("reply", other))
+        pm.barrier()
+        w.index_copy_(0, rdst[:k2], pm.mine("reply"))
+
+    def by_peer1(step: Any) -> None:  # (both halves in one phase, one barrier; a step's
+        # writes may race the peer's reads of the last step's: a diagnosis, not a transport)
+        w, env = step.weight, step.ctx.env
+        (src, dst, rsrc, rdst), pm = buffers(step)["idx"], made["pm"]
+        other = (env.rank + 1) % env.world_size
+        torch.index_select(w, 0, src[:k1], out=pm.peer("push", other))
+        torch.index_select(w, 0, rsrc[:k2], out=pm.peer("reply", other))
+        pm.barrier()
+        w.index_add_(0, dst[:k1], pm.mine("push"), alpha=-0.01)
+        w.index_copy_(0, rdst[:k2], pm.mine("reply"))
+
+    traffic = (by_peer1 if one_phase else by_peer) if peer else by_nccl
+    orig_apply, orig_step = local.LocalStep._apply, local.LocalStep.step
+
+    def apply_after(step: Any, pb: Any, pg: Any) -> None:  # (waited for in the step)
+        orig_apply(step, pb, pg)
+        if pb.lead is not None:
+            traffic(step)
+
+    def step_ahead(step: Any, ids: Any, **kw: Any) -> Any:  # (beside the forward)
+        if ids.numel() and torch.cuda.is_available():
+            side = made.setdefault("side", torch.cuda.Stream())
+            buffers(step)  # (not on the side stream)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                traffic(step)
+            made["open"] = True
+        return orig_step(step, ids, **kw)
+
+    def apply_joined(step: Any, pb: Any, pg: Any) -> None:
+        if made.pop("open", False):
+            torch.cuda.current_stream().wait_stream(made["side"])
+        orig_apply(step, pb, pg)
+
+    if ahead:
+        local.LocalStep.step = step_ahead  # type: ignore[method-assign]
+        local.LocalStep._apply = apply_joined  # type: ignore[method-assign]
+    else:
+        local.LocalStep._apply = apply_after  # type: ignore[method-assign]
+
+
 def apply(name: str) -> None:
     """Leave part ``name`` out of every step from now on (see the module docstring)."""
     from hetgmp.embedding.padded import buffers, kernels
@@ -103,5 +228,16 @@ def apply(name: str) -> None:
         _no_plan()
     elif name == "due":
         _no_due()
+    elif name == "replica":
+        _replica()
+    elif name == "beside_rows":
+        _beside_rows()
+    elif name.startswith("replica_"):
+        kind = name.removeprefix("replica_")
+        if kind not in ("sync", "ahead", "peer", "peerahead", "peer1"):
+            raise SystemExit(f"ablations: no ablation {name!r}")
+        _replica_traffic(
+            ahead=kind.endswith("ahead"), peer=kind.startswith("peer"), one_phase=kind == "peer1"
+        )
     else:
         raise SystemExit(f"ablations: no ablation {name!r}")

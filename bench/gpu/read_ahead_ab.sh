@@ -42,7 +42,9 @@
 # "ownsplit": pushearly and the own rows no push joins updated beside the chain
 # (owner_update.OWN_SPLIT), "allearly": ownsplit and sumpadam, "allinline": allearly with
 # the own rows' update inline (owner_update.OWN_STREAM=0), "earlyrows": early with the first
-# layer's last rows all-reduced from inside backward (dense_sync.EARLY_ROWS), "splitrows":
+# layer's last rows all-reduced from inside backward (dense_sync.EARLY_ROWS),
+# "besiderows": early with a one-rank whole step's dense sum beside its row update
+# (ablations.py beside_rows: only with "abl_replica*", e.g. "besiderows+abl_replica_peer1"), "splitrows":
 # ownsplit and earlyrows (both paths after backward shorter), "tierN": early with the owned
 # rows on the host tier, an N % cache (--rows-on host --cache-budget 0.N --exchange padded), "bagcompact": early with MULTI_HOT's bags
 # handed to the table packed into a fixed capacity (multi_hot.COMPACT), "padam": early with the dense
@@ -131,6 +133,7 @@ switches() {  # variant -> module switches
     onecompact) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=1 ;;
     onevar) echo $early hetgmp.train.multi_hot.ONE_RANK_COMPACT=0 ;;
     earlyrows) echo $early hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
+    besiderows) echo $early ablate:beside_rows ;;
     tier*) echo $early ;;  # (its flags: vflags)
     splitrows) echo $early $p.owner_update.PUSH_SLOTS_EARLY=1 $p.owner_update.OWN_SPLIT=1 \
       hetgmp.train.dense_sync.EARLY_ROWS=1 ;;
