@@ -115,6 +115,59 @@ def _beside_rows() -> None:
     LocalEngine.apply_pending = started_first  # type: ignore[method-assign]
 
 
+def _replica_flag() -> None:
+    import os
+
+    import torch
+
+    from hetgmp.comm.peer_memory import PeerMemory
+    from hetgmp.embedding import local
+
+    _replica()
+    k1, k2 = (
+        int(os.environ.get(k, d)) for k, d in (("ABL_PUSH_ROWS", 1100), ("ABL_REPLY_ROWS", 800))
+    )
+    orig = local.LocalStep._apply
+    made: dict[str, Any] = {}
+
+    def buffers(step: Any) -> Any:  # (made in the warm-up steps, before any capture)
+        if "pm" not in made:
+            env, w = step.ctx.env, step.weight
+            n, d, g = w.shape[0], w.shape[1], torch.Generator().manual_seed(1)
+            made["idx"] = [
+                torch.randint(0, n, (k,), generator=g).to(w.device) for k in (k1, k1, k2, k2)
+            ]
+            lay = {
+                "push": ((k1, d), w.dtype),
+                "reply": ((k2, d), w.dtype),
+                "flag": ((1,), torch.int64),
+            }
+            made["pm"] = PeerMemory(env, lay)
+            made["seq"] = torch.zeros(1, dtype=torch.int64, device=w.device)
+        return made
+
+    def apply(step: Any, pb: Any, pg: Any) -> None:
+        if pb.lead is None or not torch.cuda.is_available():
+            return orig(step, pb, pg)
+        import flag_triton
+
+        w, env = step.weight, step.ctx.env
+        b = buffers(step)
+        (src, dst, rsrc, rdst), pm, seq = b["idx"], b["pm"], b["seq"]
+        other = (env.rank + 1) % env.world_size
+        flag_triton.wait(pm.mine("flag"), seq)  # (the last step's rows: set a step ago)
+        w.index_add_(0, dst, pm.mine("push"), alpha=-0.01)
+        w.index_copy_(0, rdst, pm.mine("reply"))
+        orig(step, pb, pg)
+        seq.add_(1)
+        torch.index_select(w, 0, src, out=pm.peer("push", other))
+        torch.index_select(w, 0, rsrc, out=pm.peer("reply", other))
+        flag_triton.signal(pm.peer("flag", other), seq)
+        return None
+
+    local.LocalStep._apply = apply  # type: ignore[method-assign]
+
+
 def _replica_traffic(ahead: bool, peer: bool, one_phase: bool = False) -> None:
     """``replica`` plus a lean step's least traffic (``replica_sync`` / ``_ahead`` /
     ``_peer`` / ``_peerahead``: module docstring)."""
@@ -232,6 +285,8 @@ def apply(name: str) -> None:
         _replica()
     elif name == "beside_rows":
         _beside_rows()
+    elif name == "replica_flag":
+        _replica_flag()
     elif name.startswith("replica_"):
         kind = name.removeprefix("replica_")
         if kind not in ("sync", "ahead", "peer", "peerahead", "peer1"):
