@@ -36,6 +36,7 @@ def train(
         ROWS, DIM, env, plan_for(env.world_size), store_rate=0.1, bound=bound,
         optimizer=optimizer, lr=0.05, seed=3, replies="all", exchange=exchange,
     )  # fmt: skip
+    emb.peers_full(True)  # (every rank's batch full: the pre-sync path may run)
     rng = np.random.default_rng(100 + env.rank)
     for _ in range(STEPS):
         ids = np.minimum(rng.zipf(1.2, (BATCH, FIELDS)) - 1, ROWS - 1)

@@ -27,6 +27,7 @@ def train(env, exchange: str) -> tuple[dict, dict, DistributedEmbedding]:
         ROWS, DIM, env, plan, store_rate=0.1, bound=0, optimizer="sgd", lr=0.05, seed=3,
         replies="all", exchange=exchange, kernels="triton",
     )  # fmt: skip
+    emb.peers_full(True)  # (every rank's batch full: the pre-sync path may run)
     rng = np.random.default_rng(100 + env.rank)
     for s in range(STEPS):
         a = 2.0 if s < 5 else 1.1  # (a flatter distribution: more distinct ids, more queries)

@@ -71,6 +71,7 @@ def train_ranks(env: DistEnv, case: dict) -> dict:
         replies=case.get("replies", "stale"),
         exchange=case.get("exchange", "exact"),
     )
+    emb.peers_full(True)  # (every rank's batch full: the pre-sync path may run)
     sl = rank_slice(env.rank, env.world_size)
     for ids, g in zip(make_batches(case["seed"]), make_grads(case["seed"]), strict=True):
         out = emb(torch.from_numpy(ids[sl]))

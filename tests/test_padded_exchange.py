@@ -50,6 +50,7 @@ def _losses(env, exchange: str) -> dict:
         50, 4, env, plan, store_rate=0.3, bound=1, optimizer="sgd", lr=0.1, replies="all",
         exchange=exchange,
     )  # fmt: skip
+    emb.peers_full(True)  # (every rank's batch full: the pre-sync path may run)
     g = torch.Generator().manual_seed(env.rank)
     for step in range(8):
         out = emb((torch.rand(6, 3, generator=g) ** 2 * 50).long())

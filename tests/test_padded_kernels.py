@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent(
             rows, 6, env, plan, store_rate=1.0 if push_cap else 0.25, bound=bound,
             optimizer=optimizer, lr=0.1, kernels=kernels, replies="all", exchange="padded",
         )
+        emb.peers_full(True)  # (every rank's batch full: the pre-sync path may run)
         if push_cap:  # capacities fixed in advance, pushes under the queries: some wait
             from hetgmp.embedding.padded.buffers import Capacity
 

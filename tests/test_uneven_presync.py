@@ -160,3 +160,53 @@ def test_whole_step_flow_with_unequal_batch_counts(tiny_dataset, tmp_path, optim
     whole = spawn_ranks(_whole_rank, 2, cfg, True, timeout_s=120)
     _assert_runs_equal(eager, whole)
     assert whole[0]["replays"] > 0 and whole[0]["eager"] > 0, whole[0]
+
+
+def _direct_loop(env, told, sizes, exchange: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """A custom loop on the table itself (no trainer): this rank's batch sizes ``sizes[rank]``
+    (0: an empty batch, rule 1 of docs/python_api.md), the payloads in peer memory; ``told``:
+    what the loop tells the table once (None: nothing, as a loop that never read rule 1)."""
+    import numpy as np
+    import torch
+    from test_padded_edge_cases import plan_for
+
+    from hetgmp.embedding import DistributedEmbedding
+    from hetgmp.embedding.padded import peer_payloads
+
+    peer_payloads.ON_CPU = True
+    emb = DistributedEmbedding(
+        97, 4, env, plan_for(2, 97, 5), store_rate=0.3, bound=0, optimizer="sgd", lr=0.05,
+        seed=5, replies="all", exchange=exchange,
+    )  # fmt: skip
+    if told is not None:
+        emb.peers_full(told)
+    presynced = []
+    for t, n in enumerate(sizes[env.rank]):
+        rng = np.random.default_rng([t, env.rank])
+        ids = torch.from_numpy(np.minimum(rng.zipf(1.3, (n, 3)) - 1, 96).astype(np.int64))
+        before = emb.padded_presyncs
+        out = emb(ids)
+        ((out**2).sum() / 64).backward()
+        presynced.append(emb.padded_presyncs - before)
+    return {"sd": emb.state_dict(), "presynced": presynced}
+
+
+def test_a_custom_loop_that_never_says_whether_batches_are_full_does_not_hang() -> None:
+    """A loop calling the table directly with unequal batch sizes (rank 1's short, then
+    empty, batches beside rank 0's full ones) and never calling ``peers_full``: no rank takes
+    the pre-sync path (before the fix rank 0 took it at the steps where rank 1's batch was
+    short: on gloo ranks both paths still meet, on 2 H100s that was a wait until NCCL's
+    watchdog), and training equals the exact transport's. Told that every batch is full,
+    equal batches take the pre-sync path (the mode the trainer uses)."""
+    import torch
+
+    uneven = {0: [8] * 8, 1: [8, 8, 8, 5, 8, 8, 0, 8]}
+    padded = spawn_ranks(_direct_loop, 2, None, uneven, "padded", timeout_s=90)
+    exact = spawn_ranks(_direct_loop, 2, None, uneven, "exact", timeout_s=90)
+    for p, e in zip(padded, exact, strict=True):
+        assert p["presynced"] == [0] * 8, p["presynced"]
+        for k, v in e["sd"].items():
+            torch.testing.assert_close(p["sd"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    even = {0: [8] * 6, 1: [8] * 6}
+    told = spawn_ranks(_direct_loop, 2, True, even, "padded", timeout_s=90)
+    assert all(sum(r["presynced"]) >= 4 for r in told), [r["presynced"] for r in told]

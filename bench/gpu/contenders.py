@@ -293,6 +293,8 @@ class HetGMP(Contender):
             optimizer="sgd", lr=lr, init_scale=INIT_SCALE, seed=seed, replies=replies,
             exchange=exchange,
         )  # fmt: skip
+        if hasattr(self.emb, "peers_full"):  # (every rank's batch full: the pre-sync path)
+            self.emb.peers_full(True)
         # The runtime's optional phase hook (hetgmp.embedding.profile); absent in older versions.
         self.hooked = hasattr(self.emb, "timer")
         self.prefetches = hasattr(self.emb, "prefetch")

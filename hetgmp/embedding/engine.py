@@ -90,10 +90,12 @@ class StepEngine(Protocol):
 
     def peers_full(self, full: bool) -> None:
         """Whether every rank's batch of the coming step is full and fits the fixed capacities
-        (the trainer knows every rank's sample count and the epoch's verdicts; a caller that
-        does not say keeps True). Several ranks take their fixed-shape paths only then: else
-        one rank's full batch and another's partial or empty one would meet in different
-        collectives (a hang). A no-op for one rank."""
+        (the trainer says so each step: it knows every rank's sample count and the epoch's
+        verdicts). True: the padded transport's pre-sync path may run (it meets the peers
+        before the sizes exchange could tell a rank that one of them has a short batch);
+        False: the exact transport on every rank; never said: the padded transport where the
+        sizes exchange agrees, no pre-sync (safe for a custom loop with unequal batches, a
+        little slower). A no-op for one rank."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -178,6 +178,14 @@ class DistributedEmbedding(nn.Module):
         sockets and ZeroMQ context; idempotent; a no-op otherwise)."""
         self.engine.close()
 
+    def peers_full(self, full: bool) -> None:
+        """Say, before a training step, whether every rank's batch of it is full (a custom
+        loop whose ranks may hold batches of different sizes, rule 1 of docs/python_api.md;
+        the trainer says it each step). Said True, the ranks may take the padded transport's
+        pre-sync path; never said, they take the padded transport without it (no rank can
+        take it alone then: a hang on CUDA)."""
+        self.engine.peers_full(full)
+
     def apply_pending(self) -> None:
         """One rank: apply the last backward's row update now instead of at the next forward
         (identical arithmetic; a whole-step CUDA graph needs the update inside its step).

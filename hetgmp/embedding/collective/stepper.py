@@ -47,13 +47,15 @@ class Stepper:
         # steps run (an exchange made early is taken only if none ran since: padded.ahead)
         self.count = 0
         # whether every rank's batch of the coming step is full (the trainer says, from every
-        # rank's sample count: StepEngine.peers_full). The padded transport and its pre-sync
-        # path are local decisions (this rank's shapes and last step): a rank with a full batch
+        # rank's sample count: StepEngine.peers_full; None: nobody said). The pre-sync path
+        # is a local decision (this rank's shapes and last step): a rank with a full batch
         # beside one with a partial or empty batch would meet its peers in another collective
         # than theirs (a hang on 2 H100s: bench/results/gpu/uneven_s21/), and a partial
         # batch's padded step leaves the next step's pre-sync possible on some ranks only. So
-        # where not every batch is full, every rank takes the exact transport.
-        self.peers_full = True
+        # where not every batch is full, every rank takes the exact transport; where nobody
+        # said (a custom loop on the table), the padded transport is agreed at the sizes
+        # exchange as ever but the pre-sync path, which runs before it, never taken.
+        self.peers_full: bool | None = None
         self._const_cache: dict[tuple[int, int, bool], torch.Tensor] = {}
 
     def step(
@@ -70,11 +72,12 @@ class Stepper:
         if self.padded is not None:
             self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
         pe = self.padded if not evaluating and error is None else None
-        padded = pe is not None and self.peers_full and pe.accepts(prep)
+        told = self.peers_full
+        padded = pe is not None and told is not False and pe.accepts(prep)
         if grads is not None and grads[0].replayed and not (pe is not None and pe.capturing):
             # (a replay's record holds its capture's counts: an eager step reads the replay's)
             grads = (materialize(grads[0]), grads[1])
-        if pe is not None and padded and pe.can_presync(grads, prep):
+        if pe is not None and padded and told and pe.can_presync(grads, prep):
             # stages 1-2 for this batch in fixed shapes (a graph on CUDA)
             host, grads = pe.presync(grads, prep, self.const_cols(bound, op, True))
             ctx.timer.mark("update")
