@@ -18,7 +18,17 @@ critical path is not the step's; leaving whole parts out says which parts the st
   want of freshness), i.e. the passes over every mirror each step gone;
 * ``plan``: the next batch's plan not made once its ring slot holds one (the slot keeps an
   older batch's plan: valid indices, wrong rows), i.e. the five plan kernels that run beside
-  the forward gone.
+  the forward gone;
+* ``replica``: every rank holds the WHOLE table and takes the one-rank step on it (no plan, no
+  exchange, no mirrors; the ranks' tables drift apart), the dense gradients still summed over
+  ranks in the one-rank whole-step graph: the ceiling of a 2-GPU step whose embedding work is
+  one GPU's (the lean local step, ``docs/scaling_plan.md`` session 22);
+* ``beside_rows`` (exact; only with ``replica*``, read_ahead_ab.sh's ``besiderows``): that
+  graph's dense sum started before its row update and waited for after it;
+* ``replica_sync`` / ``_ahead`` / ``_peer`` / ``_peerahead`` / ``_peer1`` / ``_flag``:
+  ``replica`` plus a lean step's least row traffic each step, by NCCL, over peer memory with a
+  barrier per half or one, or a step late behind a one-way flag; in the step's tail or beside
+  the forward (``replica_traffic.py``).
 """
 
 from __future__ import annotations
@@ -115,147 +125,12 @@ def _beside_rows() -> None:
     LocalEngine.apply_pending = started_first  # type: ignore[method-assign]
 
 
-def _replica_flag() -> None:
-    import os
-
-    import torch
-
-    from hetgmp.comm.peer_memory import PeerMemory
-    from hetgmp.embedding import local
-
-    _replica()
-    k1, k2 = (
-        int(os.environ.get(k, d)) for k, d in (("ABL_PUSH_ROWS", 1100), ("ABL_REPLY_ROWS", 800))
-    )
-    orig = local.LocalStep._apply
-    made: dict[str, Any] = {}
-
-    def buffers(step: Any) -> Any:  # (made in the warm-up steps, before any capture)
-        if "pm" not in made:
-            env, w = step.ctx.env, step.weight
-            n, d, g = w.shape[0], w.shape[1], torch.Generator().manual_seed(1)
-            made["idx"] = [
-                torch.randint(0, n, (k,), generator=g).to(w.device) for k in (k1, k1, k2, k2)
-            ]
-            lay = {
-                "push": ((k1, d), w.dtype),
-                "reply": ((k2, d), w.dtype),
-                "flag": ((1,), torch.int64),
-            }
-            made["pm"] = PeerMemory(env, lay)
-            made["seq"] = torch.zeros(1, dtype=torch.int64, device=w.device)
-        return made
-
-    def apply(step: Any, pb: Any, pg: Any) -> None:
-        if pb.lead is None or not torch.cuda.is_available():
-            return orig(step, pb, pg)
-        import flag_triton
-
-        w, env = step.weight, step.ctx.env
-        b = buffers(step)
-        (src, dst, rsrc, rdst), pm, seq = b["idx"], b["pm"], b["seq"]
-        other = (env.rank + 1) % env.world_size
-        flag_triton.wait(pm.mine("flag"), seq)  # (the last step's rows: set a step ago)
-        w.index_add_(0, dst, pm.mine("push"), alpha=-0.01)
-        w.index_copy_(0, rdst, pm.mine("reply"))
-        orig(step, pb, pg)
-        seq.add_(1)
-        torch.index_select(w, 0, src, out=pm.peer("push", other))
-        torch.index_select(w, 0, rsrc, out=pm.peer("reply", other))
-        flag_triton.signal(pm.peer("flag", other), seq)
-        return None
-
-    local.LocalStep._apply = apply  # type: ignore[method-assign]
-
-
-def _replica_traffic(ahead: bool, peer: bool, one_phase: bool = False) -> None:
-    """``replica`` plus a lean step's least traffic (``replica_sync`` / ``_ahead`` /
-    ``_peer`` / ``_peerahead``: module docstring)."""
-    import os
-
-    import torch
-    import torch.distributed as dist
-
-    from hetgmp.comm.peer_memory import PeerMemory
-    from hetgmp.embedding import local
-
-    _replica()
-    k1, k2 = (
-        int(os.environ.get(k, d)) for k, d in (("ABL_PUSH_ROWS", 1100), ("ABL_REPLY_ROWS", 800))
-    )
-    made: dict[str, Any] = {}
-
-    def buffers(step: Any) -> Any:  # (made in the warm-up steps, before any capture)
-        if "idx" not in made:
-            env, w = step.ctx.env, step.weight
-            n, ws, g = w.shape[0], env.world_size, torch.Generator().manual_seed(1)
-            made["idx"] = [
-                torch.randint(0, n, (k * ws,), generator=g).to(w.device) for k in (k1, k1, k2, k2)
-            ]
-            made["recv"] = (w.new_empty(k1 * ws, w.shape[1]), w.new_empty(k2 * ws, w.shape[1]))
-            if peer:
-                lay = {"push": ((k1, w.shape[1]), w.dtype), "reply": ((k2, w.shape[1]), w.dtype)}
-                made["pm"] = PeerMemory(env, lay)
-        return made
-
-    def by_nccl(step: Any) -> None:
-        w, grp = step.weight, step.ctx.env.group
-        (src, dst, rsrc, rdst), (recv, rrecv) = buffers(step)["idx"], made["recv"]
-        dist.all_to_all_single(recv, w.index_select(0, src), group=grp)
-        w.index_add_(0, dst, recv, alpha=-0.01)
-        dist.all_to_all_single(rrecv, w.index_select(0, rsrc), group=grp)
-        w.index_copy_(0, rdst, rrecv)
-
-    def by_peer(step: Any) -> None:  # (the rows written straight into the peer's buffers)
-        w, env = step.weight, step.ctx.env
-        (src, dst, rsrc, rdst), pm = buffers(step)["idx"], made["pm"]
-        other = (env.rank + 1) % env.world_size
-        torch.index_select(w, 0, src[:k1], out=pm.peer("push", other))
-        pm.barrier()
-        w.index_add_(0, dst[:k1], pm.mine("push"), alpha=-0.01)
-        torch.index_select(w, 0, rsrc[:k2], out=pm.peer("reply", other))
-        pm.barrier()
-        w.index_copy_(0, rdst[:k2], pm.mine("reply"))
-
-    def by_peer1(step: Any) -> None:  # (both halves in one phase, one barrier; a step's
-        # writes may race the peer's reads of the last step's: a diagnosis, not a transport)
-        w, env = step.weight, step.ctx.env
-        (src, dst, rsrc, rdst), pm = buffers(step)["idx"], made["pm"]
-        other = (env.rank + 1) % env.world_size
-        torch.index_select(w, 0, src[:k1], out=pm.peer("push", other))
-        torch.index_select(w, 0, rsrc[:k2], out=pm.peer("reply", other))
-        pm.barrier()
-        w.index_add_(0, dst[:k1], pm.mine("push"), alpha=-0.01)
-        w.index_copy_(0, rdst[:k2], pm.mine("reply"))
-
-    traffic = (by_peer1 if one_phase else by_peer) if peer else by_nccl
-    orig_apply, orig_step = local.LocalStep._apply, local.LocalStep.step
-
-    def apply_after(step: Any, pb: Any, pg: Any) -> None:  # (waited for in the step)
-        orig_apply(step, pb, pg)
-        if pb.lead is not None:
-            traffic(step)
-
-    def step_ahead(step: Any, ids: Any, **kw: Any) -> Any:  # (beside the forward)
-        if ids.numel() and torch.cuda.is_available():
-            side = made.setdefault("side", torch.cuda.Stream())
-            buffers(step)  # (not on the side stream)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                traffic(step)
-            made["open"] = True
-        return orig_step(step, ids, **kw)
-
-    def apply_joined(step: Any, pb: Any, pg: Any) -> None:
-        if made.pop("open", False):
-            torch.cuda.current_stream().wait_stream(made["side"])
-        orig_apply(step, pb, pg)
-
-    if ahead:
-        local.LocalStep.step = step_ahead  # type: ignore[method-assign]
-        local.LocalStep._apply = apply_joined  # type: ignore[method-assign]
-    else:
-        local.LocalStep._apply = apply_after  # type: ignore[method-assign]
+# replica_* -> (transport, beside the forward): replica_traffic.py
+REPLICA_TRAFFIC = {
+    "replica_sync": ("nccl", False), "replica_ahead": ("nccl", True),
+    "replica_peer": ("peer", False), "replica_peerahead": ("peer", True),
+    "replica_peer1": ("peer1", False), "replica_flag": ("flag", False),
+}  # fmt: skip
 
 
 def apply(name: str) -> None:
@@ -285,14 +160,10 @@ def apply(name: str) -> None:
         _replica()
     elif name == "beside_rows":
         _beside_rows()
-    elif name == "replica_flag":
-        _replica_flag()
-    elif name.startswith("replica_"):
-        kind = name.removeprefix("replica_")
-        if kind not in ("sync", "ahead", "peer", "peerahead", "peer1"):
-            raise SystemExit(f"ablations: no ablation {name!r}")
-        _replica_traffic(
-            ahead=kind.endswith("ahead"), peer=kind.startswith("peer"), one_phase=kind == "peer1"
-        )
+    elif name in REPLICA_TRAFFIC:  # (replica_traffic.py)
+        import replica_traffic
+
+        _replica()
+        replica_traffic.install(*REPLICA_TRAFFIC[name])
     else:
         raise SystemExit(f"ablations: no ablation {name!r}")
