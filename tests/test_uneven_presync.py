@@ -96,13 +96,17 @@ def test_one_rank_growing_its_own_capacity_meets_no_new_rendezvous(tmp_path) -> 
     plan = _diverse_data(tmp_path / "ds", tmp_path)
     cfg = _cfg(tmp_path / "ds", epochs=1, batch_size=128, partition=plan, store_rate=0.1,
                bound=0, optimizer="sgd", replies="all", exchange="padded", shuffle=False)  # fmt: skip
-    r0, r1 = spawn_ranks(_rebuilds, 2, (cfg, True), timeout_s=120)
+    (r0, told0), (r1, told1) = spawn_ranks(_rebuilds, 2, (cfg, True), timeout_s=120)
     assert len(r0) != len(r1), (r0, r1)  # (one rank rebuilt alone: its own capacities grew)
     assert (r0[-1].q, r0[-1].p) == (r1[-1].q, r1[-1].p), (r0, r1)  # (the payloads': agreed)
+    # (fit unsays what it told the table: a loop of the caller's own may follow, with
+    # batches of any size, and must not take the pre-sync path on one rank alone)
+    assert told0 is None and told1 is None, (told0, told1)
 
 
-def _rebuilds(env, arg) -> list:  # type: ignore[no-untyped-def,type-arg]
-    """``train(cfg)`` with the payloads in peer memory; the capacities this rank built."""
+def _rebuilds(env, arg) -> tuple:  # type: ignore[no-untyped-def,type-arg]
+    """``train(cfg)`` with the payloads in peer memory; the capacities this rank built and
+    what the table was told last."""
     from hetgmp.embedding import engine_of
     from hetgmp.embedding.padded import peer_payloads
     from hetgmp.train.run import build_trainer, distributed_embedding
@@ -113,7 +117,7 @@ def _rebuilds(env, arg) -> list:  # type: ignore[no-untyped-def,type-arg]
     tr.fit()
     engine = engine_of(tr.model.embedding)
     assert engine is not None
-    return list(engine.padded_rebuilds())
+    return list(engine.padded_rebuilds()), engine.stepper.peers_full  # type: ignore[attr-defined]
 
 
 def test_a_step_stopped_after_the_split_update_says_why_and_what_to_do() -> None:

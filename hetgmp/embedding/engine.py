@@ -88,14 +88,14 @@ class StepEngine(Protocol):
         """Release what the engine holds beyond memory (threads, sockets); idempotent."""
         ...
 
-    def peers_full(self, full: bool) -> None:
+    def peers_full(self, full: bool | None) -> None:
         """Whether every rank's batch of the coming step is full and fits the fixed capacities
         (the trainer says so each step: it knows every rank's sample count and the epoch's
         verdicts). True: the padded transport's pre-sync path may run (it meets the peers
         before the sizes exchange could tell a rank that one of them has a short batch);
-        False: the exact transport on every rank; never said: the padded transport where the
-        sizes exchange agrees, no pre-sync (safe for a custom loop with unequal batches, a
-        little slower). A no-op for one rank."""
+        False: the exact transport on every rank; None (never said, or unsaid: the trainer
+        after ``fit``): the padded transport where the sizes exchange agrees, no pre-sync (safe
+        for a custom loop with unequal batches, a little slower). A no-op for one rank."""
         ...
 
     def counters(self) -> dict[str, int]:

@@ -117,7 +117,7 @@ class LocalEngine:
     def release_graphs(self) -> None:
         """(The one-rank whole-step graph is the trainer's, :mod:`hetgmp.train.graphed`.)"""
 
-    def peers_full(self, full: bool) -> None:
+    def peers_full(self, full: bool | None) -> None:
         """(No peers.)"""
 
     def close(self) -> None:

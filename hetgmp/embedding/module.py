@@ -178,12 +178,12 @@ class DistributedEmbedding(nn.Module):
         sockets and ZeroMQ context; idempotent; a no-op otherwise)."""
         self.engine.close()
 
-    def peers_full(self, full: bool) -> None:
+    def peers_full(self, full: bool | None) -> None:
         """Say, before a training step, whether every rank's batch of it is full (a custom
         loop whose ranks may hold batches of different sizes, rule 1 of docs/python_api.md;
         the trainer says it each step). Said True, the ranks may take the padded transport's
-        pre-sync path; never said, they take the padded transport without it (no rank can
-        take it alone then: a hang on CUDA)."""
+        pre-sync path; never said (or None, which unsays it), they take the padded transport
+        without it (no rank can take it alone then: a hang on CUDA)."""
         self.engine.peers_full(full)
 
     def apply_pending(self) -> None:

@@ -155,7 +155,7 @@ class PlannedEngine:
         if self.padded is not None:
             self.padded.release_graphs()
 
-    def peers_full(self, full: bool) -> None:
+    def peers_full(self, full: bool | None) -> None:
         """(Engines with fixed-shape paths override this: :class:`CollectiveEngine`.)"""
 
     def close(self) -> None:

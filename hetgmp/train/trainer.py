@@ -52,7 +52,7 @@ from hetgmp.train.lookahead import read_ahead
 from hetgmp.train.optim import make_dense_optimizer
 from hetgmp.train.profile import NoMarks, PhaseProfiler
 from hetgmp.train.report import global_counters, local_counters, results
-from hetgmp.train.resume import compat_info, restore_trainer, save_trainer
+from hetgmp.train.resume import restore_trainer, save_trainer
 from hetgmp.train.runlog import RunLog
 from hetgmp.train.step import TrainStep, table
 from hetgmp.train.straggle import Straggler, parse_straggle
@@ -181,10 +181,12 @@ class Trainer:
         loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
 
-    def _tell_full(self, global_batch: int, fits: bool = True) -> None:
-        """Tell the table whether every rank's batch is full and fits (``peers_full``)."""
+    def _tell_full(self, global_batch: int, fits: bool | None = True) -> None:
+        """Tell the table whether every rank's batch is full and fits (``peers_full``; None:
+        unknown, after ``fit``: a loop of the caller's own on the table may follow)."""
         if (engine := engine_of(self.model.embedding)) is not None:
-            engine.peers_full(fits and global_batch == self.cfg.batch_size * self.env.world_size)
+            full = fits and global_batch == self.cfg.batch_size * self.env.world_size
+            engine.peers_full(None if fits is None else full)
 
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -195,9 +197,6 @@ class Trainer:
     def restore(self, ck: LoadedCheckpoint) -> None:
         """Load a verified checkpoint: rows, dense state, optimizer states, position, RNG."""
         restore_trainer(self, ck)
-
-    def info_for_compat(self) -> dict[str, Any]:
-        return compat_info(self.info)
 
     # ---- the loop --------------------------------------------------------------------------
     def _due(self, every: int, step: int | None = None) -> bool:
@@ -226,6 +225,7 @@ class Trainer:
                 self._loop_lockstep()
         finally:
             self.profiler.remove_hooks()
+            self._tell_full(0, None)
         self.train_step.average_dense()
         table(self.model).flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):

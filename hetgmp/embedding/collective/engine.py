@@ -39,7 +39,7 @@ class CollectiveEngine(PlannedEngine):
     def async_engine(self) -> None:
         return None
 
-    def peers_full(self, full: bool) -> None:
+    def peers_full(self, full: bool | None) -> None:
         """(The stepper takes the padded transport only where every rank can.)"""
         self.stepper.peers_full = full
 

@@ -105,6 +105,8 @@ class Stepper:
         st = pe.static if pe is not None else None
         if pe is None or st is None or not st.fused or trained.prep is None:
             return
+        if self.peers_full is not True:  # (only where every rank may take that path)
+            return
         grads = (trained, Summed(st.grad_of(trained.ring)))  # (where backward will sum it)
         if not (pe.accepts(prep) and pe.can_presync(grads, prep)):
             return
