@@ -214,3 +214,44 @@ def test_a_custom_loop_that_never_says_whether_batches_are_full_does_not_hang() 
     even = {0: [8] * 6, 1: [8] * 6}
     told = spawn_ranks(_direct_loop, 2, True, even, "padded", timeout_s=90)
     assert all(sum(r["presynced"]) >= 4 for r in told), [r["presynced"] for r in told]
+
+
+def _over_capacity(env, exchange: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Capacities fixed as an epoch's scan fixes them (``frozen``), then batches it never saw:
+    rank 1's hold more distinct rows than the capacity at steps 2 and 4, rank 0's never."""
+    import numpy as np
+    import torch
+    from test_padded_edge_cases import plan_for
+
+    from hetgmp.embedding import DistributedEmbedding
+    from hetgmp.embedding.padded.fields import Capacity
+
+    emb = DistributedEmbedding(
+        97, 4, env, plan_for(2, 97, 5), store_rate=0.3, bound=0, optimizer="sgd", lr=0.05,
+        seed=5, replies="all", exchange=exchange,
+    )  # fmt: skip
+    if exchange == "padded":
+        emb._padded.frozen = Capacity(q=48, p=48, u=12, n=48, o=0)
+    for t in range(6):
+        rng = np.random.default_rng([t, env.rank])
+        wide = env.rank == 1 and t in (2, 4)
+        ids = rng.integers(0, 97 if wide else 10, (16, 3)).astype(np.int64)
+        out = emb(torch.from_numpy(ids))
+        ((out**2).sum() / 64).backward()
+    return {"sd": emb.state_dict(), "built": len(emb.padded_rebuilds)}
+
+
+def test_a_batch_over_the_fixed_distinct_rows_on_one_rank_goes_exact_everywhere() -> None:
+    """With capacities fixed (an epoch's scan did) a batch the scan never saw whose distinct
+    rows exceed the capacity on one rank asks for the exact transport in its sizes table, so
+    every rank takes it; before, that rank alone refused the padded step after the sizes
+    exchange ("distinct rows exceed the fixed ...") while its peer waited in the exchange.
+    Training equals the exact transport's."""
+    import torch
+
+    padded = spawn_ranks(_over_capacity, 2, "padded", timeout_s=90)
+    exact = spawn_ranks(_over_capacity, 2, "exact", timeout_s=90)
+    for p, e in zip(padded, exact, strict=True):
+        assert p["built"] >= 1, p["built"]  # (the other steps took the fixed buffers)
+        for k, v in e["sd"].items():
+            torch.testing.assert_close(p["sd"][k], v, rtol=1e-5, atol=1e-6, msg=k)

@@ -164,6 +164,12 @@ class Stepper:
         else:
             status = torch.ones((), dtype=torch.int64, device=ctx.store.device)
         consts = self.const_cols(bound, op, padded).unbind(1)
+        cap = self.padded.frozen if padded and self.padded is not None else None
+        if cap is not None:  # (a batch over the fixed distinct rows, one an epoch's scan never
+            # saw, asks for the exact transport on the device: every rank then takes it too,
+            # where this rank alone would refuse the padded one after the sizes exchange)
+            fits_u = (prep.blocks.sum() <= cap.u).to(consts[3].dtype)
+            consts = (*consts[:3], consts[3] * fits_u)
         table = sizes.sizes_table(prep.blocks, n_push, staged[1], status, consts, ctx.env.rank)
         theirs, host = exchange_sizes(ctx.env, table, "embedding size exchange 1")
         return table, theirs, host
