@@ -14,9 +14,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _signal_kernel(flag_ptr, seq_ptr):
+def _signal_kernel(addr_ptr, seq_ptr):
+    # (the peer's flag by its address, loaded: as padded/payload_triton.py reaches the peers'
+    # rows, not a tensor of another device's memory handed to the launcher)
+    flag = tl.load(addr_ptr).to(tl.pointer_type(tl.int64))
     s = tl.load(seq_ptr)
-    tl.atomic_xchg(flag_ptr, s, sem="release", scope="sys")
+    tl.atomic_xchg(flag, s, sem="release", scope="sys")
 
 
 @triton.jit
@@ -27,9 +30,15 @@ def _wait_kernel(flag_ptr, seq_ptr):
         v = tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
 
 
-def signal(peer_flag: torch.Tensor, seq: torch.Tensor) -> None:
-    """Store ``seq`` (int64, one element, this rank's) into ``peer_flag`` (the peer's)."""
-    _signal_kernel[(1,)](peer_flag, seq, num_warps=1)
+def address_of(peer_flag: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``peer_flag``'s address as a one-element int64 tensor on ``device`` (made once)."""
+    return torch.tensor([peer_flag.data_ptr()], dtype=torch.int64, device=device)
+
+
+def signal(peer_addr: torch.Tensor, seq: torch.Tensor) -> None:
+    """Store ``seq`` (int64, one element, this rank's) into the peer's flag at ``peer_addr``
+    (:func:`address_of`)."""
+    _signal_kernel[(1,)](peer_addr, seq, num_warps=1)
 
 
 def wait(flag: torch.Tensor, seq: torch.Tensor) -> None:

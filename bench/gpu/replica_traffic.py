@@ -33,6 +33,7 @@ class Traffic:
         self.recv: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pm: Any = None
         self.seq: torch.Tensor | None = None
+        self.peer_addr: torch.Tensor | None = None  # (flag: the peer's flag's address)
 
     def ready(self, step: Any) -> None:
         if self.idx:
@@ -55,6 +56,11 @@ class Traffic:
             lay["flag"] = ((1,), torch.int64)
             self.seq = torch.zeros(1, dtype=torch.int64, device=w.device)
         self.pm = PeerMemory(env, lay)
+        if self.transport == "flag":
+            import flag_triton
+
+            peer_flag = self.pm.peer("flag", (env.rank + 1) % env.world_size)
+            self.peer_addr = flag_triton.address_of(peer_flag, w.device)
 
     def run(self, step: Any) -> None:
         """This step's traffic (``flag``: the last step's taken, this step's sent)."""
@@ -108,7 +114,7 @@ class Traffic:
         self.seq.add_(1)
         self._send(w, env, "push")
         self._send(w, env, "reply")
-        flag_triton.signal(self.pm.peer("flag", (env.rank + 1) % env.world_size), self.seq)
+        flag_triton.signal(self.peer_addr, self.seq)
 
 
 def install(transport: str, ahead: bool) -> None:
