@@ -195,27 +195,6 @@ def _direct_loop(env, told, sizes, exchange: str) -> dict:  # type: ignore[no-un
     return {"sd": emb.state_dict(), "presynced": presynced}
 
 
-def test_a_custom_loop_that_never_says_whether_batches_are_full_does_not_hang() -> None:
-    """A loop calling the table directly with unequal batch sizes (rank 1's short, then
-    empty, batches beside rank 0's full ones) and never calling ``peers_full``: no rank takes
-    the pre-sync path (before the fix rank 0 took it at the steps where rank 1's batch was
-    short: on gloo ranks both paths still meet, on 2 H100s that was a wait until NCCL's
-    watchdog), and training equals the exact transport's. Told that every batch is full,
-    equal batches take the pre-sync path (the mode the trainer uses)."""
-    import torch
-
-    uneven = {0: [8] * 8, 1: [8, 8, 8, 5, 8, 8, 0, 8]}
-    padded = spawn_ranks(_direct_loop, 2, None, uneven, "padded", timeout_s=90)
-    exact = spawn_ranks(_direct_loop, 2, None, uneven, "exact", timeout_s=90)
-    for p, e in zip(padded, exact, strict=True):
-        assert p["presynced"] == [0] * 8, p["presynced"]
-        for k, v in e["sd"].items():
-            torch.testing.assert_close(p["sd"][k], v, rtol=1e-5, atol=1e-6, msg=k)
-    even = {0: [8] * 6, 1: [8] * 6}
-    told = spawn_ranks(_direct_loop, 2, True, even, "padded", timeout_s=90)
-    assert all(sum(r["presynced"]) >= 4 for r in told), [r["presynced"] for r in told]
-
-
 def _over_capacity(env, exchange: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
     """Capacities fixed as an epoch's scan fixes them (``frozen``), then batches it never saw:
     rank 1's hold more distinct rows than the capacity at steps 2 and 4, rank 0's never."""
@@ -241,17 +220,87 @@ def _over_capacity(env, exchange: str) -> dict:  # type: ignore[no-untyped-def,t
     return {"sd": emb.state_dict(), "built": len(emb.padded_rebuilds)}
 
 
-def test_a_batch_over_the_fixed_distinct_rows_on_one_rank_goes_exact_everywhere() -> None:
-    """With capacities fixed (an epoch's scan did) a batch the scan never saw whose distinct
-    rows exceed the capacity on one rank asks for the exact transport in its sizes table, so
-    every rank takes it; before, that rank alone refused the padded step after the sizes
-    exchange ("distinct rows exceed the fixed ...") while its peer waited in the exchange.
-    Training equals the exact transport's."""
+def _bad_input_told(env, optimizer: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """A loop told that every batch is full; at step 3 rank 1 hands the table float ids (a
+    custom loop's mistake). What each rank raised, and whether it took the pre-sync path at
+    that step."""
+    import numpy as np
+    import torch
+    from test_padded_edge_cases import plan_for
+
+    from hetgmp.embedding import DistributedEmbedding
+    from hetgmp.embedding.padded import peer_payloads
+
+    peer_payloads.ON_CPU = True
+    emb = DistributedEmbedding(
+        97, 4, env, plan_for(2, 97, 5), store_rate=0.3, bound=0, optimizer=optimizer, lr=0.05,
+        seed=5, replies="all", exchange="padded",
+    )  # fmt: skip
+    emb.peers_full(True)
+    for t in range(4):
+        rng = np.random.default_rng([t, env.rank])
+        ids = torch.from_numpy(np.minimum(rng.zipf(1.3, (8, 3)) - 1, 96).astype(np.int64))
+        if t == 3 and env.rank == 1:
+            ids = ids.float()
+        before = emb.padded_presyncs
+        try:
+            out = emb(ids)
+        except Exception as e:  # noqa: BLE001 - the test reports what each rank raised
+            return {"error": f"{type(e).__name__}: {e}", "presynced": emb.padded_presyncs > before}
+        ((out**2).sum() / 64).backward()
+    return {"error": None}
+
+
+UNEVEN = {0: [8] * 8, 1: [8, 8, 8, 5, 8, 8, 0, 8]}
+EVEN = {0: [8] * 6, 1: [8] * 6}
+
+
+def _custom_loops(env, _) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Every custom-loop case on one pair of ranks (one spawn): each builds its own table;
+    the cases that raise go last."""
+    return {
+        "uneven_padded": _direct_loop(env, None, UNEVEN, "padded"),
+        "uneven_exact": _direct_loop(env, None, UNEVEN, "exact"),
+        "told_even": _direct_loop(env, True, EVEN, "padded"),
+        "over_padded": _over_capacity(env, "padded"),
+        "over_exact": _over_capacity(env, "exact"),
+        **{f"bad_{o}": _bad_input_told(env, o) for o in ("sgd", "adagrad")},
+    }
+
+
+def test_custom_loops_meet_their_peers_in_one_path() -> None:
+    """Loops calling the table directly (no trainer), payloads in peer memory on gloo ranks;
+    before each fix the ranks' paths differed at some step (on gloo both paths still meet:
+    on 2 H100s that was a wait until NCCL's watchdog).
+
+    * Never told whether batches are full, with unequal batch sizes (rank 1's short, then
+      empty, batches beside rank 0's full ones): no rank takes the pre-sync path (rank 0 took
+      it alone at rank 1's short batch), and training equals the exact transport's; told
+      that every batch is full, equal batches take it (the mode the trainer uses).
+    * Capacities fixed as an epoch's scan fixes them, then batches it never saw, rank 1's
+      over the fixed distinct rows: that batch asks for the exact transport in its sizes
+      table, so every rank takes it (that rank alone refused the padded step after the sizes
+      exchange, "distinct rows exceed the fixed ..."); training equals the exact transport's.
+    * Told that every batch is full, a rank whose input is malformed (float ids) plans a
+      stand-in of the last batch's shape flagged bad and takes its peers' pre-sync path, so
+      every rank fails at that step's sizes exchange (it took the exact path's sizes
+      exchange), SGD and Adagrad."""
     import torch
 
-    padded = spawn_ranks(_over_capacity, 2, "padded", timeout_s=90)
-    exact = spawn_ranks(_over_capacity, 2, "exact", timeout_s=90)
-    for p, e in zip(padded, exact, strict=True):
-        assert p["built"] >= 1, p["built"]  # (the other steps took the fixed buffers)
+    r0, r1 = spawn_ranks(_custom_loops, 2, None, timeout_s=120)
+
+    def same_rows(p: dict, e: dict) -> None:  # type: ignore[type-arg]
         for k, v in e["sd"].items():
             torch.testing.assert_close(p["sd"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+    for r in (r0, r1):
+        assert r["uneven_padded"]["presynced"] == [0] * 8, r["uneven_padded"]["presynced"]
+        same_rows(r["uneven_padded"], r["uneven_exact"])
+        assert sum(r["told_even"]["presynced"]) >= 4, r["told_even"]["presynced"]
+        assert r["over_padded"]["built"] >= 1, r["over_padded"]  # (other steps: fixed buffers)
+        same_rows(r["over_padded"], r["over_exact"])
+    for o in ("sgd", "adagrad"):
+        bad0, bad1 = r0[f"bad_{o}"], r1[f"bad_{o}"]
+        assert bad1["error"] is not None and "int64" in bad1["error"], bad1
+        assert bad0["error"] is not None and "rank(s) [1]" in bad0["error"], bad0
+        assert bad0["presynced"] and bad1["presynced"], (o, bad0, bad1)  # (the same path)

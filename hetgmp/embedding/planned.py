@@ -182,7 +182,9 @@ class PlannedEngine:
         the input is bad: the step still runs its sizes exchange to tell the peers)."""
         prep, self._prefetched = self._prefetched, None
         if err is not None:
-            prep = self.planner.prepare(torch.zeros(0, 1, dtype=torch.int64, device=self.device))
+            prep = self._stand_in(training) or self.planner.prepare(
+                torch.zeros(0, 1, dtype=torch.int64, device=self.device)
+            )
         elif prep is not None and prep.source is ids:
             if self.device.type == "cuda" and self._side is not None:
                 main = current_stream(self.device)
@@ -195,6 +197,20 @@ class PlannedEngine:
                 current_stream(self.device).wait_stream(self._side)
             prep = self._plan(ids.to(self.device), training)
         prep.source = None
+        return prep
+
+    def _stand_in(self, training: bool) -> Prep | None:
+        """(Bad input on a table told that every batch is full) the last batch's shape of
+        zeros, planned into the padded ring and flagged bad: the step then takes the path its
+        peers take (the pre-sync one, where they can), whose sizes exchange tells them. Else
+        this rank would meet them in the exact path's exchange: a hang on CUDA."""
+        told = getattr(self.stepper, "peers_full", None)  # (the collective stepper's)
+        grads = self.stepper.grads
+        last = grads[0].prep if grads is not None else None
+        if not training or self.padded is None or told is not True or last is None:
+            return None
+        prep = self._plan(torch.zeros_like(last.ids), True)
+        prep.bad.fill_(True)
         return prep
 
     def _gather(

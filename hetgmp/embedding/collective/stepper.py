@@ -71,8 +71,9 @@ class Stepper:
         self.count += 1
         if self.padded is not None:
             self.padded.join()  # (a gradient summed on a side stream: see sum_grad_aside)
-        pe = self.padded if not evaluating and error is None else None
         told = self.peers_full
+        # (bad input told full: a stand-in batch flagged bad takes its peers' path, planned)
+        pe = self.padded if not evaluating and (error is None or told is True) else None
         padded = pe is not None and told is not False and pe.accepts(prep)
         if grads is not None and grads[0].replayed and not (pe is not None and pe.capturing):
             # (a replay's record holds its capture's counts: an eager step reads the replay's)
