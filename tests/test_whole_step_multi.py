@@ -276,6 +276,14 @@ def test_ranks_with_unequal_batch_counts_on_two_gpus(tmp_path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_custom_loops_meet_their_peers_on_two_gpus(tmp_path) -> None:
+    """Loops calling the table directly with unequal batches, capacities overrun on one rank
+    and bad input on one rank: every rank in one path, no hang (tests/gpu_custom_loop_check.py)."""
+    _torchrun_check("gpu_custom_loop_check.py", tmp_path, "CUSTOM LOOP CHECK OK")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_dense_copy_rides_the_exchange_barriers_on_two_gpus(tmp_path) -> None:
     """The dense gradients' copy certified by the exchange's barriers (SHARED_BARRIER)
     against NCCL's all-reduce, under torchrun (tests/gpu_shared_barrier_check.py)."""
