@@ -177,16 +177,16 @@ class Trainer:
         needs every rank at every exchange). The loss is scaled by ``global_batch``, the
         samples of this step over all ranks; the rows' update is applied at the next step."""
         db = self._empty if batch is None else host_to_device(batch, self.env.device)
-        self._tell_full(global_batch, None)  # (batches of the caller's: no epoch verdicts)
+        self._tell_full(None)  # (batches of the caller's: no epoch verdicts)
         loss, correct = self.run_step(db, global_batch).tolist()
         return loss, correct, len(db)
 
-    def _tell_full(self, global_batch: int, fits: bool | None = True) -> None:
-        """Tell the table whether every rank's batch is full and fits (``peers_full``; None:
-        unknown: batches of the caller's own, :meth:`step`, or after ``fit``)."""
+    def _tell_full(self, global_batch: int | None, fits: bool = True) -> None:
+        """Tell the table whether every rank's batch is full and fits (``peers_full``; None
+        unsays it: batches of the caller's, :meth:`step`, or after ``fit``)."""
         if (engine := engine_of(self.model.embedding)) is not None:
             full = fits and global_batch == self.cfg.batch_size * self.env.world_size
-            engine.peers_full(None if fits is None else full)
+            engine.peers_full(None if global_batch is None else full)
 
     # ---- checkpoint / resume ---------------------------------------------------------------
     def checkpoint(self) -> None:
@@ -225,7 +225,7 @@ class Trainer:
                 self._loop_lockstep()
         finally:
             self.profiler.remove_hooks()
-            self._tell_full(0, None)
+            self._tell_full(None)
         self.train_step.average_dense()
         table(self.model).flush()
         if cfg.val and (self.last_eval is None or self.last_eval_step != self.position.step):
