@@ -83,7 +83,7 @@ def _launch_plan(
     if by_field:
         assert fields is not None
         fgrid = (triton.cdiv(n // fields, MARK_SAMPLES), fields)
-        launch(k.prep_mark_fields, fgrid, (flat, min_map, cmap, cnt_pos, n // fields, num_rows),
+        launch(k.prep_mark_fields, fgrid, (flat, min_map, cmap, n // fields, num_rows),
                {"F": fields, "BS": MARK_SAMPLES, "LB": MARK_SAMPLES.bit_length() - 1})  # fmt: skip
     else:
         launch(k.prep_mark, grid, (flat, min_map, cnt_pos, bad_p, n, num_rows), agg)
