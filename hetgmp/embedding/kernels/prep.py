@@ -37,7 +37,8 @@ AGGREGATE = not interpreted()
 MARK_BY_FIELD = not interpreted()
 # Samples of one field per program of the marking by field. 128 since swept on 2 H100s
 # (2026-11-27, bench/results/gpu/mark_samples/): the plan alone, CUDA graph, world 2: 35 us at
-# batch 8192 with 64 or 128, 244 -> 207 us at 65536 (256: 36 / 201).
+# batch 8192 with 64 or 128, 244 -> 207 us at 65536 (256: 36 / 201); 178 us since the counts
+# and places are stored for leaders only (bench/results/gpu/ceiling_s23/call6_plan_ab/).
 MARK_SAMPLES = 128
 INT32_MAX = 2**31 - 1
 
