@@ -50,3 +50,10 @@ def test_train_prints_summary_after_result(tmp_path) -> None:
 def test_summary_leaves_out_what_the_run_lacks() -> None:
     lines = summary_lines({"speed": 123456.7}, best_auc=0.8, wall_s=2.5)
     assert lines == ["summary", "  samples/s 123457", "  wall time 2.5000 s"]
+
+
+def test_a_run_within_its_warm_up_shows_that_pace_marked() -> None:
+    lines = summary_lines({"speed": None, "warmup_speed": 48927.8}, best_auc=None, wall_s=1.5)
+    assert lines[1] == "  samples/s 48927.8   (warm-up steps only)"
+    steady = summary_lines({"speed": 5.0, "warmup_speed": 4.0}, best_auc=None, wall_s=1.5)
+    assert steady[1] == "  samples/s 5.0000"

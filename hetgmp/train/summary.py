@@ -10,7 +10,8 @@
 
 Every number goes through :func:`hetgmp.train.runlog.number`, the one format of a run's
 console lines (issue 32: one number format within a run). A figure the run does not have (no
-evaluation, a one-rank table that moves no bytes) is left out rather than printed as 0.
+evaluation, a one-rank table that moves no bytes) is left out rather than printed as 0; a run
+no longer than its warm-up shows the warm-up's pace, marked.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ def summary_lines(results: dict[str, Any], *, best_auc: float | None, wall_s: fl
         ("mirror hits", emb.get("mirror_hit"), ""),
         ("wall time", wall_s, " s"),
     ]
+    if results.get("speed") is None and results.get("warmup_speed") is not None:
+        # (a run no longer than --warmup-steps times no steady step: its pace, said as such)
+        rows[2] = ("samples/s", results["warmup_speed"], "   (warm-up steps only)")
     if best_auc is not None and results.get("val_auc") is not None:
         rows[0] = (
             "AUC",
