@@ -24,17 +24,18 @@ from hetgmp.train.runlog import number
 def summary_lines(results: dict[str, Any], *, best_auc: float | None, wall_s: float) -> list[str]:
     """The summary of ``results`` (as :func:`hetgmp.train.report.results` returns them)."""
     emb = results.get("embedding_train") or {}
+    speed, speed_tail = results.get("speed"), ""
+    if speed is None and results.get("warmup_speed") is not None:
+        # (a run no longer than --warmup-steps times no steady step: its pace, said as such)
+        speed, speed_tail = results["warmup_speed"], "   (warm-up steps only)"
     rows: list[tuple[str, Any, str]] = [
         ("AUC", results.get("val_auc"), ""),
         ("logloss", results.get("val_loss"), ""),
-        ("samples/s", results.get("speed"), ""),
+        ("samples/s", speed, speed_tail),
         ("bytes/sample", emb.get("bytes_per_sample"), ""),
         ("mirror hits", emb.get("mirror_hit"), ""),
         ("wall time", wall_s, " s"),
     ]
-    if results.get("speed") is None and results.get("warmup_speed") is not None:
-        # (a run no longer than --warmup-steps times no steady step: its pace, said as such)
-        rows[2] = ("samples/s", results["warmup_speed"], "   (warm-up steps only)")
     if best_auc is not None and results.get("val_auc") is not None:
         rows[0] = (
             "AUC",
