@@ -35,6 +35,8 @@ SCRIPT = textwrap.dedent(
         from hetgmp.embedding.padded import buffers as static
 
         fused_kernels.FUSED_OWNER_UPDATE = owner_fused  # (the owner's update from row kernels)
+        if kernels == "triton":
+            poison_padding()
 
         assert static.FUSED_WITH_STATE  # (the fused Adagrad segments: on by default)
         from hetgmp.partition.plan import Plan
@@ -67,7 +69,30 @@ SCRIPT = textwrap.dedent(
                                      emb.delta_acc, emb.opt_state)]
         counters = emb.counters()
         assert not push_cap or counters["pushes_capacity_deferred"] > 0, counters
+        assert kernels != "triton" or sum(POISONED) > 0, POISONED  # (padding there to poison)
         return emb.state_dict(), outs, state, counters, emb.padded_presyncs
+
+    POISONED = []  # (padding entries poisoned, per plan)
+
+    def poison_padding():
+        # the plan's padding (u / cnt / slot past the distinct rows) is unspecified (the fused
+        # plan leaves it as it was): in the fused run it holds junk that no reader may take,
+        # so an unmasked read would show as an index error or a difference from the reference
+        from hetgmp.embedding import batch
+
+        prepare = batch.BatchPlanner.prepare
+        if getattr(prepare, "poisons", False):
+            return
+
+        def poisoned(self, ids, out=None):
+            p = prepare(self, ids, out)
+            k = int(p.blocks.sum())
+            p.u[k:], p.cnt[k:], p.slot[k:] = 987654321987, 55555, 2**40 + 7
+            POISONED.append(p.u.numel() - k)
+            return p
+
+        poisoned.poisons = True
+        batch.BatchPlanner.prepare = poisoned
 
     def run_all(env, kernels, world, configs):
         # every configuration in one spawn of the ranks (a spawn per configuration cost more

@@ -28,8 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclasses.dataclass
 class Prep:
     """A batch's ids preprocessed on the device. ``u`` holds the unique ids in *block order*,
-    then padding (the other occurrences, count 0); ``blocks[k]`` is the size of block key
-    ``k`` (own: ``rank``; mirror: ``w + owner``; not stored: ``2w + owner``)."""
+    then padding up to ``N``; ``blocks[k]`` is the size of block key ``k`` (own: ``rank``;
+    mirror: ``w + owner``; not stored: ``2w + owner``). Padding (``u / cnt / slot`` past
+    ``blocks.sum()``) is unspecified: the torch reference fills it with the other occurrences
+    (count 0), the fused plan leaves it as it was; every reader copies it or masks it off
+    (``tests/test_padded_kernels.py`` poisons it)."""
 
     ids: torch.Tensor  # [B, F] on the device
     bad: torch.Tensor  # () bool: an id outside [0, num_rows)
@@ -116,7 +119,8 @@ class BatchPlanner:
     """Builds :class:`Prep` for a table's id -> slot / block maps (``slot_of``, ``block_of``
     ``[num_rows]`` int32 on ``device``); ``backend`` (a resolved kernels name): ``"torch"``
     runs the reference below, ``"triton"`` the same plan in five fused kernels
-    (:func:`hetgmp.embedding.kernels.prep.prepare_triton`), equal to it element for element."""
+    (:func:`hetgmp.embedding.kernels.prep.prepare_triton`), equal to it element for element
+    but for :class:`Prep`'s padding."""
 
     def __init__(
         self, slot_of: torch.Tensor, block_of: torch.Tensor, world: int, device: torch.device,
