@@ -205,7 +205,7 @@ def prep_place_kernel(
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     key = tl.load(key_ptr + offs, mask=m, other=0)
-    led = m & (key < NKEY)  # (the leaders; the rest is padding, whose count is 0)
+    led = m & (key < NKEY)  # (the leaders; the other occurrences are padding)
     base = tl.load(start_ptr + key, mask=m, other=0)
     base += tl.load(off_ptr + pid * KP + key, mask=m, other=0)
     dest = base + _rank_in_program(tl.where(m, key, -1), BLOCK, NKEY + 1)
