@@ -12,7 +12,6 @@ current stream, eager, after warm-up calls; medians over ``--reps`` plans.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -26,9 +25,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench.gpu.prep_kernels import maps, zipf_ids  # noqa: E402
+from bench.gpu.prep_kernels import card_rows, maps, plan_args, zipf_ids  # noqa: E402
 from bench.gpu.timing import machine_info  # noqa: E402
-from hetgmp.data.generate import CRITEO_CARDINALITIES  # noqa: E402
 from hetgmp.embedding.batch import BatchPlanner  # noqa: E402
 from hetgmp.embedding.kernels import prep as prep_kernels  # noqa: E402
 
@@ -96,16 +94,9 @@ def measure(world: int, batch: int, cards: np.ndarray, reps: int, dev: torch.dev
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--batches", default="8192,65536")
-    ap.add_argument("--worlds", default="2")
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--card-scale", type=float, default=1.0, help="1.0 = Criteo Kaggle rows")
-    ap.add_argument("--device", default="cuda")
-    a = ap.parse_args()
+    a = plan_args(__doc__ or "", "2", 30).parse_args()
     dev = torch.device(a.device)
-    cards = np.maximum((np.asarray(CRITEO_CARDINALITIES) * a.card_scale).astype(np.int64), 2)
+    cards = card_rows(a.card_scale)
     recs = [
         measure(int(w), int(b), cards, a.reps, dev)
         for w in a.worlds.split(",") for b in a.batches.split(",")

@@ -133,22 +133,33 @@ def markdown(info: dict, recs: list[dict], cmd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def plan_args(doc: str, worlds: str, reps: int) -> argparse.ArgumentParser:
+    """The options this script shares with ``prep_kernel_split.py`` (same inputs)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--batches", default="8192,65536")
-    ap.add_argument("--worlds", default="2,4")
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--worlds", default=worlds)
+    ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--card-scale", type=float, default=1.0, help="1.0 = Criteo Kaggle rows")
-    ap.add_argument("--mark-samples", default=str(prep_kernels.MARK_SAMPLES),
-                    help="samples per program of the leader marking by field (prep.MARK_SAMPLES), "
-                    "comma-separated powers of 2: a sweep")  # fmt: skip
     ap.add_argument(
         "--device", default="cuda", help="cpu: a smoke run (TRITON_INTERPRET=1, small scale)"
     )
+    return ap
+
+
+def card_rows(scale: float) -> np.ndarray:
+    """Criteo Kaggle's field cardinalities times ``scale`` (at least 1 row a field)."""
+    return np.maximum((np.array(CRITEO_CARDINALITIES) * scale).astype(np.int64), 1)
+
+
+def main() -> int:
+    ap = plan_args(__doc__ or "", "2,4", 50)
+    ap.add_argument("--mark-samples", default=str(prep_kernels.MARK_SAMPLES),
+                    help="samples per program of the leader marking by field (prep.MARK_SAMPLES), "
+                    "comma-separated powers of 2: a sweep")  # fmt: skip
     a = ap.parse_args()
     dev = torch.device(a.device)
-    cards = np.maximum((np.array(CRITEO_CARDINALITIES) * a.card_scale).astype(np.int64), 1)
+    cards = card_rows(a.card_scale)
     recs = []
     for bs in map(int, a.mark_samples.split(",")):
         prep_kernels.MARK_SAMPLES = bs
