@@ -195,7 +195,10 @@ def interpreter_now() -> None:
     from hetgmp.embedding.kernels import launcher, prep
 
     launcher.interpreted.cache_clear()  # (read when hetgmp was imported, unpickling this)
-    prep.AGGREGATE = False  # (its interpreter default: prep.AGGREGATE = not interpreted())
+    # (their interpreter defaults, "not interpreted()", read when prep was imported, which may
+    # be before the switch: the in-program sorts run as Python in the interpreter, the marking
+    # by field's were ~45 % of an interpreted flow's time; tests/test_prep_kernels.py checks it)
+    prep.AGGREGATE = prep.MARK_BY_FIELD = False
     assert "hetgmp.embedding.kernels.rows_triton" not in sys.modules  # (jit-decorated later)
 
 

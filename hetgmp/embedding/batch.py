@@ -30,9 +30,9 @@ class Prep:
     """A batch's ids preprocessed on the device. ``u`` holds the unique ids in *block order*,
     then padding up to ``N``; ``blocks[k]`` is the size of block key ``k`` (own: ``rank``;
     mirror: ``w + owner``; not stored: ``2w + owner``). Padding (``u / cnt / slot`` past
-    ``blocks.sum()``) is unspecified: the torch reference fills it with the other occurrences
-    (count 0), the fused plan leaves it as it was; every reader copies it or masks it off
-    (``tests/test_padded_kernels.py`` poisons it)."""
+    ``blocks.sum()``) is unspecified: both plans fill it with the other occurrences (count 0)
+    today, but every reader copies it or masks it off (``tests/test_padded_kernels.py``
+    poisons it), so a plan may leave it as it was."""
 
     ids: torch.Tensor  # [B, F] on the device
     bad: torch.Tensor  # () bool: an id outside [0, num_rows)

@@ -110,9 +110,8 @@ def prepare_triton(
     with the leader map ``min_map`` (:func:`new_min_map`; left as it was found) and, for
     :data:`MARK_BY_FIELD`, the rows' count map ``cnt_map`` (``[num_rows]`` int32, zero: left
     so). ``out``: arrays to write the plan into (their shapes and dtypes as made here), e.g. a
-    preparation ring's fixed buffers, which then need no copy. ``u / cnt / slot`` are written
-    for the distinct rows only (``[:blocks.sum()]``); past them (the padding of
-    ``batch.Prep``) they hold whatever they held: no reader depends on it."""
+    preparation ring's fixed buffers, which then need no copy. Every element is written today,
+    padding too (``batch.Prep``: unspecified, so a later plan may leave it)."""
     if slot_of.dtype != torch.int32 or block_of.dtype != torch.int32:
         raise ValueError(
             f"slot_of / block_of must be int32, got {slot_of.dtype} / {block_of.dtype}"

@@ -173,7 +173,7 @@ def scatter_add_rows(
     src = src.contiguous()
     idx = idx.contiguous()
     edge, which = part if part is not None else (idx, 0)  # (PART 0: the pointer unread)
-    runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not _INTERPRETED)
+    runs = FIELD_RUNS and (FIELD_RUNS_INTERPRETED or not interpreted())
     if runs and fields and n % fields == 0:
         return _scatter_add_fields(k, table, idx, src, float(alpha), fields, edge, which)
     block_r, block_d = row_tiles(triton, d)
@@ -192,7 +192,6 @@ FIELD_SAMPLES = 64
 # program and doubled the training tests' time; tests/test_scatter_fields.py turns it on and
 # checks the kernel against the reference, and the GPU checks train with it.
 FIELD_RUNS_INTERPRETED = False
-_INTERPRETED = interpreted()  # (read once: the variable is set before triton is imported)
 
 
 def _scatter_add_fields(
