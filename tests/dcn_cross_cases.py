@@ -20,8 +20,10 @@ from hetgmp.models.cross import BF16_TILES, TILES, Tiles, cross_logit
 SMALL = Tiles(8, 32, 8, 32, 8)  # several column tiles, row groups and row steps per group
 # (B, Ka, Kb, L, dtype of the rows, tiles); Kb None: no dense columns
 CASES = [
-    (100, 70, 3, 3, torch.float32, SMALL),  # widths not multiples of the tiles, B not either
-    (100, 70, 3, 3, torch.bfloat16, SMALL),
+    # widths not multiples of the tiles, B not either (20: 3 forward programs, 2 row groups of
+    # 2 and 1 row steps)
+    (20, 70, 3, 3, torch.float32, SMALL),
+    (20, 70, 3, 3, torch.bfloat16, SMALL),
     (37, 64, None, 1, torch.float32, Tiles(16, 32, 16, 32, 4)),  # width a multiple of the tile
     (9, 45, 20, 4, torch.bfloat16, Tiles(4, 16, 4, 16, 64)),  # L + 1 = 5 (padded to 8),
     # dense wider than a tile; one row group per row step
@@ -78,7 +80,8 @@ def check_kernel(device: str) -> None:
         gy = torch.randn(b, generator=torch.Generator().manual_seed(7)).to(device)
         want = run(leaves, nl, "torch", tiles, gy)
         got = run(leaves, nl, "triton", tiles, gy)
-        again = run(leaves, nl, "triton", tiles, gy)
+        # (determinism: on a GPU; the interpreter runs the programs one by one in one order)
+        again = run(leaves, nl, "triton", tiles, gy) if device != "cpu" else got
         labels = names + [f"dw{i}" for i in range(nl)] + [f"db{i}" for i in range(nl)] + ["du"]
         for what, g, w, a in zip(labels, got, want, again, strict=True):
             if w is None:
@@ -110,8 +113,9 @@ def check_model(device: str) -> None:
     """DCN on the fused kernels == DCN on torch: logits and every parameter's gradient, fp32
     rows and bf16 rows under autocast."""
     g = torch.Generator().manual_seed(3)
-    sparse = torch.randint(0, 50, (33, 3), generator=g).to(device)
-    dense = torch.rand(33, 2, generator=g).to(device)
+    # (17 samples: 2 programs of the default 16 rows, the last one partial)
+    sparse = torch.randint(0, 50, (17, 3), generator=g).to(device)
+    dense = torch.rand(17, 2, generator=g).to(device)
     for amp in (False, True):
         models = []
         for backend in ("torch", "triton"):

@@ -13,7 +13,9 @@ from test_python_api import _clean_env
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "daily.py"
-ARGS = ["--samples", "6000", "--threads", "1"]
+# (3000 rows a day: the run is mostly imports and CLI calls, not training; seeded and one thread
+# a rank, so the AUCs are the same every run, with the warm start ahead by ~0.03 on 1 and 2 ranks)
+ARGS = ["--samples", "3000", "--threads", "1"]
 
 
 def _check(out: str, ranks: int) -> None:

@@ -17,7 +17,9 @@ import pytest
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     if not (Path(sys.executable).parent / "mpirun").exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
-    env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1")
+    # (one OpenMP thread: on a 2-core box the partitioner's and the ranks' extra threads only
+    # spin against each other; the demo picks one torch thread a rank here either way)
+    env = dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
     p = subprocess.run(
         [sys.executable, "-m", "hetgmp.demo", "--out", str(tmp_path), "--np", "2"],
         env=env,

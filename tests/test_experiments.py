@@ -137,9 +137,11 @@ def test_prediction_scales_with_batch_and_mirrors(tiny_criteo, tmp_path) -> None
 
 
 @pytest.mark.mpi
-def test_store_rate_sweep_two_runs_then_resume(tiny_criteo, tmp_path) -> None:
+def test_store_rate_sweep_two_runs_then_resume(tiny_criteo, tmp_path, monkeypatch) -> None:
     if not MPIRUN.exists():
         pytest.skip(f"no mpirun next to {sys.executable}")
+    # (the runs' ranks inherit it: one OpenMP thread each, 2 ranks on a 2-core box)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     from hetgmp.experiments.store_rate import run_store_rate
 
     assert find_mpirun() == str(MPIRUN)

@@ -94,17 +94,18 @@ SCRIPT = textwrap.dedent(
         poisoned.poisons = True
         batch.BatchPlanner.prepare = poisoned
 
-    def run_all(env, kernels, world, configs):
-        # every configuration in one spawn of the ranks (a spawn per configuration cost more
-        # than its steps)
-        return [run(env, kernels, c[0], c[1], world, *c[2:]) for c in configs]
+    def run_all(env, world, configs):
+        # every configuration and both kernel sets in one spawn of the ranks (a spawn cost
+        # more than the steps); torch first (the triton runs poison the plan's padding)
+        return {k: [run(env, k, c[0], c[1], world, *c[2:]) for c in configs]
+                for k in ("torch", "triton")}
 
     def check(world, configs):
         from hetgmp.comm.spawn import spawn_ranks
 
-        got = {k: spawn_ranks(run_all, world, k, world, configs, timeout_s=600)
-               for k in ("torch", "triton")}
-        for rank, (refs, fuseds) in enumerate(zip(got["torch"], got["triton"])):
+        got = spawn_ranks(run_all, world, world, configs, timeout_s=600)
+        for rank, r in enumerate(got):
+            refs, fuseds = r["torch"], r["triton"]
             for config, ref, fused in zip(configs, refs, fuseds):
                 what = (rank, config)
                 assert torch.equal(ref[0]["ids"], fused[0]["ids"]), what
@@ -121,41 +122,47 @@ SCRIPT = textwrap.dedent(
                 assert ref[4] == fused[4] > 0, (what, ref[4], fused[4])
         print("ok")
 
+    def check_growth():
+        # tests/padded_growth_check.py on 2 ranks of this process's forkserver (its own
+        # torchrun cost more than its steps)
+        import padded_growth_check
+        from hetgmp.comm.spawn import spawn_ranks
+
+        spawn_ranks(padded_growth_check.check, 2, timeout_s=300)
+        print("GROWTH CHECK OK")
+
     if __name__ == "__main__":
-        check(int(sys.argv[1]), json.loads(sys.argv[2]))
+        for world, configs in json.loads(sys.argv[1]):  # (one process for every world size)
+            check(world, configs)
+        check_growth()
     """
 )
 
 
 # (bound, steps, optimizer, owner_fused, push_cap) by world size: each world's configurations
-# run in one spawn of its ranks per kernel set
+# run in one spawn of its ranks, both kernel sets. 6 steps: the shape change at step 4 and
+# back at 5, pre-syncs between them; world 3's Adagrad with the owner's update fused only
+# (the unfused one: world 2's)
 CONFIGS = {
-    2: [(0, 10, "sgd", 0, 0), (0, 10, "adagrad", 0, 0), (1, 10, "sgd", 0, 4),
-        (1, 10, "adagrad", 1, 4)],
-    3: [(3, 15, "sgd", 0, 0), (3, 15, "adagrad", 0, 0), (3, 15, "adagrad", 1, 0)],
+    2: [(0, 6, "sgd", 0, 0), (0, 6, "adagrad", 0, 0), (1, 6, "sgd", 0, 4),
+        (1, 6, "adagrad", 1, 4)],
+    3: [(3, 6, "sgd", 0, 0), (3, 6, "adagrad", 1, 0)],
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("world", sorted(CONFIGS))
-def test_fused_padded_segments_match_reference(tmp_path, world: int) -> None:
+def test_fused_padded_segments_match_reference(tmp_path) -> None:
     """The fused segments against the torch ones, for each configuration (``owner_fused``: the
     owner's merged Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE;
     ``push_cap``: fixed capacities whose push payload has room for that many rows a peer, so
-    due mirrors wait)."""
+    due mirrors wait); then, when capacities grow after the pre-sync segment began,
+    tests/padded_growth_check.py on 2 ranks (the same process: one start of the interpreter)."""
     script = tmp_path / "fused_check.py"  # a file: spawned ranks re-import it
     script.write_text(SCRIPT)
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    paths = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=paths)
     p = subprocess.run(
-        [sys.executable, str(script), str(world), json.dumps(CONFIGS[world])],
+        [sys.executable, str(script), json.dumps(sorted(CONFIGS.items()))],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert p.returncode == 0 and p.stdout.split()[-1:] == ["ok"], p.stdout + p.stderr
-
-
-def test_fused_segments_when_capacities_grow_after_presync_began() -> None:
-    """tests/padded_growth_check.py under torchrun, the fused kernels in the interpreter."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(ROOT / "tests" / "padded_growth_check.py")]  # fmt: skip
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "GROWTH CHECK OK" in p.stdout, p.stdout + p.stderr
+    want = ["ok"] * len(CONFIGS) + ["GROWTH", "CHECK", "OK"]
+    assert p.returncode == 0 and p.stdout.split() == want, p.stdout + p.stderr

@@ -37,12 +37,12 @@ CONNECT = textwrap.dedent(
     """
     import sys, torch
     from hetgmp.comm.launch import connect, shutdown
-    rank, world, port = (int(x) for x in sys.argv[1:4])
+    rank, world, port, timeout_s = (int(x) for x in sys.argv[1:5])
     print("READY", flush=True)
     sys.stdin.readline()
     try:
         env = connect(rank=rank, world_size=world, addr="127.0.0.1", port=port,
-                      device=torch.device("cpu"), launcher="test", timeout_s=3.0)
+                      device=torch.device("cpu"), launcher="test", timeout_s=timeout_s)
     except Exception as err:
         print(f"ERROR {type(err).__name__}: {err}", flush=True)
         sys.exit(3)
@@ -70,13 +70,15 @@ def test_rank_stopped_before_mpi_init_ends_the_mpirun_job(tiny_dataset, tmp_path
     assert "within 3s (--timeout-s); rank(s) 1 did not arrive" in out, out
 
 
-def _ranks(world: int, present: list[int], port: int) -> dict[int, tuple[int, str]]:
-    """Start the ``present`` ranks of ``world`` at the rendezvous, all at once once each has
-    imported; each one's exit and output."""
+def _ranks(
+    world: int, present: list[int], port: int, timeout_s: int = 3
+) -> dict[int, tuple[int, str]]:
+    """Start the ``present`` ranks of ``world`` at the rendezvous with ``timeout_s``, all at
+    once once each has imported; each one's exit and output."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     procs = {
         r: subprocess.Popen(
-            [sys.executable, "-c", CONNECT, str(r), str(world), str(port)],
+            [sys.executable, "-c", CONNECT, str(r), str(world), str(port), str(timeout_s)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -120,7 +122,8 @@ def test_missing_rank_is_named_at_the_rendezvous_store() -> None:
 
 def test_missing_rank_zero_is_named() -> None:
     """Rank 0 (which hosts the store) never comes: rank 1 names it instead of waiting."""
-    code, text = _ranks(2, [1], free_port())[1]
+    # (1 s: one rank, no peer to be late; torch's store client tries twice, so ~2x the wait)
+    code, text = _ranks(2, [1], free_port(), timeout_s=1)[1]
     assert code == 3, text
     assert "rank 1/2: start-up: could not reach the rendezvous store" in text, text
     assert "hosted by rank 0" in text, text

@@ -24,12 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 if __package__ in (None, ""):  # run as a script: make `bench.gpu` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.gpu.plain_models import HEADS  # noqa: E402
 
 PLAIN, CLI = "plain-pytorch", "hetgmp-cli"
 # H200 SXM: HBM3e bandwidth, dense tensor-core rates (bf16; TF32 is half of it).
@@ -41,6 +37,10 @@ SANE_AUC = 0.55  # a run below this did not train (e.g. a broken fast path): nev
 
 def dense_params(model: str, num_fields: int, embed_dim: int, num_dense: int) -> int:
     """Parameters of the dense head (built on the meta device: no memory, the real shapes)."""
+    import torch  # (imported here: recording runs and reporting them need no torch, ~1 s a call)
+
+    from bench.gpu.plain_models import HEADS
+
     with torch.device("meta"):
         head = HEADS[model](num_fields * embed_dim + num_dense)
     return sum(p.numel() for p in head.parameters())
