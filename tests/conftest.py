@@ -10,6 +10,11 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# One OpenMP thread for the test processes and every process they start (unless the caller
+# set it): the suite runs two workers on a 2-core CI box, each starting ranks, and extra
+# OpenMP threads only spin against each other there. Training picks its own torch threads
+# (hetgmp.train.threads); this reaches the workers' own ops, numpy and the native partitioner.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 SHARED_DATASETS = Path(
     os.environ.get("HETGMP_SHARED_DATASETS", ROOT.parent / "shared" / "datasets")
 )
