@@ -210,10 +210,10 @@ def prep_place_kernel(
     base += tl.load(off_ptr + pid * KP + key, mask=m, other=0)
     dest = base + _rank_in_program(tl.where(m, key, -1), BLOCK, NKEY + 1)
     _, c = _clamped(ids_ptr, offs, m, num_rows)
-    # (every occurrence, padding too, as the torch reference: storing the leaders' only, 89 % fewer
+    # (every occurrence, padding too, as the torch reference. The leaders' only, 89 % fewer
     # random reads of slot_of and stores at batch 65536 x 26, is exact on CPU ranks, whose
     # readers never take padding (tests/test_padded_kernels.py poisons it), but waits for its
-    # GPU checks and timing: docs/scaling_plan.md, "Next")
+    # GPU checks and timing: docs/scaling_plan.md, session 23)
     tl.store(u_ptr + dest, c, mask=m)
     tl.store(cnt_ptr + dest, tl.load(cnt_pos_ptr + offs, mask=led, other=0), mask=m)
     slot = tl.load(slot_of_ptr + c, mask=m, other=0).to(tl.int64)
