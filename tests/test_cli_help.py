@@ -95,3 +95,13 @@ def test_movielens_takes_the_shared_flags() -> None:
 
     args = build_parser().parse_args(["preprocess", "movielens", "--out", "o", "--no-progress"])
     assert args.progress is False and args.out == Path("o")
+
+
+def test_generate_does_not_import_torch(tmp_path: Path) -> None:
+    """`hetgmp generate` is numpy work (its best AUC: hetgmp.metrics.roc_auc): no torch."""
+    out = tmp_path / "d"
+    p = _run("-m", "hetgmp", "generate", "criteo-like", "--out", str(out), "--num-samples", "300",
+             "--no-progress")  # fmt: skip
+    assert p.returncode == 0 and (out / "meta.json").exists(), p.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()}
+    assert "hetgmp.metrics" in imported and "torch" not in imported

@@ -92,6 +92,7 @@ from hetgmp.data.planted_samples import (
     sample_users,
     solve_bias,
 )
+from hetgmp.metrics import roc_auc
 
 # The names that lived here before the split stay importable from here.
 __all__ = [
@@ -301,8 +302,6 @@ def _finish_meta(
         "bias": m.bias,
         "calibration": "see hetgmp.data.generate docstring; bench/bench_generate_calibrate.py",
     }  # fmt: skip
-    from hetgmp.metrics import roc_auc  # (here: it imports torch, seconds the CLI's --help skips)
-
     writer.meta.best_auc = roc_auc(np.concatenate(tally.test_labels), probs_all)
 
 
