@@ -105,3 +105,11 @@ def test_generate_does_not_import_torch(tmp_path: Path) -> None:
     assert p.returncode == 0 and (out / "meta.json").exists(), p.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()}
     assert "hetgmp.metrics" in imported and "torch" not in imported
+
+
+def test_result_readers_do_not_import_torch() -> None:
+    """The experiments' tables and plots read counters by name (hetgmp.counter_names): no torch."""
+    code = "import sys, hetgmp.experiments.plots, hetgmp.experiments.launch; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)  # fmt: skip
+    assert p.returncode == 0 and p.stdout.split() == ["False"], p.stdout + p.stderr[-2000:]

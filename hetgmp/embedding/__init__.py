@@ -2,7 +2,8 @@
 single-process reference. Layout: docs/architecture.md."""
 
 from hetgmp.choices import EXCHANGES, REPLIES
-from hetgmp.embedding.counters import COUNTER_NAMES, format_counters
+from hetgmp.counter_names import COUNTER_NAMES
+from hetgmp.embedding.counters import format_counters
 from hetgmp.embedding.errors import EmbeddingInputError, StalenessViolation
 from hetgmp.embedding.init import initial_rows
 from hetgmp.embedding.module import DistributedEmbedding, engine_of

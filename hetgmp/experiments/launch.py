@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hetgmp.counter_names import KINDS
 from hetgmp.train.config import TrainConfig
 from hetgmp.train.dense_lr import resolve_dense_lr
 
@@ -202,8 +203,7 @@ def eval_curve(log_jsonl: Path) -> list[tuple[int, float, float]]:
 
 def result_row(spec: RunSpec, result_json: Path, seconds: float) -> dict[str, Any]:
     """Every parameter of ``spec`` plus the run's metrics, flat (one CSV row)."""
-    # (imported here: they import torch, which the experiment parsers and --help do without)
-    from hetgmp.embedding.counters import KINDS
+    # (imported here: it imports torch, which the experiment parsers and --help do without)
     from hetgmp.models import model_class
 
     res = json.loads(result_json.read_text(encoding="utf-8"))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hetgmp.embedding.counters import KINDS
+from hetgmp.counter_names import KINDS
 from hetgmp.experiments.table import Row
 
 if TYPE_CHECKING:
