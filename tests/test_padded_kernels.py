@@ -150,6 +150,7 @@ CONFIGS = {
 }  # fmt: skip
 
 
+@pytest.mark.timeout(240)  # (three interpreted runs in one test: ~20-30 s alone, more under load)
 def test_fused_padded_segments_match_reference(tmp_path) -> None:
     """The fused segments against the torch ones, for each configuration (``owner_fused``: the
     owner's merged Adagrad update from the row kernels too, padded.FUSED_OWNER_UPDATE;
