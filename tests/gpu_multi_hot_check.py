@@ -36,12 +36,12 @@ from hetgmp.train.run import build_trainer, distributed_embedding
 from hetgmp.train.runlog import RunLog
 
 
-def make_data(root: Path) -> Path:
-    """A tiny generated set: the criteo-like single-hot fields plus two bags of mean length 6
-    (1 to 11 ids, repeated ids among them; the generator makes no empty bag: those are
-    ``tests/test_pooling_kernels.py``'s)."""
+def make_data(root: Path, samples: int = 3000) -> Path:
+    """A tiny generated set of ``samples``: the criteo-like single-hot fields plus two bags of
+    mean length 6 (1 to 11 ids, repeated ids among them; the generator makes no empty bag:
+    those are ``tests/test_pooling_kernels.py``'s)."""
     if not (root / "meta.json").exists():
-        generate_criteo_like(root, num_samples=3000, scale=0.001, seed=2, multi_hot="2:6",
+        generate_criteo_like(root, num_samples=samples, scale=0.001, seed=2, multi_hot="2:6",
                              progress=False)  # fmt: skip
     return root
 
@@ -72,9 +72,9 @@ def run(root: Path, device: str, kernels: str, **kw: Any) -> dict[str, Any]:
 def compare(root: Path, device: str) -> None:
     multi_hot.GPU_ONE_RANK = True  # (what bench/gpu/switches.py sets for a benchmark)
     # (the interpreter runs a program per 64 output rows, each in milliseconds: there a few
-    # steps of 64 samples (1792 output rows, ~380 bag entries a field: repeated ids in every
-    # step), two epochs of 256 on a GPU)
-    steps, batch = (0, 256) if device == "cuda" else (4, 64)
+    # steps of 32 samples (896 output rows, 14 programs a launch, ~190 bag entries a field:
+    # repeated ids in every step), two epochs of 256 on a GPU)
+    steps, batch = (0, 256) if device == "cuda" else (4, 32)
     for opt, pooling in (("adagrad", "sum,mean"), ("sgd", "mean,sum")):
         lr = 0.05 if opt == "adagrad" else 5.0
         kw = dict(optimizer=opt, pooling=pooling, lr=lr, iter=steps, batch_size=batch)
@@ -129,8 +129,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="where the tiny data set is (made if missing)")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--samples", type=int, default=3000, help="samples of the set it makes")
     args = p.parse_args(argv)
-    root = make_data(args.dir)
+    root = make_data(args.dir, args.samples)
     assert open_dataset(root).meta.multi_hot  # (the set has bags)
     compare(root, args.device)
     print("MULTI HOT CHECK OK", flush=True)
